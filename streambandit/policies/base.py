@@ -1,0 +1,219 @@
+"""The policy interface every learner implements, its input checks, and the registry.
+
+A policy is pure: numpy in, numpy out, no I/O, no global random state, no clock. The same object
+runs inside the Kafka worker, over a replayed log and in the simulator.
+
+State is a flat ``dict`` of ``str -> numpy array | Python scalar`` (no objects, so it serialises
+to Avro without pickle). It carries the policy name, the dimension and every hyper-parameter under
+``config.<name>``, so that loading a state into a differently configured policy is an error rather
+than a silently different learner.
+"""
+
+from __future__ import annotations
+
+import abc
+import inspect
+import math
+from typing import Any, ClassVar
+
+import numpy as np
+
+__all__ = ["Policy", "POLICIES", "make_policy", "register"]
+
+Scalar = bool | int | float | str
+
+POLICIES: dict[str, type["Policy"]] = {}
+
+
+def register(cls: type["Policy"]) -> type["Policy"]:
+    """Class decorator: add a policy class to :data:`POLICIES` under ``cls.name``."""
+    if cls.name in POLICIES:
+        raise RuntimeError(f"policy name {cls.name!r} registered twice")
+    POLICIES[cls.name] = cls
+    return cls
+
+
+def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
+    """Build a policy by registry name with keyword hyper-parameters.
+
+    >>> p = make_policy("oful", dim=3, seed=0)
+    >>> p.select(np.eye(3))
+    0
+    """
+    try:
+        cls = POLICIES[name]
+    except KeyError:
+        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}") from None
+    accepted = cls.hyper_parameters()
+    unknown = sorted(set(hyper) - set(accepted))
+    if unknown:
+        raise ValueError(
+            f"policy {name!r} has no hyper-parameter {', '.join(map(repr, unknown))}; "
+            f"it accepts: {', '.join(accepted)}"
+        )
+    return cls(dim, **hyper)
+
+
+def check_positive(name: str, value: float) -> float:
+    """``float(value)`` if it is a finite number > 0, else a ValueError naming the parameter."""
+    v = float(value)
+    if not (math.isfinite(v) and v > 0.0):
+        raise ValueError(f"{name} must be a finite number > 0, got {value!r}")
+    return v
+
+
+def check_in_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
+    """``float(value)`` if ``lo <= value <= hi`` (``lo < value`` when ``lo_open``), else ValueError."""
+    v = float(value)
+    ok = (lo < v if lo_open else lo <= v) and v <= hi
+    if not (math.isfinite(v) and ok):
+        left = "(" if lo_open else "["
+        raise ValueError(f"{name} must be in {left}{lo}, {hi}], got {value!r}")
+    return v
+
+
+class Policy(abc.ABC):
+    """A contextual-bandit learner over arms given as feature vectors in R^dim.
+
+    Subclasses set :attr:`name`, list their array state in :attr:`_state_arrays` and their mutable
+    scalar state in :attr:`_state_scalars`, fill ``self._config`` with their validated
+    hyper-parameters, and implement :meth:`scores` and :meth:`_update`.
+    """
+
+    name: ClassVar[str]
+    _state_arrays: ClassVar[tuple[str, ...]] = ()
+    _state_scalars: ClassVar[tuple[str, ...]] = ("n_updates",)
+
+    def __init__(self, dim: int, *, seed: int = 0) -> None:
+        if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
+            raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
+        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
+            raise ValueError(f"seed must be an integer, got {seed!r}")
+        self.dim = int(dim)
+        self.n_updates = 0
+        self._config: dict[str, Scalar] = {"seed": int(seed)}
+
+    # -- configuration ------------------------------------------------------------------------
+
+    @classmethod
+    def hyper_parameters(cls) -> list[str]:
+        """Names of the keyword hyper-parameters the constructor accepts (besides ``dim``)."""
+        sig = inspect.signature(cls.__init__)
+        return [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+
+    def config(self) -> dict[str, Scalar]:
+        """The validated hyper-parameters; ``make_policy(self.name, self.dim, **self.config())``
+        builds an identically configured fresh policy."""
+        return dict(self._config)
+
+    @classmethod
+    def _test_params(cls) -> list[dict[str, Any]]:
+        """Small configurations the shared contract suite runs this policy with."""
+        return [{}]
+
+    # -- decisions ----------------------------------------------------------------------------
+
+    @abc.abstractmethod
+    def scores(self, arms: np.ndarray) -> np.ndarray:
+        """Index of each arm (K, d) -> (K,): the optimistic (UCB) score the policy maximises."""
+
+    def select(self, arms: np.ndarray) -> int:
+        """Index of the chosen arm: the argmax of :meth:`scores`, ties broken by the lowest index
+        (``np.argmax`` returns the first maximum), so replay chooses exactly as live did."""
+        return int(np.argmax(self.scores(arms)))
+
+    def update(self, x: np.ndarray, reward: float) -> None:
+        """Apply one observed ``reward`` for the chosen feature vector ``x`` (d,)."""
+        x = self._check_x(x)
+        r = self._check_reward(reward)
+        self._update(x, r)
+        self.n_updates += 1
+
+    @abc.abstractmethod
+    def _update(self, x: np.ndarray, reward: float) -> None:
+        """The learner's one-pass update, on validated inputs (x is float64 and may be a view of
+        the caller's data: never modify it)."""
+
+    # -- state --------------------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole learner as ``str -> numpy array | Python scalar``; arrays are copies."""
+        state: dict[str, Any] = {"policy": self.name, "dim": self.dim}
+        for k, v in self._config.items():
+            state[f"config.{k}"] = v
+        for k in self._state_scalars:
+            state[k] = getattr(self, k)
+        for k in self._state_arrays:
+            state[k] = getattr(self, k).copy()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Replace this policy's state with ``state``; configuration and shapes must match.
+
+        Loading then continuing gives bit-for-bit the results of the policy that saved it.
+        """
+        if state.get("policy") != self.name:
+            raise ValueError(f"state is for policy {state.get('policy')!r}, not {self.name!r}")
+        if state.get("dim") != self.dim:
+            raise ValueError(f"state has dim {state.get('dim')!r}, this policy has dim {self.dim}")
+        theirs = {k[len("config."):]: v for k, v in state.items() if k.startswith("config.")}
+        if theirs != self._config:
+            diff = sorted(k for k in set(theirs) | set(self._config) if theirs.get(k) != self._config.get(k))
+            detail = ", ".join(f"{k}: state {theirs.get(k)!r} vs policy {self._config.get(k)!r}" for k in diff)
+            raise ValueError(f"state configuration does not match this policy ({detail})")
+        missing = [k for k in (*self._state_scalars, *self._state_arrays) if k not in state]
+        if missing:
+            raise ValueError(f"state is missing {', '.join(missing)}")
+        arrays = {}
+        for k in self._state_arrays:
+            mine = getattr(self, k)
+            v = np.asarray(state[k])
+            if v.shape != mine.shape or v.dtype != mine.dtype:
+                raise ValueError(f"state array {k!r} has shape {v.shape} {v.dtype}, expected {mine.shape} {mine.dtype}")
+            arrays[k] = np.array(v, copy=True, order="C")
+        for k in self._state_scalars:
+            v = state[k]
+            if type(v) is not type(getattr(self, k)):
+                raise ValueError(f"state scalar {k!r} is {type(v).__name__}, expected {type(getattr(self, k)).__name__}")
+        # Only assign once everything is checked, so a bad state leaves the policy untouched.
+        for k, v in arrays.items():
+            setattr(self, k, v)
+        for k in self._state_scalars:
+            setattr(self, k, state[k])
+
+    def state_nbytes(self) -> int:
+        """Bytes of array state held per model (what a snapshot of it costs, before headers)."""
+        return int(sum(getattr(self, k).nbytes for k in self._state_arrays))
+
+    # -- input checks -------------------------------------------------------------------------
+
+    def _check_arms(self, arms: Any) -> np.ndarray:
+        a = np.asarray(arms, dtype=np.float64)
+        if a.ndim != 2 or a.shape[1] != self.dim:
+            raise ValueError(f"arms must have shape (K, {self.dim}), got {a.shape}")
+        if a.shape[0] == 0:
+            raise ValueError("arms is empty: there must be at least one arm to choose from")
+        if not np.isfinite(a).all():
+            raise ValueError("arms contain NaN or infinite features")
+        return a
+
+    def _check_x(self, x: Any) -> np.ndarray:
+        v = np.asarray(x, dtype=np.float64)
+        if v.shape != (self.dim,):
+            raise ValueError(f"x must have shape ({self.dim},), got {v.shape}")
+        if not np.isfinite(v).all():
+            raise ValueError("x contains NaN or infinite features")
+        return v
+
+    def _check_reward(self, reward: Any) -> float:
+        try:
+            r = float(reward)
+        except (TypeError, ValueError):
+            raise ValueError(f"reward must be a number, got {reward!r}") from None
+        if not math.isfinite(r):
+            raise ValueError(f"reward must be finite, got {reward!r}")
+        return r
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self._config.items())
+        return f"{type(self).__name__}(dim={self.dim}, {args}, n_updates={self.n_updates})"

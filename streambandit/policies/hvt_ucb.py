@@ -1,0 +1,162 @@
+"""Hvt-UCB: heavy-tailed linear bandits with a one-pass adaptive Huber (OMD) update.
+
+Wang, Zhang, Zhao, Zhou, "Heavy-Tailed Linear Bandits: Huber Regression with One-Pass Update",
+Algorithm 1; shared/papers/003_hvt_ucb.md is the implementation note. Equation numbers are the
+paper's.
+
+State: theta (d), V (d x d, for the V-norm projection) and V^-1 (d x d). O(d^2) per update plus an
+O(d^3) eigendecomposition in rounds where the step leaves the ball; O(K d^2) per decision.
+
+Streaming (note section 7): sigma_t, w_t and tau_t depend only on (X_t, V_{t-1}, beta_{t-1}, t),
+never on the reward, so we compute them when the reward is applied, from the state current at that
+moment, with ``t = n_updates + 1``. With no delay this is exactly Algorithm 1 (nothing changes the
+state between a decision and its reward); with delays it is the note's design (b) with the
+quantities taken at arrival, which needs nothing stored per pending decision and is a pure function
+of the update sequence, so replay reproduces it.
+
+The horizon T is needed up front (kappa, tau_0, beta, sigma_min and delta depend on it, note pitfall
+6): ``horizon`` is a planning bound, and the theory constants are computed from it once.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from streambandit.linalg import project_to_ball_in_norm, quad_forms, sherman_morrison_update
+from streambandit.policies.base import Policy, check_in_range, check_positive, register
+
+
+@register
+class HvtUCB(Policy):
+    """Hvt-UCB (Algorithm 1): ``score = x'theta_t + beta_{t-1} ||x||_{V_{t-1}^-1}`` (eq. 11).
+
+    Hyper-parameters:
+      epsilon: moment order, the noise has a finite (1+epsilon)-th moment; in (0, 1] (default 1.0).
+      nu: known bound on the noise's (1+epsilon)-th central moment, nu^(1+eps) >= E|eta|^(1+eps)
+        (Corollary 1's uniform bound; default 1.0).
+      S: bound on ||theta*||_2, the projection radius (default 1.0).
+      L: bound on ||x||_2 (default 1.0).
+      horizon: T, the planning horizon the constants are computed for (default 100_000).
+      lam: V_0 = lam I; default ``None`` means ``lam = dim`` (Theorem 1).
+      delta: confidence; default ``None`` means 1/(8T) (Theorem 1).
+      sigma_min: floor on sigma_t; default ``None`` means 1/sqrt(T) (Theorem 1).
+      alpha: OMD step parameter (default 4, the heavy-tailed analysis' value).
+      beta_scale: multiplier on beta_t (default 1e-3). The theory radius is ~5e3 even at d = 2
+        (note pitfall 1), which makes the learner explore almost uniformly for tens of thousands of
+        rounds; the multiplier is applied both to the bonus and inside sigma_t's floor, as the note
+        requires (pitfall 2). ``beta_scale=1`` is the exact theory.
+      huber: ``False`` sets tau_t = infinity, the squared loss of the sub-Gaussian case (Sec. 4.1).
+      project: ``False`` skips the projection onto the ball (note section 2.3 offers the flag).
+    """
+
+    name = "hvt_ucb"
+    _state_arrays = ("theta", "v", "vinv")
+
+    def __init__(
+        self,
+        dim: int,
+        *,
+        epsilon: float = 1.0,
+        nu: float = 1.0,
+        S: float = 1.0,
+        L: float = 1.0,
+        horizon: int = 100_000,
+        lam: float | None = None,
+        delta: float | None = None,
+        sigma_min: float | None = None,
+        alpha: float = 4.0,
+        beta_scale: float = 1e-3,
+        huber: bool = True,
+        project: bool = True,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(dim, seed=seed)
+        if isinstance(horizon, bool) or not isinstance(horizon, (int, np.integer)) or horizon < 1:
+            raise ValueError(f"horizon must be an integer >= 1, got {horizon!r}")
+        big_t = int(horizon)
+        eps = check_in_range("epsilon", epsilon, 0.0, 1.0, lo_open=True)
+        lam_v = float(dim) if lam is None else check_positive("lam", lam)
+        delta_v = 1.0 / (8.0 * big_t) if delta is None else check_in_range("delta", delta, 0.0, 1.0, lo_open=True)
+        smin = 1.0 / math.sqrt(big_t) if sigma_min is None else check_positive("sigma_min", sigma_min)
+        self._config.update(
+            epsilon=eps,
+            nu=check_in_range("nu", nu, 0.0, math.inf),
+            S=check_positive("S", S),
+            L=check_positive("L", L),
+            horizon=big_t,
+            lam=lam_v,
+            delta=delta_v,
+            sigma_min=smin,
+            alpha=check_positive("alpha", alpha),
+            beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
+            huber=bool(huber),
+            project=bool(project),
+        )
+        c = self._config
+        # Section 2.2 of the note: constants computed once from (T, delta, lambda, sigma_min, ...).
+        self._p = (1.0 - eps) / (2.0 * (1.0 + eps))
+        kappa = dim * math.log(1.0 + c["L"] ** 2 * big_t / (smin**2 * lam_v * c["alpha"] * dim))  # Alg. 1 line 1
+        log_2t2_delta = math.log(2.0 * big_t**2 / delta_v)
+        self.tau0 = math.sqrt(2.0 * kappa) * math.log(3.0 * big_t) ** self._p / log_2t2_delta ** (1.0 / (1.0 + eps))  # eq. 15
+        self._beta_coef = 107.0 * log_2t2_delta * self.tau0  # eq. 10, first term's constant
+        self._beta_const = math.sqrt(lam_v * (2.0 + 4.0 * c["S"] ** 2))  # eq. 10, second term
+        self._sqrt_alpha = math.sqrt(c["alpha"])
+        self.theta = np.zeros(dim)  # theta_1 = 0
+        self.v = np.eye(dim) * lam_v  # V_0 = lambda I
+        self.vinv = np.eye(dim) / lam_v
+
+    @classmethod
+    def _test_params(cls) -> list[dict[str, Any]]:
+        return [{}, {"epsilon": 0.5, "nu": 2.0, "S": 0.3, "beta_scale": 1.0}]
+
+    def beta(self, t: int) -> float:
+        """beta_t of eq. (10), times beta_scale. For t = 0 we use max(t, 1)^p: with eps < 1 the
+        paper's proof takes 0^p = 0, a discontinuity between beta_0 and beta_1 (note section 2.2);
+        the larger value is safe for the analysis and keeps the radius non-decreasing."""
+        radius = self._beta_coef * max(t, 1) ** self._p + self._beta_const
+        return self._config["beta_scale"] * radius
+
+    def scores(self, arms: np.ndarray) -> np.ndarray:
+        a = self._check_arms(arms)
+        # eq. (11): selection uses theta_t, V_{t-1} and beta_{t-1}, with t - 1 = n_updates.
+        return a @ self.theta + self.beta(self.n_updates) * np.sqrt(quad_forms(a, self.vinv))
+
+    def sigma_t(self, x: np.ndarray) -> float:
+        """The normalisation sigma_t the next update would use for ``x`` (Alg. 1 line 5 with the
+        eq. 17 term 2 sqrt(2) ||x||_{V_{t-1}^-1}, which the note says to always include)."""
+        x = self._check_x(x)
+        return self._sigma(math.sqrt(max(float(x @ (self.vinv @ x)), 0.0)))
+
+    def _sigma(self, n: float) -> float:
+        c = self._config
+        t = self.n_updates + 1
+        floor = math.sqrt(2.0 * self.beta(t - 1) / (self.tau0 * self._sqrt_alpha * t**self._p)) * n
+        return max(c["nu"], c["sigma_min"], floor, 2.0 * math.sqrt(2.0) * n)
+
+    def _update(self, x: np.ndarray, reward: float) -> None:
+        t = self.n_updates + 1
+        vx = self.vinv @ x  # V_{t-1}^-1 X_t
+        n = math.sqrt(max(float(x @ vx), 0.0))  # ||X_t||_{V_{t-1}^-1}
+        if n == 0.0:
+            # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move (note pitfall 8).
+            return
+        sigma = self._sigma(n)  # Alg. 1 line 5 / eq. 17
+        w = n / (sigma * self._sqrt_alpha)  # Alg. 1 line 6: w_t, from V_{t-1}
+        tau = self.tau0 * math.sqrt(1.0 + w * w) / w * t**self._p if self._config["huber"] else math.inf
+        # Alg. 1 line 7 / eq. 9: V_t = V_{t-1} + X X' / (alpha sigma^2); u = X / (sigma sqrt(alpha)).
+        weight = 1.0 / (self._config["alpha"] * sigma * sigma)
+        self.v += weight * np.outer(x, x)
+        sherman_morrison_update(self.vinv, x, weight, v=vx)
+        # Alg. 1 line 8 / eq. 8 in closed form: theta~ = theta + clip(z, -tau, tau) V_t^-1 X / sigma,
+        # with z = (r - X'theta)/sigma and the gradient taken at theta_t.
+        z = (reward - float(x @ self.theta)) / sigma
+        step = min(max(z, -tau), tau) / sigma
+        # V_t^-1 X = V_{t-1}^-1 X / (1 + weight n^2) by Sherman-Morrison: O(d) instead of O(d^2).
+        theta = self.theta + (step / (1.0 + weight * n * n)) * vx
+        s = self._config["S"]
+        if self._config["project"] and float(theta @ theta) > s * s:
+            theta, _ = project_to_ball_in_norm(theta, self.v, s)  # projection in the V_t-norm
+        self.theta = theta
