@@ -17,19 +17,19 @@ def sherman_morrison_update(
     """Update ``inv = M^-1`` in place to ``(M + weight * x x')^-1``; returns ``M^-1 x`` (old inverse).
 
     Sherman-Morrison: (M + w x x')^-1 = M^-1 - w (M^-1 x)(M^-1 x)' / (1 + w x' M^-1 x).
-    ``np.outer(v, v)`` is exactly symmetric, so a symmetric ``inv`` stays symmetric to the bit.
+    ``outer(v, v)`` is exactly symmetric (scaling it afterwards keeps that), so a symmetric ``inv`` stays symmetric to the bit.
     Pass ``v = M^-1 x`` when the caller has it already, to save the O(d^2) product.
     """
     if v is None:
         v = inv @ x
-    denom = 1.0 + weight * float(x @ v)
-    inv -= np.outer(v, v) * (weight / denom)
+    denom = 1.0 + weight * float(x.dot(v))
+    inv -= np.multiply.outer(v, v) * (weight / denom)
     return v
 
 
 def quad_forms(arms: np.ndarray, inv: np.ndarray) -> np.ndarray:
     """``x_k' inv x_k`` for every row of ``arms`` (K, d), clipped at 0 against rounding."""
-    q = np.einsum("kd,kd->k", arms @ inv, arms)
+    q = (arms @ inv * arms).sum(axis=1)
     return np.maximum(q, 0.0, out=q)
 
 

@@ -72,6 +72,13 @@ def check_in_range(name: str, value: float, lo: float, hi: float, *, lo_open: bo
     return v
 
 
+def _all_finite(a: np.ndarray) -> bool:
+    """True when no element is NaN or infinite. A finite sum proves it in one pass (any NaN or
+    inf makes the sum non-finite); only a non-finite sum, which huge finite values can also give,
+    needs the element-wise check."""
+    return math.isfinite(a.sum()) or bool(np.isfinite(a).all())
+
+
 class Policy(abc.ABC):
     """A contextual-bandit learner over arms given as feature vectors in R^dim.
 
@@ -120,7 +127,7 @@ class Policy(abc.ABC):
     def select(self, arms: np.ndarray) -> int:
         """Index of the chosen arm: the argmax of :meth:`scores`, ties broken by the lowest index
         (``np.argmax`` returns the first maximum), so replay chooses exactly as live did."""
-        return int(np.argmax(self.scores(arms)))
+        return int(self.scores(arms).argmax())
 
     def update(self, x: np.ndarray, reward: float) -> None:
         """Apply one observed ``reward`` for the chosen feature vector ``x`` (d,)."""
@@ -193,7 +200,7 @@ class Policy(abc.ABC):
             raise ValueError(f"arms must have shape (K, {self.dim}), got {a.shape}")
         if a.shape[0] == 0:
             raise ValueError("arms is empty: there must be at least one arm to choose from")
-        if not np.isfinite(a).all():
+        if not _all_finite(a):
             raise ValueError("arms contain NaN or infinite features")
         return a
 
@@ -201,7 +208,7 @@ class Policy(abc.ABC):
         v = np.asarray(x, dtype=np.float64)
         if v.shape != (self.dim,):
             raise ValueError(f"x must have shape ({self.dim},), got {v.shape}")
-        if not np.isfinite(v).all():
+        if not _all_finite(v):
             raise ValueError("x contains NaN or infinite features")
         return v
 
