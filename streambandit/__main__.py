@@ -1,0 +1,3 @@
+from streambandit.cli import main
+import sys
+sys.exit(main())

@@ -1,0 +1,80 @@
+"""The ``streambandit`` command line. The only module that reads the environment or prints."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+# Bit-exact replay needs the same floating-point reduction order every run; a multi-threaded BLAS
+# may split a product differently from run to run. Set before numpy is imported anywhere.
+for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+
+def _cmd_simulate_ads(args: argparse.Namespace) -> int:
+    """In-process ad simulation: the learner against the best and random choice, live figures."""
+    import numpy as np
+
+    from streambandit import make_policy
+    from streambandit.sim.ads import AdTraffic
+
+    traffic = AdTraffic(dim=args.dim, k=args.arms, seed=args.seed)
+    # ||theta*|| of the simulated click model is 7.8 (a 3% base rate is a logit of -3.5), so S = 8.
+    # The theory radius (beta ~ 200 here) explores for far longer than a demo runs; 0.1 of it
+    # learns within seconds. Measured on 20k requests: theory radius 0.034 expected CTR (random
+    # 0.037), beta_scale 0.1 gives 0.074, best possible 0.083.
+    hyper = {"link": "logistic", "S": 8.0, "beta_scale": 0.1} if args.policy == "glb_omd" else {}
+    policy = make_policy(args.policy, dim=args.dim, **hyper)
+    rng = np.random.default_rng(args.seed)
+    clicks = best = rand = 0.0
+    start = last = time.perf_counter()
+    n = 0
+    print(f"policy={args.policy} dim={args.dim} arms={args.arms}; Ctrl-C to stop")
+    print(f"{'requests':>9} {'req/s':>8} {'CTR learner':>12} {'CTR best':>9} {'CTR random':>11}")
+    try:
+        while n < args.requests and time.perf_counter() - start < args.duration:
+            req = traffic.request(rng)
+            i = policy.select(req.features)
+            click = traffic.click(rng, float(req.click_rates[i]))
+            policy.update(req.features[i], float(click))
+            clicks += float(req.click_rates[i])  # expected CTR of the choice: less noisy than clicks
+            best += float(req.click_rates.max())
+            rand += float(req.click_rates.mean())
+            n += 1
+            now = time.perf_counter()
+            if now - last >= 1.0 or n == args.requests:
+                print(f"{n:>9} {n / (now - start):>8.0f} {clicks / n:>12.4f} {best / n:>9.4f} {rand / n:>11.4f}", flush=True)
+                last = now
+    except KeyboardInterrupt:
+        print("stopped")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="streambandit", description="Streaming contextual bandits on Kafka.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    sim = sub.add_parser("simulate-ads", help="in-process ad simulation with live click-through figures")
+    sim.add_argument("--policy", default="glb_omd", help="policy name (default glb_omd)")
+    sim.add_argument("--dim", type=int, default=20)
+    sim.add_argument("--arms", type=int, default=10)
+    sim.add_argument("--requests", type=int, default=20_000)
+    sim.add_argument("--duration", type=float, default=60.0, help="seconds at most")
+    sim.add_argument("--seed", type=int, default=0)
+    sim.set_defaults(func=_cmd_simulate_ads)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except ValueError as exc:
+        print(f"streambandit: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
