@@ -194,6 +194,11 @@ class Policy(abc.ABC):
 
     # -- input checks -------------------------------------------------------------------------
 
+    def validate_reward(self, reward: Any) -> float:
+        """``reward`` as a float if :meth:`update` would accept it, else a ValueError saying why
+        (the worker checks rewards before joining them, to dead-letter a bad one with its reason)."""
+        return self._check_reward(reward)
+
     def _check_arms(self, arms: Any) -> np.ndarray:
         a = np.asarray(arms, dtype=np.float64)
         if a.ndim != 2 or a.shape[1] != self.dim:
