@@ -1,0 +1,266 @@
+"""The decision and join engine of one partition: pure, deterministic, no I/O.
+
+It consumes decoded events in merge order (see ``merge.py``) and returns the records to publish:
+one action per accepted context, one joined record per applied update, and a dead-letter reason
+for anything it refuses. The Kafka worker, replay and the tests drive the same object.
+
+Rules (DESIGN.md 2, 3.4, 3.5, 7):
+- Event time drives the join. The watermark is the largest event timestamp seen in the partition;
+  before a record is handled, every decision whose window ``[t_decision, t_decision + window)``
+  the watermark has closed is joined: with its aggregated reward if any arrived, else with the
+  model's default reward (``reward_observed = False``). ``advance_to`` moves the watermark for an
+  idle partition.
+- ``aggregation = "first"`` applies the update when the first reward arrives (and refuses later
+  ones as ``duplicate_reward``); ``"sum"`` and ``"last"`` accumulate until the window closes.
+- A reward whose context has not been seen is held as an early reward until its own timestamp
+  plus the window has passed; then it is dead-lettered as ``unknown_event``.
+- Bounded memory: at most ``max_pending`` open decisions (the oldest is joined early with what it
+  has, or the default reward) and ``max_early_rewards`` early rewards (the oldest is dead-lettered);
+  recently joined event ids are remembered (``max_recent``) to tell a late reward from an unknown
+  one. Nothing is dropped without a record.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import heapq
+from typing import Any
+
+import numpy as np
+
+from streambandit.policies.base import Policy
+from streambandit.stream.decision import decide
+from streambandit.stream.models_config import ModelsConfig
+
+__all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "REASONS"]
+
+# Reason codes of the records the engine refuses (the codec adds its own for undecodable bytes).
+UNKNOWN_MODEL = "unknown_model"
+BAD_DIMENSION = "bad_dimension"
+DUPLICATE_EVENT = "duplicate_event"
+DUPLICATE_REWARD = "duplicate_reward"
+LATE_REWARD = "late_reward"
+UNKNOWN_EVENT = "unknown_event"
+REWARD_OUT_OF_RANGE = "reward_out_of_range"
+MODEL_KEY_MISMATCH = "model_key_mismatch"
+UPDATE_FAILED = "update_failed"
+REASONS = (UNKNOWN_MODEL, BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, UNKNOWN_EVENT,
+           REWARD_OUT_OF_RANGE, MODEL_KEY_MISMATCH, UPDATE_FAILED)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Context:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    arm_ids: tuple[str, ...]
+    features: np.ndarray  # (K, d), finite, K >= 1 (the decoder guarantees it)
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reward:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    value: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Action:
+    event_id: str
+    model_key: str
+    arm_id: str
+    arm_index: int
+    score: float
+    propensity: float
+    model_version: int
+    decision_timestamp_ms: int
+    features: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Joined:
+    event_id: str
+    model_key: str
+    features: np.ndarray
+    reward: float
+    reward_observed: bool
+    propensity: float
+    decision_timestamp_ms: int
+    join_timestamp_ms: int
+    model_version_before: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Rejected:
+    """A record the engine refused; the worker dead-letters ``source`` (its original bytes and
+    position) with this reason."""
+
+    reason: str
+    detail: str
+    source: Any
+
+
+@dataclasses.dataclass(slots=True)
+class _Pending:
+    action: Action
+    deadline_ms: int
+    reward: float | None = None
+    n_rewards: int = 0
+
+
+class PartitionEngine:
+    """Models, open decisions and early rewards of one partition."""
+
+    def __init__(self, config: ModelsConfig, *, max_pending: int = 100_000, max_early_rewards: int = 10_000,
+                 max_recent: int = 100_000) -> None:
+        self.config = config
+        self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
+        self.models: dict[str, Policy] = {}
+        self.pending: dict[str, _Pending] = {}  # insertion order = decision order
+        self.early: dict[str, list[tuple[Reward, Any]]] = {}
+        self.recent: collections.OrderedDict[str, bool] = collections.OrderedDict()  # joined id -> observed
+        self.watermark_ms = -(2**63)
+        self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
+        self._seq = 0
+        self.counters: collections.Counter[str] = collections.Counter()
+
+    # -- entry points --------------------------------------------------------------------------
+
+    def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
+        out = self.advance_to(ev.timestamp_ms)
+        spec = self.config.resolve(ev.model_key)
+        if spec is None:
+            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
+        if ev.features.shape[1] != spec.dim:
+            return out + [self._reject(BAD_DIMENSION, f"features have dimension {ev.features.shape[1]}, model "
+                                                      f"{ev.model_key!r} expects {spec.dim}", source)]
+        if ev.event_id in self.pending or ev.event_id in self.recent:
+            return out + [self._reject(DUPLICATE_EVENT, f"event id {ev.event_id!r} was already decided", source)]
+        model = self.models.get(ev.model_key)
+        if model is None:
+            model = self.models[ev.model_key] = spec.build()
+        d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id, seed=spec.seed)
+        action = Action(ev.event_id, ev.model_key, ev.arm_ids[d.index], d.index, d.score, d.propensity,
+                        model.n_updates, ev.timestamp_ms, ev.features[d.index].copy())
+        out.append(action)
+        self.counters["actions"] += 1
+        if len(self.pending) >= self.max_pending:
+            oldest = next(iter(self.pending))
+            self.counters["evicted_pending"] += 1
+            out += self._close(oldest, ev.timestamp_ms)
+        self.pending[ev.event_id] = _Pending(action, ev.timestamp_ms + spec.reward_window_ms)
+        self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "decision", ev.event_id)
+        for reward, src in self.early.pop(ev.event_id, ()):
+            out += self._accept_reward(reward, src, ev.timestamp_ms)
+        return out
+
+    def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
+        out = self.advance_to(ev.timestamp_ms)
+        if ev.event_id in self.pending:
+            return out + self._accept_reward(ev, source, ev.timestamp_ms)
+        if ev.event_id in self.recent:
+            observed = self.recent[ev.event_id]
+            reason = DUPLICATE_REWARD if observed else LATE_REWARD
+            return out + [self._reject(reason, f"event {ev.event_id!r} was already joined "
+                                               f"({'with a reward' if observed else 'with the default reward'})", source)]
+        spec = self.config.resolve(ev.model_key)
+        if spec is None:
+            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
+        # Early: the context may still come. Keep it until its own window has passed.
+        if sum(map(len, self.early.values())) >= self.max_early_rewards:
+            out += self._expire_oldest_early()
+        self.early.setdefault(ev.event_id, []).append((ev, source))
+        self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "early", ev.event_id)
+        self.counters["early_rewards"] += 1
+        return out
+
+    def advance_to(self, timestamp_ms: int) -> list[Joined | Rejected]:
+        """Move the watermark to ``timestamp_ms`` (if later) and close what it closes."""
+        if timestamp_ms > self.watermark_ms:
+            self.watermark_ms = timestamp_ms
+        out: list[Joined | Rejected] = []
+        while self._deadlines and self._deadlines[0][0] <= self.watermark_ms:
+            deadline, _, kind, event_id = heapq.heappop(self._deadlines)
+            if kind == "decision":
+                p = self.pending.get(event_id)
+                if p is not None and p.deadline_ms == deadline:
+                    out += self._close(event_id, deadline)
+            else:
+                held = self.early.get(event_id)
+                if held:
+                    # Dead-letter the early rewards whose window has passed; keep younger ones.
+                    keep = []
+                    for reward, src in held:
+                        spec = self.config.resolve(reward.model_key)
+                        if spec is None or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms:
+                            out.append(self._reject(UNKNOWN_EVENT, f"no decision for event {event_id!r} within the "
+                                                                   f"reward window", src))
+                        else:
+                            keep.append((reward, src))
+                    if keep:
+                        self.early[event_id] = keep
+                    else:
+                        del self.early[event_id]
+        return out
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _accept_reward(self, ev: Reward, source: Any, now_ms: int) -> list[Joined | Rejected]:
+        p = self.pending[ev.event_id]
+        if ev.model_key != p.action.model_key:
+            return [self._reject(MODEL_KEY_MISMATCH, f"reward for model {ev.model_key!r}, decision was made by "
+                                                     f"{p.action.model_key!r}", source)]
+        try:
+            value = self.models[p.action.model_key].validate_reward(ev.value)
+        except ValueError as exc:
+            return [self._reject(REWARD_OUT_OF_RANGE, str(exc), source)]
+        aggregation = self.config.resolve(p.action.model_key).aggregation
+        self.counters["rewards"] += 1
+        if aggregation == "first":
+            p.reward, p.n_rewards = value, 1
+            return self._close(ev.event_id, now_ms)
+        p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
+        p.n_rewards += 1
+        return []
+
+    def _close(self, event_id: str, now_ms: int) -> list[Joined | Rejected]:
+        """Join one open decision: apply its update and emit the joined record."""
+        p = self.pending.pop(event_id)
+        a = p.action
+        observed = p.n_rewards > 0
+        reward = p.reward if observed else self.config.resolve(a.model_key).default_reward
+        model = self.models[a.model_key]
+        version = model.n_updates
+        try:
+            model.update(a.features, reward)
+        except ValueError as exc:
+            self._remember(event_id, observed)
+            return [self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)]
+        self._remember(event_id, observed)
+        self.counters["joined_observed" if observed else "joined_default"] += 1
+        return [Joined(event_id, a.model_key, a.features, float(reward), observed, a.propensity,
+                       a.decision_timestamp_ms, now_ms, version)]
+
+    def _remember(self, event_id: str, observed: bool) -> None:
+        self.recent[event_id] = observed
+        if len(self.recent) > self.max_recent:
+            self.recent.popitem(last=False)
+
+    def _expire_oldest_early(self) -> list[Rejected]:
+        event_id = next(iter(self.early))
+        reward, src = self.early[event_id].pop(0)
+        if not self.early[event_id]:
+            del self.early[event_id]
+        self.counters["evicted_early"] += 1
+        return [self._reject(UNKNOWN_EVENT, f"early reward for {event_id!r} evicted: more than "
+                                            f"{self.max_early_rewards} rewards wait for their context", src)]
+
+    def _push_deadline(self, deadline: int, kind: str, event_id: str) -> None:
+        self._seq += 1
+        heapq.heappush(self._deadlines, (deadline, self._seq, kind, event_id))
+
+    def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
+        self.counters[f"rejected.{reason}"] += 1
+        return Rejected(reason, detail, source)
