@@ -33,7 +33,7 @@ from streambandit.policies.base import Policy
 from streambandit.stream.decision import decide
 from streambandit.stream.models_config import ModelsConfig
 
-__all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "REASONS"]
+__all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError", "REASONS"]
 
 # Reason codes of the records the engine refuses (the codec adds its own for undecodable bytes).
 UNKNOWN_MODEL = "unknown_model"
@@ -47,6 +47,10 @@ MODEL_KEY_MISMATCH = "model_key_mismatch"
 UPDATE_FAILED = "update_failed"
 REASONS = (UNKNOWN_MODEL, BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, UNKNOWN_EVENT,
            REWARD_OUT_OF_RANGE, MODEL_KEY_MISMATCH, UPDATE_FAILED)
+
+
+class RecoveryError(RuntimeError):
+    """The logs after a snapshot do not fit the snapshot: the worker must not continue from it."""
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -153,7 +157,13 @@ class PartitionEngine:
         self.pending[ev.event_id] = _Pending(action, ev.timestamp_ms + spec.reward_window_ms)
         self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "decision", ev.event_id)
         for reward, src in self.early.pop(ev.event_id, ()):
-            out += self._accept_reward(reward, src, ev.timestamp_ms)
+            if ev.event_id in self.pending:
+                out += self._accept_reward(reward, src, ev.timestamp_ms)
+            else:  # an earlier one of these rewards already closed it (aggregation "first")
+                out.append(self._reject(DUPLICATE_REWARD, f"event {ev.event_id!r} was already joined with a reward", src))
+        # A context that arrives after its own window closed (the watermark is past it) is decided
+        # and then joined at once, rather than whenever the next record happens to come.
+        out += self.advance_to(self.watermark_ms)
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
@@ -260,6 +270,126 @@ class PartitionEngine:
     def _push_deadline(self, deadline: int, kind: str, event_id: str) -> None:
         self._seq += 1
         heapq.heappush(self._deadlines, (deadline, self._seq, kind, event_id))
+
+    def _rebuild_deadlines(self) -> None:
+        """The deadline heap from the pending decisions (in decision order) and the early rewards:
+        the same relative order the live pushes had, which decides the order of equal deadlines."""
+        self._deadlines, self._seq = [], 0
+        for event_id, p in self.pending.items():
+            self._push_deadline(p.deadline_ms, "decision", event_id)
+        for event_id, held in self.early.items():
+            for reward, _ in held:
+                self._push_deadline(reward.timestamp_ms + self._window(reward.model_key), "early", event_id)
+
+    def _window(self, model_key: str) -> int:
+        spec = self.config.resolve(model_key)
+        return spec.reward_window_ms if spec is not None else 0
+
+    # -- snapshot, restore and recovery (DESIGN.md 3.3) ---------------------------------------
+
+    def snapshot(self) -> dict[str, Any]:
+        """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts).
+
+        Must be taken between records (the worker takes it at a transaction boundary)."""
+        return {
+            "models": {key: m.state_dict() for key, m in self.models.items()},
+            "pending": [dataclasses.asdict(p.action) | {"reward": p.reward, "n_rewards": p.n_rewards}
+                        for p in self.pending.values()],
+            "early": [dataclasses.asdict(r) | {"source": src} for held in self.early.values() for r, src in held],
+            "recent": list(self.recent.items()),
+            "watermark_ms": self.watermark_ms,
+            "counters": dict(self.counters),
+        }
+
+    @classmethod
+    def restore(cls, config: ModelsConfig, snap: dict[str, Any], **limits: int) -> "PartitionEngine":
+        """An engine in exactly the state ``snap`` was taken in."""
+        e = cls(config, **limits)
+        for key, state in snap["models"].items():
+            spec = config.resolve(key)
+            if spec is None:
+                raise ValueError(f"snapshot holds model {key!r} but the configuration has no entry for it")
+            model = spec.build()
+            model.load_state_dict(state)  # raises if the configuration changed incompatibly
+            e.models[key] = model
+        for p in snap["pending"]:
+            fields = {k: v for k, v in p.items() if k not in ("reward", "n_rewards")}
+            action = Action(**fields)
+            e.pending[action.event_id] = _Pending(action, action.decision_timestamp_ms + e._window(action.model_key),
+                                                  p["reward"], p["n_rewards"])
+        for r in snap["early"]:
+            reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
+            e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
+        e.recent = collections.OrderedDict((k, bool(v)) for k, v in snap["recent"])
+        e.watermark_ms = snap["watermark_ms"]
+        e.counters = collections.Counter(snap["counters"])
+        e._rebuild_deadlines()
+        return e
+
+    def recover_from_logs(
+        self,
+        joined: list[Joined],
+        actions: list[Action],
+        rewards: list[tuple[Reward, Any]],
+        dead_lettered: set[Any],
+        closed_event_ids: set[str],
+        max_input_timestamp_ms: int,
+    ) -> None:
+        """Bring an engine restored from a snapshot up to the committed state, from the logs
+        written after the snapshot (DESIGN.md 3.3).
+
+        - ``joined``: the joined records after the snapshot, in log order: the exact update
+          sequence. Re-applied; each must find its model at the version it was applied to.
+        - ``actions``: the actions after the snapshot, in log order; those not joined are pending.
+        - ``rewards``: the rewards consumed after the snapshot, in offset order, with the source
+          key the engine was given for each. Neither log holds the rewards accumulated for a
+          window still open (``sum``/``last``) or waiting for their context: they are rebuilt
+          from these, skipping those whose source is in ``dead_lettered`` (refused after the
+          snapshot, as the dead-letter log shows).
+        - ``closed_event_ids``: decisions closed by a failed update (dead-lettered, not joined).
+        - ``max_input_timestamp_ms``: the largest event timestamp consumed after the snapshot.
+        """
+        for j in joined:
+            model = self.models.get(j.model_key)
+            if model is None:
+                model = self.models[j.model_key] = self._spec(j.model_key).build()
+            if model.n_updates != j.model_version_before:
+                raise RecoveryError(f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
+                                    f"of model {j.model_key!r}, but replay reached version {model.n_updates}")
+            model.update(j.features, j.reward)
+            self.pending.pop(j.event_id, None)
+            self._remember(j.event_id, j.reward_observed)
+            self.watermark_ms = max(self.watermark_ms, j.join_timestamp_ms)
+        for event_id in closed_event_ids:
+            self.pending.pop(event_id, None)
+            self._remember(event_id, False)
+        for a in actions:
+            if a.model_key not in self.models:
+                self.models[a.model_key] = self._spec(a.model_key).build()
+            if a.event_id not in self.recent:
+                self.pending[a.event_id] = _Pending(a, a.decision_timestamp_ms + self._window(a.model_key))
+        # Early rewards held at the snapshot, then the rewards consumed since, in offset order.
+        held = [(r, src) for rs in self.early.values() for r, src in rs]
+        self.early = {}
+        for reward, src in held + list(rewards):
+            if src in dead_lettered or reward.event_id in self.recent:
+                continue  # refused, or its effect is in a joined record
+            p = self.pending.get(reward.event_id)
+            if p is None:
+                self.early.setdefault(reward.event_id, []).append((reward, src))
+                continue
+            aggregation = self.config.resolve(p.action.model_key).aggregation
+            value = float(reward.value)
+            p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
+            p.n_rewards += 1
+        self.watermark_ms = max(self.watermark_ms, max_input_timestamp_ms)
+        self._rebuild_deadlines()
+
+    def _spec(self, model_key: str):
+        spec = self.config.resolve(model_key)
+        if spec is None:
+            raise RecoveryError(f"the log holds model {model_key!r} but the configuration has no entry for it")
+        return spec
 
     def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
         self.counters[f"rejected.{reason}"] += 1
