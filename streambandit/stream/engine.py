@@ -27,73 +27,19 @@ import dataclasses
 import heapq
 from typing import Any
 
-import numpy as np
-
+from streambandit.events import Action, Context, InputRef, Joined, Reward
 from streambandit.policies.base import Policy
 from streambandit.stream.decision import decide
+from streambandit.reasons import (
+    BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, REWARD_OUT_OF_RANGE,
+    UNKNOWN_EVENT, UNKNOWN_MODEL, UPDATE_FAILED,
+)
 from streambandit.stream.models_config import ModelsConfig
 
-__all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError", "REASONS"]
-
-# Reason codes of the records the engine refuses (the codec adds its own for undecodable bytes).
-UNKNOWN_MODEL = "unknown_model"
-BAD_DIMENSION = "bad_dimension"
-DUPLICATE_EVENT = "duplicate_event"
-DUPLICATE_REWARD = "duplicate_reward"
-LATE_REWARD = "late_reward"
-UNKNOWN_EVENT = "unknown_event"
-REWARD_OUT_OF_RANGE = "reward_out_of_range"
-MODEL_KEY_MISMATCH = "model_key_mismatch"
-UPDATE_FAILED = "update_failed"
-REASONS = (UNKNOWN_MODEL, BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, UNKNOWN_EVENT,
-           REWARD_OUT_OF_RANGE, MODEL_KEY_MISMATCH, UPDATE_FAILED)
-
+__all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
 class RecoveryError(RuntimeError):
     """The logs after a snapshot do not fit the snapshot: the worker must not continue from it."""
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Context:
-    event_id: str
-    model_key: str
-    timestamp_ms: int
-    arm_ids: tuple[str, ...]
-    features: np.ndarray  # (K, d), finite, K >= 1 (the decoder guarantees it)
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Reward:
-    event_id: str
-    model_key: str
-    timestamp_ms: int
-    value: float
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Action:
-    event_id: str
-    model_key: str
-    arm_id: str
-    arm_index: int
-    score: float
-    propensity: float
-    model_version: int
-    decision_timestamp_ms: int
-    features: np.ndarray
-
-
-@dataclasses.dataclass(frozen=True, slots=True)
-class Joined:
-    event_id: str
-    model_key: str
-    features: np.ndarray
-    reward: float
-    reward_observed: bool
-    propensity: float
-    decision_timestamp_ms: int
-    join_timestamp_ms: int
-    model_version_before: int
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -128,12 +74,13 @@ class PartitionEngine:
         self.watermark_ms = -(2**63)
         self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
         self._seq = 0
+        self._trigger = (-1, -1)
         self.counters: collections.Counter[str] = collections.Counter()
 
     # -- entry points --------------------------------------------------------------------------
 
     def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
-        out = self.advance_to(ev.timestamp_ms)
+        out = self.advance_to(ev.timestamp_ms, source)
         spec = self.config.resolve(ev.model_key)
         if spec is None:
             return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
@@ -147,7 +94,7 @@ class PartitionEngine:
             model = self.models[ev.model_key] = spec.build()
         d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id, seed=spec.seed)
         action = Action(ev.event_id, ev.model_key, ev.arm_ids[d.index], d.index, d.score, d.propensity,
-                        model.n_updates, ev.timestamp_ms, ev.features[d.index].copy())
+                        model.n_updates, ev.timestamp_ms, ev.features[d.index].copy(), *self._trigger)
         out.append(action)
         self.counters["actions"] += 1
         if len(self.pending) >= self.max_pending:
@@ -163,11 +110,11 @@ class PartitionEngine:
                 out.append(self._reject(DUPLICATE_REWARD, f"event {ev.event_id!r} was already joined with a reward", src))
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
-        out += self.advance_to(self.watermark_ms)
+        out += self.advance_to(self.watermark_ms, source)
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
-        out = self.advance_to(ev.timestamp_ms)
+        out = self.advance_to(ev.timestamp_ms, source)
         if ev.event_id in self.pending:
             return out + self._accept_reward(ev, source, ev.timestamp_ms)
         if ev.event_id in self.recent:
@@ -186,8 +133,12 @@ class PartitionEngine:
         self.counters["early_rewards"] += 1
         return out
 
-    def advance_to(self, timestamp_ms: int) -> list[Joined | Rejected]:
-        """Move the watermark to ``timestamp_ms`` (if later) and close what it closes."""
+    def advance_to(self, timestamp_ms: int, source: Any = None) -> list[Joined | Rejected]:
+        """Move the watermark to ``timestamp_ms`` (if later) and close what it closes.
+
+        ``source`` is the input record being processed; when it is an :class:`InputRef` every
+        output records it as its trigger (readers use it to drop outputs of uncommitted batches)."""
+        self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
         if timestamp_ms > self.watermark_ms:
             self.watermark_ms = timestamp_ms
         out: list[Joined | Rejected] = []
@@ -251,7 +202,7 @@ class PartitionEngine:
         self._remember(event_id, observed)
         self.counters["joined_observed" if observed else "joined_default"] += 1
         return [Joined(event_id, a.model_key, a.features, float(reward), observed, a.propensity,
-                       a.decision_timestamp_ms, now_ms, version)]
+                       a.decision_timestamp_ms, now_ms, version, *self._trigger)]
 
     def _remember(self, event_id: str, observed: bool) -> None:
         self.recent[event_id] = observed

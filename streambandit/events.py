@@ -1,0 +1,348 @@
+"""Typed records and their wire format (Avro via fastavro; no pickle anywhere).
+
+Wire format of every record: a 3-byte header, then Avro binary (schemaless) encoding:
+
+    byte 0: magic 0x5B      byte 1: schema id      byte 2: schema version
+
+The header names the writer schema; the reader resolves it against its own current schema, so a
+record written by a newer producer with an added (defaulted) field is still read. Schemas live in
+``streambandit/schemas/*.avsc``; the evolution rules are in docs/schemas.md.
+
+Feature vectors travel as packed little-endian float64 bytes: one ``np.frombuffer`` per arm
+instead of a Python float per element.
+
+Snapshots use the same header plus a flags byte (bit 0: zlib-compressed body) and a CRC32 of the
+body; a mismatch is a :class:`SnapshotError`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import json
+import math
+import struct
+import zlib
+from pathlib import Path
+from typing import Any
+
+import fastavro
+import numpy as np
+
+from streambandit import reasons
+
+__all__ = [
+    "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef",
+    "DecodeError", "SnapshotError", "encode", "decode", "pack_snapshot", "unpack_snapshot",
+    "features_to_bytes", "features_from_bytes",
+]
+
+MAGIC = 0x5B
+_SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
+
+
+class DecodeError(ValueError):
+    """A record that cannot be turned into an event; ``reason`` is a code from reasons.py."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+class SnapshotError(ValueError):
+    """A snapshot that is corrupt (checksum), of an unknown format, or does not fit."""
+
+
+# -- records -----------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Context:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    arm_ids: tuple[str, ...]
+    features: np.ndarray  # (K, d) float64, finite, K >= 1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Reward:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    value: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    timestamp_ms: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Action:
+    event_id: str
+    model_key: str
+    arm_id: str
+    arm_index: int
+    score: float
+    propensity: float
+    model_version: int
+    decision_timestamp_ms: int
+    features: np.ndarray
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Joined:
+    event_id: str
+    model_key: str
+    features: np.ndarray
+    reward: float
+    reward_observed: bool
+    propensity: float
+    decision_timestamp_ms: int
+    join_timestamp_ms: int
+    model_version_before: int
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str
+    detail: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+class InputRef:
+    """Where an input record came from, with its original bytes (to dead-letter it intact).
+    Identity is the position alone: (source, partition, offset)."""
+
+    source: int  # 0 contexts, 1 rewards
+    partition: int
+    offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    timestamp_ms: int = 0
+
+    def _pos(self) -> tuple[int, int, int]:
+        return (self.source, self.partition, self.offset)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InputRef) and self._pos() == other._pos()
+
+    def __hash__(self) -> int:
+        return hash(self._pos())
+
+
+# -- schemas -----------------------------------------------------------------------------------
+
+_IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "snapshot": 6, "tick": 7}
+_CURRENT_VERSION = 1
+
+
+def _load(name: str) -> dict:
+    return fastavro.parse_schema(json.loads((_SCHEMA_DIR / f"{name}.avsc").read_text()))
+
+
+_SCHEMAS: dict[int, dict] = {}  # schema id -> current (reader) schema
+_WRITERS: dict[tuple[int, int], dict] = {}  # (schema id, version) -> writer schema
+for _name, _id in _IDS.items():
+    _SCHEMAS[_id] = _load(_name)
+    _WRITERS[(_id, _CURRENT_VERSION)] = _SCHEMAS[_id]
+
+
+def register_writer_schema(name: str, version: int, schema: dict) -> None:
+    """Make records written with another version of a schema readable (e.g. an older release's,
+    or a newer one that added defaulted fields)."""
+    _WRITERS[(_IDS[name], version)] = fastavro.parse_schema(schema)
+
+
+def features_to_bytes(x: np.ndarray) -> bytes:
+    return np.ascontiguousarray(x, dtype="<f8").tobytes()
+
+
+def features_from_bytes(b: bytes) -> np.ndarray:
+    if len(b) % 8:
+        raise DecodeError(reasons.BAD_DIMENSION, f"features have {len(b)} bytes, not a multiple of 8")
+    return np.frombuffer(b, dtype="<f8").astype(np.float64)
+
+
+# -- encode ------------------------------------------------------------------------------------
+
+
+def _header(schema_id: int, version: int = _CURRENT_VERSION) -> bytes:
+    return bytes((MAGIC, schema_id, version))
+
+
+def _write(schema_id: int, datum: dict) -> bytes:
+    buf = io.BytesIO()
+    buf.write(_header(schema_id))
+    fastavro.schemaless_writer(buf, _SCHEMAS[schema_id], datum)
+    return buf.getvalue()
+
+
+def encode(event: Any) -> bytes:
+    """Serialise one record with its header."""
+    if isinstance(event, Context):
+        arms = [{"arm_id": a, "features": features_to_bytes(x)} for a, x in zip(event.arm_ids, event.features)]
+        return _write(1, {"event_id": event.event_id, "model_key": event.model_key,
+                          "timestamp_ms": event.timestamp_ms, "arms": arms})
+    if isinstance(event, Reward):
+        return _write(2, dataclasses.asdict(event))
+    if isinstance(event, Tick):
+        return _write(7, {"timestamp_ms": event.timestamp_ms})
+    if isinstance(event, (Action, Joined)):
+        d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
+        d["features"] = features_to_bytes(event.features)
+        return _write(3 if isinstance(event, Action) else 4, d)
+    if isinstance(event, DeadLetter):
+        return _write(5, {f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
+    raise TypeError(f"cannot encode {type(event).__name__}")
+
+
+# -- decode ------------------------------------------------------------------------------------
+
+
+def _read(data: bytes) -> tuple[int, dict]:
+    if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 3:
+        raise DecodeError(reasons.MALFORMED, f"record of {0 if data is None else len(data)} bytes is too short for a header")
+    if data[0] != MAGIC:
+        raise DecodeError(reasons.MALFORMED, f"bad magic byte 0x{data[0]:02x} (expected 0x{MAGIC:02x})")
+    sid, ver = data[1], data[2]
+    writer = _WRITERS.get((sid, ver))
+    if writer is None:
+        raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} version {ver} is not known to this reader")
+    try:
+        datum = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[3:]), writer, _SCHEMAS[sid])
+    except (EOFError, ValueError, TypeError, UnicodeDecodeError, IndexError, KeyError,
+            fastavro.read.SchemaResolutionError) as exc:
+        code = reasons.MISSING_FIELD if isinstance(exc, fastavro.read.SchemaResolutionError) else reasons.MALFORMED
+        raise DecodeError(code, f"Avro decode failed: {exc}") from exc
+    return sid, datum
+
+
+def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLetter:
+    """Parse and validate one record. Raises :class:`DecodeError` with a reason code."""
+    sid, d = _read(data)
+    if sid == 1:
+        arms = d["arms"]
+        if not arms:
+            raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
+        rows = [features_from_bytes(a["features"]) for a in arms]
+        dim = rows[0].shape[0]
+        if dim == 0 or any(r.shape[0] != dim for r in rows):
+            raise DecodeError(reasons.BAD_DIMENSION, f"arms have dimensions {sorted({r.shape[0] for r in rows})}")
+        feats = np.vstack(rows)
+        if not np.isfinite(feats).all():
+            raise DecodeError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
+        return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(a["arm_id"] for a in arms), feats)
+    if sid == 2:
+        if not math.isfinite(d["value"]):
+            raise DecodeError(reasons.NON_FINITE_REWARD, f"reward value {d['value']!r} is not finite")
+        return Reward(d["event_id"], d["model_key"], d["timestamp_ms"], d["value"])
+    if sid == 7:
+        return Tick(d["timestamp_ms"])
+    if sid in (3, 4):
+        d["features"] = features_from_bytes(d["features"])
+        return (Action if sid == 3 else Joined)(**d)
+    if sid == 5:
+        return DeadLetter(**d)
+    raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} is not an event")
+
+
+# -- snapshots ---------------------------------------------------------------------------------
+
+_SNAPSHOT_ID = 6
+_COMPRESS_ABOVE = 4096
+
+
+def _state_to_avro(state: dict[str, Any]) -> tuple[list, list]:
+    arrays, scalars = [], []
+    for name, v in state.items():
+        if isinstance(v, np.ndarray):
+            a = np.ascontiguousarray(v)
+            arrays.append({"name": name, "dtype": a.dtype.newbyteorder("<").str, "shape": list(a.shape),
+                           "data": a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()})
+        else:
+            scalars.append({"name": name, "value": v})
+    return arrays, scalars
+
+
+def _state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
+    state: dict[str, Any] = {s["name"]: s["value"] for s in scalars}
+    for a in arrays:
+        state[a["name"]] = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+    return state
+
+
+def pack_snapshot(snap: dict[str, Any]) -> bytes:
+    """Serialise a partition snapshot (the worker's header fields plus the engine's state)."""
+    eng = snap["engine"]
+    models = []
+    for key, state in eng["models"].items():
+        arrays, scalars = _state_to_avro(state)
+        models.append({"model_key": key, "arrays": arrays, "scalars": scalars})
+    pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": features_to_bytes(p["features"])}
+               for p in eng["pending"]]
+    early = []
+    for e in eng["early"]:
+        src: InputRef = e["source"]
+        early.append({"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
+                      "value": e["value"], "source_partition": src.partition, "source_offset": src.offset,
+                      "key": src.key, "raw": src.value, "source_timestamp_ms": src.timestamp_ms})
+    datum = {k: snap[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
+                                  "actions_offset", "joined_offset", "dead_letter_offset")}
+    datum.update(watermark_ms=eng["watermark_ms"], models=models, pending=pending, early=early,
+                 recent=[{"event_id": k, "observed": bool(v)} for k, v in eng["recent"]],
+                 counters={k: int(v) for k, v in eng["counters"].items()})
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, _SCHEMAS[_SNAPSHOT_ID], datum)
+    body = buf.getvalue()
+    flags = 0
+    if len(body) > _COMPRESS_ABOVE:
+        body, flags = zlib.compress(body, 6), 1
+    return _header(_SNAPSHOT_ID) + bytes((flags,)) + struct.pack("<I", zlib.crc32(body)) + body
+
+
+def unpack_snapshot(data: bytes) -> dict[str, Any]:
+    """Inverse of :func:`pack_snapshot`; raises :class:`SnapshotError` on any damage."""
+    if len(data) < 8 or data[0] != MAGIC or data[1] != _SNAPSHOT_ID:
+        raise SnapshotError("not a streambandit snapshot (bad header)")
+    if (_SNAPSHOT_ID, data[2]) not in _WRITERS:
+        raise SnapshotError(f"snapshot format version {data[2]} is not known to this reader")
+    flags, (crc,) = data[3], struct.unpack("<I", data[4:8])
+    body = bytes(data[8:])
+    if zlib.crc32(body) != crc:
+        raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
+    try:
+        if flags & 1:
+            body = zlib.decompress(body)
+        d = fastavro.schemaless_reader(io.BytesIO(body), _WRITERS[(_SNAPSHOT_ID, data[2])], _SCHEMAS[_SNAPSHOT_ID])
+    except Exception as exc:  # a body that passed its checksum but does not parse: a writer bug
+        raise SnapshotError(f"snapshot body does not decode: {exc}") from exc
+    engine = {
+        "models": {m["model_key"]: _state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]},
+        "pending": [{**p, "features": features_from_bytes(p["features"])} for p in d["pending"]],
+        "early": [{"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
+                   "value": e["value"],
+                   "source": InputRef(1, e["source_partition"], e["source_offset"], e["key"], e["raw"],
+                                      e["source_timestamp_ms"])} for e in d["early"]],
+        "recent": [(r["event_id"], r["observed"]) for r in d["recent"]],
+        "watermark_ms": d["watermark_ms"],
+        "counters": dict(d["counters"]),
+    }
+    out = {k: d[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
+                             "actions_offset", "joined_offset", "dead_letter_offset")}
+    out["engine"] = engine
+    return out

@@ -1,0 +1,138 @@
+"""The wire format: exact round trips, forward compatibility, every refusal with its reason code,
+and snapshot integrity."""
+
+import copy
+import json
+import math
+
+import numpy as np
+import pytest
+
+from streambandit import events, make_policy, reasons
+from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, SnapshotError,
+                                 Tick, decode, encode, pack_snapshot, unpack_snapshot)
+from streambandit.stream.engine import PartitionEngine
+from streambandit.stream.models_config import parse_models_config
+
+AWKWARD = np.array([[0.0, -0.0, 5e-324, 1.7976931348623157e308], [1 / 3, -2.5, 1e-300, 123456789.123456789]])
+
+
+def same(a, b):
+    assert type(a) is type(b)
+    for f in a.__dataclass_fields__:
+        x, y = getattr(a, f), getattr(b, f)
+        if isinstance(x, np.ndarray):
+            assert x.dtype == y.dtype and x.tobytes() == y.tobytes(), f
+        else:
+            assert x == y, f
+
+
+@pytest.mark.parametrize("event", [
+    Context("e1", "m", 123, ("a", "b"), AWKWARD),
+    Reward("e1", "m", 456, -0.5),
+    Tick(789),
+    Action("e1", "m", "b", 1, 2.5, 0.9, 7, 123, AWKWARD[1], 0, 42),
+    Joined("e1", "m", AWKWARD[0], 1.0, True, 0.9, 123, 456, 7, 1, 43),
+    DeadLetter("malformed", "bad", "contexts", 3, 99, b"k", b"\x00\xff", 5, 0, 99),
+    DeadLetter("malformed", "bad", "contexts", 3, 99, None, None, 5),
+])
+def test_round_trip_is_bit_exact(event):
+    same(decode(encode(event)), event)
+
+
+def ctx_bytes(arms):
+    return events._write(1, {"event_id": "e", "model_key": "m", "timestamp_ms": 1, "arms": arms})
+
+
+@pytest.mark.parametrize("data, reason", [
+    (b"", reasons.MALFORMED),
+    (b"\x5b\x01", reasons.MALFORMED),
+    (b"{\"json\": true}", reasons.MALFORMED),
+    (bytes((0x5B, 99, 1)) + b"xx", reasons.UNKNOWN_SCHEMA),
+    (bytes((0x5B, 1, 9)) + b"xx", reasons.UNKNOWN_SCHEMA),
+    (bytes((0x5B, 1, 1)) + b"\x02", reasons.MALFORMED),  # truncated Avro body
+    (ctx_bytes([]), reasons.EMPTY_ARMS),
+    (ctx_bytes([{"arm_id": "a", "features": b"\x00" * 12}]), reasons.BAD_DIMENSION),
+    (ctx_bytes([{"arm_id": "a", "features": b"\x00" * 16}, {"arm_id": "b", "features": b"\x00" * 24}]), reasons.BAD_DIMENSION),
+    (ctx_bytes([{"arm_id": "a", "features": np.array([1.0, math.nan]).tobytes()}]), reasons.NON_FINITE_FEATURES),
+    (ctx_bytes([{"arm_id": "a", "features": np.array([math.inf, 0.0]).tobytes()}]), reasons.NON_FINITE_FEATURES),
+    (encode(Reward("e", "m", 1, math.nan)), reasons.NON_FINITE_REWARD),
+    (encode(Reward("e", "m", 1, -math.inf)), reasons.NON_FINITE_REWARD),
+])
+def test_bad_bytes_are_refused_with_a_reason(data, reason):
+    with pytest.raises(DecodeError) as info:
+        decode(data)
+    assert info.value.reason == reason
+
+
+def test_a_record_from_a_newer_writer_with_an_added_field_is_read():
+    schema = json.loads((events._SCHEMA_DIR / "reward.avsc").read_text())
+    v2 = copy.deepcopy(schema)
+    v2["fields"].append({"name": "currency", "type": "string", "default": "EUR", "doc": "new in v2"})
+    events.register_writer_schema("reward", 2, v2)
+    import fastavro, io
+    buf = io.BytesIO()
+    buf.write(bytes((0x5B, 2, 2)))
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(v2), {"event_id": "e", "model_key": "m", "timestamp_ms": 3, "value": 1.5, "currency": "USD"})
+    assert decode(buf.getvalue()) == Reward("e", "m", 3, 1.5)
+
+
+def test_a_writer_lacking_a_required_field_is_missing_field():
+    schema = json.loads((events._SCHEMA_DIR / "reward.avsc").read_text())
+    v3 = copy.deepcopy(schema)
+    v3["fields"] = [f for f in v3["fields"] if f["name"] != "value"]
+    events.register_writer_schema("reward", 3, v3)
+    import fastavro, io
+    buf = io.BytesIO()
+    buf.write(bytes((0x5B, 2, 3)))
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(v3), {"event_id": "e", "model_key": "m", "timestamp_ms": 3})
+    with pytest.raises(DecodeError) as info:
+        decode(buf.getvalue())
+    assert info.value.reason == reasons.MISSING_FIELD
+
+
+def engine_with_state(n=300):
+    cfg = parse_models_config({"models": [{"match": "*", "policy": "glb_omd", "dim": 4, "reward_window_ms": 50,
+                                           "default_reward": 0.0, "aggregation": "sum", "hyper": {"link": "poisson"}}]})
+    e = PartitionEngine(cfg)
+    rng = np.random.default_rng(0)
+    for i in range(n):
+        feats = rng.standard_normal((3, 4)) / 3
+        e.on_context(Context(f"e{i}", f"m{i % 3}", 10 * i, ("a", "b", "c"), feats), InputRef(0, 2, i))
+        e.on_reward(Reward(f"e{i}", f"m{i % 3}", 10 * i + 3, 2.0), InputRef(1, 2, 2 * i))
+    e.on_reward(Reward("ghost", "m1", 10 * n, 1.0), InputRef(1, 2, 10_000, b"k", b"raw", 77))
+    return cfg, e
+
+
+@pytest.mark.parametrize("n", [2, 2000])  # small: stored plain; large: compressed
+def test_snapshot_round_trip_restores_the_engine_exactly(n):
+    cfg, e = engine_with_state(n)
+    snap = {"partition": 2, "created_ms": 1, "contexts_offset": n, "rewards_offset": 2 * n, "actions_offset": 5,
+            "joined_offset": 6, "dead_letter_offset": 7, "engine": e.snapshot()}
+    data = pack_snapshot(snap)
+    assert (data[3] & 1) == (1 if n == 2000 else 0)
+    back = unpack_snapshot(data)
+    assert {k: v for k, v in back.items() if k != "engine"} == {k: v for k, v in snap.items() if k != "engine"}
+    r = PartitionEngine.restore(cfg, back["engine"])
+    for key, m in e.models.items():
+        a, b = m.state_dict(), r.models[key].state_dict()
+        assert all((a[k].tobytes() == b[k].tobytes()) if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+    assert list(r.pending) == list(e.pending) and r.watermark_ms == e.watermark_ms
+    [(reward, src)] = r.early["ghost"]
+    assert src == InputRef(1, 2, 10_000) and src.value == b"raw" and src.key == b"k" and src.timestamp_ms == 77
+    assert r.snapshot()["pending"][0]["features"].tobytes() == e.snapshot()["pending"][0]["features"].tobytes()
+
+
+def test_a_corrupt_snapshot_is_detected():
+    _, e = engine_with_state(20)
+    data = bytearray(pack_snapshot({"partition": 0, "created_ms": 1, "contexts_offset": 0, "rewards_offset": 0,
+                                    "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0, "engine": e.snapshot()}))
+    for i in (len(data) // 2, len(data) - 1, 9):
+        broken = bytearray(data)
+        broken[i] ^= 0x01
+        with pytest.raises(SnapshotError, match="checksum"):
+            unpack_snapshot(bytes(broken))
+    with pytest.raises(SnapshotError, match="header"):
+        unpack_snapshot(b"\x00" * 20)
+    with pytest.raises(SnapshotError):
+        unpack_snapshot(bytes(data[:3]) + b"\x00")
