@@ -1,0 +1,384 @@
+"""The Kafka worker: one consumer in a group, one transactional producer, an engine per partition.
+
+Per batch (``step``): poll input records, merge each partition's contexts and rewards into event
+time order, run them through the partition's engine, and commit the outputs together with the
+input offsets in one Kafka transaction (``_commit``). Snapshots are taken after a commit (by time
+and by number of updates) and on revocation; on assignment a partition is restored from its
+latest snapshot plus the logs written after it (``_recover``).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import time
+import uuid
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+
+from streambandit import reasons
+from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
+                                 decode, encode, pack_snapshot)
+from streambandit.stream.engine import PartitionEngine, Rejected
+from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
+from streambandit.stream.logs import committed_view, high_watermark, read_range
+from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.stream.models_config import ModelsConfig
+from streambandit.stream.snapshots import SnapshotStore, load_latest
+
+__all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError"]
+
+log = logging.getLogger("streambandit")
+
+
+class WorkerError(RuntimeError):
+    """The worker cannot continue (configuration that does not fit the cluster, a fatal producer
+    error). Raised from ``run``; a supervisor restarts the process, which then recovers."""
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Topics:
+    contexts: str = "contexts"
+    rewards: str = "rewards"
+    actions: str = "actions"
+    joined: str = "joined"
+    dead_letter: str = "dead-letter"
+
+    def all(self) -> list[str]:
+        return [self.contexts, self.rewards, self.actions, self.joined, self.dead_letter]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    bootstrap_servers: str
+    models: ModelsConfig
+    group_id: str = "streambandit"
+    topics: Topics = Topics()
+    batch_max_records: int = 2000
+    poll_timeout_ms: int = 50
+    merge_wait_ms: int = 20  # how long a record waits for the other input's head (DESIGN 3.4)
+    idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
+    snapshot_interval_s: float = 30.0
+    snapshot_every_updates: int = 10_000
+    max_pending: int = 100_000
+    max_early_rewards: int = 10_000
+    max_recent: int = 100_000
+    kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclasses.dataclass
+class _Partition:
+    engine: PartitionEngine
+    merger: InputMerger
+    next_offset: dict[int, int]  # per input source: the next offset to process (what we commit)
+    out_next: dict[str, int]  # per output topic: the position after our last committed record
+    updates_at_snapshot: int = 0
+    snapshot_wall: float = dataclasses.field(default_factory=time.monotonic)
+    last_input_wall_ms: int = dataclasses.field(default_factory=_now_ms)
+    last_tick_wall_ms: int = 0
+
+
+class Worker:
+    """Run with ``run()``; ``stop()`` (from a signal handler) makes it finish the batch and leave."""
+
+    def __init__(self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None) -> None:
+        self.config = config
+        self.store = store
+        self.instance_id = instance_id or uuid.uuid4().hex[:12]
+        c, t = config, config.topics
+        self._topic_source = {t.contexts: CONTEXTS, t.rewards: REWARDS}
+        self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka))
+        self.producer = Producer(producer_settings(c.bootstrap_servers, f"{c.group_id}-{self.instance_id}", c.kafka))
+        self.reader = Consumer(reader_settings(c.bootstrap_servers, c.kafka))
+        self.partitions: dict[int, _Partition] = {}
+        self.metrics: collections.Counter[str] = collections.Counter()
+        self._delivered: dict[tuple[str, int], int] = {}
+        self._stopping = False
+        self._delivery_error: KafkaError | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------------
+
+    def run(self, max_seconds: float | None = None) -> None:
+        self._check_topics()
+        self.producer.init_transactions(30)
+        self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards],
+                                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        try:
+            while not self._stopping and (deadline is None or time.monotonic() < deadline):
+                self.step()
+        finally:
+            self.close()
+
+    def stop(self) -> None:
+        self._stopping = True
+
+    def close(self) -> None:
+        for p in list(self.partitions):
+            self._snapshot(p)
+        self.partitions.clear()
+        try:
+            self.consumer.close()
+        finally:
+            self.reader.close()
+            self.producer.flush(10)
+
+    def _check_topics(self) -> None:
+        md = self.consumer.list_topics(timeout=10)
+        counts = {}
+        for name in self.config.topics.all():
+            if name not in md.topics or md.topics[name].error is not None:
+                raise WorkerError(f"topic {name!r} does not exist")
+            counts[name] = len(md.topics[name].partitions)
+        if len(set(counts.values())) != 1:
+            raise WorkerError(f"topics must be co-partitioned (same partition count): {counts}")
+
+    # -- one batch -----------------------------------------------------------------------------
+
+    def step(self) -> int:
+        """Poll, process and commit one batch; returns the number of input records taken."""
+        msgs = self.consumer.consume(self.config.batch_max_records, self.config.poll_timeout_ms / 1000)
+        now = _now_ms()
+        for msg in msgs:
+            if msg.error():
+                if msg.error().fatal():
+                    raise WorkerError(f"consumer error: {msg.error()}")
+                log.warning("consumer error=%s", msg.error())
+                continue
+            self._push(msg, now)
+        outputs: list[tuple[str, int, bytes | None, bytes]] = []
+        for p, part in self.partitions.items():
+            for rec in part.merger.pop_ready(now):
+                outputs += self._process(p, part, rec.item)
+                part.next_offset[rec.source] = rec.offset + 1
+            outputs += self._maybe_tick(p, part, now)
+        offsets = [TopicPartition(self._topic_of(src), p, off)
+                   for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
+        if outputs or msgs:
+            self._commit(outputs, offsets)
+            self._maybe_snapshot()
+        return len(msgs)
+
+    def _topic_of(self, source: int) -> str:
+        return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
+
+    def _push(self, msg: Any, now: int) -> None:
+        p = msg.partition()
+        part = self.partitions.get(p)
+        if part is None:
+            return  # a record fetched just before its partition was revoked
+        src = self._topic_source[msg.topic()]
+        ts = msg.timestamp()[1]
+        ref = InputRef(src, p, msg.offset(), msg.key(), msg.value(), ts)
+        try:
+            ev = decode(msg.value())
+        except DecodeError as exc:
+            ev = exc
+        part.merger.push(src, msg.offset(), ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else ts,
+                         (ev, ref), now)
+        part.last_input_wall_ms = now
+
+    def _process(self, p: int, part: _Partition, item: tuple[Any, InputRef]) -> list[tuple[str, int, bytes | None, bytes]]:
+        ev, ref = item
+        eng = part.engine
+        self.metrics["records_in"] += 1
+        if isinstance(ev, DecodeError):
+            out: list[Any] = [Rejected(ev.reason, ev.detail, ref)]
+        elif ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
+            out = [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self._topic_of(ref.source)!r}", ref)]
+        elif isinstance(ev, Tick):
+            out = eng.advance_to(ev.timestamp_ms, ref)
+        elif ref.key is not None and ref.key != ev.model_key.encode():
+            out = [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
+        elif isinstance(ev, Context):
+            out = eng.on_context(ev, ref)
+        else:
+            out = eng.on_reward(ev, ref)
+        return [self._output(p, o, ref) for o in out]
+
+    def _output(self, p: int, o: Any, trigger: InputRef) -> tuple[str, int, bytes | None, bytes]:
+        t = self.config.topics
+        if isinstance(o, Action):
+            self.metrics["actions"] += 1
+            return (t.actions, p, o.model_key.encode(), encode(o))
+        if isinstance(o, Joined):
+            self.metrics["joined"] += 1
+            return (t.joined, p, o.model_key.encode(), encode(o))
+        self.metrics[f"dead_letter.{o.reason}"] += 1
+        src = o.source
+        if isinstance(src, Action):  # update_failed: the decision itself is what could not be used
+            dl = DeadLetter(o.reason, o.detail, t.actions, p, -1, src.model_key.encode(), encode(src), _now_ms(),
+                            trigger.source, trigger.offset)
+        else:
+            dl = DeadLetter(o.reason, o.detail, self._topic_of(src.source), p, src.offset, src.key, src.value,
+                            src.timestamp_ms, trigger.source, trigger.offset)
+        return (t.dead_letter, p, src.key if isinstance(src, InputRef) else None, encode(dl))
+
+    def _maybe_tick(self, p: int, part: _Partition, now: int) -> list[tuple[str, int, bytes | None, bytes]]:
+        """An idle partition with open decisions gets a watermark tick written into rewards[p]:
+        the window still closes, and the tick is in the log, so replay and recovery see it."""
+        idle = now - part.last_input_wall_ms
+        if (not part.engine.pending and not part.engine.early) or idle < self.config.idle_tick_ms \
+                or now - part.last_tick_wall_ms < self.config.idle_tick_ms or part.merger.pending():
+            return []
+        part.last_tick_wall_ms = now
+        self.metrics["ticks"] += 1
+        return [(self.config.topics.rewards, p, None, encode(Tick(now)))]
+
+    # -- the commit path -----------------------------------------------------------------------
+
+    def _commit(self, outputs: list[tuple[str, int, bytes | None, bytes]], offsets: list[TopicPartition]) -> None:
+        """Outputs and input offsets in one transaction. Every failure branch aborts before the
+        offsets are committed, and the partitions are then rebuilt from what did commit."""
+        try:
+            # 1. Open the transaction.
+            self.producer.begin_transaction()
+            # 2. Produce every output of the batch to the input's partition (co-partitioning).
+            for topic, p, key, value in outputs:
+                self.producer.produce(topic, value=value, key=key, partition=p, on_delivery=self._on_delivery)
+                self.producer.poll(0)
+            # 3. Add the input offsets (next offset to process, per partition) to the transaction.
+            if offsets:
+                self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
+            # 4. Commit: all of it becomes visible, or none of it does.
+            self.producer.commit_transaction(30)
+            if self._delivery_error is not None:
+                raise KafkaException(self._delivery_error)
+        except KafkaException as exc:
+            err = exc.args[0] if exc.args else None
+            log.error("transaction failed error=%s; aborting and rebuilding partitions", err)
+            if isinstance(err, KafkaError) and err.fatal():
+                raise WorkerError(f"fatal producer error: {err}") from exc
+            try:
+                self.producer.abort_transaction(30)
+            except KafkaException as abort_exc:
+                raise WorkerError(f"could not abort the failed transaction: {abort_exc}") from exc
+            self._delivery_error = None
+            self._rebuild_all()
+            return
+        # 5. Committed: record where our outputs now end, for the next snapshot.
+        for (topic, p), off in self._delivered.items():
+            if p in self.partitions:
+                self.partitions[p].out_next[topic] = off + 1
+        self._delivered.clear()
+        self.metrics["transactions"] += 1
+
+    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
+        if err is not None:
+            self._delivery_error = err
+            return
+        key = (msg.topic(), msg.partition())
+        if msg.offset() > self._delivered.get(key, -1):
+            self._delivered[key] = msg.offset()
+
+    def _rebuild_all(self) -> None:
+        assigned = list(self.partitions)
+        self.partitions.clear()
+        for p in assigned:
+            self.partitions[p] = self._recover(p)
+        committed = self.consumer.committed([TopicPartition(self._topic_of(s), p) for p in assigned for s in (0, 1)], 30)
+        for tp in committed:
+            self.consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
+
+    # -- snapshots -----------------------------------------------------------------------------
+
+    def _maybe_snapshot(self) -> None:
+        c = self.config
+        for p, part in self.partitions.items():
+            updates = sum(m.n_updates for m in part.engine.models.values())
+            if updates - part.updates_at_snapshot >= c.snapshot_every_updates or \
+                    time.monotonic() - part.snapshot_wall >= c.snapshot_interval_s:
+                self._snapshot(p)
+
+    def _snapshot(self, p: int) -> None:
+        """Save partition ``p`` as of the last commit (call only between transactions)."""
+        part = self.partitions[p]
+        t = self.config.topics
+        data = pack_snapshot({
+            "partition": p, "created_ms": _now_ms(),
+            "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
+            "actions_offset": part.out_next[t.actions], "joined_offset": part.out_next[t.joined],
+            "dead_letter_offset": part.out_next[t.dead_letter], "engine": part.engine.snapshot(),
+        })
+        self.store.save(p, data)
+        part.updates_at_snapshot = sum(m.n_updates for m in part.engine.models.values())
+        part.snapshot_wall = time.monotonic()
+        self.metrics["snapshots"] += 1
+        self.metrics["snapshot_bytes"] = len(data)
+        log.info("snapshot partition=%d bytes=%d models=%d pending=%d", p, len(data), len(part.engine.models),
+                 len(part.engine.pending))
+
+    # -- rebalance -----------------------------------------------------------------------------
+
+    def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        for p in sorted({tp.partition for tp in tps}):
+            if p not in self.partitions:
+                started = time.monotonic()
+                self.partitions[p] = self._recover(p)
+                self.metrics["recovery_ms"] = int((time.monotonic() - started) * 1000)
+                log.info("partition assigned partition=%d recovered_in_ms=%d", p, self.metrics["recovery_ms"])
+
+    def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        # Records fetched but not processed are dropped: their offsets were not committed, so the
+        # next owner reads them again. What did commit is snapshotted for a fast handoff.
+        for p in sorted({tp.partition for tp in tps}):
+            if p in self.partitions:
+                self._snapshot(p)
+                del self.partitions[p]
+                log.info("partition revoked partition=%d", p)
+
+    # -- recovery (DESIGN.md 3.3) ----------------------------------------------------------------
+
+    def _recover(self, p: int) -> _Partition:
+        c, t = self.config, self.config.topics
+        snap = load_latest(self.store, p)
+        limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent}
+        if snap is None:
+            engine = PartitionEngine(c.models, **limits)
+            start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}
+        else:
+            engine = PartitionEngine.restore(c.models, snap["engine"], **limits)
+            start = {"contexts": snap["contexts_offset"], "rewards": snap["rewards_offset"], t.actions: snap["actions_offset"],
+                     t.joined: snap["joined_offset"], t.dead_letter: snap["dead_letter_offset"]}
+        got = self.consumer.committed([TopicPartition(t.contexts, p), TopicPartition(t.rewards, p)], 30)
+        committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
+        if committed[CONTEXTS] < start["contexts"] or committed[REWARDS] < start["rewards"]:
+            raise WorkerError(f"partition {p}: snapshot is ahead of the committed offsets ({start} vs {committed})")
+
+        def events_of(topic: str, begin: int, end: int | None = None) -> list[tuple[Any, Any]]:
+            out = []
+            for m in read_range(self.reader, topic, p, begin, end):
+                try:
+                    out.append((decode(m.value()), m))
+                except DecodeError:
+                    out.append((None, m))
+            return out
+
+        def trig(e: Any) -> tuple[int, int]:
+            return (e.trigger_source, e.trigger_offset)
+
+        joined = committed_view([e for e, _ in events_of(t.joined, start[t.joined]) if e is not None],
+                                key=lambda e: e.event_id, trigger=trig, committed=committed)
+        actions = committed_view([e for e, _ in events_of(t.actions, start[t.actions]) if e is not None],
+                                 key=lambda e: e.event_id, trigger=trig, committed=committed)
+        dead = committed_view([e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None],
+                              key=lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""),
+                              trigger=trig, committed=committed)
+        inputs = events_of(t.rewards, start["rewards"], committed[REWARDS])
+        contexts = events_of(t.contexts, start["contexts"], committed[CONTEXTS])
+        rewards = [(e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))
+                   for e, m in inputs if isinstance(e, Reward)]
+        dead_lettered = {InputRef(CONTEXTS if d.source_topic == t.contexts else REWARDS, p, d.source_offset)
+                         for d in dead if d.source_offset >= 0}
+        closed = {decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value}
+        stamps = [e.timestamp_ms for e, _ in inputs + contexts if isinstance(e, (Context, Reward, Tick))]
+        engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
+        out_next = {topic: high_watermark(self.reader, topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
+        self.metrics["recovered_joined"] += len(joined)
+        return _Partition(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed), out_next=out_next)

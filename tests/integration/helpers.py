@@ -1,0 +1,67 @@
+"""What the application side does in the integration tests: produce events, read our outputs."""
+
+from __future__ import annotations
+
+import time
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from streambandit.events import decode, encode
+from streambandit.stream.logs import committed_view, read_range
+
+
+def producer(broker) -> Producer:
+    return Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5})
+
+
+def send(prod: Producer, topic: str, event, key: bytes | None = None, raw: bytes | None = None) -> None:
+    k = key if key is not None else event.model_key.encode()
+    prod.produce(topic, key=k, value=raw if raw is not None else encode(event))
+
+
+def read_all(broker, topic: str, partitions: int = 2) -> list:
+    """Every readable (read_committed) message of a topic, partition by partition."""
+    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "reader", "isolation.level": "read_committed",
+                  "enable.partition.eof": True, "enable.auto.commit": False})
+    try:
+        return [m for p in range(partitions) for m in read_range(c, topic, p, 0)]
+    finally:
+        c.close()
+
+
+def committed_offsets(broker, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
+    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        return {tp.partition: max(tp.offset, 0) for tp in got}
+    finally:
+        c.close()
+
+
+def outputs(broker, topics, group: str, partitions: int = 2) -> dict[str, list]:
+    """Our output logs as a committed transaction wrote them (see streambandit/stream/logs.py):
+    per topic, the decoded records of all partitions."""
+    committed = {p: {0: committed_offsets(broker, group, topics.contexts, partitions)[p],
+                     1: committed_offsets(broker, group, topics.rewards, partitions)[p]} for p in range(partitions)}
+    out = {}
+    for name, key in (("actions", lambda e: e.event_id), ("joined", lambda e: e.event_id),
+                      ("dead_letter", lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""))):
+        topic = getattr(topics, name)
+        recs = []
+        for p in range(partitions):
+            msgs = [m for m in read_all(broker, topic, partitions) if m.partition() == p]
+            events = [decode(m.value()) for m in msgs]
+            recs += committed_view(events, key=key, trigger=lambda e: (e.trigger_source, e.trigger_offset),
+                                   committed=committed[p])
+        out[name] = recs
+    out["raw_counts"] = {name: len(read_all(broker, getattr(topics, name), partitions)) for name in ("actions", "joined", "dead_letter")}
+    return out
+
+
+def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval_s)
+    return predicate()

@@ -1,0 +1,52 @@
+"""The worker end to end on the real embedded broker: decisions, joins, windows, exactly-once."""
+
+import threading
+
+import numpy as np
+import pytest
+
+from streambandit.events import Context, Reward
+from streambandit.stream.models_config import parse_models_config
+from streambandit.stream.snapshots import DirectoryStore
+from streambandit.stream.worker import Worker, WorkerConfig
+
+from .helpers import outputs, producer, send, wait_for
+
+pytestmark = pytest.mark.integration
+
+MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 500, "default_reward": 0.0,
+                      "aggregation": "first"}]}
+
+
+def start_worker(broker, topics, tmp_path, group, **overrides):
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
+                       topics=topics, **overrides)
+    w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"))
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return w, t
+
+
+def test_every_context_gets_exactly_one_action_and_rewards_are_joined(broker, topics, tmp_path):
+    prod = producer(broker)
+    rng = np.random.default_rng(0)
+    n = 200
+    for i in range(n):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))))
+        if i % 2 == 0:
+            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", 1000 + 10 * i + 50, 1.0))
+    prod.flush()
+    w, t = start_worker(broker, topics, tmp_path, "g-e2e", idle_tick_ms=300)
+    try:
+        assert wait_for(lambda: len(outputs(broker, topics, "g-e2e")["joined"]) >= n, timeout_s=60)
+    finally:
+        w.stop()
+        t.join(30)
+    out = outputs(broker, topics, "g-e2e")
+    ids = [a.event_id for a in out["actions"]]
+    assert sorted(ids) == sorted(f"e{i}" for i in range(n)) and len(ids) == len(set(ids))
+    joined = {j.event_id: j for j in out["joined"]}
+    assert len(joined) == n
+    assert all(joined[f"e{i}"].reward_observed == (i % 2 == 0) for i in range(n))
+    assert out["dead_letter"] == []
+    assert w.metrics["transactions"] > 0 and w.metrics["ticks"] > 0
