@@ -69,7 +69,11 @@ def test_projection_matches_scipy_and_satisfies_kkt(seed):
         method="SLSQP",
         options={"ftol": 1e-15, "maxiter": 500},
     )
-    np.testing.assert_allclose(theta, res.x, atol=1e-6)
+    # SLSQP stops short of the optimum on ill-conditioned A (scipy >= 1.16 by up to ~3e-6), so the
+    # oracle is its objective: ours is no worse, and the two points are close.
+    f = lambda t: 0.5 * (t - zeta) @ a @ (t - zeta)
+    assert f(theta) <= f(res.x) * (1 + 1e-9) + 1e-12
+    np.testing.assert_allclose(theta, res.x, atol=1e-4)
     # And the result is not the Euclidean rescale (a different algorithm) unless A is isotropic.
     assert not np.allclose(theta, zeta * radius / np.linalg.norm(zeta), atol=1e-6)
 
