@@ -54,6 +54,39 @@ def _cmd_simulate_ads(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_serve(args: argparse.Namespace) -> int:
+    """A worker in a consumer group, until SIGTERM/SIGINT (then it snapshots and leaves cleanly)."""
+    import logging
+    import signal
+
+    from streambandit.stream.app_config import load_worker_config
+    from streambandit.stream.snapshots import DirectoryStore
+    from streambandit.stream.worker import Worker
+
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    config, snapshot_dir = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    snapshot_dir = args.snapshot_dir or snapshot_dir
+    if not snapshot_dir:
+        raise ValueError("no snapshot directory: set [worker] snapshot_dir or pass --snapshot-dir")
+    worker = Worker(config, DirectoryStore(snapshot_dir), instance_id=args.instance_id)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: worker.stop())
+    worker.run(max_seconds=args.duration)
+    print(" ".join(f"{k}={v}" for k, v in sorted(worker.metrics.items())), flush=True)
+    return 0
+
+
+def _cmd_broker(args: argparse.Namespace) -> int:
+    """The embedded development broker in the foreground."""
+    from streambandit.stream.broker import EmbeddedBroker
+
+    b = EmbeddedBroker(port=args.port)
+    b.start()
+    print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it", flush=True)
+    return b.wait()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streambandit", description="Streaming contextual bandits on Kafka.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -68,6 +101,19 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--beta-scale", type=float, default=None,
                      help="multiplier on the policy's confidence radius (glb_omd default here: 0.1; 1 = theory)")
     sim.set_defaults(func=_cmd_simulate_ads)
+    serve = sub.add_parser("serve", help="run a worker in a consumer group")
+    serve.add_argument("--config", required=True, help="TOML file: [kafka], [worker], [topics], [[models]]")
+    serve.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+                       help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)")
+    serve.add_argument("--snapshot-dir", default=None, help="overrides [worker] snapshot_dir")
+    serve.add_argument("--instance-id", default=None, help="this worker's id (default: random)")
+    serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
+    serve.add_argument("-v", "--verbose", action="store_true")
+    serve.set_defaults(func=_cmd_serve)
+
+    brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
+    brk.add_argument("--port", type=int, default=9092)
+    brk.set_defaults(func=_cmd_broker)
     return parser
 
 

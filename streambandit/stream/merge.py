@@ -53,11 +53,21 @@ class InputMerger:
         self.forced = 0  # releases made because the wait for the idle source ran out
         self.out_of_order = 0  # records released with a key below one released before them
 
-    def push(self, source: int, offset: int, timestamp_ms: int, item: Any, now_ms: int) -> None:
-        """Buffer one record; each source must be pushed in offset order."""
+    def push(self, source: int, offset: int, timestamp_ms: int | None, item: Any, now_ms: int) -> None:
+        """Buffer one record; each source must be pushed in offset order.
+
+        ``timestamp_ms=None`` is for a record with no event time (bytes that do not decode): it
+        takes the time of what came before it, so it neither holds back nor overtakes its
+        neighbours (its only effect is a dead letter, whose position does not change any state).
+        """
         q = self._queues[source]
         if q and offset <= q[-1].offset:
             raise ValueError(f"source {source}: offset {offset} pushed after {q[-1].offset}")
+        if timestamp_ms is None:
+            before = [self._last.timestamp_ms if self._last is not None else -(2**63)]
+            if q:
+                before.append(q[-1].timestamp_ms)
+            timestamp_ms = max(before)
         if not q:
             self._head_since_ms[source] = now_ms
         q.append(MergedRecord(timestamp_ms, source, offset, item))

@@ -101,6 +101,8 @@ class Worker:
         self._delivered: dict[tuple[str, int], int] = {}
         self._stopping = False
         self._delivery_error: KafkaError | None = None
+        # Merge counters of partitions this worker no longer holds (the metrics stay cumulative).
+        self._merge_base = [0, 0]
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -158,6 +160,8 @@ class Worker:
                 outputs += self._process(p, part, rec.item)
                 part.next_offset[rec.source] = rec.offset + 1
             outputs += self._maybe_tick(p, part, now)
+        self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in self.partitions.values())
+        self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in self.partitions.values())
         offsets = [TopicPartition(self._topic_of(src), p, off)
                    for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
         if outputs or msgs:
@@ -180,7 +184,7 @@ class Worker:
             ev = decode(msg.value())
         except DecodeError as exc:
             ev = exc
-        part.merger.push(src, msg.offset(), ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else ts,
+        part.merger.push(src, msg.offset(), ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else None,
                          (ev, ref), now)
         part.last_input_wall_ms = now
 
@@ -321,6 +325,8 @@ class Worker:
             if p not in self.partitions:
                 started = time.monotonic()
                 self.partitions[p] = self._recover(p)
+                # Persist what recovery rebuilt: the next recovery replays less log.
+                self._snapshot(p)
                 self.metrics["recovery_ms"] = int((time.monotonic() - started) * 1000)
                 log.info("partition assigned partition=%d recovered_in_ms=%d", p, self.metrics["recovery_ms"])
 
@@ -330,7 +336,9 @@ class Worker:
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
                 self._snapshot(p)
-                del self.partitions[p]
+                merger = self.partitions.pop(p).merger
+                self._merge_base[0] += merger.forced
+                self._merge_base[1] += merger.out_of_order
                 log.info("partition revoked partition=%d", p)
 
     # -- recovery (DESIGN.md 3.3) ----------------------------------------------------------------

@@ -11,7 +11,10 @@ from streambandit.stream.logs import committed_view, read_range
 
 
 def producer(broker) -> Producer:
-    return Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5})
+    # Idempotent: a retried send must not duplicate an input record (the tests compare runs that
+    # must see the same input).
+    return Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
+                     "enable.idempotence": True})
 
 
 def send(prod: Producer, topic: str, event, key: bytes | None = None, raw: bytes | None = None) -> None:

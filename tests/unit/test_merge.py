@@ -78,3 +78,14 @@ def test_offsets_must_increase_per_source():
         m.push(CONTEXTS, 5, 0, None, now_ms=0)
     with pytest.raises(ValueError):
         InputMerger(max_wait_ms=-1)
+
+
+def test_a_record_without_event_time_takes_its_predecessors_place():
+    m = InputMerger(max_wait_ms=1000)
+    m.push(CONTEXTS, 0, 100, "c0", now_ms=0)
+    m.push(CONTEXTS, 1, None, "garbage", now_ms=0)
+    m.push(CONTEXTS, 2, 300, "c2", now_ms=0)
+    m.push(REWARDS, 0, 150, "r0", now_ms=0)
+    m.push(REWARDS, 1, 400, "r1", now_ms=0)
+    assert [r.item for r in m.pop_ready(now_ms=0)] == ["c0", "garbage", "r0", "c2"]
+    assert m.out_of_order == 0
