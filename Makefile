@@ -13,7 +13,7 @@ $(BIN)/streambandit: pyproject.toml
 	@touch $@
 
 demo: $(BIN)/streambandit
-	$(BIN)/streambandit simulate-ads
+	$(BIN)/streambandit demo
 
 test: $(BIN)/streambandit
 	$(BIN)/python -m pytest -q

@@ -81,16 +81,19 @@ class EmbeddedBroker:
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self._start_timeout_s
-        admin = self.admin()
+        admin = None  # created once the port accepts: a client refused at first logs errors to stderr
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 raise BrokerError(f"the broker exited with code {self._proc.returncode}:\n{self.log_tail()}")
             try:
+                if admin is None:
+                    socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
+                    admin = self.admin()
                 admin.list_topics(timeout=1.0)
                 log.info("embedded broker ready bootstrap=%s", self.bootstrap_servers)
                 return
-            except KafkaException as exc:
+            except (KafkaException, OSError) as exc:
                 last = exc
                 time.sleep(0.1)
         self.stop()

@@ -1,7 +1,9 @@
 """The librdkafka settings the worker needs for exactly-once, as functions returning dicts.
 
 User settings (``[kafka]`` in the worker configuration, dotted librdkafka names) are merged over
-these, except the few that exactly-once depends on, which are forced.
+these, except the few that exactly-once depends on, which are forced. Settings for one kind of
+client go in a sub-table, ``[kafka.consumer]`` or ``[kafka.producer]`` (librdkafka warns about a
+consumer setting given to a producer); the consumers include the recovery reader.
 """
 
 from __future__ import annotations
@@ -15,10 +17,20 @@ __all__ = ["consumer_settings", "producer_settings", "reader_settings"]
 _GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 30000}
 
 
+def _for(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
+    """The common settings of ``user`` with those of its ``client`` sub-table over them."""
+    user = user or {}
+    unknown = sorted(k for k, v in user.items() if isinstance(v, dict) and k not in ("consumer", "producer"))
+    if unknown:
+        raise ValueError(f"[kafka] sub-table(s) {', '.join(unknown)} unknown: use [kafka.consumer] or [kafka.producer]")
+    common = {k: v for k, v in user.items() if not isinstance(v, dict)}
+    return common | user.get(client, {})
+
+
 def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
     s: dict[str, Any] = {"bootstrap.servers": bootstrap, **_GROUP_TIMING, "auto.offset.reset": "earliest",
                          "partition.assignment.strategy": "range"}
-    s.update(user or {})
+    s.update(_for("consumer", user))
     s.update({
         "group.id": group_id,
         "enable.auto.commit": False,  # offsets commit inside the output transaction only
@@ -30,7 +42,7 @@ def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None
 
 def producer_settings(bootstrap: str, transactional_id: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
     s: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "transaction.timeout.ms": 10000}
-    s.update(user or {})
+    s.update(_for("producer", user))
     s.update({"transactional.id": transactional_id, "enable.idempotence": True, "acks": "all"})
     return s
 
@@ -38,7 +50,7 @@ def producer_settings(bootstrap: str, transactional_id: str, user: dict[str, Any
 def reader_settings(bootstrap: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
     """A consumer for reading bounded ranges of our own logs during recovery (assign, no group)."""
     s: dict[str, Any] = {"bootstrap.servers": bootstrap}
-    s.update(user or {})
+    s.update(_for("consumer", user))
     s.update({"group.id": "streambandit-reader", "enable.auto.commit": False, "isolation.level": "read_committed",
               "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     return s

@@ -1,0 +1,29 @@
+"""The worker's librdkafka settings: user settings pass through, per-client sub-tables go to their
+client only, and the settings exactly-once depends on cannot be overridden."""
+
+import pytest
+
+from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
+
+USER = {"client.id": "w1", "consumer": {"fetch.wait.max.ms": 10}, "producer": {"linger.ms": 1}}
+
+
+def test_sub_tables_reach_only_their_client():
+    c, p, r = consumer_settings("b:9092", "g", USER), producer_settings("b:9092", "t", USER), reader_settings("b:9092", USER)
+    assert c["client.id"] == p["client.id"] == r["client.id"] == "w1"
+    assert c["fetch.wait.max.ms"] == r["fetch.wait.max.ms"] == 10 and "fetch.wait.max.ms" not in p
+    assert p["linger.ms"] == 1 and "linger.ms" not in c
+    assert not any(isinstance(v, dict) for s in (c, p, r) for v in s.values())
+
+
+def test_exactly_once_settings_are_forced():
+    user = {"enable.auto.commit": True, "isolation.level": "read_uncommitted", "enable.idempotence": False,
+            "consumer": {"group.id": "other"}, "producer": {"transactional.id": "other", "acks": "1"}}
+    c, p = consumer_settings("b:9092", "g", user), producer_settings("b:9092", "t", user)
+    assert (c["enable.auto.commit"], c["isolation.level"], c["group.id"]) == (False, "read_committed", "g")
+    assert (p["enable.idempotence"], p["transactional.id"], p["acks"]) == (True, "t", "all")
+
+
+def test_an_unknown_sub_table_is_an_error():
+    with pytest.raises(ValueError, match=r"sub-table\(s\) admin unknown"):
+        consumer_settings("b:9092", "g", {"admin": {"x": 1}})
