@@ -77,6 +77,17 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_demo(args: argparse.Namespace) -> int:
+    """The whole loop on the embedded broker: a simulated ad server and a worker, live figures."""
+    from pathlib import Path
+
+    from streambandit.stream.demo import DemoConfig, run_demo
+
+    run_demo(DemoConfig(duration_s=args.duration, rate_per_s=args.rate, policy=args.policy, dim=args.dim,
+                        arms=args.arms, partitions=args.partitions, seed=args.seed, out_dir=Path(args.out)))
+    return 0
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
     from streambandit.stream.broker import EmbeddedBroker
@@ -110,6 +121,17 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
     serve.set_defaults(func=_cmd_serve)
+
+    demo = sub.add_parser("demo", help="the main job: embedded broker, simulated ad server and a worker, live figures")
+    demo.add_argument("--duration", type=float, default=60.0, help="seconds to run (default 60; Ctrl-C stops earlier)")
+    demo.add_argument("--rate", type=float, default=500.0, help="ad requests per second offered (default 500)")
+    demo.add_argument("--policy", default="glb_omd", help="learner (default glb_omd)")
+    demo.add_argument("--dim", type=int, default=20, help="feature dimension of an ad (default 20)")
+    demo.add_argument("--arms", type=int, default=10, help="candidate ads per request (default 10)")
+    demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)")
+    demo.set_defaults(func=_cmd_demo)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
     brk.add_argument("--port", type=int, default=9092)

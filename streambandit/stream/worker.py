@@ -145,7 +145,7 @@ class Worker:
 
     def step(self) -> int:
         """Poll, process and commit one batch; returns the number of input records taken."""
-        msgs = self.consumer.consume(self.config.batch_max_records, self.config.poll_timeout_ms / 1000)
+        msgs = self._poll_batch()
         now = _now_ms()
         for msg in msgs:
             if msg.error():
@@ -162,12 +162,26 @@ class Worker:
             outputs += self._maybe_tick(p, part, now)
         self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in self.partitions.values())
         self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in self.partitions.values())
+        self.metrics["pending"] = sum(len(x.engine.pending) for x in self.partitions.values())  # a gauge
         offsets = [TopicPartition(self._topic_of(src), p, off)
                    for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
         if outputs or msgs:
             self._commit(outputs, offsets)
             self._maybe_snapshot()
         return len(msgs)
+
+    def _poll_batch(self) -> list[Any]:
+        """What is already fetched, up to ``batch_max_records``; when nothing is, wait up to
+        ``poll_timeout_ms`` for the first record only. (``consume(n, timeout)`` alone waits the
+        whole timeout unless n records come, which under light load adds the timeout to every
+        decision's latency.)"""
+        n = self.config.batch_max_records
+        msgs = self.consumer.consume(n, 0)
+        if not msgs:
+            msgs = self.consumer.consume(1, self.config.poll_timeout_ms / 1000)
+            if msgs:
+                msgs += self.consumer.consume(n - 1, 0)
+        return msgs
 
     def _topic_of(self, source: int) -> str:
         return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
