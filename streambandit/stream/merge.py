@@ -47,7 +47,11 @@ class InputMerger:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.max_wait_ms = max_wait_ms
         self._queues: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
-        self._head_since_ms: list[int | None] = [None, None]
+        # Wall time each buffered record arrived, per source (parallel to the queues): a record
+        # waits at most max_wait_ms from its own arrival, as a Kafka Streams record waits at most
+        # max.task.idle.ms. (Counting from when it became the head made queued records wait one
+        # after another: a partition with an idle source drained one record per max_wait_ms.)
+        self._arrived_ms: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
         self._last: MergedRecord | None = None
         self.released = 0
         self.forced = 0  # releases made because the wait for the idle source ran out
@@ -68,9 +72,8 @@ class InputMerger:
             if q:
                 before.append(q[-1].timestamp_ms)
             timestamp_ms = max(before)
-        if not q:
-            self._head_since_ms[source] = now_ms
         q.append(MergedRecord(timestamp_ms, source, offset, item))
+        self._arrived_ms[source].append(now_ms)
 
     def pending(self) -> int:
         return len(self._queues[0]) + len(self._queues[1])
@@ -83,7 +86,7 @@ class InputMerger:
                 src = CONTEXTS if a[0] < b[0] else REWARDS
             elif a or b:
                 src = CONTEXTS if a else REWARDS
-                waited = now_ms - (self._head_since_ms[src] or now_ms)
+                waited = now_ms - self._arrived_ms[src][0]
                 if waited < self.max_wait_ms:
                     return
                 self.forced += 1
@@ -101,8 +104,7 @@ class InputMerger:
     def _release(self, src: int, now_ms: int) -> MergedRecord:
         q = self._queues[src]
         rec = q.popleft()
-        # The next record of this source became the head now: its wait starts now.
-        self._head_since_ms[src] = now_ms if q else None
+        self._arrived_ms[src].popleft()
         if self._last is not None and rec < self._last:
             self.out_of_order += 1
         else:

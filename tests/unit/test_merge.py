@@ -89,3 +89,15 @@ def test_a_record_without_event_time_takes_its_predecessors_place():
     m.push(REWARDS, 1, 400, "r1", now_ms=0)
     assert [r.item for r in m.pop_ready(now_ms=0)] == ["c0", "garbage", "r0", "c2"]
     assert m.out_of_order == 0
+
+
+def test_each_record_waits_from_its_own_arrival_not_one_after_another():
+    # Rewards idle: ten contexts that arrived together all go once the wait has run out, not one
+    # per max_wait_ms (which capped a partition with a quiet source at 1000 / max_wait_ms per s).
+    m = InputMerger(max_wait_ms=20)
+    for i in range(10):
+        m.push(CONTEXTS, i, 100 + i, f"c{i}", now_ms=i)
+    assert [r.item for r in m.pop_ready(now_ms=19)] == []
+    assert [r.item for r in m.pop_ready(now_ms=24)] == ["c0", "c1", "c2", "c3", "c4"]
+    assert [r.item for r in m.pop_ready(now_ms=29)] == ["c5", "c6", "c7", "c8", "c9"]
+    assert m.forced == 10
