@@ -68,3 +68,78 @@ def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:
             return True
         time.sleep(interval_s)
     return predicate()
+
+
+# -- added for test_bad_input / test_window / test_learning_e2e --------------------------------
+
+
+class Sent:
+    """A produced record and, once the producer is flushed, where it landed."""
+
+    def __init__(self, topic: str, key: bytes | None, value: bytes) -> None:
+        self.topic, self.key, self.value = topic, key, value
+        self.partition: int | None = None
+        self.offset: int | None = None
+
+    def _delivered(self, err, msg) -> None:
+        if err is not None:
+            raise RuntimeError(f"delivery of a test record failed: {err}")
+        self.partition, self.offset = msg.partition(), msg.offset()
+
+
+def send_tracked(prod: Producer, topic: str, key: bytes | None, value: bytes) -> Sent:
+    """Produce one record and return a :class:`Sent` whose position is known after ``flush()``."""
+    s = Sent(topic, key, value)
+    prod.produce(topic, key=key, value=value, on_delivery=s._delivered)
+    prod.poll(0)
+    return s
+
+
+def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overrides):
+    """A worker on its own thread (as tests/integration/test_worker.py starts one)."""
+    import threading
+
+    from streambandit.stream.models_config import parse_models_config
+    from streambandit.stream.snapshots import DirectoryStore
+    from streambandit.stream.worker import Worker, WorkerConfig
+
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(models), group_id=group,
+                       topics=topics, **overrides)
+    w = Worker(cfg, DirectoryStore(snapshot_dir))
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return w, t
+
+
+def caught_up(broker, topics, group: str, sent: list[Sent], partitions: int = 2) -> bool:
+    """True when the group's committed input offsets are past every record in ``sent``."""
+    need: dict[tuple[str, int], int] = {}
+    for s in sent:
+        need[(s.topic, s.partition)] = max(need.get((s.topic, s.partition), 0), s.offset + 1)
+    for topic in {t for t, _ in need}:
+        got = committed_offsets(broker, group, topic, partitions)
+        if any(got[p] < off for (t, p), off in need.items() if t == topic):
+            return False
+    return True
+
+
+class Tail:
+    """Follows a topic (read_committed, all partitions from offset 0) and decodes what it reads."""
+
+    def __init__(self, broker, topic: str, partitions: int = 2) -> None:
+        import uuid
+
+        self.c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"tail-{uuid.uuid4().hex[:8]}",
+                           "isolation.level": "read_committed", "enable.auto.commit": False})
+        self.c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+
+    def read(self, timeout_s: float = 0.2) -> list:
+        out = []
+        for m in self.c.consume(1000, timeout_s):
+            if m.error():
+                raise RuntimeError(f"tail: {m.error()}")
+            out.append(decode(m.value()))
+        return out
+
+    def close(self) -> None:
+        self.c.close()
