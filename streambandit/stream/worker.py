@@ -21,12 +21,12 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from streambandit import reasons
 from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
                                  decode, encode, pack_snapshot)
-from streambandit.stream.engine import PartitionEngine, Rejected
+from streambandit.stream.engine import PartitionEngine, RecoveryError, Rejected
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import committed_view, high_watermark, read_range
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.models_config import ModelsConfig
-from streambandit.stream.snapshots import SnapshotStore, load_latest
+from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
 
 __all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError"]
 
@@ -240,14 +240,19 @@ class Worker:
 
     def _maybe_tick(self, p: int, part: _Partition, now: int) -> list[tuple[str, int, bytes | None, bytes]]:
         """An idle partition with open decisions gets a watermark tick written into rewards[p]:
-        the window still closes, and the tick is in the log, so replay and recovery see it."""
+        the window still closes, and the tick is in the log, so replay and recovery see it.
+
+        The tick moves event time on by the wall time the partition has been quiet, from its own
+        watermark, not to the wall clock: an application whose event time runs behind the wall
+        clock (a backlog, a skewed clock) would otherwise see every open window closed by the
+        first quiet moment."""
         idle = now - part.last_input_wall_ms
         if (not part.engine.pending and not part.engine.early) or idle < self.config.idle_tick_ms \
                 or now - part.last_tick_wall_ms < self.config.idle_tick_ms or part.merger.pending():
             return []
         part.last_tick_wall_ms = now
         self.metrics["ticks"] += 1
-        return [(self.config.topics.rewards, p, None, encode(Tick(now)))]
+        return [(self.config.topics.rewards, p, None, encode(Tick(part.engine.watermark_ms + idle)))]
 
     # -- the commit path -----------------------------------------------------------------------
 
@@ -358,8 +363,24 @@ class Worker:
     # -- recovery (DESIGN.md 3.3) ----------------------------------------------------------------
 
     def _recover(self, p: int) -> _Partition:
+        """Partition ``p`` from its newest snapshot that fits the configuration and the logs; a
+        snapshot that does not (a changed policy or hyper-parameter, logs that do not continue
+        it) is reported and the next older one tried, and last the whole joined log from offset 0.
+        Never silently fresh models: if even the log does not fit, the worker stops."""
+        for snap in [*usable_snapshots(self.store, p), None]:
+            try:
+                return self._recover_from(p, snap)
+            except (ValueError, RecoveryError) as exc:
+                if snap is None:
+                    raise WorkerError(f"partition {p}: the joined log does not fit the model configuration "
+                                      f"({exc}); restore the configuration the log was written with") from exc
+                self.metrics["snapshot_fallbacks"] += 1
+                log.error("snapshot does not fit partition=%d created_ms=%d error=%s; falling back to an older one "
+                          "or the joined log", p, snap["created_ms"], exc)
+        raise AssertionError("unreachable")
+
+    def _recover_from(self, p: int, snap: dict | None) -> _Partition:
         c, t = self.config, self.config.topics
-        snap = load_latest(self.store, p)
         limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent}
         if snap is None:
             engine = PartitionEngine(c.models, **limits)

@@ -46,18 +46,17 @@ def outputs(broker, topics, group: str, partitions: int = 2) -> dict[str, list]:
     per topic, the decoded records of all partitions."""
     committed = {p: {0: committed_offsets(broker, group, topics.contexts, partitions)[p],
                      1: committed_offsets(broker, group, topics.rewards, partitions)[p]} for p in range(partitions)}
-    out = {}
+    out: dict = {"raw_counts": {}}
     for name, key in (("actions", lambda e: e.event_id), ("joined", lambda e: e.event_id),
                       ("dead_letter", lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""))):
-        topic = getattr(topics, name)
+        msgs = read_all(broker, getattr(topics, name), partitions)
+        out["raw_counts"][name] = len(msgs)
         recs = []
         for p in range(partitions):
-            msgs = [m for m in read_all(broker, topic, partitions) if m.partition() == p]
-            events = [decode(m.value()) for m in msgs]
+            events = [decode(m.value()) for m in msgs if m.partition() == p]
             recs += committed_view(events, key=key, trigger=lambda e: (e.trigger_source, e.trigger_offset),
                                    committed=committed[p])
         out[name] = recs
-    out["raw_counts"] = {name: len(read_all(broker, getattr(topics, name), partitions)) for name in ("actions", "joined", "dead_letter")}
     return out
 
 

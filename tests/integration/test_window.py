@@ -136,4 +136,8 @@ def test_an_idle_partition_is_closed_by_a_tick_written_into_the_rewards_log(run,
     log = {m.offset(): decode(m.value()) for m in read_all(broker, R) if m.partition() == run.sent["E"].partition}
     tick = log[e.trigger_offset]
     assert isinstance(tick, Tick) and tick.timestamp_ms >= T + 1800 + WINDOW_MS
+    # The tick moved event time on by the idle wall time, from the partition's own watermark; it
+    # did not jump to the wall clock (the stream's event time is a minute behind it), which would
+    # close every open window at the first quiet moment.
+    assert tick.timestamp_ms < T + 30_000
     assert run.metrics["ticks"] >= 1

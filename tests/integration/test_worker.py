@@ -36,7 +36,9 @@ def test_every_context_gets_exactly_one_action_and_rewards_are_joined(broker, to
         if i % 2 == 0:
             send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", 1000 + 10 * i + 50, 1.0))
     prod.flush()
-    w, t = start_worker(broker, topics, tmp_path, "g-e2e", idle_tick_ms=300)
+    # merge_wait_ms: rewards are 50 ms of event time behind their contexts; a rewards fetch that
+    # lags the contexts fetch by more than the wait would make them late (a race, not the subject).
+    w, t = start_worker(broker, topics, tmp_path, "g-e2e", idle_tick_ms=300, merge_wait_ms=1000)
     try:
         assert wait_for(lambda: len(outputs(broker, topics, "g-e2e")["joined"]) >= n, timeout_s=60)
     finally:
