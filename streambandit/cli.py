@@ -60,19 +60,34 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import signal
 
     from streambandit.stream.app_config import load_worker_config
-    from streambandit.stream.snapshots import DirectoryStore
+    from streambandit.stream.snapshots import DirectoryStore, SnapshotStore, SnapshotStoreError, TopicStore
     from streambandit.stream.worker import Worker
 
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
-    config, snapshot_dir = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
-    snapshot_dir = args.snapshot_dir or snapshot_dir
-    if not snapshot_dir:
-        raise ValueError("no snapshot directory: set [worker] snapshot_dir or pass --snapshot-dir")
-    worker = Worker(config, DirectoryStore(snapshot_dir), instance_id=args.instance_id)
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: worker.stop())
-    worker.run(max_seconds=args.duration)
+    config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    # A command-line choice replaces the file's, whichever kind of store either names.
+    topic = args.snapshot_topic or (None if args.snapshot_dir else snaps.topic)
+    directory = args.snapshot_dir or (None if args.snapshot_topic else snaps.dir)
+    store: SnapshotStore
+    if topic:
+        try:
+            store = TopicStore(config.bootstrap_servers, topic, kafka=config.kafka, max_chunk_bytes=snaps.max_chunk_bytes)
+        except SnapshotStoreError as exc:
+            raise ValueError(str(exc)) from None
+    elif directory:
+        store = DirectoryStore(directory)
+    else:
+        raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
+                         "or pass --snapshot-topic or --snapshot-dir")
+    try:
+        worker = Worker(config, store, instance_id=args.instance_id)
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: worker.stop())
+        worker.run(max_seconds=args.duration)
+    finally:
+        if isinstance(store, TopicStore):
+            store.close()
     print(" ".join(f"{k}={v}" for k, v in sorted(worker.metrics.items())), flush=True)
     return 0
 
@@ -116,7 +131,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--config", required=True, help="TOML file: [kafka], [worker], [topics], [[models]]")
     serve.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
                        help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)")
-    serve.add_argument("--snapshot-dir", default=None, help="overrides [worker] snapshot_dir")
+    where = serve.add_mutually_exclusive_group()
+    where.add_argument("--snapshot-topic", default=None,
+                       help="keep snapshots in this compacted topic (overrides [worker] snapshot_topic/snapshot_dir)")
+    where.add_argument("--snapshot-dir", default=None,
+                       help="keep snapshots in this directory (overrides [worker] snapshot_topic/snapshot_dir)")
     serve.add_argument("--instance-id", default=None, help="this worker's id (default: random)")
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     serve.add_argument("-v", "--verbose", action="store_true")

@@ -6,7 +6,9 @@ settings and the models.
 
     [worker]
     group_id = "streambandit"
-    snapshot_dir = "/var/lib/streambandit/snapshots"
+    snapshot_topic = "snapshots"  # a compacted topic (Kafka), or instead:
+    # snapshot_dir = "/var/lib/streambandit/snapshots"   (one machine: the embedded demo)
+    snapshot_max_chunk_bytes = 524288  # snapshots larger than this go in several records
     snapshot_interval_s = 30
     snapshot_every_updates = 10000
     merge_wait_ms = 20
@@ -31,15 +33,27 @@ from pathlib import Path
 from typing import Any
 
 from streambandit.stream.models_config import parse_models_config
+from streambandit.stream.snapshots import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.stream.worker import Topics, WorkerConfig
 
-__all__ = ["load_worker_config"]
+__all__ = ["load_worker_config", "parse_worker_config", "SnapshotSettings"]
 
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotSettings:
+    """Where snapshots go: a compacted topic or a directory (at most one is set)."""
+
+    topic: str | None = None
+    dir: str | None = None
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
+
+
+_SNAPSHOT_KEYS = {"snapshot_topic": "topic", "snapshot_dir": "dir", "snapshot_max_chunk_bytes": "max_chunk_bytes"}
 _WORKER_KEYS = {f.name for f in dataclasses.fields(WorkerConfig)} - {"bootstrap_servers", "models", "topics", "kafka"}
 
 
-def load_worker_config(path: str | Path, *, bootstrap_servers: str | None = None) -> tuple[WorkerConfig, str | None]:
-    """The worker configuration and the snapshot directory (None: not configured)."""
+def load_worker_config(path: str | Path, *, bootstrap_servers: str | None = None) -> tuple[WorkerConfig, SnapshotSettings]:
+    """The worker configuration and where its snapshots go."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -51,17 +65,18 @@ def load_worker_config(path: str | Path, *, bootstrap_servers: str | None = None
 
 
 def parse_worker_config(raw: dict[str, Any], *, source: str = "<config>",
-                        bootstrap_servers: str | None = None) -> tuple[WorkerConfig, str | None]:
+                        bootstrap_servers: str | None = None) -> tuple[WorkerConfig, SnapshotSettings]:
     kafka = dict(raw.get("kafka", {}))
     bootstrap = bootstrap_servers or kafka.pop("bootstrap.servers", None)
     kafka.pop("bootstrap.servers", None)
     if not bootstrap:
         raise ValueError(f"{source}: [kafka] needs \"bootstrap.servers\"")
     worker = dict(raw.get("worker", {}))
-    snapshot_dir = worker.pop("snapshot_dir", None)
+    snapshots = _snapshot_settings({k: worker.pop(k) for k in list(worker) if k in _SNAPSHOT_KEYS}, source)
     unknown = sorted(set(worker) - _WORKER_KEYS)
     if unknown:
-        raise ValueError(f"{source}: [worker] has unknown setting(s) {', '.join(unknown)}; known: {', '.join(sorted(_WORKER_KEYS))}")
+        known = ", ".join(sorted(_WORKER_KEYS | set(_SNAPSHOT_KEYS)))
+        raise ValueError(f"{source}: [worker] has unknown setting(s) {', '.join(unknown)}; known: {known}")
     topics = raw.get("topics", {})
     try:
         topics_obj = Topics(**topics)
@@ -69,4 +84,16 @@ def parse_worker_config(raw: dict[str, Any], *, source: str = "<config>",
         raise ValueError(f"{source}: [topics]: {exc}") from None
     cfg = WorkerConfig(bootstrap_servers=bootstrap, models=parse_models_config(raw, source=source), topics=topics_obj,
                        kafka=kafka, **worker)
-    return cfg, snapshot_dir
+    return cfg, snapshots
+
+
+def _snapshot_settings(raw: dict[str, Any], source: str) -> SnapshotSettings:
+    s = SnapshotSettings(**{_SNAPSHOT_KEYS[k]: v for k, v in raw.items()})
+    if s.topic is not None and s.dir is not None:
+        raise ValueError(f"{source}: [worker] sets both snapshot_topic and snapshot_dir; choose one")
+    for name, value in (("snapshot_topic", s.topic), ("snapshot_dir", s.dir)):
+        if value is not None and (not isinstance(value, str) or not value):
+            raise ValueError(f"{source}: [worker] {name} must be a non-empty string, got {value!r}")
+    if not isinstance(s.max_chunk_bytes, int) or isinstance(s.max_chunk_bytes, bool) or s.max_chunk_bytes < 1:
+        raise ValueError(f"{source}: [worker] snapshot_max_chunk_bytes must be a positive integer, got {s.max_chunk_bytes!r}")
+    return s

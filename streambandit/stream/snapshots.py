@@ -3,18 +3,37 @@
 Both keep the latest two snapshots per partition, so that a corrupt latest one falls back to the
 previous (and, when both are unusable, recovery replays the joined log from the start: never a
 silently fresh model).
+
+``TopicStore`` layout (one compacted topic, co-partitioned with the inputs): snapshot ``p`` lives
+in partition ``p`` of the topic, in two alternating slots. A save writes the chunks of one slot,
+keys ``p{p}/s{slot}/{i}``, each value a fixed little-endian header (magic, format version,
+generation, chunk index, chunk count, CRC32 of the whole snapshot) followed by at most
+``max_chunk_bytes`` of it, then tombstones the slot's chunks beyond the new count. A reader keeps
+the last value of each key (what compaction keeps too), and a slot counts only when all its
+chunks carry one generation and the whole passes its CRC: a save that died halfway leaves its
+slot incomplete, and the other slot, untouched by that save, is still there.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
+import re
+import struct
+import zlib
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Iterator, Protocol
+
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.events import SnapshotError, unpack_snapshot
+from streambandit.stream.kafka_config import reader_settings
+from streambandit.stream.logs import read_range
 
-__all__ = ["SnapshotStore", "DirectoryStore", "load_latest"]
+__all__ = ["SnapshotStore", "DirectoryStore", "TopicStore", "SnapshotStoreError", "load_latest", "usable_snapshots",
+           "create_snapshot_topic", "chunk_key", "pack_chunk", "DEFAULT_MAX_CHUNK_BYTES"]
 
 log = logging.getLogger("streambandit")
 
@@ -55,8 +74,274 @@ class DirectoryStore:
         return out
 
 
-def load_latest(store: SnapshotStore, partition: int) -> dict | None:
-    """The newest snapshot of ``partition`` that passes its checksum, or None. A damaged one is
+class SnapshotStoreError(RuntimeError):
+    """The snapshot store cannot be used (its topic is missing) or a save did not reach it."""
+
+
+# Half of Kafka's default maximum message size (~1 MB), leaving room for the header and key.
+DEFAULT_MAX_CHUNK_BYTES = 512 * 1024
+# magic, format version, generation, chunk index, chunk count, CRC32 of the whole snapshot
+_CHUNK = struct.Struct("<2sBQIII")
+_CHUNK_MAGIC = b"SC"
+_CHUNK_VERSION = 1
+_SLOTS = 2
+_KEY = re.compile(rb"p(\d+)/s(\d+)/(\d+)")
+
+
+def chunk_key(partition: int, slot: int, index: int) -> bytes:
+    """The record key of chunk ``index`` of ``slot`` of ``partition``'s snapshots."""
+    return f"p{partition}/s{slot}/{index}".encode()
+
+
+def pack_chunk(generation: int, index: int, count: int, crc: int, payload: bytes) -> bytes:
+    """A chunk record's value: the fixed header, then its slice of the snapshot."""
+    return _CHUNK.pack(_CHUNK_MAGIC, _CHUNK_VERSION, generation, index, count, crc) + payload
+
+
+@dataclasses.dataclass(frozen=True)
+class _Chunk:
+    generation: int
+    index: int
+    count: int
+    crc: int
+    payload: bytes
+
+
+def _unpack_chunk(value: bytes) -> _Chunk | None:
+    if len(value) < _CHUNK.size:
+        return None
+    magic, version, generation, index, count, crc = _CHUNK.unpack_from(value)
+    if magic != _CHUNK_MAGIC or version != _CHUNK_VERSION:
+        return None
+    return _Chunk(generation, index, count, crc, bytes(value[_CHUNK.size:]))
+
+
+@dataclasses.dataclass
+class _Slot:
+    """What a writer must know of one slot: whether it holds a usable snapshot, and which chunk
+    keys are live (a save into it tombstones those beyond its own count)."""
+
+    generation: int = -1  # of the usable snapshot; -1: none
+    max_generation: int = 0  # highest generation of any chunk, usable or not
+    indices: frozenset[int] = frozenset()
+
+
+def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slot, bytes | None]:
+    """The slot's snapshot when all its chunks belong to one save and the whole passes its CRC."""
+    chunks = {i: _unpack_chunk(v) for i, v in values.items()}
+    meta = _Slot(max_generation=max((c.generation for c in chunks.values() if c), default=0),
+                 indices=frozenset(values))
+    if not values:
+        return meta, None
+    first = chunks.get(0)
+    if first is None or first.count == 0:
+        problem = "chunk 0 missing or unreadable"
+    else:
+        parts = [chunks.get(i) for i in range(first.count)]
+        same = all(c is not None and (c.generation, c.index, c.count, c.crc) == (first.generation, i, first.count, first.crc)
+                   for i, c in enumerate(parts))
+        if not same:
+            problem = "incomplete (a save did not finish, or chunks of different saves)"
+        elif zlib.crc32(b"".join(c.payload for c in parts if c)) != first.crc:
+            problem = "checksum mismatch (corrupt chunk)"
+        else:
+            meta.generation = first.generation
+            return meta, b"".join(c.payload for c in parts if c)
+    log.error("snapshot slot unusable partition=%d slot=%d generation=%d reason=%s; using the other slot",
+              partition, slot, meta.max_generation, problem)
+    return meta, None
+
+
+class TopicStore:
+    """Snapshots in a compacted Kafka topic (layout in the module docstring).
+
+    The topic must exist (see :func:`create_snapshot_topic`): a worker never creates it, so a typo
+    in its name is an error at start, not a new empty topic and fresh models. Saves go through an
+    idempotent, non-transactional producer and are flushed before ``save`` returns; the worker
+    saves between transactions, and the positions inside a snapshot say what it covers.
+
+    A store remembers, per partition, which slot holds the newest usable snapshot, and reads it
+    afresh in ``candidates`` (called at every assignment, before the new owner's first save), so
+    a partition moving between workers continues the generation count of its previous owner.
+    """
+
+    def __init__(self, bootstrap_servers: str, topic: str, *, kafka: dict[str, Any] | None = None,
+                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, timeout_s: float = 30.0) -> None:
+        if max_chunk_bytes < 1:
+            raise ValueError(f"max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
+        self.topic = topic
+        self.max_chunk_bytes = max_chunk_bytes
+        self.timeout_s = timeout_s
+        user = {k: v for k, v in (kafka or {}).items() if k != "transactional.id"}
+        self._reader = Consumer(reader_settings(bootstrap_servers, user))
+        try:
+            self.partitions = self._partition_count()
+        except Exception:
+            self._reader.close()
+            raise
+        self._producer = Producer({
+            "bootstrap.servers": bootstrap_servers, "linger.ms": 0, **user,
+            "enable.idempotence": True, "acks": "all",
+            # One record per produce batch. Tansu 0.6 answers ListOffsets with the first offset
+            # of the last batch + 1, so the records after the first of a multi-record batch lie
+            # beyond the "high watermark" a reader stops at. Chunks are too large to gain from
+            # batching anyway.
+            "batch.num.messages": 1,
+            "message.max.bytes": max(1_000_000, max_chunk_bytes + _CHUNK.size + 1024),
+        })
+        self._slots: dict[int, list[_Slot]] = {}
+        self._warned: set[int] = set()
+        self._check_compacted(bootstrap_servers, user)
+
+    def _partition_count(self) -> int:
+        # All topics, not this one by name: a metadata request for one topic may auto-create it.
+        md = self._reader.list_topics(timeout=self.timeout_s)
+        t = md.topics.get(self.topic)
+        if t is None or t.error is not None or not t.partitions:
+            raise SnapshotStoreError(
+                f"snapshot topic {self.topic!r} does not exist; create it compacted with as many partitions as the "
+                f"input topics (streambandit.stream.snapshots.create_snapshot_topic, or kafka-topics.sh --create "
+                f"--topic {self.topic} --partitions N --config cleanup.policy=compact)")
+        return len(t.partitions)
+
+    def _check_compacted(self, bootstrap_servers: str, user: dict[str, Any]) -> None:
+        """Warn (only) when the topic is not compacted: it still works, but grows without bound.
+        Best effort: the cluster may not let this client describe configurations."""
+        try:
+            admin = AdminClient({"bootstrap.servers": bootstrap_servers, **user})
+            res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
+            policy = admin.describe_configs([res])[res].result(self.timeout_s)["cleanup.policy"].value
+        except (KafkaException, KeyError, TimeoutError) as exc:
+            log.info("snapshot topic config not checked topic=%s error=%s", self.topic, exc)
+            return
+        if "compact" not in (policy or ""):
+            log.warning("snapshot topic not compacted topic=%s cleanup.policy=%s; it will grow without bound",
+                        self.topic, policy)
+
+    def _topic_partition(self, partition: int) -> int:
+        if partition < self.partitions:
+            return partition
+        if partition not in self._warned:
+            self._warned.add(partition)
+            log.warning("snapshot topic has fewer partitions than the inputs topic=%s partitions=%d partition=%d; "
+                        "sharing partition %d", self.topic, self.partitions, partition, partition % self.partitions)
+        return partition % self.partitions
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def _scan(self, partition: int) -> tuple[list[_Slot], list[bytes | None]]:
+        """Read the partition's chunk records up to the end; the last value of each key wins."""
+        tp = self._topic_partition(partition)
+        lo, hi = self._reader.get_watermark_offsets(TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False)
+        latest: dict[tuple[int, int], bytes] = {}
+        for msg in read_range(self._reader, self.topic, tp, lo, hi, timeout_s=self.timeout_s):
+            m = _KEY.fullmatch(msg.key() or b"")
+            if m is None or int(m[1]) != partition or int(m[2]) >= _SLOTS:
+                continue  # another partition sharing this one, or not ours
+            k = (int(m[2]), int(m[3]))
+            if msg.value() is None:
+                latest.pop(k, None)
+            else:
+                latest[k] = msg.value()
+        metas, datas = [], []
+        for s in range(_SLOTS):
+            meta, data = _assemble(partition, s, {i: v for (slot, i), v in latest.items() if slot == s})
+            metas.append(meta)
+            datas.append(data)
+        return metas, datas
+
+    def candidates(self, partition: int) -> list[bytes]:
+        metas, datas = self._scan(partition)
+        self._slots[partition] = metas
+        order = sorted((s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation)
+        return [datas[s] for s in order]  # type: ignore[misc]
+
+    # -- writing -------------------------------------------------------------------------------
+
+    def save(self, partition: int, data: bytes) -> None:
+        slots = self._slots.pop(partition, None) or self._scan(partition)[0]
+        # Overwrite the slot that does not hold the newest usable snapshot: a save that dies
+        # halfway then costs at most the older of the two.
+        newest = max(range(_SLOTS), key=lambda s: slots[s].generation)
+        slot = 1 - newest if slots[newest].generation >= 0 else 0
+        generation = max(s.max_generation for s in slots) + 1
+        size = self.max_chunk_bytes
+        count = max(1, -(-len(data) // size))
+        crc = zlib.crc32(data)
+        tp = self._topic_partition(partition)
+        errors: list[KafkaError] = []
+
+        def delivered(err: KafkaError | None, _msg: Any) -> None:
+            if err is not None:
+                errors.append(err)
+
+        for i in range(count):
+            self._produce(tp, chunk_key(partition, slot, i), pack_chunk(generation, i, count, crc, data[i * size:(i + 1) * size]),
+                          delivered)
+        # Chunks of an earlier, larger save into this slot: ignored by readers (the count says so),
+        # and tombstoned so that compaction removes them.
+        stale = sorted(i for i in slots[slot].indices if i >= count)
+        for i in stale:
+            self._produce(tp, chunk_key(partition, slot, i), None, delivered)
+        left = self._producer.flush(self.timeout_s)
+        if left or errors:
+            raise SnapshotStoreError(f"snapshot of partition {partition} not stored in {self.topic!r}: "
+                                     f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}")
+        slots[slot] = _Slot(generation=generation, max_generation=generation, indices=frozenset(range(count)))
+        self._slots[partition] = slots
+        log.debug("snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
+                  partition, self.topic, slot, generation, count, len(stale), len(data))
+
+    def _produce(self, tp: int, key: bytes, value: bytes | None, on_delivery: Any) -> None:
+        while True:
+            try:
+                self._producer.produce(self.topic, key=key, value=value, partition=tp, on_delivery=on_delivery)
+                return
+            except BufferError:  # the local queue is full: let deliveries drain it
+                self._producer.poll(0.1)
+
+    def close(self) -> None:
+        try:
+            self._producer.flush(self.timeout_s)
+        finally:
+            self._reader.close()
+
+    def __enter__(self) -> "TopicStore":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *, replication_factor: int = -1,
+                          kafka: dict[str, Any] | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+                          timeout_s: float = 30.0) -> bool:
+    """Create the snapshot topic, compacted, with ``partitions`` (= the inputs' partition count).
+    Returns False when it already exists (left as it is). ``replication_factor=-1``: the
+    cluster's default."""
+    config = {
+        "cleanup.policy": "compact",
+        # Compaction never touches the active segment; rolling it every 10 minutes bounds what a
+        # recovering worker reads beyond the last two snapshots.
+        "segment.ms": "600000",
+    }
+    if max_chunk_bytes + _CHUNK.size + 1024 > 1_000_000:
+        config["max.message.bytes"] = str(max_chunk_bytes + _CHUNK.size + 1024)
+    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(kafka or {})})
+    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor,
+                                        config=config)])[topic]
+    try:
+        fut.result(timeout_s)
+    except KafkaException as exc:
+        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+            return False
+        raise SnapshotStoreError(f"could not create snapshot topic {topic!r}: {exc}") from exc
+    log.info("snapshot topic created topic=%s partitions=%d", topic, partitions)
+    return True
+
+
+def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[dict]:
+    """The snapshots of ``partition`` that pass their checksum, newest first. A damaged one is
     reported (logged) and skipped."""
     for i, data in enumerate(store.candidates(partition)):
         try:
@@ -67,5 +352,9 @@ def load_latest(store: SnapshotStore, partition: int) -> dict | None:
         if snap["partition"] != partition:
             log.error("snapshot for partition=%d is labelled partition=%d; skipped", partition, snap["partition"])
             continue
-        return snap
-    return None
+        yield snap
+
+
+def load_latest(store: SnapshotStore, partition: int) -> dict | None:
+    """The newest usable snapshot of ``partition``, or None."""
+    return next(usable_snapshots(store, partition), None)
