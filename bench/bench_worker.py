@@ -45,7 +45,6 @@ from streambandit.sim.ads import AdTraffic  # noqa: E402
 from streambandit.stream.ad_server import AdServer  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
-from streambandit.stream.logs import high_watermark  # noqa: E402
 from streambandit.stream.models_config import parse_models_config  # noqa: E402
 from streambandit.stream.snapshots import DirectoryStore  # noqa: E402
 from streambandit.stream.worker import Topics, Worker, WorkerConfig  # noqa: E402
@@ -78,20 +77,31 @@ def backlog(n: int, seed: int = 0) -> list[tuple[Context, Reward | None]]:
     return out
 
 
-def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Reward | None]]) -> int:
+def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Reward | None]]) -> dict:
+    """Produce the events; returns per (topic, partition) the offset after the last record, from
+    the delivery reports (the embedded broker reports too low a high watermark for batched,
+    non-transactional writes: docs/notes/tansu.md)."""
     p = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
                   "enable.idempotence": True})
+    ends: dict = {}
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            raise RuntimeError(f"produce failed: {err}")
+        key = (msg.topic(), msg.partition())
+        ends[key] = max(ends.get(key, 0), msg.offset() + 1)
+
     n = 0
     for ctx, rew in events:
-        p.produce(t.contexts, key=ctx.model_key.encode(), value=encode(ctx))
+        p.produce(t.contexts, key=ctx.model_key.encode(), value=encode(ctx), on_delivery=delivered)
         n += 1
         if rew is not None:
-            p.produce(t.rewards, key=rew.model_key.encode(), value=encode(rew))
+            p.produce(t.rewards, key=rew.model_key.encode(), value=encode(rew), on_delivery=delivered)
             n += 1
         if n % 5000 == 0:
             p.poll(0)
     p.flush()
-    return n
+    return ends
 
 
 # -- 1. throughput -----------------------------------------------------------------------------
@@ -99,7 +109,7 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
 
 def worker_throughput(broker: EmbeddedBroker, policy: str, events: list) -> dict:
     t = fresh_topics(broker)
-    n_records = produce(broker, t, events)
+    n_records = sum(produce(broker, t, events).values())
     cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(models(policy, 100)),
                        topics=t, group_id=f"bench-{t.contexts}", snapshot_interval_s=1e9,
                        snapshot_every_updates=10**9, kafka={"consumer": FAST_FETCH})
@@ -222,25 +232,23 @@ def latency(broker: EmbeddedBroker, policy: str, rate: float, seconds: float, wo
 # -- 3. recovery -----------------------------------------------------------------------------
 
 
-def caught_up(broker: EmbeddedBroker, t: Topics, group: str) -> bool:
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False,
-                  "isolation.level": "read_committed"})
+def caught_up(broker: EmbeddedBroker, group: str, ends: dict) -> bool:
+    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
     try:
-        tps = [TopicPartition(topic, p) for topic in (t.contexts, t.rewards) for p in range(PARTITIONS)]
-        committed = {(tp.topic, tp.partition): tp.offset for tp in c.committed(tps, timeout=10)}
-        return all(committed[(tp.topic, tp.partition)] >= high_watermark(c, tp.topic, tp.partition) for tp in tps)
+        got = c.committed([TopicPartition(topic, p) for topic, p in ends], timeout=10)
+        return all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in got)
     finally:
         c.close()
 
 
 def recovery(broker: EmbeddedBroker, policy: str, events: list, workdir: Path) -> dict:
     t = fresh_topics(broker)
-    produce(broker, t, events)
+    ends = produce(broker, t, events)
     group = f"rec-{t.contexts}"
     settings = {"snapshot_interval_s": 1e9, "idle_tick_ms": 10**9}
     proc = serve(broker, t, policy, workdir, group, snapshot_every_updates=10**9, **settings)
     wait_for_line(proc, r"partition assigned", PARTITIONS)
-    while not caught_up(broker, t, group):
+    while not caught_up(broker, group, ends):
         time.sleep(0.5)
     stop(proc, signal.SIGKILL)
     out = {}
