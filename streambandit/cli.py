@@ -159,12 +159,17 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from streambandit.errors import StreambanditError
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
-    except ValueError as exc:
+    except ValueError as exc:  # bad configuration or arguments
         print(f"streambandit: error: {exc}", file=sys.stderr)
         return 2
+    except StreambanditError as exc:  # a state the process cannot continue from (its message says why)
+        print(f"streambandit: error: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

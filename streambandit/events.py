@@ -30,6 +30,7 @@ import fastavro
 import numpy as np
 
 from streambandit import reasons
+from streambandit.errors import StreambanditError
 
 __all__ = [
     "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef",
@@ -41,7 +42,7 @@ MAGIC = 0x5B
 _SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
 
-class DecodeError(ValueError):
+class DecodeError(StreambanditError, ValueError):
     """A record that cannot be turned into an event; ``reason`` is a code from reasons.py."""
 
     def __init__(self, reason: str, detail: str) -> None:
@@ -50,7 +51,7 @@ class DecodeError(ValueError):
         self.detail = detail
 
 
-class SnapshotError(ValueError):
+class SnapshotError(StreambanditError, ValueError):
     """A snapshot that is corrupt (checksum), of an unknown format, or does not fit."""
 
 

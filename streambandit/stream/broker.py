@@ -19,12 +19,14 @@ from pathlib import Path
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from streambandit.errors import StreambanditError
+
 __all__ = ["EmbeddedBroker", "BrokerError"]
 
 log = logging.getLogger("streambandit")
 
 
-class BrokerError(RuntimeError):
+class BrokerError(StreambanditError, RuntimeError):
     """The embedded broker could not be found, started or reached."""
 
 

@@ -27,6 +27,7 @@ import dataclasses
 import heapq
 from typing import Any
 
+from streambandit.errors import StreambanditError
 from streambandit.events import Action, Context, InputRef, Joined, Reward
 from streambandit.policies.base import Policy
 from streambandit.stream.decision import decide
@@ -38,7 +39,7 @@ from streambandit.stream.models_config import ModelsConfig
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
-class RecoveryError(RuntimeError):
+class RecoveryError(StreambanditError, RuntimeError):
     """The logs after a snapshot do not fit the snapshot: the worker must not continue from it."""
 
 

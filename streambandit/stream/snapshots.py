@@ -28,6 +28,7 @@ from typing import Any, Iterator, Protocol
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from streambandit.errors import StreambanditError
 from streambandit.events import SnapshotError, unpack_snapshot
 from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import read_range
@@ -74,7 +75,7 @@ class DirectoryStore:
         return out
 
 
-class SnapshotStoreError(RuntimeError):
+class SnapshotStoreError(StreambanditError, RuntimeError):
     """The snapshot store cannot be used (its topic is missing) or a save did not reach it."""
 
 

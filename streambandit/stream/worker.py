@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit import reasons
+from streambandit.errors import StreambanditError
 from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
                                  decode, encode, pack_snapshot)
 from streambandit.stream.engine import PartitionEngine, RecoveryError, Rejected
@@ -33,7 +34,7 @@ __all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError"]
 log = logging.getLogger("streambandit")
 
 
-class WorkerError(RuntimeError):
+class WorkerError(StreambanditError, RuntimeError):
     """The worker cannot continue (configuration that does not fit the cluster, a fatal producer
     error). Raised from ``run``; a supervisor restarts the process, which then recovers."""
 
