@@ -3,9 +3,15 @@
 Records are released in the order of the key (event timestamp, source, offset), where the source
 order is fixed (contexts before rewards at equal timestamps), the way learning-loop's joiner merge-
 sorts its inputs (DESIGN.md 3.4). A record at the head of one source is released when the other
-source's head is known to come after it. When the other source has nothing buffered, the worker
-cannot know what it will deliver next, so it waits at most ``max_wait_ms`` of wall time (a bounded
-wait, like Kafka Streams' ``max.task.idle.ms``) and then releases anyway.
+source's head is known to come after it. When the other source has nothing buffered:
+
+- if the broker holds records of it not yet delivered (the caller says so: ``behind``), they will
+  come, so the record waits for them however long the fetch takes. This is what keeps a backlog
+  exact: contexts are large and rewards small, so when a worker catches up the rewards input runs
+  thousands of records ahead, and releasing them early would push the watermark past every
+  window (Kafka Streams waits the same way for a partition with lag, KIP-695);
+- if not, the worker cannot know what the source will deliver next, so the record waits at most
+  ``max_wait_ms`` of wall time from its own arrival (``max.task.idle.ms``) and is then released.
 
 That is the one case where the live order may differ from the canonical order a replay of the
 logs computes: a record that then arrives on the idle source with a key below one already
@@ -78,14 +84,17 @@ class InputMerger:
     def pending(self) -> int:
         return len(self._queues[0]) + len(self._queues[1])
 
-    def pop_ready(self, now_ms: int) -> Iterator[MergedRecord]:
-        """Release, in merge order, every record that may go now."""
+    def pop_ready(self, now_ms: int, behind: tuple[bool, bool] = (False, False)) -> Iterator[MergedRecord]:
+        """Release, in merge order, every record that may go now. ``behind[source]``: the broker
+        holds records of that source that have not been pushed yet."""
         while True:
             a, b = self._queues
             if a and b:
                 src = CONTEXTS if a[0] < b[0] else REWARDS
             elif a or b:
                 src = CONTEXTS if a else REWARDS
+                if behind[1 - src]:
+                    return  # the other source's next records exist: wait for them, not for a clock
                 waited = now_ms - self._arrived_ms[src][0]
                 if waited < self.max_wait_ms:
                     return

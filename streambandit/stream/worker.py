@@ -156,8 +156,9 @@ class Worker:
                 continue
             self._push(msg, now)
         outputs: list[tuple[str, int, bytes | None, bytes]] = []
+        behind = self._inputs_behind()
         for p, part in self.partitions.items():
-            for rec in part.merger.pop_ready(now):
+            for rec in part.merger.pop_ready(now, behind[p]):
                 outputs += self._process(p, part, rec.item)
                 part.next_offset[rec.source] = rec.offset + 1
             outputs += self._maybe_tick(p, part, now)
@@ -183,6 +184,21 @@ class Worker:
             if msgs:
                 msgs += self.consumer.consume(n - 1, 0)
         return msgs
+
+    def _inputs_behind(self) -> dict[int, tuple[bool, bool]]:
+        """Per partition and input: does the broker hold records not yet delivered to us? The high
+        watermark of the partition's last fetch response (cached by librdkafka: no request) is
+        beyond the consumer's position, which moves past transaction markers. Unknown (no fetch
+        answered yet) counts as behind, so the first batch after an assignment waits for both
+        inputs' first fetch."""
+        tps = [TopicPartition(self._topic_of(src), p) for p in self.partitions for src in (CONTEXTS, REWARDS)]
+        out: dict[int, list[bool]] = {p: [False, False] for p in self.partitions}
+        for tp in self.consumer.position(tps) if tps else []:
+            src = self._topic_source[tp.topic]
+            delivered = tp.offset if tp.offset >= 0 else self.partitions[tp.partition].next_offset[src]
+            _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
+            out[tp.partition][src] = hi < 0 or hi > delivered
+        return {p: (b[0], b[1]) for p, b in out.items()}
 
     def _topic_of(self, source: int) -> str:
         return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards

@@ -101,3 +101,17 @@ def test_each_record_waits_from_its_own_arrival_not_one_after_another():
     assert [r.item for r in m.pop_ready(now_ms=24)] == ["c0", "c1", "c2", "c3", "c4"]
     assert [r.item for r in m.pop_ready(now_ms=29)] == ["c5", "c6", "c7", "c8", "c9"]
     assert m.forced == 10
+
+
+def test_a_source_with_undelivered_records_is_waited_for_however_long():
+    # Contexts idle in the buffer but known to be on the broker: rewards do not overtake them.
+    m = InputMerger(max_wait_ms=20)
+    m.push(REWARDS, 0, 105, "r0", now_ms=0)
+    assert list(m.pop_ready(now_ms=10_000, behind=(True, False))) == []
+    m.push(CONTEXTS, 0, 100, "c0", now_ms=10_000)
+    m.push(CONTEXTS, 1, 110, "c1", now_ms=10_000)
+    assert [r.item for r in m.pop_ready(now_ms=10_000, behind=(True, False))] == ["c0", "r0"]
+    assert m.forced == 0 and m.out_of_order == 0
+    # Rewards are not behind: c1 waits the bounded time from its arrival, then goes.
+    assert list(m.pop_ready(now_ms=10_019)) == []
+    assert [r.item for r in m.pop_ready(now_ms=10_020)] == ["c1"] and m.forced == 1

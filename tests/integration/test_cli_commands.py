@@ -1,0 +1,56 @@
+"""The commands a new user runs first, as subprocesses: `streambandit demo` (the README's first
+command) and `streambandit broker`."""
+
+import csv
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+from confluent_kafka.admin import AdminClient
+
+pytestmark = pytest.mark.integration
+
+ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
+
+
+def test_demo_runs_learns_and_writes_its_figures(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "streambandit", "demo", "--duration", "15", "--rate", "300",
+                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=180, env=ENV)
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert any(line.startswith("time/s") for line in lines)
+    summary = next(line for line in lines if line.startswith("answered "))
+    answered, requests = (int(w) for w in summary.split()[1:4:2])
+    assert answered >= 0.9 * requests > 0  # nearly every request answered within the run
+    with open(tmp_path / "demo.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert len(rows) >= 10
+    last = rows[-1]
+    # A short run still learns: its last seconds choose better ads than random choice does.
+    assert float(last["ctr_learner"]) > float(last["ctr_random"])
+    assert float(last["latency_p50_ms"]) > 0 and int(last["snapshots"]) > 0 and int(last["joined"]) > 0
+    assert (tmp_path / "demo.png").stat().st_size > 10_000
+    assert "Traceback" not in out.stderr
+
+
+def test_broker_command_serves_until_interrupted():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "broker", "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
+    try:
+        line = proc.stdout.readline()
+        assert f"bootstrap.servers=127.0.0.1:{port}" in line, (line, proc.stderr.read() if proc.poll() else "")
+        metadata = AdminClient({"bootstrap.servers": f"127.0.0.1:{port}"}).list_topics(timeout=10)
+        assert metadata.brokers  # a Kafka client talks to it
+    finally:
+        proc.send_signal(signal.SIGINT)
+        code = proc.wait(timeout=30)
+    assert code == 0
+    with socket.socket() as s:  # the broker process is gone: nothing listens on the port any more
+        assert s.connect_ex(("127.0.0.1", port)) != 0
