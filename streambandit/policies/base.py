@@ -89,6 +89,10 @@ class Policy(abc.ABC):
 
     name: ClassVar[str]
     _state_arrays: ClassVar[tuple[str, ...]] = ()
+    # Arrays among _state_arrays whose shape grows with the data (a sketch's blocks, a kernel
+    # learner's pulled points): a loaded state must match their dtype and number of dimensions,
+    # not a fresh policy's shape. The policy checks their consistency in _check_loaded_state.
+    _state_arrays_resizable: ClassVar[tuple[str, ...]] = ()
     _state_scalars: ClassVar[tuple[str, ...]] = ("n_updates",)
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
@@ -175,18 +179,25 @@ class Policy(abc.ABC):
         for k in self._state_arrays:
             mine = getattr(self, k)
             v = np.asarray(state[k])
-            if v.shape != mine.shape or v.dtype != mine.dtype:
-                raise ValueError(f"state array {k!r} has shape {v.shape} {v.dtype}, expected {mine.shape} {mine.dtype}")
+            resizable = k in self._state_arrays_resizable
+            if (v.ndim != mine.ndim if resizable else v.shape != mine.shape) or v.dtype != mine.dtype:
+                expected = f"{mine.ndim} dimensions" if resizable else f"shape {mine.shape}"
+                raise ValueError(f"state array {k!r} has shape {v.shape} {v.dtype}, expected {expected} {mine.dtype}")
             arrays[k] = np.array(v, copy=True, order="C")
         for k in self._state_scalars:
             v = state[k]
             if type(v) is not type(getattr(self, k)):
                 raise ValueError(f"state scalar {k!r} is {type(v).__name__}, expected {type(getattr(self, k)).__name__}")
+        self._check_loaded_state(arrays, {k: state[k] for k in self._state_scalars})
         # Only assign once everything is checked, so a bad state leaves the policy untouched.
         for k, v in arrays.items():
             setattr(self, k, v)
         for k in self._state_scalars:
             setattr(self, k, state[k])
+
+    def _check_loaded_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
+        """Raise ValueError if a state that passed the generic checks is inconsistent (policies
+        with resizable arrays check their shapes against each other here)."""
 
     def state_nbytes(self) -> int:
         """Bytes of array state held per model (what a snapshot of it costs, before headers)."""
