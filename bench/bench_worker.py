@@ -39,7 +39,6 @@ common.pin_one_thread()
 import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit import make_policy  # noqa: E402
 from streambandit.events import Context, Reward, encode, pack_snapshot  # noqa: E402
 from streambandit.sim.ads import AdTraffic  # noqa: E402
 from streambandit.stream.ad_server import AdServer  # noqa: E402

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Iterable, TypeVar
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 __all__ = ["read_range", "committed_view", "high_watermark"]
 

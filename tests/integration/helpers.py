@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import numpy as np
+
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.events import decode, encode
@@ -60,6 +62,22 @@ def outputs(broker, topics, group: str, partitions: int = 2) -> dict[str, list]:
                                    committed=committed[p])
         out[name] = recs
     return out
+
+
+def same_state(a: dict, b: dict) -> bool:
+    """Two policy states (``state_dict()``, or as a snapshot holds them) are equal to the bit."""
+    return a.keys() == b.keys() and all(
+        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+
+
+def engine_states_equal(a: dict, b: dict) -> None:
+    """Two engine snapshots hold the same models, to the bit, the same open decisions and the
+    same watermark."""
+    assert a["models"].keys() == b["models"].keys() and a["models"]
+    for key in a["models"]:
+        assert same_state(a["models"][key], b["models"][key]), key
+    assert [x["event_id"] for x in a["pending"]] == [x["event_id"] for x in b["pending"]]
+    assert a["watermark_ms"] == b["watermark_ms"]
 
 
 def wait_for(predicate, timeout_s: float, interval_s: float = 0.2) -> bool:

@@ -7,7 +7,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 
 import pytest
 from confluent_kafka.admin import AdminClient

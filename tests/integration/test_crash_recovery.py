@@ -15,7 +15,7 @@ from streambandit.events import Context, Reward, encode
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
 
-from .helpers import caught_up, outputs, producer, read_all, send_tracked
+from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -147,15 +147,7 @@ def test_killed_worker_recovers_to_the_uninterrupted_state(broker, tmp_path):
 
     for p in (0, 1):
         a, b = reference[p]["engine"], crashed[p]["engine"]
-        assert a["models"].keys() == b["models"].keys() and a["models"]
-        for key in a["models"]:
-            sa, sb = a["models"][key], b["models"][key]
-            assert sa.keys() == sb.keys()
-            for k in sa:
-                same = sa[k].tobytes() == sb[k].tobytes() if isinstance(sa[k], np.ndarray) else sa[k] == sb[k]
-                assert same, (p, key, k)
-        assert [x["event_id"] for x in a["pending"]] == [x["event_id"] for x in b["pending"]]
-        assert a["watermark_ms"] == b["watermark_ms"]
+        engine_states_equal(a, b)
 
     ref_out, crash_out = outputs(broker, ref_topics, "ref"), outputs(broker, crash_topics, "crash")
     # Exactly one committed action per context, the same decision as the uninterrupted run.

@@ -15,7 +15,7 @@ from streambandit.stream.models_config import parse_models_config
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 
-from .helpers import caught_up, outputs, producer, send_tracked, wait_for
+from .helpers import caught_up, engine_states_equal, outputs, producer, send_tracked, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -110,17 +110,6 @@ def produce(broker, runs: list[Topics], events) -> dict[Topics, list]:
     assert prod.flush(30) == 0
     return sent
 
-
-def engine_states_equal(a: dict, b: dict) -> None:
-    assert a["models"].keys() == b["models"].keys() and a["models"]
-    for key in a["models"]:
-        sa, sb = a["models"][key], b["models"][key]
-        assert sa.keys() == sb.keys()
-        for k in sa:
-            same = sa[k].tobytes() == sb[k].tobytes() if isinstance(sa[k], np.ndarray) else sa[k] == sb[k]
-            assert same, (key, k)
-    assert [x["event_id"] for x in a["pending"]] == [x["event_id"] for x in b["pending"]]
-    assert a["watermark_ms"] == b["watermark_ms"]
 
 
 def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, topics):

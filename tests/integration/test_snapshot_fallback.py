@@ -12,7 +12,7 @@ from streambandit.stream.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
 
-from .helpers import outputs, producer, send, wait_for
+from .helpers import outputs, producer, same_state, send, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -51,9 +51,6 @@ def model_states(snap_dir):
     return {key: state for p in (0, 1) if (s := load_latest(store, p)) for key, state in s["engine"]["models"].items()}
 
 
-def same(a, b):
-    return a.keys() == b.keys() and all(
-        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
 
 
 @pytest.fixture
@@ -82,7 +79,7 @@ def test_a_corrupt_latest_snapshot_falls_back_to_the_previous_one(broker, topics
     assert err is None
     after = model_states(snaps)  # what the restarted worker rebuilt (from .prev + the logs) and saved
     assert before.keys() == after.keys() and len(before) == 4
-    assert all(same(before[k], after[k]) for k in before)
+    assert all(same_state(before[k], after[k]) for k in before)
 
 
 def test_a_snapshot_of_another_configuration_is_refused_and_the_joined_log_rebuilds_the_models(broker, topics, learned):
@@ -99,8 +96,8 @@ def test_a_snapshot_of_another_configuration_is_refused_and_the_joined_log_rebui
         p.update(j.features, j.reward)
     after = model_states(snaps)
     assert after.keys() == expected.keys() and len(after) == 4
-    assert all(same(after[k], expected[k].state_dict()) for k in after)
-    assert not any(same(after[k], before[k]) for k in after)  # really rebuilt, not the old state
+    assert all(same_state(after[k], expected[k].state_dict()) for k in after)
+    assert not any(same_state(after[k], before[k]) for k in after)  # really rebuilt, not the old state
 
 
 def test_a_log_that_fits_no_configuration_stops_the_worker_with_a_clear_error(broker, topics, learned):
