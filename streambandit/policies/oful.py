@@ -4,7 +4,7 @@ Abbasi-Yadkori, Pal, Szepesvari, "Improved Algorithms for Linear Stochastic Band
 State: ``V^-1`` kept by Sherman-Morrison, ``b = sum r x``, ``theta = V^-1 b`` and
 ``log det(V) - d log(lambda)``, which the data-dependent radius of their Theorem 2 needs and which
 the same rank-one step updates exactly (matrix determinant lemma). O(d^2) per update, O(K d^2) per
-decision, 2 d^2 + 2 d + 2 numbers per model.
+decision, d^2 + 2 d + 2 numbers per model (V^-1, b, theta, and two scalars).
 """
 
 from __future__ import annotations
