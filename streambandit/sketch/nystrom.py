@@ -1,0 +1,206 @@
+"""The Nystrom dictionary and DTC posterior of BKB.
+
+Calandriello, Carratino, Lazaric, Valko, Rosasco, "Gaussian Process Optimization with Adaptive
+Sketching: Scalable and No Regret", COLT 2019 (shared/papers/000_b2980cc1976c6e11.txt; the
+implementation note is shared/papers/000_bkb.md, cited below as "note").
+
+Pure numpy/scipy, float64. Three pieces:
+
+* :class:`Kernel`: the GP covariance k on feature vectors (RBF or linear).
+* :func:`resample_dictionary`: Fig. 1's inner loop, posterior-variance (ridge leverage score)
+  sampling of the inducing points, drawn afresh over every pulled point.
+* :class:`DTCPosterior`: the Nystrom embedding ``z(x) = (K_S^{1/2})^+ k_S(x)`` (Sec. 3.1) and the
+  approximate posterior of eq. (4), in the count form of Sec. 3.2 (distinct points with pull
+  counts and reward sums), fitted once per dictionary.
+
+Variance scale (note Sec. 2): every ``s2`` here is BKB's sigma~^2, the GP posterior variance
+DIVIDED BY lambda (a lambda-ridge leverage score). It is the scale of the UCB, of the inclusion
+probability ``min(1, qbar * s2)`` and of beta~; multiply by lambda for GP units.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.linalg import solve_triangular
+
+__all__ = ["KERNELS", "Kernel", "DTCPosterior", "inclusion_probabilities", "resample_dictionary", "resampling_rng"]
+
+KERNELS = ("rbf", "linear")
+
+# Tags the resampling stream so that a BKB seed never shares draws with another use of the seed.
+_RESAMPLE_STREAM = 0xB4B
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """``k(x, x') = exp(-||x - x'||^2 / (2 bandwidth^2))`` (``rbf``) or ``x . x'`` (``linear``;
+    the bandwidth is unused). Both are bounded on bounded arms, as the paper requires (Sec. 2)."""
+
+    name: str
+    bandwidth: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.name not in KERNELS:
+            raise ValueError(f"kernel must be one of {', '.join(KERNELS)}, got {self.name!r}")
+        if not (math.isfinite(self.bandwidth) and self.bandwidth > 0.0):
+            raise ValueError(f"bandwidth must be a finite number > 0, got {self.bandwidth!r}")
+
+    def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        """The (len(a), len(b)) kernel matrix."""
+        out = a @ b.T
+        if self.name == "linear":
+            return out
+        # ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, in place (one GEMM, no temporaries of this size).
+        out *= -2.0
+        out += np.einsum("ij,ij->i", a, a)[:, None]
+        out += np.einsum("ij,ij->i", b, b)[None, :]
+        np.maximum(out, 0.0, out=out)  # the expansion can round a zero distance slightly below 0
+        out *= -0.5 / self.bandwidth**2
+        return np.exp(out, out=out)
+
+    def diag(self, a: np.ndarray) -> np.ndarray:
+        """``k(x, x)`` for every row of ``a``."""
+        if self.name == "linear":
+            return np.einsum("ij,ij->i", a, a)
+        return np.ones(a.shape[0])
+
+
+def inclusion_probabilities(s2: np.ndarray, qbar: float) -> np.ndarray:
+    """Fig. 1: ``p~_{t+1,i} = qbar * sigma~_t^2(x~_i)``, clipped to 1 (the paper allows p~ > 1
+    "with abuse of notation"; note Sec. 8.2). ``qbar = inf`` includes every point."""
+    if math.isinf(qbar):
+        return np.ones_like(s2)
+    return np.minimum(qbar * s2, 1.0)
+
+
+def resampling_rng(seed: int, step: int) -> np.random.Generator:
+    """The generator of the dictionary draw at update number ``step``: a function of the
+    configured seed and the step only (DESIGN 3.1), so replaying the same updates redraws the
+    same dictionaries and nothing about the generator needs saving."""
+    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, _RESAMPLE_STREAM]))
+
+
+def resample_dictionary(s2: np.ndarray, counts: np.ndarray, qbar: float, rng: np.random.Generator) -> np.ndarray:
+    """Fig. 1, lines "for i = 1..t+1": a fresh dictionary over the pulled points, as a bool mask.
+
+    ``s2[i]`` is sigma~_t^2 at distinct pulled point i (previous step's posterior: approximations
+    (a) and (b) of Sec. 3.1) and ``counts[i]`` its pulls including the one being added. All
+    ``counts[i]`` copies of a point share p_i, and the dictionary's span only depends on whether
+    at least one copy is drawn, so the point enters with probability ``1 - (1 - p_i)^n_i``
+    (note Sec. 4.4, count form): one uniform per distinct point instead of one per pull.
+
+    All draws can fail when qbar is small; the point most likely to be drawn (lowest index on a
+    tie) is then kept, so the dictionary is never empty (note Sec. 8.8).
+    """
+    p = inclusion_probabilities(s2, qbar)
+    keep = 1.0 - (1.0 - p) ** counts
+    mask = rng.random(s2.shape[0]) < keep
+    if s2.shape[0] and not mask.any():
+        mask[int(np.argmax(keep))] = True
+    return mask
+
+
+def _root_pinv(k_ss: np.ndarray) -> np.ndarray:
+    """``R`` (m, r) with ``z(x) = R' k_S(x)``: Sec. 3.1's ``(K_S^{1/2})^+ k_S(x)`` up to a rotation.
+
+    With ``K_S = U diag(s) U'``, ``(K_S^{1/2})^+ = U_r diag(s_r^{-1/2}) U_r'`` over the eigenvalues
+    kept. Dropping the leading ``U_r`` rotates every z by the same orthogonal map, which leaves
+    mu~ and sigma~ unchanged (note Sec. 4.1), and gives r = numerical rank coordinates.
+    Eigenvalues below ``s_max * m * eps`` are treated as 0 (the pseudo-inverse; duplicated or
+    collinear points add nothing, note Sec. 8.4): never a Cholesky of K_S.
+    """
+    m = k_ss.shape[0]
+    if m == 0:
+        return np.zeros((0, 0))
+    s, u = np.linalg.eigh(k_ss)
+    keep = s > max(float(s[-1]), 0.0) * m * np.finfo(np.float64).eps
+    return u[:, keep] / np.sqrt(s[keep])
+
+
+class DTCPosterior:
+    """BKB's approximate posterior (eq. 4) for a fixed dictionary S, fitted from count statistics.
+
+    ``points`` (u, d) are the distinct pulled points, ``counts`` their pulls and ``reward_sums``
+    the sums of their rewards: exact sufficient statistics, since (Sec. 3.2)
+    ``Z_t' Z_t = sum_i n_i z_i z_i'`` and ``Z_t' y_t = sum_i r_i z_i`` over the pulls with
+    repetition. After fitting, :attr:`pulled_s2` holds sigma~^2 at every pulled point (the next
+    resampling's input) and :meth:`mean_s2` scores any new point.
+
+    Per fit: O(u m d) kernel evaluations, O(m^3) eigendecomposition, O(u m r + u r^2 + m r^2).
+    Per scored point: O(m d) kernel evaluations and O(m r) (two GEMM rows, with R and W).
+    r <= m is the numerical rank of K_S.
+    """
+
+    __slots__ = ("kernel", "lam", "dict_points", "root", "whiten", "mean_dir", "pulled_s2")
+
+    def __init__(
+        self,
+        kernel: Kernel,
+        lam: float,
+        dict_points: np.ndarray,
+        points: np.ndarray,
+        counts: np.ndarray,
+        reward_sums: np.ndarray,
+        root: np.ndarray | None = None,
+    ) -> None:
+        """``root`` may pass the :func:`_root_pinv` of ``kernel(dict_points, dict_points)``
+        when the caller has it from the same dictionary (it is a pure function of it)."""
+        self.kernel = kernel
+        self.lam = float(lam)
+        self.dict_points = dict_points
+        # Sec. 3.1: the embedding z(x) = R' k_S(x) of the dictionary.
+        self.root = _root_pinv(kernel(dict_points, dict_points)) if root is None else root
+        r = self.root.shape[1]
+        k_ps = kernel(points, dict_points)
+        z = k_ps @ self.root  # Z_P: the embedded distinct pulled points
+        # Sec. 3.1: V_t = Z_t' Z_t + lam I, with Z_t' Z_t = Z_P' diag(n) Z_P (count form, Sec. 3.2).
+        v = (z * counts[:, None].astype(np.float64)).T @ z
+        v[np.diag_indices(r)] += self.lam
+        chol = np.linalg.cholesky(v)  # V = L L', eigenvalues >= lam: well conditioned (note Sec. 8.6)
+        # eq. (4) mean, typo corrected (note Sec. 10.1): w = V^-1 Z_t(X_t)' y_t with Z_t' y_t = Z_P' r.
+        y = solve_triangular(chol, z.T @ reward_sums, lower=True, check_finite=False)
+        w = solve_triangular(chol, y, lower=True, trans="T", check_finite=False)
+        # mu~(x) = z(x)' w = k_S(x)' (R w); z(x)' V^-1 z(x) = ||L^-1 R' k_S(x)||^2 = ||W' k_S(x)||^2
+        # with W = R L^-T. Scoring is then two GEMMs of k_S(x), with R and with W.
+        self.mean_dir = self.root @ w
+        self.whiten = np.ascontiguousarray(solve_triangular(chol, self.root.T, lower=True, check_finite=False).T)
+        self.pulled_s2 = self._mean_s2(k_ps, kernel.diag(points))[1]
+
+    @property
+    def size(self) -> int:
+        """m, the number of dictionary points."""
+        return self.dict_points.shape[0]
+
+    @property
+    def rank(self) -> int:
+        """r, the embedding dimension (numerical rank of K_S)."""
+        return self.root.shape[1]
+
+    def embed(self, x: np.ndarray) -> np.ndarray:
+        """z(x) for every row of x: (n, r)."""
+        return self.kernel(x, self.dict_points) @ self.root
+
+    def mean_s2(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """eq. (4): (mu~_t(x), sigma~_t^2(x)) for every row of x, sigma~^2 on the 1/lambda scale."""
+        return self._mean_s2(self.kernel(x, self.dict_points), self.kernel.diag(x))
+
+    def _mean_s2(self, k_xs: np.ndarray, kdiag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """eq. (4) from k_S(x): the variance ``(1/lam) (k(x,x) - z' Z'Z V^-1 z)`` is computed as
+        ``(k(x,x) - ||z||^2) / lam + z' V^-1 z`` (since ``Z'Z V^-1 = I - lam V^-1``; note Sec. 4.2).
+
+        The first term is the DTC residual that keeps the exact k(x,x): it is what stops variance
+        starvation far from S. It must not be dropped (that is the SoR variance z' V^-1 z; note
+        Sec. 8.9). Rounding can push it slightly below 0; it is clamped (note Sec. 8.5).
+        """
+        z = k_xs @ self.root  # rows z(x)'
+        g = k_xs @ self.whiten  # rows (L^-1 z(x))'
+        residual = kdiag - np.einsum("ij,ij->i", z, z)
+        np.maximum(residual, 0.0, out=residual)
+        return k_xs @ self.mean_dir, residual / self.lam + np.einsum("ij,ij->i", g, g)
+
+    def nbytes(self) -> int:
+        """Bytes of the fitted arrays: 8 (m d + 2 m r + m + u)."""
+        return int(sum(getattr(self, k).nbytes for k in ("dict_points", "root", "whiten", "mean_dir", "pulled_s2")))
