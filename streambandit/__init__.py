@@ -1,8 +1,12 @@
 """streambandit: streaming contextual bandits on Kafka.
 
 >>> from streambandit import make_policy, POLICIES
->>> sorted(POLICIES)[:3]
-['glb_omd', 'hvt_ucb', 'oful']
+>>> sorted(POLICIES)
+['bkb', 'cbscfd', 'dbs_linucb', 'glb_omd', 'hvt_ucb', 'oful', 'soful']
+>>> p = make_policy("oful", dim=2)
+>>> p.update([1.0, 0.0], 1.0)
+>>> p.select([[1.0, 0.0], [0.0, 1.0]])  # optimism: the unexplored direction has the larger bonus
+1
 """
 
 from streambandit.policies import POLICIES, Policy, make_policy
