@@ -10,7 +10,9 @@ PURE = [
     "streambandit.policies.base", "streambandit.policies.oful", "streambandit.policies.glb_omd",
     "streambandit.policies.hvt_ucb", "streambandit.policies.soful", "streambandit.policies.cbscfd",
     "streambandit.policies.dbs_linucb", "streambandit.sketch.frequent_directions", "streambandit.sketch.woodbury",
-    "streambandit.sketch.dyadic_block", "streambandit.sim.ads", "streambandit.sim.environments",
+    "streambandit.sketch.dyadic_block", "streambandit.policies.bkb", "streambandit.sketch.nystrom",
+    "streambandit.replay.logged", "streambandit.replay.estimators", "streambandit.replay.files",
+    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.sim.ads", "streambandit.sim.environments",
     "streambandit.sim.runner", "streambandit.stream.engine", "streambandit.stream.merge",
     "streambandit.stream.decision", "streambandit.stream.models_config", "streambandit.stream.kafka_config",
 ]

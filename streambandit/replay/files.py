@@ -1,0 +1,273 @@
+"""Readers and a writer for logged decisions on disk: CSV (with an arm catalog or inline
+features) and Avro object container files. Formats: docs/replay_formats.md.
+
+Every decision goes through :func:`streambandit.replay.logged.validate`. By default the first bad
+row or record raises :class:`LogError` naming the file, the row (or record) number and what is
+wrong. With ``skip_bad=True`` bad rows are skipped instead; pass a ``counts`` dict to learn how
+many: the readers add to ``counts["read"]`` (decisions yielded), ``counts["skipped"]`` and
+``counts["skipped_<reason>"]`` (reason codes of :class:`LogError`). Problems with a whole file
+(missing header columns, a bad catalog, a file that is not Avro, a corrupt block) always raise.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import fastavro
+import numpy as np
+
+from streambandit.events import features_to_bytes
+from streambandit.replay.logged import LogError, LoggedDecision, validate
+
+__all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "LOGGED_DECISION_SCHEMA", "CSV_COLUMNS"]
+
+CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
+_OPTIONAL = ("features", "decision_version")
+_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "logged_decision.avsc"
+LOGGED_DECISION_SCHEMA = fastavro.parse_schema(json.loads(_SCHEMA_PATH.read_text()))
+
+PathLike = str | os.PathLike
+
+
+def _count(counts: dict | None, key: str) -> None:
+    if counts is not None:
+        counts[key] = counts.get(key, 0) + 1
+
+
+def _skip(counts: dict | None, err: LogError) -> None:
+    _count(counts, "skipped")
+    _count(counts, f"skipped_{err.reason}")
+
+
+# -- CSV ---------------------------------------------------------------------------------------
+
+
+def read_catalog(path: PathLike) -> dict[str, np.ndarray]:
+    """An arm catalog: CSV with a header ``arm_id, f0, f1, ...`` (the feature columns' names are
+    free, their order is the feature order), one row per arm. Any problem raises LogError."""
+    try:
+        return _read_catalog(path)
+    except UnicodeDecodeError as exc:
+        raise LogError(f"{path}: not UTF-8 text ({exc})", "catalog") from None
+    except csv.Error as exc:
+        raise LogError(f"{path}: malformed CSV ({exc})", "catalog") from None
+
+
+def _read_catalog(path: PathLike) -> dict[str, np.ndarray]:
+    where = str(path)
+    catalog: dict[str, np.ndarray] = {}
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.reader(f)
+        header = next(reader, None)
+        if not header or header[0].strip() != "arm_id" or len(header) < 2:
+            raise LogError(f"{where}: a catalog needs a header 'arm_id, f0, f1, ...'", "catalog")
+        d = len(header) - 1
+        for i, row in enumerate(reader, start=1):
+            if not row:
+                continue
+            at = f"{where} row {i} (line {reader.line_num})"
+            if len(row) != d + 1:
+                raise LogError(f"{at}: {len(row) - 1} features, the header has {d}", "catalog")
+            arm = row[0].strip()
+            if not arm or arm in catalog:
+                raise LogError(f"{at}: empty or duplicate arm id {arm!r}", "catalog")
+            try:
+                x = np.array([float(v) for v in row[1:]], dtype=np.float64)
+            except ValueError:
+                raise LogError(f"{at}: non-numeric feature in {row[1:]}", "catalog") from None
+            if not np.isfinite(x).all():
+                raise LogError(f"{at}: non-finite feature", "catalog")
+            catalog[arm] = x
+    if not catalog:
+        raise LogError(f"{where}: the catalog has no arms", "catalog")
+    return catalog
+
+
+def _parse_inline(text: str, k: int, where: str) -> np.ndarray:
+    arms = text.split("|")
+    if len(arms) != k:
+        raise LogError(f"{where}: features give {len(arms)} arms, arm_ids has {k}", "features")
+    try:
+        rows = [[float(v) for v in arm.split()] for arm in arms]
+    except ValueError:
+        raise LogError(f"{where}: non-numeric value in features {text!r}", "features") from None
+    d = len(rows[0])
+    if d == 0 or any(len(r) != d for r in rows):
+        raise LogError(f"{where}: wrong feature count: arms have {[len(r) for r in rows]} values", "features")
+    return np.array(rows, dtype=np.float64)
+
+
+def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str) -> LoggedDecision:
+    if None in row or any(v is None for v in row.values()):
+        raise LogError(f"{where}: malformed row: wrong number of fields", "malformed")
+    try:
+        ts = int(row["timestamp_ms"].strip())
+    except ValueError:
+        raise LogError(f"{where}: malformed timestamp_ms {row['timestamp_ms']!r}", "malformed") from None
+    event_id = row["event_id"].strip()
+    if not event_id:
+        raise LogError(f"{where}: malformed row: empty event_id", "malformed")
+    arm_ids = tuple(a.strip() for a in row["arm_ids"].split("|"))
+    if not row["arm_ids"].strip() or any(not a for a in arm_ids):
+        raise LogError(f"{where}: empty arm id in arm_ids {row['arm_ids']!r}", "arms")
+    action_id = row["action"].strip()
+    try:
+        action = arm_ids.index(action_id)
+    except ValueError:
+        raise LogError(f"{where}: action {action_id!r} is not among the arms {list(arm_ids)}", "action") from None
+    ptext = row["propensity"].strip()
+    if not ptext:
+        raise LogError(f"{where}: missing propensity", "propensity")
+    try:
+        propensity = float(ptext)
+    except ValueError:
+        raise LogError(f"{where}: propensity {ptext!r} is not a number", "propensity") from None
+    try:
+        reward = float(row["reward"].strip())
+    except ValueError:
+        raise LogError(f"{where}: reward {row['reward']!r} is not a number", "reward") from None
+    inline = (row.get("features") or "").strip()
+    if inline:
+        features = _parse_inline(inline, len(arm_ids), where)
+    elif catalog is not None:
+        missing = [a for a in arm_ids if a not in catalog]
+        if missing:
+            raise LogError(f"{where}: unknown arm ids {missing} (not in the catalog)", "catalog")
+        features = np.stack([catalog[a] for a in arm_ids])
+    else:
+        raise LogError(f"{where}: no inline features and no catalog", "features")
+    vtext = (row.get("decision_version") or "").strip()
+    try:
+        version = int(vtext) if vtext else -1
+    except ValueError:
+        raise LogError(f"{where}: malformed decision_version {vtext!r}", "malformed") from None
+    d = LoggedDecision(ts, event_id, row["model_key"].strip(), arm_ids, features, action, propensity, reward,
+                       version)
+    return validate(d, where)
+
+
+def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = None, *,
+             skip_bad: bool = False, counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+    """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
+
+    ``catalog``: a catalog file (see :func:`read_catalog`) or an already read ``{arm_id: (d,)}``
+    dict, used for rows with no inline ``features``. Rows are numbered from 1 after the header.
+    """
+    cat = read_catalog(catalog) if isinstance(catalog, (str, os.PathLike)) else catalog
+    where = str(path)
+    with open(path, newline="", encoding="utf-8") as f:
+        reader = csv.DictReader(f, skipinitialspace=True)
+        try:
+            fieldnames = reader.fieldnames or []
+        except UnicodeDecodeError as exc:
+            raise LogError(f"{where}: not UTF-8 text ({exc})", "file") from None
+        except csv.Error as exc:
+            raise LogError(f"{where}: unreadable CSV header ({exc})", "file") from None
+        header = [h.strip() for h in fieldnames]
+        missing = [c for c in CSV_COLUMNS if c not in header]
+        if missing:
+            raise LogError(f"{where}: header lacks the columns {missing}", "file")
+        reader.fieldnames = header
+        if cat is None and "features" not in header:
+            raise LogError(f"{where}: no 'features' column and no catalog", "file")
+        i = 0
+        while True:
+            i += 1
+            try:
+                row = next(reader)
+            except StopIteration:
+                return
+            except csv.Error as exc:  # e.g. a field over csv.field_size_limit(), a NUL byte
+                row = exc
+            except UnicodeDecodeError as exc:
+                raise LogError(f"{where}: not UTF-8 text, near row {i} ({exc})", "file") from None
+            at = f"{where} row {i} (line {reader.line_num})"
+            try:
+                if isinstance(row, csv.Error):
+                    raise LogError(f"{at}: malformed row ({row})", "malformed")
+                d = _parse_row(row, cat, at)
+            except LogError as err:
+                if not skip_bad:
+                    raise
+                _skip(counts, err)
+                continue
+            _count(counts, "read")
+            yield d
+
+
+# -- Avro --------------------------------------------------------------------------------------
+
+
+def _to_record(d: LoggedDecision) -> dict:
+    return {
+        "timestamp_ms": int(d.timestamp_ms), "event_id": d.event_id, "model_key": d.model_key,
+        "arm_ids": list(d.arm_ids), "dim": int(d.features.shape[1]), "features": features_to_bytes(d.features),
+        "action": int(d.action), "propensity": float(d.propensity), "reward": float(d.reward),
+        "decision_version": int(d.decision_version),
+    }
+
+
+def write_avro(path: PathLike, decisions: Iterable[LoggedDecision], *, codec: str = "null") -> int:
+    """Write ``decisions`` to an Avro object container file; returns how many. Each decision is
+    validated first (a bad one raises LogError; the file is then incomplete). ``codec``: any
+    fastavro codec, e.g. ``"deflate"``."""
+    n = 0
+
+    def records() -> Iterator[dict]:
+        nonlocal n
+        for d in decisions:
+            n += 1
+            yield _to_record(validate(d, f"decision {n} written to {path}"))
+
+    with open(path, "wb") as f:
+        fastavro.writer(f, LOGGED_DECISION_SCHEMA, records(), codec=codec)
+    return n
+
+
+def _from_record(r: dict, where: str) -> LoggedDecision:
+    try:
+        arm_ids = tuple(r["arm_ids"])
+        k, dim, raw = len(arm_ids), int(r["dim"]), r["features"]
+        if dim < 1 or len(raw) != 8 * k * dim:
+            raise LogError(f"{where}: wrong feature count: {len(raw)} bytes for {k} arms of dimension {dim}",
+                           "features")
+        features = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(k, dim)
+        d = LoggedDecision(int(r["timestamp_ms"]), r["event_id"], r["model_key"], arm_ids, features,
+                           int(r["action"]), r["propensity"], r["reward"], int(r.get("decision_version", -1)))
+    except (KeyError, TypeError) as exc:
+        raise LogError(f"{where}: malformed record ({exc!r})", "malformed") from None
+    return validate(d, where)
+
+
+def read_avro(path: PathLike, *, skip_bad: bool = False,
+              counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+    """Logged decisions from an Avro container file written with the LoggedDecision schema (or
+    a compatible one), in file order. Records are numbered from 1."""
+    where = str(path)
+    with open(path, "rb") as f:
+        try:
+            reader = fastavro.reader(f)
+        except Exception as exc:  # fastavro raises ValueError, EOFError, ... on a non-Avro file
+            raise LogError(f"{where}: not an Avro container file ({exc})", "file") from None
+        i = 0
+        while True:
+            try:
+                r = next(reader)
+            except StopIteration:
+                return
+            except Exception as exc:
+                raise LogError(f"{where}: corrupt data after record {i} ({exc!r})", "file") from None
+            i += 1
+            try:
+                d = _from_record(r, f"{where} record {i}")
+            except LogError as err:
+                if not skip_bad:
+                    raise
+                _skip(counts, err)
+                continue
+            _count(counts, "read")
+            yield d

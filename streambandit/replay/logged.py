@@ -1,0 +1,93 @@
+"""One logged decision, the unit that off-policy evaluation and replay consume.
+
+A :class:`LoggedDecision` is what a logging policy did for one context event: the candidate arms
+with their features, the arm it took, the probability it had of taking that arm (the propensity)
+and the reward that followed. The file readers in :mod:`streambandit.replay.files` produce them;
+:func:`validate` is the one place that decides whether a decision is usable.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+
+from streambandit.errors import StreambanditError
+
+__all__ = ["LoggedDecision", "LogError", "validate"]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class LoggedDecision:
+    """One decision of the logging policy, with its outcome."""
+
+    timestamp_ms: int
+    event_id: str
+    model_key: str
+    arm_ids: tuple[str, ...]
+    features: np.ndarray  # (K, d) float64, the candidate arms
+    action: int  # index in arm_ids of the logged (taken) arm
+    propensity: float  # probability the logging policy chose `action`, in (0, 1]
+    reward: float
+    decision_version: int = -1  # the live model's update count when it decided (-1: unknown)
+
+
+class LogError(StreambanditError, ValueError):
+    """A logged decision (or a whole log) that cannot be used.
+
+    The message starts with where the problem is (file and row or record number); ``reason`` is
+    a short code (``propensity``, ``action``, ``features``, ``reward``, ``arms``, ``malformed``,
+    ``catalog``, ``file``) that readers use to count skipped rows by cause.
+    """
+
+    def __init__(self, message: str, reason: str = "invalid") -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def validate(d: LoggedDecision, where: str) -> LoggedDecision:
+    """Return ``d`` if it is usable, else raise :class:`LogError` with ``where`` in the message.
+
+    Checks: at least one arm; ``arm_ids`` and the feature rows agree in number; features a
+    finite 2-D float array; ``action`` an integer in ``[0, K)``; propensity present, not NaN,
+    in ``(0, 1]``; reward finite.
+    """
+    k = len(d.arm_ids)
+    if k == 0:
+        raise LogError(f"{where}: empty arm list", "arms")
+    if len(set(d.arm_ids)) != k:
+        raise LogError(f"{where}: duplicate arm ids in {list(d.arm_ids)}", "arms")
+    f = d.features
+    if not isinstance(f, np.ndarray) or f.ndim != 2:
+        raise LogError(f"{where}: features must be a (K, d) array, got shape {getattr(f, 'shape', None)}",
+                       "features")
+    if f.shape[0] != k:
+        raise LogError(f"{where}: {f.shape[0]} feature rows for {k} arms", "features")
+    if f.shape[1] == 0:
+        raise LogError(f"{where}: features have dimension 0", "features")
+    if f.dtype != np.float64:
+        raise LogError(f"{where}: features must be float64, got {f.dtype}", "features")
+    if not np.isfinite(f).all():
+        raise LogError(f"{where}: non-finite (NaN or infinite) features", "features")
+    a = d.action
+    if isinstance(a, bool) or not isinstance(a, (int, np.integer)) or not 0 <= a < k:
+        raise LogError(f"{where}: action {a!r} is not an arm index in [0, {k})", "action")
+    p = d.propensity
+    if p is None:
+        raise LogError(f"{where}: missing propensity", "propensity")
+    try:
+        p = float(p)
+    except (TypeError, ValueError):
+        raise LogError(f"{where}: propensity {d.propensity!r} is not a number", "propensity") from None
+    if math.isnan(p):
+        raise LogError(f"{where}: propensity is NaN", "propensity")
+    if not 0.0 < p <= 1.0:
+        raise LogError(f"{where}: propensity {p!r} is not in (0, 1]", "propensity")
+    try:
+        r = float(d.reward)
+    except (TypeError, ValueError):
+        raise LogError(f"{where}: reward {d.reward!r} is not a number", "reward") from None
+    if not math.isfinite(r):
+        raise LogError(f"{where}: non-finite reward {r!r}", "reward")
+    return d
