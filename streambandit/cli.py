@@ -103,6 +103,21 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_export(args: argparse.Namespace) -> int:
+    """The worker's logs (contexts, actions, joined) of a group as one Avro file of logged decisions."""
+    from streambandit.replay.files import write_avro
+    from streambandit.stream.app_config import load_worker_config
+    from streambandit.stream.logged_topics import read_logged_decisions
+
+    config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
+    decisions = read_logged_decisions(config.bootstrap_servers, config.topics, config.group_id, partitions=partitions,
+                                      from_ms=args.from_ms, to_ms=args.to_ms, kafka=config.kafka)
+    n = write_avro(args.out, decisions)
+    print(f"wrote {n} logged decisions of group {config.group_id!r} to {args.out}")
+    return 0
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
     from streambandit.stream.broker import EmbeddedBroker
@@ -111,6 +126,62 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     b.start()
     print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it", flush=True)
     return b.wait()
+
+
+def _replay_source(args: argparse.Namespace, counts: dict):
+    """The logged decisions ``streambandit replay`` reads, and a name for them in the report.
+
+    LOG is a ``.csv`` (inline features or ``--catalog``) or ``.avro`` file. Other sources (e.g. a
+    Kafka topic range) plug in here: return an iterable of LoggedDecision in log order."""
+    from pathlib import Path
+
+    from streambandit.replay import files
+
+    path = Path(args.log)
+    if not path.exists():
+        raise ValueError(f"log {path} does not exist")
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        return files.read_csv(path, args.catalog, skip_bad=args.skip_bad, counts=counts), str(path)
+    if suffix == ".avro":
+        if args.catalog:
+            raise ValueError("--catalog applies to CSV logs only (Avro logs carry their features)")
+        return files.read_avro(path, skip_bad=args.skip_bad, counts=counts), str(path)
+    raise ValueError(f"log {path}: unknown format {suffix or '(no extension)'!r}; expected .csv or .avro")
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a decision log through the configured models: off-policy estimates and a report."""
+    from streambandit.replay.report import to_markdown, write_report
+    from streambandit.replay.runner import replay
+    from streambandit.stream.models_config import load_models_config
+
+    models = load_models_config(args.config)  # the [[models]] of the worker's TOML file
+    if args.clip is not None and not args.clip > 0:
+        raise ValueError(f"--clip must be > 0, got {args.clip}")
+    counts: dict[str, int] = {}
+    decisions, source = _replay_source(args, counts)
+    tty = sys.stderr.isatty()
+    start = last = time.perf_counter()
+    shown = False
+
+    def progress(n: int) -> None:
+        nonlocal last, shown
+        now = time.perf_counter()
+        if now - last >= (1.0 if tty else 5.0):
+            last, shown = now, True
+            line = f"replay: {n} events, {n / (now - start):.0f} events/s"
+            print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+
+    result = replay(decisions, models, clip=args.clip, progress=progress, counts=counts)
+    if shown:
+        elapsed = time.perf_counter() - start
+        done = f"replay: {result.events} events in {elapsed:.1f} s, {result.events / elapsed:.0f} events/s"
+        print(f"\r{done}" if tty else done, file=sys.stderr, flush=True)
+    written = write_report(result, args.out, source=source, config=str(args.config), clip=args.clip)
+    print(to_markdown(result, source=source), end="")
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -152,9 +223,30 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)")
     demo.set_defaults(func=_cmd_demo)
 
+    exp = sub.add_parser("export", help="write a worker group's joined decisions (with their contexts) to an Avro file")
+    exp.add_argument("--config", required=True, help="the worker's TOML file (Kafka connection, group, topics)")
+    exp.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+                     help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)")
+    exp.add_argument("--partitions", default=None, help="comma-separated partitions (default: all)")
+    exp.add_argument("--from-ms", type=int, default=None, help="keep decisions with event time >= this (ms)")
+    exp.add_argument("--to-ms", type=int, default=None, help="keep decisions with event time < this (ms)")
+    exp.add_argument("--out", required=True, help="the Avro file to write (read it with `streambandit replay`)")
+    exp.set_defaults(func=_cmd_export)
+
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
     brk.add_argument("--port", type=int, default=9092)
     brk.set_defaults(func=_cmd_broker)
+
+    rep = sub.add_parser("replay", help="replay a decision log through the configured models: off-policy estimates")
+    rep.add_argument("log", help="the log: a .csv (docs/replay_formats.md) or .avro file of logged decisions")
+    rep.add_argument("--config", required=True, help="the worker's TOML file (its [[models]] are the target policies)")
+    rep.add_argument("--catalog", default=None, help="CSV of arm features (arm_id, f0, f1, ...) for CSV logs "
+                                                     "without inline features")
+    rep.add_argument("--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr")
+    rep.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
+    rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
+                                                         "(default out/replay)")
+    rep.set_defaults(func=_cmd_replay)
     return parser
 
 

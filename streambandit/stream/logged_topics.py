@@ -1,0 +1,80 @@
+"""The worker's own logs as logged bandit feedback: one :class:`LoggedDecision` per joined record.
+
+A joined record holds the chosen arm's features, the reward and the propensity; replay also needs
+the candidate arms (from the context) and when the live model decided (the action's
+``model_version``). Per partition this reads contexts[p], actions[p] and joined[p] up to the
+group's committed positions, keeps what committed transactions wrote (``committed_view``), and
+yields the joined events in the joined log's order, which is each model's update order.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+from confluent_kafka import Consumer, TopicPartition
+
+from streambandit.events import Action, Context, DecodeError, Joined, decode
+from streambandit.replay.logged import LoggedDecision
+from streambandit.stream.kafka_config import reader_settings
+from streambandit.stream.logs import committed_view, read_range
+from streambandit.stream.merge import CONTEXTS, REWARDS
+from streambandit.stream.worker import Topics
+
+__all__ = ["read_logged_decisions"]
+
+_TO_EOF = 2**62  # read a partition to its end (the embedded broker's high watermark can be low)
+
+
+def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str, *,
+                          partitions: list[int] | None = None, from_ms: int | None = None,
+                          to_ms: int | None = None, kafka: dict | None = None) -> Iterator[LoggedDecision]:
+    """The joined events of ``group_id``'s worker, partition by partition, in update order.
+
+    ``from_ms``/``to_ms`` keep decisions whose event time lies in ``[from_ms, to_ms)``; a replay
+    that must reproduce live models needs every joined record from the start of the log.
+    """
+    reader = Consumer(reader_settings(bootstrap_servers, kafka))
+    group = Consumer({**reader_settings(bootstrap_servers, kafka), "group.id": group_id})
+    try:
+        if partitions is None:
+            partitions = sorted(reader.list_topics(topics.joined, timeout=10).topics[topics.joined].partitions)
+        for p in partitions:
+            got = group.committed([TopicPartition(topics.contexts, p), TopicPartition(topics.rewards, p)], 30)
+            committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
+            yield from _partition(reader, topics, p, committed, from_ms, to_ms)
+    finally:
+        reader.close()
+        group.close()
+
+
+def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, int], from_ms: int | None,
+               to_ms: int | None) -> Iterator[LoggedDecision]:
+    def decoded(topic: str, end: int, kind: type) -> list:
+        out = []
+        for m in read_range(reader, topic, p, 0, end):
+            try:
+                ev = decode(m.value())
+            except DecodeError:
+                continue  # not ours to replay: the worker dead-lettered it
+            if isinstance(ev, kind):
+                out.append(ev)
+        return out
+
+    def trigger(e):
+        return (e.trigger_source, e.trigger_offset)
+
+    contexts: dict[str, Context] = {}
+    for c in decoded(topics.contexts, committed[CONTEXTS], Context):
+        contexts.setdefault(c.event_id, c)  # a duplicate event id was answered by the first decision
+    actions = {a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action),
+                                                      key=lambda e: e.event_id, trigger=trigger, committed=committed)}
+    for j in committed_view(decoded(topics.joined, _TO_EOF, Joined), key=lambda e: e.event_id, trigger=trigger,
+                            committed=committed):
+        ctx, action = contexts.get(j.event_id), actions.get(j.event_id)
+        if ctx is None or action is None:
+            raise ValueError(f"partition {p}: joined event {j.event_id!r} has no committed context or action")
+        if (from_ms is not None and ctx.timestamp_ms < from_ms) or (to_ms is not None and ctx.timestamp_ms >= to_ms):
+            continue
+        yield LoggedDecision(timestamp_ms=ctx.timestamp_ms, event_id=j.event_id, model_key=j.model_key,
+                             arm_ids=ctx.arm_ids, features=ctx.features, action=action.arm_index,
+                             propensity=j.propensity, reward=j.reward, decision_version=action.model_version)
