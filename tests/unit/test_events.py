@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from streambandit import events, make_policy, reasons
+from streambandit import events, reasons
 from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, SnapshotError,
                                  Tick, decode, encode, pack_snapshot, unpack_snapshot)
 from streambandit.stream.engine import PartitionEngine
