@@ -118,6 +118,27 @@ def _cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_simulate(args: argparse.Namespace) -> int:
+    """A paper's experiment (or all of them) in the simulator: CSV, PNG and a Markdown summary."""
+    from streambandit.progress import ProgressBar
+    from streambandit.sim.experiments import EXPERIMENTS, load
+    from streambandit.sim.experiments.base import write_result
+
+    size = "full" if args.full else "tiny" if args.tiny else "default"
+    if args.seeds is not None and args.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {args.seeds}")
+    names = list(EXPERIMENTS) if args.experiment == "all" else [args.experiment]
+    modules = [load(n) for n in names]  # an unknown name fails before any work
+    for name, module in zip(names, modules):
+        bar = ProgressBar(module.total_rounds(size=size, seeds=args.seeds), label=name)
+        result = module.run(size=size, seeds=args.seeds, progress=bar.advance)
+        bar.close()
+        written = write_result(result, args.out, size=size)
+        print(result.summary.strip() + "\n")
+        print("wrote " + ", ".join(str(p) for p in written), flush=True)
+    return 0
+
+
 def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
     from streambandit.stream.broker import EmbeddedBroker
@@ -232,6 +253,15 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument("--to-ms", type=int, default=None, help="keep decisions with event time < this (ms)")
     exp.add_argument("--out", required=True, help="the Avro file to write (read it with `streambandit replay`)")
     exp.set_defaults(func=_cmd_export)
+
+    simp = sub.add_parser("simulate", help="a paper's experiment in the simulator: regret and time, CSV + PNG + summary")
+    simp.add_argument("experiment", help="glb-omd-logistic, glb-omd-poisson, hvt-ucb, dbs-linucb, bkb, or all")
+    sizes = simp.add_mutually_exclusive_group()
+    sizes.add_argument("--full", action="store_true", help="the paper's sizes (long)")
+    sizes.add_argument("--tiny", action="store_true", help="seconds-long smoke run")
+    simp.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the experiment's)")
+    simp.add_argument("--out", default="out/simulate", help="where NAME.csv, NAME.png and NAME.md go")
+    simp.set_defaults(func=_cmd_simulate)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
     brk.add_argument("--port", type=int, default=9092)

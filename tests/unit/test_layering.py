@@ -12,7 +12,9 @@ PURE = [
     "streambandit.policies.dbs_linucb", "streambandit.sketch.frequent_directions", "streambandit.sketch.woodbury",
     "streambandit.sketch.dyadic_block", "streambandit.policies.bkb", "streambandit.sketch.nystrom",
     "streambandit.replay.logged", "streambandit.replay.estimators", "streambandit.replay.files",
-    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.sim.ads", "streambandit.sim.environments",
+    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.sim.ads", "streambandit.sim.baselines", "streambandit.sim.gp_ucb",
+    "streambandit.sim.experiments.base", "streambandit.sim.experiments.glb_omd_logistic",
+    "streambandit.sim.experiments.hvt_ucb", "streambandit.sim.experiments.bkb", "streambandit.progress", "streambandit.sim.environments",
     "streambandit.sim.runner", "streambandit.stream.engine", "streambandit.stream.merge",
     "streambandit.stream.decision", "streambandit.stream.models_config", "streambandit.stream.kafka_config",
 ]
