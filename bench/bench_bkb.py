@@ -10,7 +10,7 @@ lam = xi^2, the practical beta rule for both learners, the same noise draw for b
 
 Three learners, all timed in the same run, BLAS pinned to one thread:
 - ``bkb`` (default qbar) through the policy interface: ``select(arms)`` + ``update(x, y)``.
-- exact GP-UCB with counters (tests/gp_ucb_reference.py): the same exact posterior kept over the
+- exact GP-UCB with counters (streambandit/sim/gp_ucb.py): the same exact posterior kept over the
   u distinct pulled points, refactored every round, O(u^3 + A u^2); run alongside for regret.
 - textbook GP-UCB, eq. (1)-(2) over the t x t kernel matrix of the pulls with repetition (the
   paper's Omega(A t^2) baseline): too slow to run for 5,000 rounds, so one round (append a row
@@ -36,7 +36,7 @@ import numpy as np  # noqa: E402
 from scipy.linalg import cholesky, solve_triangular  # noqa: E402
 
 from streambandit import make_policy  # noqa: E402
-from tests.gp_ucb_reference import ExactGPUCB, kernel_diag, kernel_matrix  # noqa: E402
+from streambandit.sim.gp_ucb import ExactGPUCB, kernel_diag, kernel_matrix  # noqa: E402
 
 BW, XI, BUMPS = 0.2, 0.1, 10
 SEEDS = (0, 1, 2)

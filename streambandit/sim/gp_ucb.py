@@ -1,7 +1,5 @@
-"""Exact GP-UCB, the baseline BKB is compared with in the simulator (streambandit/sim/experiments/bkb.py).
-
-A copy of tests/gp_ucb_reference.py (the oracle of tests/unit/test_bkb.py, which stays in place and
-independent of this module), so that the package does not import from tests/.
+"""Exact GP-UCB: the baseline BKB is compared with in the simulator (sim/experiments/bkb.py) and the
+benchmark, and the oracle of tests/unit/test_bkb.py. It shares no code with policies/bkb.py.
 
 Calandriello et al., COLT 2019, eq. (1)-(3) (shared/papers/000_b2980cc1976c6e11.txt). Its own kernels
 (scipy cdist), its own algebra.

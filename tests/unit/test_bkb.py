@@ -1,7 +1,7 @@
 """BKB (Calandriello et al., COLT 2019) against exact GP-UCB, eq. (4)-(5) and its sampling rule.
 
 Oracles: brute-force GP posteriors over the full t x t kernel matrix with repetition
-(tests/gp_ucb_reference.py), the paper's eq. (4) built literally with scipy's sqrtm/pinv, ridge
+(streambandit/sim/gp_ucb.py), the paper's eq. (4) built literally with scipy's sqrtm/pinv, ridge
 regression for the linear kernel, and closed forms. Variances are compared on BKB's scale,
 sigma~^2 = GP variance / lambda (eq. 4 carries the 1/lambda; note Sec. 2).
 """
@@ -14,7 +14,7 @@ import scipy.linalg
 
 from streambandit import make_policy
 from streambandit.sketch.nystrom import DTCPosterior, Kernel, inclusion_probabilities, resample_dictionary, resampling_rng
-from tests.gp_ucb_reference import ExactGPUCB, effective_dimension, gp_posterior, kernel_matrix
+from streambandit.sim.gp_ucb import ExactGPUCB, effective_dimension, gp_posterior, kernel_matrix
 
 D = 3
 

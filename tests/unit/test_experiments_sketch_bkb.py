@@ -7,12 +7,8 @@ import time
 import numpy as np
 import pytest
 
-pytest.importorskip("sklearn")
-
-from streambandit import make_policy  # noqa: E402
-from streambandit.sim.experiments import bkb, dbs_linucb  # noqa: E402
-from streambandit.sim.gp_ucb import ExactGPUCB  # noqa: E402
-from tests.gp_ucb_reference import ExactGPUCB as ReferenceGPUCB  # noqa: E402
+from streambandit import make_policy
+from streambandit.sim.experiments import bkb, dbs_linucb
 
 
 @pytest.mark.parametrize("module", [dbs_linucb, bkb], ids=["dbs-linucb", "bkb"])
@@ -132,15 +128,3 @@ def test_slope_of_linear_and_sqrt_curves():
     assert math.isclose(dbs_linucb.slope(3 * t), 1.0, rel_tol=1e-2)
     assert math.isclose(dbs_linucb.slope(np.sqrt(t)), 0.5, rel_tol=1e-2)
 
-
-def test_packaged_gp_ucb_matches_the_test_reference():
-    rng = np.random.default_rng(0)
-    arms = rng.uniform(size=(50, 2))
-    a, b = ExactGPUCB(bandwidth=0.3, lam=0.1), ReferenceGPUCB(bandwidth=0.3, lam=0.1)
-    for _ in range(20):
-        i, j = a.select(arms), b.select(arms)
-        assert i == j
-        y = float(rng.standard_normal())
-        a.update(arms[i], y)
-        b.update(arms[j], y)
-    np.testing.assert_allclose(a.posterior(arms)[0], b.posterior(arms)[0])
