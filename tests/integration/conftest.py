@@ -1,5 +1,6 @@
 """Integration fixtures: one real embedded broker process per test session."""
 
+import gc
 import uuid
 
 import pytest
@@ -11,6 +12,9 @@ from streambandit.stream.broker import EmbeddedBroker
 def broker():
     with EmbeddedBroker() as b:
         yield b
+        # Kafka clients the tests dropped are destroyed now, while the broker still answers:
+        # destroyed after it stopped, they log lost connections after pytest's summary line.
+        gc.collect()
 
 
 @pytest.fixture
