@@ -29,6 +29,7 @@ class RunResult:
 
     regret: np.ndarray
     seconds: np.ndarray
+    extra: dict[str, np.ndarray] = dataclasses.field(default_factory=dict)  # the ``record`` series
 
     @property
     def final_regret(self) -> float:
@@ -41,8 +42,13 @@ def run_policy(
     rounds: int,
     seed: int,
     progress: Callable[[int], None] | None = None,
+    record: dict[str, Callable[[], float]] | None = None,
 ) -> RunResult:
     """Play ``rounds`` rounds; the environment's randomness comes from ``seed`` alone.
+
+    ``record``: series to read after each round, outside the timed calls (e.g. the policy's
+    ``state_nbytes``); they come back in ``RunResult.extra``. ``progress(n)`` gets the number of
+    rounds done so far.
 
     Two generators keep the arm sets and the reward noise independent of the policy's choices'
     count of draws, so two policies on the same seed see the same arm sets.
@@ -51,6 +57,7 @@ def run_policy(
     rew_rng = np.random.default_rng([seed, 1])
     regret = np.empty(rounds)
     seconds = np.empty(rounds)
+    extra = {name: np.empty(rounds) for name in (record or {})}
     total = 0.0
     elapsed = 0.0
     for t in range(rounds):
@@ -64,9 +71,11 @@ def run_policy(
         total += float(means.max() - means[i])
         regret[t] = total
         seconds[t] = elapsed
+        for name, read in (record or {}).items():
+            extra[name][t] = read()
         if progress is not None:
             progress(t + 1)
-    return RunResult(regret=regret, seconds=seconds)
+    return RunResult(regret=regret, seconds=seconds, extra=extra)
 
 
 def run_uniform(env: Environment, rounds: int, seed: int) -> RunResult:

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import time
 from typing import Callable
 
 import numpy as np
@@ -28,6 +27,7 @@ import numpy as np
 from streambandit import make_policy
 from streambandit.sim.environments import random_unit_vector, unit_rows
 from streambandit.sim.experiments.base import Curve, ExperimentResult
+from streambandit.sim.runner import run_policy
 
 NAME = "dbs-linucb"
 
@@ -155,26 +155,18 @@ class DigitsEnvironment:
 
 
 def play(policy, env, rounds: int, seed: int, progress: Callable[[int], None] | None = None) -> Curve:
-    """Like :func:`streambandit.sim.runner.run_policy` (same seeding, so every learner sees the same
-    arm sets), plus ``state_nbytes()`` after each round, read outside the timed calls."""
-    ctx_rng = np.random.default_rng([seed, 0])
-    rew_rng = np.random.default_rng([seed, 1])
-    regret, seconds, memory = np.empty(rounds), np.empty(rounds), np.empty(rounds)
-    total = elapsed = 0.0
-    for t in range(rounds):
-        arms = env.context(ctx_rng)
-        means = env.means(arms)
-        start = time.perf_counter()
-        i = policy.select(arms)
-        r = env.reward(rew_rng, arms[i])
-        policy.update(arms[i], r)
-        elapsed += time.perf_counter() - start
-        total += float(means.max() - means[i])
-        regret[t], seconds[t], memory[t] = total, elapsed, policy.state_nbytes()
-        if progress is not None and ((t + 1) % 50 == 0 or t + 1 == rounds):
-            progress(50 if (t + 1) % 50 == 0 else (t + 1) % 50)
-    return Curve(setting="", learner="", seed=seed, regret=regret, seconds=seconds,
-                 extra={"memory_bytes": memory})
+    """:func:`streambandit.sim.runner.run_policy` (same seeding, so every learner sees the same arm
+    sets) recording ``state_nbytes()`` after each round, with progress in steps of 50 rounds."""
+    done = 0
+
+    def step(n: int) -> None:  # run_policy counts rounds done; the progress bar takes increments
+        nonlocal done
+        if progress is not None and (n % 50 == 0 or n == rounds):
+            progress(n - done)
+            done = n
+
+    res = run_policy(policy, env, rounds, seed, progress=step, record={"memory_bytes": policy.state_nbytes})
+    return Curve(setting="", learner="", seed=seed, regret=res.regret, seconds=res.seconds, extra=res.extra)
 
 
 def run(*, size: str, seeds: int | None = None, progress: Callable[[int], None] = lambda n: None) -> ExperimentResult:
