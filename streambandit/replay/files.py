@@ -14,7 +14,7 @@ from __future__ import annotations
 import csv
 import json
 import os
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import fastavro
@@ -44,6 +44,20 @@ def _skip(counts: dict | None, err: LogError) -> None:
 
 
 # -- CSV ---------------------------------------------------------------------------------------
+
+
+def _kept(parse: Callable[[], LoggedDecision], skip_bad: bool, counts: dict | None) -> LoggedDecision | None:
+    """``parse()``, counted as read; a bad record raises, or with ``skip_bad`` is counted by reason
+    and gives None (both readers treat bad records this way)."""
+    try:
+        d = parse()
+    except LogError as err:
+        if not skip_bad:
+            raise
+        _skip(counts, err)
+        return None
+    _count(counts, "read")
+    return d
 
 
 def read_catalog(path: PathLike) -> dict[str, np.ndarray]:
@@ -150,6 +164,12 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str) -> 
     return validate(d, where)
 
 
+def _csv_decision(row: dict | csv.Error, cat: dict[str, np.ndarray] | None, at: str) -> LoggedDecision:
+    if isinstance(row, csv.Error):
+        raise LogError(f"{at}: malformed row ({row})", "malformed")
+    return _parse_row(row, cat, at)
+
+
 def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = None, *,
              skip_bad: bool = False, counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
     """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
@@ -186,17 +206,9 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
             except UnicodeDecodeError as exc:
                 raise LogError(f"{where}: not UTF-8 text, near row {i} ({exc})", "file") from None
             at = f"{where} row {i} (line {reader.line_num})"
-            try:
-                if isinstance(row, csv.Error):
-                    raise LogError(f"{at}: malformed row ({row})", "malformed")
-                d = _parse_row(row, cat, at)
-            except LogError as err:
-                if not skip_bad:
-                    raise
-                _skip(counts, err)
-                continue
-            _count(counts, "read")
-            yield d
+            d = _kept(lambda: _csv_decision(row, cat, at), skip_bad, counts)
+            if d is not None:
+                yield d
 
 
 # -- Avro --------------------------------------------------------------------------------------
@@ -262,12 +274,6 @@ def read_avro(path: PathLike, *, skip_bad: bool = False,
             except Exception as exc:
                 raise LogError(f"{where}: corrupt data after record {i} ({exc!r})", "file") from None
             i += 1
-            try:
-                d = _from_record(r, f"{where} record {i}")
-            except LogError as err:
-                if not skip_bad:
-                    raise
-                _skip(counts, err)
-                continue
-            _count(counts, "read")
-            yield d
+            d = _kept(lambda: _from_record(r, f"{where} record {i}"), skip_bad, counts)
+            if d is not None:
+                yield d
