@@ -142,7 +142,7 @@ class EmbeddedBroker:
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the broker (SIGINT, then SIGKILL); safe to call twice. Tansu exits at once on
-        SIGINT but only after 5 s on SIGTERM (measured: docs/notes/tansu.md)."""
+        SIGINT, but on SIGTERM at times only after 5 s (docs/notes/tansu.md)."""
         proc, self._proc = self._proc, None
         if proc is None:
             return

@@ -1,0 +1,189 @@
+"""The embedded broker's behaviours that docs/notes/tansu.md reports, measured again.
+
+    python bench/probe_tansu.py            # ~2 min, writes bench/results/tansu.md
+    python bench/probe_tansu.py --no-demo  # without the 60 s demo CPU sampling
+
+1. Delivery delay of one record to an idle consumer, per ``fetch.wait.max.ms``.
+2. Reported high watermark after ten records in one non-transactional batch, and in a transaction.
+3. Time to stop on SIGTERM and on SIGINT.
+4. Commit time of the worker's transaction pattern (produce to two topics + send offsets) over
+   3,000 transactions.
+5. CPU share of the broker and of streambandit during a 60 s ``streambandit demo``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+
+from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
+
+
+def fetch_delay(b: EmbeddedBroker) -> list[str]:
+    b.create_topics(["probe-fetch"], partitions=1)
+    p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 0})
+    out = []
+    for wait in (500, 100, 10):
+        c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe", "fetch.wait.max.ms": wait,
+                      "enable.auto.commit": False})
+        c.assign([TopicPartition("probe-fetch", 0, 0)])
+        c.consume(100, 1.0)
+        lat = []
+        for _ in range(15):
+            time.sleep(0.137)
+            t0 = time.perf_counter()
+            p.produce("probe-fetch", b"x")
+            p.flush()
+            c.consume(1, 5.0)
+            lat.append((time.perf_counter() - t0) * 1000)
+        c.close()
+        out.append(f"| {wait} | {statistics.median(lat):.0f} | {max(lat):.0f} |")
+    return out
+
+
+def high_watermark(b: EmbeddedBroker) -> list[str]:
+    b.create_topics(["probe-batch", "probe-txn"], partitions=1)
+    p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 50})
+    for i in range(10):
+        p.produce("probe-batch", b"v%d" % i)
+    p.flush()
+    tp = Producer({"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe", "linger.ms": 50})
+    tp.init_transactions(10)
+    tp.begin_transaction()
+    for i in range(10):
+        tp.produce("probe-txn", b"v%d" % i)
+    tp.commit_transaction(10)
+    out = []
+    c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe", "enable.partition.eof": True})
+    for topic, how in (("probe-batch", "one batch, no transaction"), ("probe-txn", "one transaction")):
+        _, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=5, cached=False)
+        c.assign([TopicPartition(topic, 0, 0)])
+        n = 0
+        while (m := c.poll(2)) is not None and not m.error():
+            n += 1
+        c.unassign()
+        out.append(f"| {how} | 10 | {hi} | {n} |")
+    c.close()
+    return out
+
+
+def stop_time() -> list[str]:
+    out = []
+    for connected in (False, True):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            b = EmbeddedBroker().start()
+            client = None
+            if connected:
+                client = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe"})
+                client.list_topics(timeout=5)
+            proc = b._proc
+            t0 = time.monotonic()
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout=15)
+                out.append(f"| {sig.name} | {'yes' if connected else 'no'} | {time.monotonic() - t0:.2f} | "
+                           f"{proc.returncode} |")
+            except subprocess.TimeoutExpired:
+                out.append(f"| {sig.name} | {'yes' if connected else 'no'} | > 15 | still running |")
+            b.stop()
+            del client
+    return out
+
+
+def commit_time(b: EmbeddedBroker) -> list[str]:
+    b.create_topics(["probe-in", "probe-a", "probe-j"], partitions=2)
+    c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe-g", "enable.auto.commit": False})
+    p = Producer({"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe-w", "linger.ms": 0})
+    p.init_transactions(10)
+    out, off = [], 0
+    for block in range(6):
+        ts = []
+        for _ in range(500):
+            t0 = time.perf_counter()
+            p.begin_transaction()
+            for i in range(5):
+                p.produce("probe-a", b"x" * 300, partition=i % 2)
+                p.produce("probe-j", b"x" * 300, partition=i % 2)
+            off += 5
+            p.send_offsets_to_transaction([TopicPartition("probe-in", 0, off), TopicPartition("probe-in", 1, off)],
+                                          c.consumer_group_metadata(), 10)
+            p.commit_transaction(10)
+            ts.append((time.perf_counter() - t0) * 1000)
+        out.append(f"| {(block + 1) * 500} | {statistics.median(ts):.1f} |")
+    c.close()
+    return out
+
+
+def _cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _broker_pid(parent: int) -> int | None:
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if "tansu" in (d / "cmdline").read_text() and f" {parent} " in (d / "stat").read_text():
+                    return int(d.name)
+            except OSError:
+                continue
+    return None
+
+
+def demo_cpu(seconds: int = 60) -> list[str]:
+    with open(os.devnull, "w") as null:
+        demo = subprocess.Popen([sys.executable, "-m", "streambandit", "demo", "--duration", str(seconds),
+                                 "--out", "/tmp/probe-demo"], stdout=null, stderr=null)
+        time.sleep(3)
+        broker = _broker_pid(demo.pid)
+        out, last = [], (time.monotonic(), _cpu_seconds(demo.pid), _cpu_seconds(broker) if broker else 0.0)
+        while demo.poll() is None:
+            time.sleep(10)
+            try:
+                now = (time.monotonic(), _cpu_seconds(demo.pid), _cpu_seconds(broker) if broker else 0.0)
+            except OSError:
+                break
+            dt = now[0] - last[0]
+            out.append(f"| {len(out) * 10 + 10} | {100 * (now[2] - last[2]) / dt:.0f}% | {100 * (now[1] - last[1]) / dt:.0f}% |")
+            last = now
+        demo.wait()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-demo", action="store_true")
+    args = ap.parse_args()
+    m = common.machine()
+    with EmbeddedBroker() as b:
+        fetch, hw, commit = fetch_delay(b), high_watermark(b), commit_time(b)
+    stops = stop_time()
+    lines = ["# The embedded broker (Tansu), probed", "",
+             f"Command: `python bench/probe_tansu.py`. Machine: {m['cpu']}, {m['cores']} cores, commit {m['commit']}, "
+             f"{m['date']}. Explained in docs/notes/tansu.md.", "",
+             "## Delivery delay of one record to an idle consumer (15 records each)", "",
+             "| fetch.wait.max.ms | median ms | max ms |", "|---:|---:|---:|", *fetch, "",
+             "## Reported high watermark (ListOffsets) against records delivered", "",
+             "| written | records | reported high watermark | records a consumer reads |", "|---|---:|---:|---:|", *hw, "",
+             "## Time to stop", "", "| signal | a client connected | seconds | exit code |", "|---|---|---:|---:|", *stops, "",
+             "## The worker's commit pattern (10 records over 2 topics x 2 partitions + offsets), median per 500",
+             "", "| transactions so far | ms per commit |", "|---:|---:|", *commit, ""]
+    if not args.no_demo:
+        lines += ["## CPU share over 10 s windows during a 60 s `streambandit demo` (500 requests/s)", "",
+                  "| t (s) | broker | streambandit |", "|---:|---:|---:|", *demo_cpu(), ""]
+    common.write("tansu", {"machine": m}, "\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
