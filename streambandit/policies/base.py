@@ -133,6 +133,37 @@ class Policy(abc.ABC):
         (``np.argmax`` returns the first maximum), so replay chooses exactly as live did."""
         return int(self.scores(arms).argmax())
 
+    def scores_batch(self, arms: np.ndarray) -> np.ndarray:
+        """Scores of B contexts (B, K, d) -> (B, K) against the current state, with no update in
+        between: row b is exactly ``scores(arms[b])``."""
+        a = self._check_arms_batch(arms)
+        return np.stack([self.scores(row) for row in a]) if len(a) else np.empty((0, a.shape[1]))
+
+    def select_batch(self, arms: np.ndarray) -> np.ndarray:
+        """Choices for B contexts (B, K, d) -> (B,) int64 against the current state, with no
+        update in between: entry b is exactly ``select(arms[b])``."""
+        return self.scores_batch(arms).argmax(axis=1).astype(np.int64)
+
+    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        """Select and update for each of n rounds in order: ``i = select(arms[t])`` then
+        ``update(arms[t, i], rewards[t, i])``; returns the n choices (int64).
+
+        ``arms`` is (n, K, d) and ``rewards`` (n, K), a reward for every arm of which only the
+        chosen one is revealed (the simulator's and the benchmarks' loop). The result and the
+        final state are those of the Python loop to the bit. Bad input at round t raises a
+        ValueError naming t, with rounds before t applied and round t not.
+        """
+        a, r = self._check_play(arms, rewards)
+        chosen = np.empty(len(a), dtype=np.int64)
+        for t in range(len(a)):
+            try:
+                i = self.select(a[t])
+                self.update(a[t, i], r[t, i])
+            except ValueError as e:
+                raise ValueError(f"round {t}: {e}") from None
+            chosen[t] = i
+        return chosen
+
     def update(self, x: np.ndarray, reward: float) -> None:
         """Apply one observed ``reward`` for the chosen feature vector ``x`` (d,)."""
         x = self._check_x(x)
@@ -219,6 +250,37 @@ class Policy(abc.ABC):
         if not _all_finite(a):
             raise ValueError("arms contain NaN or infinite features")
         return a
+
+    def _check_arms_shape(self, arms: Any) -> np.ndarray:
+        """``arms`` as a C-contiguous float64 (K, d) array; the compiled kernels check the values."""
+        a = np.ascontiguousarray(arms, dtype=np.float64)
+        if a.ndim != 2 or a.shape[1] != self.dim:
+            raise ValueError(f"arms must have shape (K, {self.dim}), got {a.shape}")
+        if a.shape[0] == 0:
+            raise ValueError("arms is empty: there must be at least one arm to choose from")
+        return a
+
+    def _check_arms_batch(self, arms: Any) -> np.ndarray:
+        a = np.ascontiguousarray(arms, dtype=np.float64)
+        if a.ndim != 3 or a.shape[2] != self.dim:
+            raise ValueError(f"arms must have shape (B, K, {self.dim}), got {a.shape}")
+        if a.shape[1] == 0:
+            raise ValueError("arms is empty: there must be at least one arm to choose from")
+        return a
+
+    def _check_play(self, arms: Any, rewards: Any) -> tuple[np.ndarray, np.ndarray]:
+        a = self._check_arms_batch(arms)
+        r = np.ascontiguousarray(rewards, dtype=np.float64)
+        if r.shape != a.shape[:2]:
+            raise ValueError(f"rewards must have shape (n, K) = {a.shape[:2]}, got {r.shape}")
+        return a, r
+
+    def _check_x_shape(self, x: Any) -> np.ndarray:
+        """``x`` as a C-contiguous float64 (d,) array; the compiled kernels check the values."""
+        v = np.ascontiguousarray(x, dtype=np.float64)
+        if v.shape != (self.dim,):
+            raise ValueError(f"x must have shape ({self.dim},), got {v.shape}")
+        return v
 
     def _check_x(self, x: Any) -> np.ndarray:
         v = np.asarray(x, dtype=np.float64)

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import quad_forms
+from streambandit import kernels
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.sketch.dyadic_block import RANK_TESTS, DyadicBlockSketch
 
@@ -199,8 +199,11 @@ class DBSLinUCB(Policy):
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms(arms)
         sk = self.sketch
-        widths = quad_forms(a, sk.vinv) if sk.fallback else sk.cov.quad_forms(a)
-        return a @ self.theta + self.beta() * np.sqrt(widths)  # eq. (6)
+        if sk.fallback:  # exact mode: OFUL's compiled scoring, so the scores are OFUL's to the bit
+            out = np.empty(a.shape[0])
+            kernels.ucb_scores(a, self.theta, sk.vinv, self.beta(), out)
+            return out
+        return a @ self.theta + self.beta() * np.sqrt(sk.cov.quad_forms(a))  # eq. (6)
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         self.sketch.update(x)  # Alg. 5 line 7

@@ -19,32 +19,21 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import project_to_ball_in_norm, quad_forms, sherman_morrison_update
-from streambandit.policies.base import Policy, check_in_range, check_positive, register
+from streambandit import kernels
+from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.policies.linear_ucb import LinearUCBPolicy
 
-# Per link: self-concordance constant R (Assumption 3) and C_mu = sup mu' on [-S, S] as a function
-# of S (Assumption 2; note table 1.4).
+# Per link: self-concordance constant R (Assumption 3), C_mu = sup mu' on [-S, S] as a function
+# of S (Assumption 2; note table 1.4), and the link's code in the compiled kernels.
 _LINKS = {
-    "logistic": (1.0, lambda s: 0.25),
-    "poisson": (1.0, lambda s: math.exp(s)),
-    "gaussian": (0.0, lambda s: 1.0),
+    "logistic": (1.0, lambda s: 0.25, kernels.LINK_LOGISTIC),
+    "poisson": (1.0, lambda s: math.exp(s), kernels.LINK_POISSON),
+    "gaussian": (0.0, lambda s: 1.0, kernels.LINK_GAUSSIAN),
 }
-
-# exp() overflows float64 just above 709.78; a Poisson natural parameter that large means the
-# contexts were not scaled to ||x|| <= 1 (Assumption 1), which the projection relies on.
-_MAX_POISSON_Z = 700.0
-
-
-def _logistic(z: float) -> float:
-    # Numerically stable sigmoid for either sign of z.
-    if z >= 0.0:
-        return 1.0 / (1.0 + math.exp(-z))
-    e = math.exp(z)
-    return e / (1.0 + e)
 
 
 @register
-class GLBOMD(Policy):
+class GLBOMD(LinearUCBPolicy):
     """GLB-OMD (Algorithm 1): ``score = x'theta_t + beta_t ||x||_{H_t^-1}`` (eq. 6).
 
     Hyper-parameters:
@@ -80,7 +69,7 @@ class GLBOMD(Policy):
         super().__init__(dim, seed=seed)
         if link not in _LINKS:
             raise ValueError(f"glb_omd link must be one of {', '.join(_LINKS)}, got {link!r}")
-        r_sc, c_mu_of = _LINKS[link]
+        r_sc, c_mu_of, self._link_code = _LINKS[link]
         s = check_positive("S", S)
         lam_v = float(dim) if lam is None else check_positive("lam", lam)
         eta_v = 1.0 + r_sc * s if eta is None else check_positive("eta", eta)
@@ -100,6 +89,7 @@ class GLBOMD(Policy):
         self._s = s
         self._eta = eta_v
         self._g = self._config["dispersion"]
+        self._step_args = (self._link_code, s, eta_v, self._g)  # what kernels.glb_omd_update takes
         c_mu = c_mu_of(s)
         # The t-independent parts of eq. (5).
         self._beta_const = 4.0 * lam_v * s * s + 2.0 * eta_v * math.log(1.0 / self._config["delta"])
@@ -110,39 +100,17 @@ class GLBOMD(Policy):
     def _test_params(cls) -> list[dict[str, Any]]:
         return [{"link": "logistic"}, {"link": "poisson", "S": 2.0}, {"link": "gaussian", "S": 10.0}]
 
-    # -- link functions: mu and mu' ------------------------------------------------------------
-
-    def _mu(self, z: float) -> float:
-        if self._link == "logistic":
-            return _logistic(z)
-        if self._link == "poisson":
-            if z > _MAX_POISSON_Z:
-                raise ValueError(
-                    f"x'theta = {z:.4g} overflows the Poisson link; scale contexts to ||x||_2 <= 1"
-                )
-            return math.exp(z)
-        return z
-
-    def _dmu(self, z: float) -> float:
-        if self._link == "logistic":
-            return _logistic(z) * _logistic(-z)  # mu' = sigma(z) sigma(-z), stable (note P7)
-        if self._link == "poisson":
-            return self._mu(z)
-        return 1.0
-
     # -- decisions -----------------------------------------------------------------------------
 
     def beta(self) -> float:
         """beta_t of eq. (5) (already a radius: not square-rooted again), times beta_scale."""
-        t = self.n_updates + 1
-        radius = math.sqrt(self._beta_const + self._beta_log_coef * math.log(2.0 + self._beta_t_coef * t))
-        return self._config["beta_scale"] * radius
+        return kernels.glb_omd_beta(self._config["beta_scale"], self._beta_const, self._beta_log_coef,
+                                    self._beta_t_coef, self.n_updates)
 
-    def scores(self, arms: np.ndarray) -> np.ndarray:
-        a = self._check_arms(arms)
+    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
         # eq. (6): the UCB lives in the linear-predictor space; mu is increasing, so ranking on it
         # is ranking on the optimistic mean.
-        return a @ self.theta + self.beta() * np.sqrt(quad_forms(a, self.hinv))
+        return self.theta, self.hinv, self.beta()
 
     # -- update --------------------------------------------------------------------------------
 
@@ -154,23 +122,40 @@ class GLBOMD(Policy):
             raise ValueError(f"poisson link needs a reward >= 0, got {r!r}")
         return r
 
+    def update(self, x: np.ndarray, reward: float) -> None:
+        # The compiled step (kernels.glb_omd_update: eq. 4, 42a, 42b and Alg. 1 line 5) checks x;
+        # the generic Policy.update would check it a second time.
+        v = self._check_x_shape(x)
+        r = self._check_reward(reward)
+        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, v, r, *self._step_args))
+        self.n_updates += 1
+
     def _update(self, x: np.ndarray, reward: float) -> None:
-        g, eta = self._g, self._eta
-        # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4; note pitfall P2).
-        z = float(x @ self.theta)
-        p, s = self._mu(z), self._dmu(z)
-        v = self.hinv @ x  # H_t^-1 X_t
-        q = float(x @ v)  # ||X_t||^2_{H_t^-1}
-        w = eta * s / g
-        # eq. (42a) in closed form: A_t = H_t + w x x', A_t^-1 by Sherman-Morrison (App. D), so
-        # zeta = theta - eta (mu(z) - r)/g * A_t^-1 x = theta - eta (mu - r)/g * v / (1 + w q).
-        zeta = self.theta - (eta * (p - reward) / g / (1.0 + w * q)) * v
-        if float(zeta @ zeta) > self._s * self._s:
-            # eq. (42b): projection onto ||theta|| <= S in the A_t-norm (not Euclidean).
-            a = self.h + w * np.outer(x, x)
-            zeta, _ = project_to_ball_in_norm(zeta, a, self._s)
-        self.theta = zeta
-        # Alg. 1 line 5: H_{t+1} = H_t + hess l_t(theta_{t+1}), the curvature at the NEW theta.
-        wp = self._dmu(float(x @ zeta)) / g
-        self.h += wp * np.outer(x, x)
-        sherman_morrison_update(self.hinv, x, wp, v=v)  # v = H_t^-1 x from above
+        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, np.ascontiguousarray(x),
+                                                       reward, *self._step_args))
+
+    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        a, r = self._check_play(arms, rewards)
+        chosen = np.zeros(len(a), dtype=np.int64)
+        c = self._config
+        done, status = kernels.glb_omd_play(a, r, self.theta, self.h, self.hinv, self.n_updates, *self._step_args,
+                                            c["beta_scale"], self._beta_const, self._beta_log_coef, self._beta_t_coef,
+                                            chosen)
+        self.n_updates += done
+        if status != kernels.OK:
+            try:
+                self._raise_for(status)
+            except ValueError as e:
+                raise ValueError(f"round {done}: {e}") from None
+        return chosen
+
+    def _raise_for(self, status: int) -> None:
+        if status == kernels.BAD_X:
+            raise ValueError("x contains NaN or infinite features")
+        if status == kernels.BAD_ARMS:
+            raise ValueError("arms contain NaN or infinite features")
+        if status == kernels.BAD_REWARD:
+            lo = {"logistic": "in [0, 1]", "poisson": ">= 0", "gaussian": "finite"}[self._link]
+            raise ValueError(f"{self._link} link needs a reward {lo}")
+        if status == kernels.LINK_OVERFLOW:
+            raise ValueError("x'theta overflows the Poisson link; scale contexts to ||x||_2 <= 1")

@@ -25,12 +25,13 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import project_to_ball_in_norm, quad_forms, sherman_morrison_update
-from streambandit.policies.base import Policy, check_in_range, check_positive, register
+from streambandit.linalg import project_to_ball_in_norm, sherman_morrison_update
+from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.policies.linear_ucb import LinearUCBPolicy
 
 
 @register
-class HvtUCB(Policy):
+class HvtUCB(LinearUCBPolicy):
     """Hvt-UCB (Algorithm 1): ``score = x'theta_t + beta_{t-1} ||x||_{V_{t-1}^-1}`` (eq. 11).
 
     Hyper-parameters:
@@ -119,10 +120,9 @@ class HvtUCB(Policy):
         radius = self._beta_coef * max(t, 1) ** self._p + self._beta_const
         return self._config["beta_scale"] * radius
 
-    def scores(self, arms: np.ndarray) -> np.ndarray:
-        a = self._check_arms(arms)
+    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
         # eq. (11): selection uses theta_t, V_{t-1} and beta_{t-1}, with t - 1 = n_updates.
-        return a @ self.theta + self.beta(self.n_updates) * np.sqrt(quad_forms(a, self.vinv))
+        return self.theta, self.vinv, self.beta(self.n_updates)
 
     def sigma_t(self, x: np.ndarray) -> float:
         """The normalisation sigma_t the next update would use for ``x`` (Alg. 1 line 5 with the

@@ -14,12 +14,13 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import quad_forms, sherman_morrison_update
-from streambandit.policies.base import Policy, check_in_range, check_positive, register
+from streambandit import kernels
+from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.policies.linear_ucb import LinearUCBPolicy
 
 
 @register
-class OFUL(Policy):
+class OFUL(LinearUCBPolicy):
     """Ridge regression plus the elliptical bonus: ``score = x'theta + beta_t ||x||_{V^-1}``.
 
     Hyper-parameters:
@@ -65,27 +66,45 @@ class OFUL(Policy):
         self.logdet = 0.0  # log det(V_t) - d log(lam)
         self._log_inv_delta = math.log(1.0 / self._config["delta"])
         self._sqrt_lam_s = math.sqrt(lam_v) * self._config["S"]
+        # The radius's parameters as the kernels take them (a negative fixed beta: the theory one).
+        c = self._config
+        self._beta_args = (-1.0 if c["beta"] is None else c["beta"], c["beta_scale"], c["noise_sd"],
+                           2.0 * self._log_inv_delta, self._sqrt_lam_s)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:
         return [{}, {"beta": 0.5, "lam": 2.0}]
 
     def beta(self) -> float:
-        """The confidence radius used by the next decision."""
-        c = self._config
-        if c["beta"] is not None:
-            return c["beta"]
-        # Abbasi-Yadkori et al. (2011), Theorem 2.
-        radius = c["noise_sd"] * math.sqrt(2.0 * self._log_inv_delta + self.logdet) + self._sqrt_lam_s
-        return c["beta_scale"] * radius
+        """The confidence radius used by the next decision: a fixed ``beta``, or Abbasi-Yadkori
+        et al. (2011), Theorem 2, times ``beta_scale``."""
+        return kernels.oful_beta(*self._beta_args, self.logdet)
 
-    def scores(self, arms: np.ndarray) -> np.ndarray:
-        a = self._check_arms(arms)
-        return a @ self.theta + self.beta() * np.sqrt(quad_forms(a, self.vinv))
+    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
+        return self.theta, self.vinv, kernels.oful_beta(*self._beta_args, self.logdet)
+
+    def update(self, x: np.ndarray, reward: float) -> None:
+        # The compiled step checks x; the generic Policy.update would check it a second time.
+        v = self._check_x_shape(x)
+        r = self._check_reward(reward)
+        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, v, r)
+        if dlogdet != dlogdet:  # NaN: the kernel found a non-finite feature
+            raise ValueError("x contains NaN or infinite features")
+        # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
+        self.logdet += dlogdet
+        self.n_updates += 1
 
     def _update(self, x: np.ndarray, reward: float) -> None:
-        v = sherman_morrison_update(self.vinv, x)  # V_{t+1}^-1, returns V_t^-1 x
-        # Matrix determinant lemma: det(V + x x') = det(V) (1 + x' V^-1 x).
-        self.logdet += math.log1p(float(x @ v))
-        self.b += reward * x
-        self.theta = self.vinv @ self.b
+        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, np.ascontiguousarray(x), reward)
+        self.logdet += dlogdet
+
+    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        a, r = self._check_play(arms, rewards)
+        chosen = np.zeros(len(a), dtype=np.int64)
+        done, self.logdet, status = kernels.oful_play(a, r, self.vinv, self.b, self.theta, self.logdet,
+                                                      *self._beta_args, chosen)
+        self.n_updates += done
+        if status != kernels.OK:
+            what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "the chosen arm's reward is not finite"
+            raise ValueError(f"round {done}: {what}")
+        return chosen

@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import sherman_morrison_update
+from streambandit.linalg import sherman_morrison_update, sym_matvec
 from streambandit.sketch.frequent_directions import svd_rows
 from streambandit.sketch.woodbury import SketchedCovariance
 
@@ -229,7 +229,7 @@ class DyadicBlockSketch:
     def solve(self, v: np.ndarray) -> np.ndarray:
         """``A_hat^-1 v`` (eq. 5), or ``vinv @ v`` in the exact mode."""
         if self.fallback:
-            return self.vinv @ v
+            return sym_matvec(self.vinv, v)  # OFUL's theta = V^-1 b, to the bit
         return self.cov.solve(v)
 
     def covariance(self) -> np.ndarray:

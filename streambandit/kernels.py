@@ -1,0 +1,394 @@
+"""Compiled per-event kernels of the exact learners (OFUL, GLB-OMD): numba, no Python per event.
+
+Why: at d = 20 the numpy per-call path spends most of its ~35 us per select + update in the
+interpreter and in a dozen small numpy calls, not in the O(K d^2) arithmetic (about 4,400
+multiply-adds). These kernels do the arithmetic in one compiled call: select + update takes a few
+microseconds from Python, and ``*_play`` runs a whole stream of select + update steps in one call
+(bench/results/policies.md).
+
+Determinism (DESIGN.md 3.1): every loop sums in a fixed order, nothing is compiled with fastmath
+(so no reassociation and no fused multiply-add), and the one-event functions are the same code the
+``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
+worker), a batch at a time or a stream at a time (the simulator), and ``ucb_argmax_batch`` chooses
+exactly what ``ucb_argmax`` chooses for each row. Matrix-vector products run row by row over a
+symmetric matrix (``y += x_j * M[j, :]``), which the compiler can vectorise without reordering any
+sum: element i of y still adds its terms in the order j = 0, 1, ..., d - 1.
+
+Status codes rather than exceptions: a kernel reports bad input with a negative code and leaves
+the model untouched, and the Python caller raises the ValueError with a message naming the value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "sherman_morrison", "oful_update", "oful_update_checked", "oful_beta", "oful_play",
+    "glb_omd_update", "glb_omd_update_checked", "glb_omd_beta", "glb_omd_play", "reward_ok", "project_to_ball_in_norm",
+    "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN",
+    "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW",
+]
+
+# Status codes.
+OK = 0
+BAD_ARMS = -1  # NaN or infinite features among the arms
+BAD_X = -2  # NaN or infinite features in the updated vector
+BAD_REWARD = -3  # non-finite, or outside the link's range
+LINK_OVERFLOW = -4  # the Poisson link's exp(x'theta) would overflow
+
+LINK_LOGISTIC, LINK_POISSON, LINK_GAUSSIAN = 0, 1, 2
+# exp() overflows float64 just above 709.78; a Poisson natural parameter this large means the
+# contexts were not scaled to ||x|| <= 1 (GLB-OMD Assumption 1), which the projection relies on.
+MAX_POISSON_Z = 700.0
+
+# The secular-equation solve of the projection takes at most this many safeguarded Newton steps,
+# a fixed count so the same inputs give the same bits.
+_PROJECTION_STEPS = 60
+
+
+# -- elementary pieces ---------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _finite_row(x):
+    for i in range(x.shape[0]):
+        if not math.isfinite(x[i]):
+            return False
+    return True
+
+
+@njit(cache=True, nogil=True)
+def sym_matvec(m, x, out):
+    """``out = m @ x`` for a symmetric ``m``, summed over j in order for every element."""
+    d = x.shape[0]
+    for i in range(d):
+        out[i] = 0.0
+    for j in range(d):
+        xj = x[j]
+        for i in range(d):
+            out[i] += xj * m[j, i]
+
+
+@njit(cache=True, nogil=True)
+def _dot(a, b):
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i] * b[i]
+    return s
+
+
+@njit(cache=True, nogil=True)
+def _ucb_row(arms, theta, inv, beta, scores, work):
+    """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``.
+    Returns False if a feature is NaN or infinite."""
+    for k in range(arms.shape[0]):
+        x = arms[k]
+        if not _finite_row(x):
+            return False
+        sym_matvec(inv, x, work)
+        q = _dot(x, work)
+        # quad forms are >= 0 in exact arithmetic; clip the rounding below zero.
+        scores[k] = _dot(x, theta) + beta * math.sqrt(q if q > 0.0 else 0.0)
+    return True
+
+
+@njit(cache=True, nogil=True)
+def _argmax_first(scores):
+    # Ties go to the lowest index, as numpy's argmax does (Policy.select's rule).
+    best = 0
+    for k in range(1, scores.shape[0]):
+        if scores[k] > scores[best]:
+            best = k
+    return best
+
+
+# -- decisions -----------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def ucb_scores(arms, theta, inv, beta, out):
+    """Fill ``out`` (K,) with the UCB scores of ``arms`` (K, d); OK or BAD_ARMS."""
+    work = np.empty(arms.shape[1])
+    return OK if _ucb_row(arms, theta, inv, beta, out, work) else BAD_ARMS
+
+
+@njit(cache=True, nogil=True)
+def ucb_argmax(arms, theta, inv, beta):
+    """Index of the highest UCB score among ``arms`` (K, d), or BAD_ARMS."""
+    work = np.empty(arms.shape[1])
+    scores = np.empty(arms.shape[0])
+    if not _ucb_row(arms, theta, inv, beta, scores, work):
+        return BAD_ARMS
+    return _argmax_first(scores)
+
+
+@njit(cache=True, nogil=True)
+def ucb_argmax_batch(arms, theta, inv, beta, chosen, scores):
+    """Choices for B contexts (B, K, d) against one model state (no update in between) into
+    ``chosen`` (B,), their scores into ``scores`` (B, K). Returns -1 - b for the first context b
+    with a non-finite feature, else OK."""
+    work = np.empty(arms.shape[2])
+    for b in range(arms.shape[0]):
+        if not _ucb_row(arms[b], theta, inv, beta, scores[b], work):
+            return -1 - b
+        chosen[b] = _argmax_first(scores[b])
+    return OK
+
+
+# -- updates -------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def sherman_morrison(inv, x, weight, v):
+    """``inv <- (M + weight x x')^-1`` in place for ``inv = M^-1``, with ``v = M^-1 x`` given.
+    ``(v_i v_j) c`` is the same product for (i, j) and (j, i), so a symmetric inv stays exactly
+    symmetric. Returns ``x' M^-1 x``."""
+    q = _dot(x, v)
+    c = weight / (1.0 + weight * q)
+    d = x.shape[0]
+    for i in range(d):
+        vi = v[i]
+        for j in range(d):
+            inv[i, j] -= (vi * v[j]) * c
+    return q
+
+
+@njit(cache=True, nogil=True)
+def oful_update(vinv, b, theta, x, reward, work):
+    """One OFUL step in place; returns ``log(1 + x'V^-1 x)``, the increase of log det V."""
+    sym_matvec(vinv, x, work)  # v = V_t^-1 x
+    q = sherman_morrison(vinv, x, 1.0, work)  # V_{t+1}^-1 = (V_t + x x')^-1
+    for i in range(x.shape[0]):
+        b[i] += reward * x[i]  # b_{t+1} = b_t + r x
+    sym_matvec(vinv, b, theta)  # theta_{t+1} = V_{t+1}^-1 b_{t+1}
+    # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
+    return math.log1p(q)
+
+
+@njit(cache=True, nogil=True)
+def oful_update_checked(vinv, b, theta, x, reward):
+    """``oful_update`` from Python: NaN (model untouched) when x has a non-finite feature."""
+    if not _finite_row(x):
+        return math.nan
+    return oful_update(vinv, b, theta, x, reward, np.empty(x.shape[0]))
+
+
+@njit(cache=True, nogil=True)
+def oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, logdet):
+    """The radius of the next decision: a fixed one, or Abbasi-Yadkori et al. (2011) Theorem 2,
+    ``R sqrt(2 log(1/delta) + log det V_t - d log lam) + sqrt(lam) S``, times beta_scale."""
+    if fixed_beta >= 0.0:
+        return fixed_beta
+    return beta_scale * (noise_sd * math.sqrt(two_log_inv_delta + logdet) + sqrt_lam_s)
+
+
+@njit(cache=True, nogil=True)
+def oful_play(arms, rewards, vinv, b, theta, logdet, fixed_beta, beta_scale, noise_sd,
+              two_log_inv_delta, sqrt_lam_s, chosen):
+    """Select + update for every row of ``arms`` (n, K, d) with the chosen arm's entry of
+    ``rewards`` (n, K), in order; choices into ``chosen``. Returns ``(steps done, logdet, status)``:
+    on bad input at step t it stops before touching the model in that step."""
+    n, k_arms, d = arms.shape
+    work = np.empty(d)
+    scores = np.empty(k_arms)
+    for t in range(n):
+        beta = oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, logdet)
+        if not _ucb_row(arms[t], theta, vinv, beta, scores, work):
+            return t, logdet, BAD_ARMS
+        k = _argmax_first(scores)
+        r = rewards[t, k]
+        if not math.isfinite(r):
+            return t, logdet, BAD_REWARD
+        chosen[t] = k
+        logdet += oful_update(vinv, b, theta, arms[t, k], r, work)
+    return n, logdet, OK
+
+
+# -- GLB-OMD -------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def _sigmoid(z):
+    # Stable for either sign of z.
+    if z >= 0.0:
+        return 1.0 / (1.0 + math.exp(-z))
+    e = math.exp(z)
+    return e / (1.0 + e)
+
+
+@njit(cache=True, nogil=True)
+def _mu(link, z):
+    if link == LINK_LOGISTIC:
+        return _sigmoid(z)
+    if link == LINK_POISSON:
+        return math.exp(z)
+    return z
+
+
+@njit(cache=True, nogil=True)
+def _dmu(link, z):
+    if link == LINK_LOGISTIC:
+        return _sigmoid(z) * _sigmoid(-z)  # mu' = sigma(z) sigma(-z), stable (note P7)
+    if link == LINK_POISSON:
+        return math.exp(z)
+    return 1.0
+
+
+@njit(cache=True, nogil=True)
+def reward_ok(link, r):
+    """The link's range for a reward: [0, 1] logistic, >= 0 Poisson, any finite Gaussian."""
+    if not math.isfinite(r):
+        return False
+    if link == LINK_LOGISTIC:
+        return 0.0 <= r <= 1.0
+    if link == LINK_POISSON:
+        return r >= 0.0
+    return True
+
+
+@njit(cache=True, nogil=True)
+def glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates):
+    """beta_t of GLB-OMD eq. (5) (already a radius) with t = n_updates + 1, times beta_scale."""
+    t = n_updates + 1
+    return beta_scale * math.sqrt(beta_const + beta_log_coef * math.log(2.0 + beta_t_coef * t))
+
+
+@njit(cache=True, nogil=True)
+def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
+    """One GLB-OMD step (Algorithm 1) in place. Returns OK, or LINK_OVERFLOW with the model
+    untouched. ``work`` is scratch of length d."""
+    d = x.shape[0]
+    # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4; note pitfall P2).
+    z = _dot(x, theta)
+    if link == LINK_POISSON and z > MAX_POISSON_Z:
+        return LINK_OVERFLOW
+    p = _mu(link, z)
+    s = _dmu(link, z)
+    sym_matvec(hinv, x, work)  # v = H_t^-1 X_t
+    q = _dot(x, work)  # ||X_t||^2_{H_t^-1}
+    w = eta * s / g
+    # eq. (42a) in closed form: A_t = H_t + w x x', A_t^-1 by Sherman-Morrison (App. D), so
+    # zeta = theta - eta (mu(z) - r)/g * A_t^-1 x = theta - eta (mu - r)/g * v / (1 + w q).
+    coef = eta * (p - reward) / g / (1.0 + w * q)
+    zeta = np.empty(d)
+    for i in range(d):
+        zeta[i] = theta[i] - coef * work[i]
+    if _dot(zeta, zeta) > s_radius * s_radius:
+        # eq. (42b): projection onto ||theta|| <= S in the A_t-norm (not Euclidean).
+        a = np.empty((d, d))
+        for i in range(d):
+            for j in range(d):
+                a[i, j] = h[i, j] + w * (x[i] * x[j])
+        zeta, _ = project_to_ball_in_norm(zeta, a, s_radius)
+    z_new = _dot(x, zeta)
+    if link == LINK_POISSON and z_new > MAX_POISSON_Z:
+        return LINK_OVERFLOW
+    # Alg. 1 line 5: H_{t+1} = H_t + hess l_t(theta_{t+1}), the curvature at the NEW theta.
+    wp = _dmu(link, z_new) / g
+    for i in range(d):
+        theta[i] = zeta[i]
+        for j in range(d):
+            h[i, j] += wp * (x[i] * x[j])
+    sherman_morrison(hinv, x, wp, work)  # work = H_t^-1 x from above
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def glb_omd_update_checked(theta, h, hinv, x, reward, link, s_radius, eta, g):
+    """``glb_omd_update`` from Python: BAD_X (model untouched) when x has a non-finite feature."""
+    if not _finite_row(x):
+        return BAD_X
+    return glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, np.empty(x.shape[0]))
+
+
+@njit(cache=True, nogil=True)
+def glb_omd_play(arms, rewards, theta, h, hinv, n_updates, link, s_radius, eta, g,
+                 beta_scale, beta_const, beta_log_coef, beta_t_coef, chosen):
+    """GLB-OMD select + update over a stream, like ``oful_play``; returns (steps done, status)."""
+    n, k_arms, d = arms.shape
+    work = np.empty(d)
+    scores = np.empty(k_arms)
+    for t in range(n):
+        beta = glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates + t)
+        if not _ucb_row(arms[t], theta, hinv, beta, scores, work):
+            return t, BAD_ARMS
+        k = _argmax_first(scores)
+        r = rewards[t, k]
+        if not reward_ok(link, r):
+            return t, BAD_REWARD
+        chosen[t] = k
+        status = glb_omd_update(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, work)
+        if status != OK:
+            return t, status
+    return n, OK
+
+
+# -- the ellipsoid-norm projection ---------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def project_to_ball_in_norm(zeta, a, radius):
+    """``argmin_{||theta||_2 <= radius} ||theta - zeta||_A`` for symmetric positive definite ``A``.
+
+    Returns ``(theta, nu)`` where ``nu >= 0`` is the KKT multiplier: ``A (theta - zeta) = -nu theta``.
+    This is the projection GLB-OMD eq. (42b) and Hvt-UCB Alg. 1 line 8 need: in the A-norm, not a
+    Euclidean rescale of ``zeta`` (that is a different algorithm, see the implementation notes).
+
+    If ``zeta`` is inside the ball it is returned unchanged (nu = 0). Otherwise the KKT conditions
+    give ``(A + nu I) theta = A zeta`` with ``||theta|| = radius``. With ``A = Q diag(a) Q'`` and
+    ``c = Q' zeta``, ``||theta(nu)||^2 = sum_i (a_i c_i / (a_i + nu))^2`` is strictly decreasing in
+    nu, and its root lies in ``[a_min (||zeta||/r - 1), a_max (||zeta||/r - 1)]``. We solve
+    ``phi(nu) = 1/||theta(nu)|| - 1/r = 0`` (nearly linear in nu, so Newton converges fast) with
+    Newton steps kept inside a shrinking bracket (bisection when a step would leave it).
+    """
+    norm_zeta = math.sqrt(_dot(zeta, zeta))
+    if norm_zeta <= radius:
+        return zeta, 0.0
+    d = zeta.shape[0]
+    evals, q = np.linalg.eigh(a)
+    ac = np.empty(d)  # a_i c_i with c = Q' zeta
+    for i in range(d):
+        c = 0.0
+        for j in range(d):
+            c += q[j, i] * zeta[j]
+        ac[i] = evals[i] * c
+    excess = norm_zeta / radius - 1.0
+    lo = max(evals[0] * excess, 0.0)
+    hi = evals[d - 1] * excess
+    nu = 0.5 * (lo + hi)
+    inv_r = 1.0 / radius
+    t = np.empty(d)
+    for _ in range(_PROJECTION_STEPS):
+        n2 = 0.0
+        for i in range(d):
+            t[i] = ac[i] / (evals[i] + nu)
+            n2 += t[i] * t[i]
+        n = math.sqrt(n2)
+        phi = 1.0 / n - inv_r
+        # phi is increasing in nu: phi < 0 means ||theta|| > r, so the root is above nu.
+        if phi < 0.0:
+            lo = nu
+        else:
+            hi = nu
+        if hi - lo <= 1e-15 * max(hi, 1.0):
+            break
+        # d||theta||^2/dnu = -2 sum t_i^2 / (a_i + nu); dphi/dnu = -(1/2) n^-3 d||theta||^2/dnu.
+        s = 0.0
+        for i in range(d):
+            s += t[i] * (t[i] / (evals[i] + nu))
+        dphi = s / (n2 * n)
+        step = nu - phi / dphi if dphi > 0.0 else 0.5 * (lo + hi)
+        nu = step if lo < step < hi else 0.5 * (lo + hi)
+    theta = np.empty(d)
+    for i in range(d):
+        t[i] = ac[i] / (evals[i] + nu)
+    for i in range(d):
+        s = 0.0
+        for j in range(d):
+            s += q[i, j] * t[j]
+        theta[i] = s
+    # Remove the residual rounding of the root so that ||theta|| <= radius holds exactly enough
+    # for the invariant checks; the rescale is by a factor within ~1e-15 of 1.
+    n = math.sqrt(_dot(theta, theta))
+    if n > radius:
+        for i in range(d):
+            theta[i] *= radius / n
+    return theta, nu
