@@ -81,14 +81,28 @@ def _dot(a, b):
 
 @njit(cache=True, nogil=True)
 def _ucb_row(arms, theta, inv, beta, scores, work):
-    """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``.
-    Returns False if a feature is NaN or infinite."""
-    for k in range(arms.shape[0]):
-        x = arms[k]
-        if not _finite_row(x):
+    """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with
+    ``work`` (K, d) scratch. Returns False if a feature is NaN or infinite.
+
+    ``work[k] = inv @ arms[k]`` is built row of ``inv`` by row (j outer, arms in the middle), so
+    each row is loaded once for all K arms and the inner loop is a vectorisable axpy; every
+    element still sums its terms in the order j = 0, 1, ..., d - 1 (the same bits as
+    ``sym_matvec``'s order)."""
+    k_arms, d = arms.shape
+    for k in range(k_arms):
+        if not _finite_row(arms[k]):
             return False
-        sym_matvec(inv, x, work)
-        q = _dot(x, work)
+    work[:, :] = 0.0
+    for j in range(d):
+        row = inv[j]
+        for k in range(k_arms):
+            akj = arms[k, j]
+            wk = work[k]
+            for i in range(d):
+                wk[i] += akj * row[i]
+    for k in range(k_arms):
+        x = arms[k]
+        q = _dot(x, work[k])
         # quad forms are >= 0 in exact arithmetic; clip the rounding below zero.
         scores[k] = _dot(x, theta) + beta * math.sqrt(q if q > 0.0 else 0.0)
     return True
@@ -109,14 +123,14 @@ def _argmax_first(scores):
 @njit(cache=True, nogil=True)
 def ucb_scores(arms, theta, inv, beta, out):
     """Fill ``out`` (K,) with the UCB scores of ``arms`` (K, d); OK or BAD_ARMS."""
-    work = np.empty(arms.shape[1])
+    work = np.empty(arms.shape)
     return OK if _ucb_row(arms, theta, inv, beta, out, work) else BAD_ARMS
 
 
 @njit(cache=True, nogil=True)
 def ucb_argmax(arms, theta, inv, beta):
     """Index of the highest UCB score among ``arms`` (K, d), or BAD_ARMS."""
-    work = np.empty(arms.shape[1])
+    work = np.empty(arms.shape)
     scores = np.empty(arms.shape[0])
     if not _ucb_row(arms, theta, inv, beta, scores, work):
         return BAD_ARMS
@@ -128,7 +142,7 @@ def ucb_argmax_batch(arms, theta, inv, beta, chosen, scores):
     """Choices for B contexts (B, K, d) against one model state (no update in between) into
     ``chosen`` (B,), their scores into ``scores`` (B, K). Returns -1 - b for the first context b
     with a non-finite feature, else OK."""
-    work = np.empty(arms.shape[2])
+    work = np.empty(arms.shape[1:])
     for b in range(arms.shape[0]):
         if not _ucb_row(arms[b], theta, inv, beta, scores[b], work):
             return -1 - b
@@ -190,10 +204,11 @@ def oful_play(arms, rewards, vinv, b, theta, logdet, fixed_beta, beta_scale, noi
     on bad input at step t it stops before touching the model in that step."""
     n, k_arms, d = arms.shape
     work = np.empty(d)
+    arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     for t in range(n):
         beta = oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, logdet)
-        if not _ucb_row(arms[t], theta, vinv, beta, scores, work):
+        if not _ucb_row(arms[t], theta, vinv, beta, scores, arm_work):
             return t, logdet, BAD_ARMS
         k = _argmax_first(scores)
         r = rewards[t, k]
@@ -306,10 +321,11 @@ def glb_omd_play(arms, rewards, theta, h, hinv, n_updates, link, s_radius, eta, 
     """GLB-OMD select + update over a stream, like ``oful_play``; returns (steps done, status)."""
     n, k_arms, d = arms.shape
     work = np.empty(d)
+    arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     for t in range(n):
         beta = glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates + t)
-        if not _ucb_row(arms[t], theta, hinv, beta, scores, work):
+        if not _ucb_row(arms[t], theta, hinv, beta, scores, arm_work):
             return t, BAD_ARMS
         k = _argmax_first(scores)
         r = rewards[t, k]
