@@ -205,6 +205,27 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+# `streambandit bench WHAT ...`: each benchmark parses its own options (`streambandit bench WHAT -h`).
+_BENCHMARKS = {
+    "peers": ("streambandit.benchmarks.inprocess", "learners in process against Vowpal Wabbit, MABWiser, River "
+                                                   "and a naive numpy OFUL: us per decide + update, regret, memory"),
+}
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    return _bench(list(args.rest))
+
+
+def _bench(rest: list[str]) -> int:
+    """Run a benchmark with its own options. ``main`` hands ``bench``'s arguments here before
+    argparse sees them, because argparse would refuse the benchmark's options at the top level."""
+    import importlib
+
+    what = rest.pop(0) if rest and rest[0] in _BENCHMARKS else "peers"
+    module = importlib.import_module(_BENCHMARKS[what][0])
+    return module.main(rest, command=" ".join(["streambandit bench", what, *rest]))
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streambandit", description="Streaming contextual bandits on Kafka.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -277,12 +298,22 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
                                                          "(default out/replay)")
     rep.set_defaults(func=_cmd_replay)
+
+    ben = sub.add_parser("bench", help="throughput, latency and memory figures (`streambandit bench WHAT -h`)",
+                         description="Benchmarks; results are printed as markdown. "
+                                     + " ".join(f"{k}: {v}." for k, (_, v) in _BENCHMARKS.items()))
+    ben.add_argument("rest", nargs=argparse.REMAINDER, metavar="[WHAT] ...",
+                     help=f"which benchmark ({', '.join(_BENCHMARKS)}; default peers), then its own options")
+    ben.set_defaults(func=_cmd_bench)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     from streambandit.errors import StreambanditError
 
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"] and argv[1:2] not in (["-h"], ["--help"]):
+        return _bench(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)

@@ -21,3 +21,18 @@ def test_unknown_policy_is_a_clear_error():
     out = run("simulate-ads", "--policy", "nope", "--requests", "10")
     assert out.returncode == 2
     assert "unknown policy 'nope'" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_passes_its_options_to_the_benchmark():
+    out = run("bench", "--quick", "--only", "oful_play,naive_oful")
+    assert out.returncode == 0, out.stderr
+    assert "Command: `streambandit bench peers --quick --only oful_play,naive_oful`" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if line.startswith("| streambandit oful, play()")
+            or line.startswith("| naive numpy OFUL")]
+    assert len(rows) >= 2 and "2,000" in rows[0]
+
+
+def test_bench_with_a_bad_option_is_a_clear_error():
+    out = run("bench", "peers", "--n", "0")
+    assert out.returncode == 2
+    assert "--n must be >= 1" in out.stderr and "Traceback" not in out.stderr
