@@ -51,7 +51,36 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
             f"policy {name!r} has no hyper-parameter {', '.join(map(repr, unknown))}; "
             f"it accepts: {', '.join(accepted)}"
         )
-    return cls(dim, **hyper)
+    policy = cls(dim, **hyper)
+    _share_configuration(policy)
+    return policy
+
+
+# Policies of one configuration share its config dict and the constants their constructors derive
+# from it (immutable values), instead of one copy per model: a worker holds one model per key, and
+# at 100,000 models these copies were ~450 bytes each (bench/results/memory.md). Bounded, so that
+# building policies with ever new configurations (a parameter sweep) does not grow it for ever.
+_SHARED: dict[tuple, dict[str, Any]] = {}
+_SHARED_MAX = 4096
+
+
+def _immutable(v: Any) -> bool:
+    if isinstance(v, tuple):
+        return all(_immutable(e) for e in v)
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def _share_configuration(policy: "Policy") -> None:
+    key = (type(policy), policy.dim, tuple(sorted((k, type(v).__name__, v) for k, v in policy._config.items())))
+    shared = _SHARED.get(key)
+    if shared is None:
+        if len(_SHARED) >= _SHARED_MAX:
+            return
+        state = {"dim", *policy._state_arrays, *policy._state_scalars}
+        shared = {k: v for k, v in vars(policy).items() if k not in state and _immutable(v)}
+        shared["_config"] = policy._config
+        _SHARED[key] = shared
+    vars(policy).update(shared)
 
 
 def check_positive(name: str, value: float) -> float:

@@ -175,3 +175,15 @@ def test_config_rebuilds_an_identical_policy(name, params):
     assert q.config() == p.config()
     q.load_state_dict(p.state_dict())
     assert p.state_nbytes() > 0
+
+
+@pytest.mark.parametrize("name, params", CASES)
+def test_models_of_one_configuration_share_it_but_not_their_state(name, params):
+    a = make_policy(name, dim=DIM, **params)
+    b = make_policy(name, dim=DIM, **params)
+    assert a._config is b._config  # one copy per configuration, not per model
+    play(a, 0, 7)
+    assert b.n_updates == 0
+    assert_same_state(b.state_dict(), make_policy(name, dim=DIM, **params).state_dict())
+    assert a.config() == b.config() and a.config() is not a._config  # callers get a copy
+    assert make_policy(name, dim=DIM + 1, **params)._config is not a._config
