@@ -3,7 +3,7 @@
 - ``state_nbytes()`` follows each learner's documented formula, and it counts every array a live
   model owns (no hidden per-model scratch arrays outside it).
 - What one live model costs beyond ``state_nbytes()`` (Python objects, array headers, its config)
-  stays under a stated bound: 1.0-1.4 KiB at d = 20 today (bench/results/memory.md); the
+  stays under a stated bound: 0.7-1.1 KiB at d = 20 today (bench/results/memory.md); the
   bound catches a per-model structure that grows with d or with the data.
 """
 
@@ -22,7 +22,7 @@ D = 20
 HYPER = {"oful": {}, "glb_omd": {"link": "logistic", "S": 8.0}, "soful": {"sketch_size": 5}}
 # Documented state per model, in float64 numbers (module docstrings of oful.py and glb_omd.py).
 FORMULA = {"oful": lambda d: d * d + 2 * d, "glb_omd": lambda d: 2 * d * d + d}
-OVERHEAD_BOUND = 2048  # bytes per model beyond state_nbytes(), traced by tracemalloc (today: 1.0-1.4 KiB)
+OVERHEAD_BOUND = 1536  # bytes per model beyond state_nbytes(), traced by tracemalloc (today: 0.7-1.1 KiB)
 
 
 def _arms(seed: int, k: int = 10, d: int = D) -> np.ndarray:
