@@ -35,7 +35,7 @@ from streambandit.errors import StreambanditError
 __all__ = [
     "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef",
     "DecodeError", "SnapshotError", "encode", "decode", "pack_snapshot", "unpack_snapshot",
-    "features_to_bytes", "features_from_bytes",
+    "features_to_bytes", "features_from_bytes", "encode_context_v1",
 ]
 
 MAGIC = 0x5B
@@ -56,9 +56,12 @@ class SnapshotError(StreambanditError, ValueError):
 
 
 # -- records -----------------------------------------------------------------------------------
+# Records are values: never modify one after it is built. Context, Action and Joined are not
+# declared frozen because they are built once per event on the worker's hot path, where a frozen
+# dataclass's constructor (object.__setattr__ per field) cost ~1.5 us each (bench/results/e2e.md).
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Context:
     event_id: str
     model_key: str
@@ -80,7 +83,7 @@ class Tick:
     timestamp_ms: int
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Action:
     event_id: str
     model_key: str
@@ -95,7 +98,7 @@ class Action:
     trigger_offset: int = -1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Joined:
     event_id: str
     model_key: str
@@ -124,10 +127,12 @@ class DeadLetter:
     trigger_offset: int = -1
 
 
-@dataclasses.dataclass(frozen=True, slots=True, eq=False)
+@dataclasses.dataclass(slots=True, eq=False)
 class InputRef:
     """Where an input record came from, with its original bytes (to dead-letter it intact).
-    Identity is the position alone: (source, partition, offset)."""
+    Identity is the position alone: (source, partition, offset). Treat it as immutable (it is
+    hashed by position); like the records above it is not frozen only because a frozen
+    dataclass's constructor costs about six times as much, once per record in the worker."""
 
     source: int  # 0 contexts, 1 rewards
     partition: int
@@ -149,7 +154,11 @@ class InputRef:
 # -- schemas -----------------------------------------------------------------------------------
 
 _IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "snapshot": 6, "tick": 7}
-_CURRENT_VERSION = 1
+# The version this code writes, per schema id (header byte 2). Context version 2 carries all the
+# arms' features in one packed block (one frombuffer per record instead of one per arm); version 1
+# (``context.v1.avsc``: an array of {arm_id, features} records) is still read.
+_VERSIONS = {_id: 1 for _id in _IDS.values()} | {1: 2}
+_CURRENT_VERSION = 1  # the version of every schema but context's (kept for older callers)
 
 
 def _load(name: str) -> dict:
@@ -160,7 +169,11 @@ _SCHEMAS: dict[int, dict] = {}  # schema id -> current (reader) schema
 _WRITERS: dict[tuple[int, int], dict] = {}  # (schema id, version) -> writer schema
 for _name, _id in _IDS.items():
     _SCHEMAS[_id] = _load(_name)
-    _WRITERS[(_id, _CURRENT_VERSION)] = _SCHEMAS[_id]
+    _WRITERS[(_id, _VERSIONS[_id])] = _SCHEMAS[_id]
+# Writer versions whose layout cannot be resolved into the current reader schema by Avro's rules:
+# read with their own schema, then converted in ``decode``.
+_LEGACY: dict[tuple[int, int], dict] = {(1, 1): _load("context.v1")}
+_WRITERS.update(_LEGACY)
 
 
 def register_writer_schema(name: str, version: int, schema: dict) -> None:
@@ -182,40 +195,100 @@ def features_from_bytes(b: bytes) -> np.ndarray:
 # -- encode ------------------------------------------------------------------------------------
 
 
-def _header(schema_id: int, version: int = _CURRENT_VERSION) -> bytes:
-    return bytes((MAGIC, schema_id, version))
+def _header(schema_id: int, version: int | None = None) -> bytes:
+    return bytes((MAGIC, schema_id, _VERSIONS[schema_id] if version is None else version))
 
 
-def _write(schema_id: int, datum: dict) -> bytes:
+def _write(schema_id: int, datum: dict, version: int | None = None) -> bytes:
+    """Header + Avro body with the writer schema of ``version`` (the current one by default)."""
+    version = _VERSIONS[schema_id] if version is None else version
     buf = io.BytesIO()
-    buf.write(_header(schema_id))
-    fastavro.schemaless_writer(buf, _SCHEMAS[schema_id], datum)
+    buf.write(_header(schema_id, version))
+    fastavro.schemaless_writer(buf, _WRITERS[(schema_id, version)], datum)
     return buf.getvalue()
 
 
+# Hand-written Avro binary for the two records the worker writes per event (action, joined): the
+# same bytes fastavro writes (tests/unit/test_events.py compares them), at about half the cost.
+_pack_double = struct.Struct("<d").pack
+_ACTION_HEADER = bytes((MAGIC, 3, 1))
+_JOINED_HEADER = bytes((MAGIC, 4, 1))
+
+
+def _varint(n: int) -> bytes:
+    """Avro int/long: zigzag, then base-128 varint."""
+    n = int(n)
+    if not -(2**63) <= n < 2**63:
+        raise ValueError(f"{n} does not fit an Avro long")
+    n = (n << 1) ^ (n >> 63)
+    out = bytearray()
+    while n > 0x7F:
+        out.append((n & 0x7F) | 0x80)
+        n >>= 7
+    out.append(n)
+    return bytes(out)
+
+
+_SMALL_LO, _SMALL_HI = -64, 4096
+_SMALL = tuple(_varint(i) for i in range(_SMALL_LO, _SMALL_HI))  # lengths, indices, small ints: a lookup
+
+
+def _long(n: int) -> bytes:
+    if _SMALL_LO <= n < _SMALL_HI:
+        return _SMALL[n - _SMALL_LO]
+    return _varint(n)
+
+
+def _str(s: str) -> bytes:
+    b = s.encode()
+    return _long(len(b)) + b
+
+
+def _encode_action(a: "Action") -> bytes:
+    f = features_to_bytes(a.features)
+    return b"".join((_ACTION_HEADER, _str(a.event_id), _str(a.model_key), _str(a.arm_id), _long(a.arm_index),
+                     _pack_double(a.score), _pack_double(a.propensity), _long(a.model_version),
+                     _long(a.decision_timestamp_ms), _long(len(f)), f, _long(a.trigger_source), _long(a.trigger_offset)))
+
+
+def _encode_joined(j: "Joined") -> bytes:
+    f = features_to_bytes(j.features)
+    return b"".join((_JOINED_HEADER, _str(j.event_id), _str(j.model_key), _long(len(f)), f, _pack_double(j.reward),
+                     b"\x01" if j.reward_observed else b"\x00", _pack_double(j.propensity),
+                     _long(j.decision_timestamp_ms), _long(j.join_timestamp_ms), _long(j.model_version_before),
+                     _long(j.trigger_source), _long(j.trigger_offset)))
+
+
 def encode(event: Any) -> bytes:
-    """Serialise one record with its header."""
+    """Serialise one record with its header (a context in the current version, 2)."""
+    if isinstance(event, Action):
+        return _encode_action(event)
+    if isinstance(event, Joined):
+        return _encode_joined(event)
     if isinstance(event, Context):
-        arms = [{"arm_id": a, "features": features_to_bytes(x)} for a, x in zip(event.arm_ids, event.features)]
-        return _write(1, {"event_id": event.event_id, "model_key": event.model_key,
-                          "timestamp_ms": event.timestamp_ms, "arms": arms})
+        return _write(1, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
+                          "arm_ids": list(event.arm_ids), "features": features_to_bytes(event.features)})
     if isinstance(event, Reward):
-        return _write(2, dataclasses.asdict(event))
+        return _write(2, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
+                          "value": event.value})
     if isinstance(event, Tick):
         return _write(7, {"timestamp_ms": event.timestamp_ms})
-    if isinstance(event, (Action, Joined)):
-        d = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
-        d["features"] = features_to_bytes(event.features)
-        return _write(3 if isinstance(event, Action) else 4, d)
     if isinstance(event, DeadLetter):
         return _write(5, {f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
     raise TypeError(f"cannot encode {type(event).__name__}")
 
 
+def encode_context_v1(event: Context) -> bytes:
+    """A context in the version 1 layout (one record per arm), as writers before version 2 wrote it."""
+    arms = [{"arm_id": a, "features": features_to_bytes(x)} for a, x in zip(event.arm_ids, event.features)]
+    return _write(1, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
+                      "arms": arms}, version=1)
+
+
 # -- decode ------------------------------------------------------------------------------------
 
 
-def _read(data: bytes) -> tuple[int, dict]:
+def _read(data: bytes) -> tuple[int, int, dict]:
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 3:
         raise DecodeError(reasons.MALFORMED, f"record of {0 if data is None else len(data)} bytes is too short for a header")
     if data[0] != MAGIC:
@@ -224,30 +297,48 @@ def _read(data: bytes) -> tuple[int, dict]:
     writer = _WRITERS.get((sid, ver))
     if writer is None:
         raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} version {ver} is not known to this reader")
+    # The current version and the legacy layouts are read with their own schema (no resolution:
+    # faster, and a legacy layout is converted below); any other version resolves to the current.
+    reader = None if (ver == _VERSIONS.get(sid) or (sid, ver) in _LEGACY) else _SCHEMAS[sid]
     try:
-        datum = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[3:]), writer, _SCHEMAS[sid])
+        datum = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[3:]), writer, reader)
     except (EOFError, ValueError, TypeError, UnicodeDecodeError, IndexError, KeyError,
             fastavro.read.SchemaResolutionError) as exc:
         code = reasons.MISSING_FIELD if isinstance(exc, fastavro.read.SchemaResolutionError) else reasons.MALFORMED
         raise DecodeError(code, f"Avro decode failed: {exc}") from exc
-    return sid, datum
+    return sid, ver, datum
+
+
+def _context_features(arm_ids: list, block: bytes) -> np.ndarray:
+    k, n = len(arm_ids), len(block)
+    if not k:
+        raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
+    if n == 0 or n % (8 * k):
+        raise DecodeError(reasons.BAD_DIMENSION, f"{n} feature bytes do not hold {k} arms of one dimension "
+                                                 f"(8 bytes per value)")
+    feats = np.frombuffer(block, dtype="<f8").reshape(k, n // (8 * k)).astype(np.float64)
+    if not np.isfinite(feats).all():
+        raise DecodeError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
+    return feats
 
 
 def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLetter:
     """Parse and validate one record. Raises :class:`DecodeError` with a reason code."""
-    sid, d = _read(data)
+    sid, ver, d = _read(data)
     if sid == 1:
-        arms = d["arms"]
-        if not arms:
-            raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
-        rows = [features_from_bytes(a["features"]) for a in arms]
-        dim = rows[0].shape[0]
-        if dim == 0 or any(r.shape[0] != dim for r in rows):
-            raise DecodeError(reasons.BAD_DIMENSION, f"arms have dimensions {sorted({r.shape[0] for r in rows})}")
-        feats = np.vstack(rows)
-        if not np.isfinite(feats).all():
-            raise DecodeError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
-        return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(a["arm_id"] for a in arms), feats)
+        if ver == 1:  # one record per arm
+            arms = d["arms"]
+            if not arms:
+                raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
+            sizes = {len(a["features"]) for a in arms}
+            if len(sizes) != 1 or 0 in sizes or min(sizes) % 8:
+                raise DecodeError(reasons.BAD_DIMENSION, f"arms have feature sizes {sorted(sizes)} bytes "
+                                                         f"(8 bytes per value, all arms of one dimension)")
+            ids = [a["arm_id"] for a in arms]
+            return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids),
+                           _context_features(ids, b"".join(a["features"] for a in arms)))
+        ids = d["arm_ids"]
+        return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids), _context_features(ids, d["features"]))
     if sid == 2:
         if not math.isfinite(d["value"]):
             raise DecodeError(reasons.NON_FINITE_REWARD, f"reward value {d['value']!r} is not finite")

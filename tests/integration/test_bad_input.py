@@ -48,15 +48,16 @@ def _context_v3_without_timestamp() -> bytes:
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 1, 3)))
     fastavro.schemaless_writer(buf, fastavro.parse_schema(v3), {
-        "event_id": "mf", "model_key": "bad-m",
-        "arms": [{"arm_id": "a", "features": np.zeros(DIM).tobytes()}]})
+        "event_id": "mf", "model_key": "bad-m", "arm_ids": ["a"], "features": np.zeros(DIM).tobytes()})
     return buf.getvalue()
 
 
 def _raw_context(event_id: str, ts: int, arms: list[tuple[str, np.ndarray]]) -> bytes:
-    """Context bytes written field by field (no validation): any feature bytes, any arm count."""
+    """Context bytes written field by field (no validation): any feature bytes, any arm count. In the
+    version 1 layout (one record per arm), which can express arms of different dimensions."""
     return events._write(1, {"event_id": event_id, "model_key": "bad-m", "timestamp_ms": ts,
-                             "arms": [{"arm_id": a, "features": np.asarray(x, dtype="<f8").tobytes()} for a, x in arms]})
+                             "arms": [{"arm_id": a, "features": np.asarray(x, dtype="<f8").tobytes()} for a, x in arms]},
+                         version=1)
 
 
 @dataclasses.dataclass
