@@ -18,7 +18,7 @@ from streambandit.policies.base import Policy
 __all__ = ["Decision", "event_rng", "decide"]
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Decision:
     """The chosen arm's index, its policy score and the probability of choosing it."""
 

@@ -43,7 +43,7 @@ class RecoveryError(StreambanditError, RuntimeError):
     """The logs after a snapshot do not fit the snapshot: the worker must not continue from it."""
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Rejected:
     """A record the engine refused; the worker dead-letters ``source`` (its original bytes and
     position) with this reason."""
@@ -69,6 +69,7 @@ class PartitionEngine:
         self.config = config
         self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
         self.models: dict[str, Policy] = {}
+        self._specs: dict[str, Any] = {}  # model key -> its spec, for keys with a model (bounded like models)
         self.pending: dict[str, _Pending] = {}  # insertion order = decision order
         self.early: dict[str, list[tuple[Reward, Any]]] = {}
         self.recent: collections.OrderedDict[str, bool] = collections.OrderedDict()  # joined id -> observed
@@ -81,8 +82,9 @@ class PartitionEngine:
     # -- entry points --------------------------------------------------------------------------
 
     def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
-        out = self.advance_to(ev.timestamp_ms, source)
-        spec = self.config.resolve(ev.model_key)
+        out = self.advance_to(ev.timestamp_ms, source) if self._deadlines or ev.timestamp_ms > self.watermark_ms \
+            else self._no_advance(source)
+        spec = self._spec_of(ev.model_key)
         if spec is None:
             return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
         if ev.features.shape[1] != spec.dim:
@@ -93,6 +95,7 @@ class PartitionEngine:
         model = self.models.get(ev.model_key)
         if model is None:
             model = self.models[ev.model_key] = spec.build()
+            self._specs[ev.model_key] = spec
         d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id, seed=spec.seed)
         action = Action(ev.event_id, ev.model_key, ev.arm_ids[d.index], d.index, d.score, d.propensity,
                         model.n_updates, ev.timestamp_ms, ev.features[d.index].copy(), *self._trigger)
@@ -111,7 +114,8 @@ class PartitionEngine:
                 out.append(self._reject(DUPLICATE_REWARD, f"event {ev.event_id!r} was already joined with a reward", src))
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
-        out += self.advance_to(self.watermark_ms, source)
+        if self._deadlines[0][0] <= self.watermark_ms:
+            out += self.advance_to(self.watermark_ms, source)
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
@@ -169,6 +173,20 @@ class PartitionEngine:
 
     # -- internals -----------------------------------------------------------------------------
 
+    def _spec_of(self, model_key: str) -> Any:
+        """``config.resolve`` with a cache for the keys that have a model (as bounded as models)."""
+        spec = self._specs.get(model_key)
+        if spec is None:
+            spec = self.config.resolve(model_key)
+            if spec is not None and model_key in self.models:
+                self._specs[model_key] = spec
+        return spec
+
+    def _no_advance(self, source: Any) -> list:
+        """``advance_to`` when nothing can close (no deadline, watermark not moving): set the trigger only."""
+        self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
+        return []
+
     def _accept_reward(self, ev: Reward, source: Any, now_ms: int) -> list[Joined | Rejected]:
         p = self.pending[ev.event_id]
         if ev.model_key != p.action.model_key:
@@ -178,7 +196,7 @@ class PartitionEngine:
             value = self.models[p.action.model_key].validate_reward(ev.value)
         except ValueError as exc:
             return [self._reject(REWARD_OUT_OF_RANGE, str(exc), source)]
-        aggregation = self.config.resolve(p.action.model_key).aggregation
+        aggregation = self._spec_of(p.action.model_key).aggregation
         self.counters["rewards"] += 1
         if aggregation == "first":
             p.reward, p.n_rewards = value, 1
@@ -192,7 +210,7 @@ class PartitionEngine:
         p = self.pending.pop(event_id)
         a = p.action
         observed = p.n_rewards > 0
-        reward = p.reward if observed else self.config.resolve(a.model_key).default_reward
+        reward = p.reward if observed else self._spec_of(a.model_key).default_reward
         model = self.models[a.model_key]
         version = model.n_updates
         try:

@@ -34,7 +34,7 @@ CONTEXTS = 0
 REWARDS = 1
 
 
-@dataclasses.dataclass(frozen=True, slots=True, order=True)
+@dataclasses.dataclass(slots=True, order=True)
 class MergedRecord:
     """A record in merge order; ``item`` (the decoded event or raw message) does not take part in
     the ordering."""
@@ -84,13 +84,22 @@ class InputMerger:
     def pending(self) -> int:
         return len(self._queues[0]) + len(self._queues[1])
 
+    def wait_deadline_ms(self) -> int | None:
+        """The wall time at which a held record's wait for the idle source runs out (the earliest
+        head's arrival + ``max_wait_ms``), or None when nothing is held. A caller that blocks
+        waiting for input should wake up by then."""
+        heads = [arrived[0] for arrived in self._arrived_ms if arrived]
+        return min(heads) + self.max_wait_ms if heads else None
+
     def pop_ready(self, now_ms: int, behind: tuple[bool, bool] = (False, False)) -> Iterator[MergedRecord]:
         """Release, in merge order, every record that may go now. ``behind[source]``: the broker
         holds records of that source that have not been pushed yet."""
         while True:
             a, b = self._queues
             if a and b:
-                src = CONTEXTS if a[0] < b[0] else REWARDS
+                # (timestamp, source, offset) order; the heads are of different sources, so at equal
+                # timestamps contexts (0) come first (the same as comparing the records, cheaper).
+                src = CONTEXTS if a[0].timestamp_ms <= b[0].timestamp_ms else REWARDS
             elif a or b:
                 src = CONTEXTS if a else REWARDS
                 if behind[1 - src]:
@@ -107,14 +116,15 @@ class InputMerger:
         """Release everything buffered, in merge order (at shutdown or partition revocation)."""
         while self.pending():
             a, b = self._queues
-            src = CONTEXTS if (a and (not b or a[0] < b[0])) else REWARDS
+            src = CONTEXTS if (a and (not b or a[0].timestamp_ms <= b[0].timestamp_ms)) else REWARDS
             yield self._release(src, now_ms)
 
     def _release(self, src: int, now_ms: int) -> MergedRecord:
         q = self._queues[src]
         rec = q.popleft()
         self._arrived_ms[src].popleft()
-        if self._last is not None and rec < self._last:
+        last = self._last
+        if last is not None and (rec.timestamp_ms, rec.source, rec.offset) < (last.timestamp_ms, last.source, last.offset):
             self.out_of_order += 1
         else:
             self._last = rec

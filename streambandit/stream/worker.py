@@ -180,7 +180,15 @@ class Worker:
         n = self.config.batch_max_records
         msgs = self.consumer.consume(n, 0)
         if not msgs:
-            msgs = self.consumer.consume(1, self.config.poll_timeout_ms / 1000)
+            # Wait no longer than a held record's merge wait: it is released when that runs out,
+            # not when the poll timeout does.
+            timeout_ms = self.config.poll_timeout_ms
+            now = _now_ms()
+            for part in self.partitions.values():
+                deadline = part.merger.wait_deadline_ms()
+                if deadline is not None:
+                    timeout_ms = min(timeout_ms, max(deadline - now, 0))
+            msgs = self.consumer.consume(1, timeout_ms / 1000)
             if msgs:
                 msgs += self.consumer.consume(n - 1, 0)
         return msgs
@@ -209,14 +217,14 @@ class Worker:
         if part is None:
             return  # a record fetched just before its partition was revoked
         src = self._topic_source[msg.topic()]
-        ts = msg.timestamp()[1]
-        ref = InputRef(src, p, msg.offset(), msg.key(), msg.value(), ts)
+        offset, value = msg.offset(), msg.value()
+        ref = InputRef(src, p, offset, msg.key(), value, msg.timestamp()[1])
         try:
-            ev = decode(msg.value())
+            ev = decode(value)
+            ts = ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else None
         except DecodeError as exc:
-            ev = exc
-        part.merger.push(src, msg.offset(), ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else None,
-                         (ev, ref), now)
+            ev, ts = exc, None
+        part.merger.push(src, offset, ts, (ev, ref), now)
         part.last_input_wall_ms = now
 
     def _process(self, p: int, part: _Partition, item: tuple[Any, InputRef]) -> list[tuple[str, int, bytes | None, bytes]]:
@@ -280,9 +288,20 @@ class Worker:
             # 1. Open the transaction.
             self.producer.begin_transaction()
             # 2. Produce every output of the batch to the input's partition (co-partitioning).
-            for topic, p, key, value in outputs:
-                self.producer.produce(topic, value=value, key=key, partition=p, on_delivery=self._on_delivery)
-                self.producer.poll(0)
+            #    A delivery report is asked for the last record per output partition only: that is
+            #    where our output ends (for the next snapshot). A record that fails makes the
+            #    transaction abortable, so commit_transaction raises and the branch below runs.
+            last = {(topic, p): i for i, (topic, p, _, _) in enumerate(outputs)}
+            report = set(last.values())
+            produce, on_delivery = self.producer.produce, self._on_delivery
+            for i, (topic, p, key, value) in enumerate(outputs):
+                cb = on_delivery if i in report else None
+                try:
+                    produce(topic, value=value, key=key, partition=p, on_delivery=cb)
+                except BufferError:  # the local queue is full: serve delivery reports, then retry
+                    self.producer.poll(0.1)
+                    produce(topic, value=value, key=key, partition=p, on_delivery=cb)
+            self.producer.poll(0)
             # 3. Add the input offsets (next offset to process, per partition) to the transaction.
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)

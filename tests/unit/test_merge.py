@@ -115,3 +115,29 @@ def test_a_source_with_undelivered_records_is_waited_for_however_long():
     # Rewards are not behind: c1 waits the bounded time from its arrival, then goes.
     assert list(m.pop_ready(now_ms=10_019)) == []
     assert [r.item for r in m.pop_ready(now_ms=10_020)] == ["c1"] and m.forced == 1
+
+
+def test_the_wait_deadline_is_the_earliest_held_arrival_plus_the_wait():
+    """The worker blocks for input no longer than this, so a held record is released when its
+    merge wait runs out, not when the (longer) poll timeout does."""
+    m = InputMerger(max_wait_ms=20)
+    assert m.wait_deadline_ms() is None
+    m.push(CONTEXTS, 0, 10, "c0", now_ms=1000)
+    m.push(CONTEXTS, 1, 11, "c1", now_ms=1005)
+    assert m.wait_deadline_ms() == 1020
+    assert list(m.pop_ready(now_ms=1019)) == []
+    assert [r.item for r in m.pop_ready(now_ms=1020)] == ["c0"]
+    assert m.wait_deadline_ms() == 1025
+    assert [r.item for r in m.pop_ready(now_ms=1025)] == ["c1"]
+    assert m.wait_deadline_ms() is None
+
+
+def test_equal_timestamps_release_contexts_first_whatever_the_offsets():
+    m = InputMerger(max_wait_ms=1000)
+    m.push(REWARDS, 0, 100, "r0", now_ms=0)
+    m.push(CONTEXTS, 7, 100, "c7", now_ms=0)
+    m.push(REWARDS, 1, 200, "r1", now_ms=0)
+    m.push(CONTEXTS, 8, 200, "c8", now_ms=0)
+    assert [r.item for r in m.pop_ready(now_ms=0)] == ["c7", "r0", "c8"]
+    assert [r.item for r in m.drain(now_ms=0)] == ["r1"]
+    assert m.out_of_order == 0
