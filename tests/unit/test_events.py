@@ -172,3 +172,42 @@ def test_a_corrupt_snapshot_is_detected():
         unpack_snapshot(b"\x00" * 20)
     with pytest.raises(SnapshotError):
         unpack_snapshot(bytes(data[:3]) + b"\x00")
+
+
+def _snapshot_bytes(e, body=None):
+    import struct
+    import zlib
+    data = pack_snapshot({"partition": 0, "created_ms": 1, "contexts_offset": 0, "rewards_offset": 0,
+                          "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0, "engine": e.snapshot()})
+    if body is None:
+        return data
+    return data[:3] + b"\x00" + struct.pack("<I", zlib.crc32(body)) + body  # a valid checksum over ``body``
+
+
+def test_snapshot_models_decode_one_at_a_time_and_equal_the_full_decode():
+    import fastavro, io, zlib
+    _, e = engine_with_state(60)
+    data = _snapshot_bytes(e)
+    models = unpack_snapshot(data)["engine"]["models"]
+    assert not isinstance(models, dict) and len(models) == 3 and list(models) == list(e.models)
+    # the oracle: fastavro decoding the whole body with the whole schema
+    body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
+    full = fastavro.schemaless_reader(io.BytesIO(body), events._SCHEMAS[6], events._SCHEMAS[6])
+    for m in full["models"]:
+        want = events._state_from_avro(m["arrays"], m["scalars"])
+        got = models[m["model_key"]]
+        assert got.keys() == want.keys()
+        for k in want:
+            assert (got[k].tobytes() == want[k].tobytes()) if isinstance(want[k], np.ndarray) else got[k] == want[k]
+
+
+def test_a_snapshot_body_that_passes_its_checksum_but_does_not_parse_is_refused_at_unpack():
+    _, e = engine_with_state(20)
+    data = _snapshot_bytes(e)
+    import zlib
+    body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
+    for cut in (len(body) // 2, len(body) - 1):  # truncated inside a model record, and in the tail
+        with pytest.raises(SnapshotError, match="does not decode"):
+            unpack_snapshot(_snapshot_bytes(e, body[:cut]))
+    with pytest.raises(SnapshotError, match="does not decode"):
+        unpack_snapshot(_snapshot_bytes(e, body + b"\x00"))
