@@ -24,7 +24,6 @@ import importlib.metadata
 import json
 import multiprocessing as mp
 import os
-import platform
 import resource
 import statistics
 import sys
@@ -32,6 +31,8 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+
+from streambandit.benchmarks import cpu_model
 
 __all__ = ["main", "build_parser", "run_from_args", "run_benchmark", "render_markdown", "pin_one_thread", "REFERENCE"]
 
@@ -336,14 +337,7 @@ def _targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
 def machine() -> dict[str, Any]:
     """The machine and library versions, for the report."""
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    cpu = cpu_model()
     versions = {}
     for dist in ("streambandit", "numpy", "numba", *PEER_DISTRIBUTIONS.values()):
         try:
