@@ -438,13 +438,12 @@ def markdown(res: dict) -> str:
     if any("restore" in c for c in res["cases"].values()):
         lines += [
             "",
-            "The restored engine is the outlier. Its live data is that of the live engine (tracemalloc, 5,000 oful "
-            "models: 4.7 KB per model after restore); the rest is memory that unpacking and restoring allocated and "
-            "freed -- the whole snapshot is decoded at once (Avro bytes and record dicts of every array, then a copy "
-            "of each), and the live arrays, model keys and recent ids are allocated among that garbage -- which "
-            "stays resident; `malloc_trim(0)` gives back only part of it. Unpacking alone leaves ~13 KB per oful "
-            "model resident (5,000 models). Removing the two array copies on the restore path (a scratch prototype) "
-            "changed nothing measurable.",
+            "A restored engine holds what the live engine holds. Before commit 04d990f it was the outlier (13.2 KB "
+            "per oful model, 19.0 KB per glb_omd model): the whole snapshot was decoded at once (Avro bytes and "
+            "record dicts of every array, then a copy of each), the live arrays were allocated among that garbage, "
+            "and the allocator kept the peak resident. `unpack_snapshot` now decodes the model records one at a "
+            "time when the restore asks for them (`events.SnapshotModels`), so each record's garbage is reused by "
+            "the next.",
         ]
     lines += [
         "",
