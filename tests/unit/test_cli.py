@@ -36,3 +36,9 @@ def test_bench_with_a_bad_option_is_a_clear_error():
     out = run("bench", "peers", "--n", "0")
     assert out.returncode == 2
     assert "--n must be >= 1" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_bench_runs_the_checkout_benchmarks_by_name():
+    out = run("bench", "memory", "--help")
+    assert out.returncode == 0, out.stderr
+    assert "bench_memory.py" in out.stdout and "--quick" in out.stdout
