@@ -27,7 +27,8 @@ from numba import njit
 
 __all__ = [
     "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "sherman_morrison", "oful_update", "oful_update_checked", "oful_beta", "oful_play",
-    "glb_omd_update", "glb_omd_update_checked", "glb_omd_beta", "glb_omd_play", "reward_ok", "project_to_ball_in_norm",
+    "glb_omd_update", "glb_omd_update_checked", "glb_omd_beta", "glb_omd_play", "reward_ok",
+    "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_checked", "hvt_ucb_play", "project_to_ball_in_norm",
     "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN",
     "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW",
 ]
@@ -335,6 +336,83 @@ def glb_omd_play(arms, rewards, theta, h, hinv, n_updates, link, s_radius, eta, 
         status = glb_omd_update(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, work)
         if status != OK:
             return t, status
+    return n, OK
+
+
+# -- Hvt-UCB -------------------------------------------------------------------------------------
+
+@njit(cache=True, nogil=True)
+def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
+    """beta_t of Hvt-UCB eq. (10), times beta_scale, with max(t, 1)^p (note section 2.2)."""
+    return beta_scale * (beta_coef * max(t, 1) ** p + beta_const)
+
+
+@njit(cache=True, nogil=True)
+def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
+    """One Hvt-UCB step (Algorithm 1, lines 5-8) in place. ``params``: beta_scale, beta_coef,
+    beta_const, p, tau0, sqrt_alpha, nu, sigma_min, alpha, huber (0/1), project (0/1), S."""
+    beta_scale, beta_coef, beta_const, p, tau0, sqrt_alpha = params[0], params[1], params[2], params[3], params[4], params[5]
+    nu, sigma_min, alpha, huber, project, s_radius = params[6], params[7], params[8], params[9], params[10], params[11]
+    d = x.shape[0]
+    t = n_updates + 1
+    sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
+    q = _dot(x, work)
+    n = math.sqrt(q if q > 0.0 else 0.0)  # ||X_t||_{V_{t-1}^-1}
+    if n == 0.0:
+        # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move (note pitfall 8).
+        return
+    tp = t ** p
+    # Alg. 1 line 5 / eq. 17: sigma_t, with the 2 sqrt(2) ||X||_{V^-1} term always included.
+    floor = math.sqrt(2.0 * hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t - 1) / (tau0 * sqrt_alpha * tp)) * n
+    sigma = max(max(nu, sigma_min), max(floor, 2.0 * math.sqrt(2.0) * n))
+    w = n / (sigma * sqrt_alpha)  # Alg. 1 line 6: w_t, from V_{t-1}
+    tau = tau0 * math.sqrt(1.0 + w * w) / w * tp if huber != 0.0 else math.inf
+    # Alg. 1 line 7 / eq. 9: V_t = V_{t-1} + X X' / (alpha sigma^2).
+    weight = 1.0 / (alpha * sigma * sigma)
+    # Alg. 1 line 8 / eq. 8 in closed form: theta~ = theta + clip(z, -tau, tau) V_t^-1 X / sigma,
+    # with z = (r - X'theta)/sigma at the old theta, and V_t^-1 X = V_{t-1}^-1 X / (1 + weight n^2).
+    z = (reward - _dot(x, theta)) / sigma
+    step = min(max(z, -tau), tau) / sigma
+    c = step / (1.0 + weight * n * n)
+    for i in range(d):
+        for j in range(d):
+            v[i, j] += weight * (x[i] * x[j])
+    sherman_morrison(vinv, x, weight, work)
+    new = np.empty(d)
+    for i in range(d):
+        new[i] = theta[i] + c * work[i]
+    if project != 0.0 and _dot(new, new) > s_radius * s_radius:
+        new, _ = project_to_ball_in_norm(new, v, s_radius)  # projection in the V_t-norm
+    for i in range(d):
+        theta[i] = new[i]
+
+
+@njit(cache=True, nogil=True)
+def hvt_ucb_update_checked(theta, v, vinv, x, reward, n_updates, params):
+    """``hvt_ucb_update`` from Python: BAD_X (model untouched) when x has a non-finite feature."""
+    if not _finite_row(x):
+        return BAD_X
+    hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, np.empty(x.shape[0]))
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def hvt_ucb_play(arms, rewards, theta, v, vinv, n_updates, params, chosen):
+    """Hvt-UCB select (eq. 11, beta_{t-1}) + update over a stream; returns (steps done, status)."""
+    n, k_arms, d = arms.shape
+    work = np.empty(d)
+    arm_work = np.empty((k_arms, d))
+    scores = np.empty(k_arms)
+    for t in range(n):
+        beta = hvt_ucb_beta(params[0], params[1], params[2], params[3], n_updates + t)
+        if not _ucb_row(arms[t], theta, vinv, beta, scores, arm_work):
+            return t, BAD_ARMS
+        k = _argmax_first(scores)
+        r = rewards[t, k]
+        if not math.isfinite(r):
+            return t, BAD_REWARD
+        chosen[t] = k
+        hvt_ucb_update(theta, v, vinv, arms[t, k], r, n_updates + t, params, work)
     return n, OK
 
 

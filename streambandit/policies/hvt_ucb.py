@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import project_to_ball_in_norm, sherman_morrison_update
+from streambandit import kernels
 from streambandit.policies.base import check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import LinearUCBPolicy
 
@@ -105,6 +105,9 @@ class HvtUCB(LinearUCBPolicy):
         self._beta_coef = 107.0 * log_2t2_delta * self.tau0  # eq. 10, first term's constant
         self._beta_const = math.sqrt(lam_v * (2.0 + 4.0 * c["S"] ** 2))  # eq. 10, second term
         self._sqrt_alpha = math.sqrt(c["alpha"])
+        # What the compiled step (kernels.hvt_ucb_update) takes, in its order.
+        self._step_params = (c["beta_scale"], self._beta_coef, self._beta_const, self._p, self.tau0, self._sqrt_alpha,
+                             c["nu"], c["sigma_min"], c["alpha"], float(c["huber"]), float(c["project"]), c["S"])
         self.theta = np.zeros(dim)  # theta_1 = 0
         self.v = np.eye(dim) * lam_v  # V_0 = lambda I
         self.vinv = np.eye(dim) / lam_v
@@ -136,27 +139,26 @@ class HvtUCB(LinearUCBPolicy):
         floor = math.sqrt(2.0 * self.beta(t - 1) / (self.tau0 * self._sqrt_alpha * t**self._p)) * n
         return max(c["nu"], c["sigma_min"], floor, 2.0 * math.sqrt(2.0) * n)
 
+    def update(self, x: np.ndarray, reward: float) -> None:
+        # The compiled step (kernels.hvt_ucb_update: Alg. 1 lines 5-8, eq. 8, 9, 17) checks x.
+        v = self._check_x_shape(x)
+        r = self._check_reward(reward)
+        if kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, v, r, self.n_updates,
+                                          self._step_params) != kernels.OK:
+            raise ValueError("x contains NaN or infinite features")
+        self.n_updates += 1
+
     def _update(self, x: np.ndarray, reward: float) -> None:
-        t = self.n_updates + 1
-        vx = self.vinv @ x  # V_{t-1}^-1 X_t
-        n = math.sqrt(max(float(x @ vx), 0.0))  # ||X_t||_{V_{t-1}^-1}
-        if n == 0.0:
-            # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move (note pitfall 8).
-            return
-        sigma = self._sigma(n)  # Alg. 1 line 5 / eq. 17
-        w = n / (sigma * self._sqrt_alpha)  # Alg. 1 line 6: w_t, from V_{t-1}
-        tau = self.tau0 * math.sqrt(1.0 + w * w) / w * t**self._p if self._config["huber"] else math.inf
-        # Alg. 1 line 7 / eq. 9: V_t = V_{t-1} + X X' / (alpha sigma^2); u = X / (sigma sqrt(alpha)).
-        weight = 1.0 / (self._config["alpha"] * sigma * sigma)
-        self.v += weight * np.outer(x, x)
-        sherman_morrison_update(self.vinv, x, weight, v=vx)
-        # Alg. 1 line 8 / eq. 8 in closed form: theta~ = theta + clip(z, -tau, tau) V_t^-1 X / sigma,
-        # with z = (r - X'theta)/sigma and the gradient taken at theta_t.
-        z = (reward - float(x @ self.theta)) / sigma
-        step = min(max(z, -tau), tau) / sigma
-        # V_t^-1 X = V_{t-1}^-1 X / (1 + weight n^2) by Sherman-Morrison: O(d) instead of O(d^2).
-        theta = self.theta + (step / (1.0 + weight * n * n)) * vx
-        s = self._config["S"]
-        if self._config["project"] and float(theta @ theta) > s * s:
-            theta, _ = project_to_ball_in_norm(theta, self.v, s)  # projection in the V_t-norm
-        self.theta = theta
+        kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, np.ascontiguousarray(x), reward,
+                                       self.n_updates, self._step_params)
+
+    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        a, r = self._check_play(arms, rewards)
+        chosen = np.zeros(len(a), dtype=np.int64)
+        done, status = kernels.hvt_ucb_play(a, r, self.theta, self.v, self.vinv, self.n_updates, self._step_params,
+                                            chosen)
+        self.n_updates += done
+        if status != kernels.OK:
+            what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "reward must be finite"
+            raise ValueError(f"round {done}: {what}")
+        return chosen

@@ -195,3 +195,47 @@ def test_logistic_play_refuses_a_reward_outside_0_1():
     p = make_policy("glb_omd", dim=3, link="logistic")
     with pytest.raises(ValueError, match=r"round 4: logistic link needs a reward in \[0, 1\]"):
         p.play(arms, rewards)
+
+
+def _hvt_reference(p, arms, rewards):
+    """Hvt-UCB Algorithm 1 in plain numpy (eq. 8-11, 17), driven with the policy's constants."""
+    c = p.config()
+    d = arms.shape[2]
+    theta, v = np.zeros(d), c["lam"] * np.eye(d)
+    chosen = []
+    for t0 in range(len(arms)):
+        vinv = np.linalg.inv(v)
+        beta = p._config["beta_scale"] * (p._beta_coef * max(t0, 1) ** p._p + p._beta_const)
+        ucb = arms[t0] @ theta + beta * np.sqrt(np.einsum("kd,de,ke->k", arms[t0], vinv, arms[t0]))
+        k = int(np.argmax(ucb))
+        chosen.append(k)
+        x, r, t = arms[t0, k], rewards[t0, k], t0 + 1
+        n = math.sqrt(x @ vinv @ x)
+        beta_prev = p._config["beta_scale"] * (p._beta_coef * max(t - 1, 1) ** p._p + p._beta_const)
+        floor = math.sqrt(2 * beta_prev / (p.tau0 * math.sqrt(c["alpha"]) * t ** p._p)) * n
+        sigma = max(c["nu"], c["sigma_min"], floor, 2 * math.sqrt(2) * n)
+        w = n / (sigma * math.sqrt(c["alpha"]))
+        tau = p.tau0 * math.sqrt(1 + w * w) / w * t ** p._p
+        v = v + np.outer(x, x) / (c["alpha"] * sigma**2)
+        z = (r - x @ theta) / sigma
+        theta = theta + np.clip(z, -tau, tau) / sigma * np.linalg.solve(v, x)
+        if theta @ theta > c["S"] ** 2:
+            res = minimize(lambda th: (th - theta) @ v @ (th - theta), theta * c["S"] / np.linalg.norm(theta),
+                           jac=lambda th: 2 * v @ (th - theta), method="SLSQP",
+                           constraints=[{"type": "ineq", "fun": lambda th: c["S"] ** 2 - th @ th,
+                                         "jac": lambda th: -2 * th}], options={"ftol": 1e-15, "maxiter": 500})
+            theta = res.x
+    return np.array(chosen), theta, v
+
+
+@pytest.mark.parametrize("params", [{}, {"epsilon": 0.5, "nu": 2.0, "S": 0.3, "beta_scale": 1.0}])
+def test_hvt_ucb_kernel_matches_a_numpy_transcription_of_algorithm_1(params):
+    rng = np.random.default_rng(7)
+    arms, _ = stream(7, 150, 5, 4)
+    rewards = arms @ np.array([0.2, -0.1, 0.1, 0.05]) + rng.standard_t(1.5, size=arms.shape[:2])  # heavy tails
+    p = make_policy("hvt_ucb", dim=4, **params)
+    chosen, theta, v = _hvt_reference(make_policy("hvt_ucb", dim=4, **params), arms, rewards)
+    assert p.play(arms, rewards).tolist() == chosen.tolist()
+    np.testing.assert_allclose(p.v, v, rtol=1e-9)
+    np.testing.assert_allclose(p.vinv, np.linalg.inv(v), rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(p.theta, theta, rtol=1e-6, atol=1e-7)
