@@ -122,17 +122,9 @@ class GLBOMD(LinearUCBPolicy):
             raise ValueError(f"poisson link needs a reward >= 0, got {r!r}")
         return r
 
-    def update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step (kernels.glb_omd_update: eq. 4, 42a, 42b and Alg. 1 line 5) checks x;
-        # the generic Policy.update would check it a second time.
-        v = self._check_x_shape(x)
-        r = self._check_reward(reward)
-        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, v, r, *self._step_args))
-        self.n_updates += 1
-
     def _update(self, x: np.ndarray, reward: float) -> None:
-        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, np.ascontiguousarray(x),
-                                                       reward, *self._step_args))
+        # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
+        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, x, reward, *self._step_args))
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         a, r = self._check_play(arms, rewards)

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from streambandit import kernels
-from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import LinearUCBPolicy
 
 
@@ -130,7 +130,7 @@ class HvtUCB(LinearUCBPolicy):
     def sigma_t(self, x: np.ndarray) -> float:
         """The normalisation sigma_t the next update would use for ``x`` (Alg. 1 line 5 with the
         eq. 17 term 2 sqrt(2) ||x||_{V_{t-1}^-1}, which the note says to always include)."""
-        x = self._check_x(x)
+        x = Policy._check_x(self, x)  # with the finiteness check the compiled update does itself
         return self._sigma(math.sqrt(max(float(x @ (self.vinv @ x)), 0.0)))
 
     def _sigma(self, n: float) -> float:
@@ -139,18 +139,11 @@ class HvtUCB(LinearUCBPolicy):
         floor = math.sqrt(2.0 * self.beta(t - 1) / (self.tau0 * self._sqrt_alpha * t**self._p)) * n
         return max(c["nu"], c["sigma_min"], floor, 2.0 * math.sqrt(2.0) * n)
 
-    def update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step (kernels.hvt_ucb_update: Alg. 1 lines 5-8, eq. 8, 9, 17) checks x.
-        v = self._check_x_shape(x)
-        r = self._check_reward(reward)
-        if kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, v, r, self.n_updates,
+    def _update(self, x: np.ndarray, reward: float) -> None:
+        # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
+        if kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, x, reward, self.n_updates,
                                           self._step_params) != kernels.OK:
             raise ValueError("x contains NaN or infinite features")
-        self.n_updates += 1
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, np.ascontiguousarray(x), reward,
-                                       self.n_updates, self._step_params)
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         a, r = self._check_play(arms, rewards)

@@ -27,6 +27,11 @@ class LinearUCBPolicy(Policy):
     def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
         """``(theta, M^-1, beta)`` of the next decision (C-contiguous float64 arrays)."""
 
+    def _check_x(self, x: np.ndarray) -> np.ndarray:
+        # The compiled updates check the values themselves and change nothing when one is not
+        # finite, so the generic update only needs the shape here.
+        return self._check_x_shape(x)
+
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms_shape(arms)
         theta, inv, beta = self._ucb_parts()

@@ -83,19 +83,11 @@ class OFUL(LinearUCBPolicy):
     def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
         return self.theta, self.vinv, kernels.oful_beta(*self._beta_args, self.logdet)
 
-    def update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step checks x; the generic Policy.update would check it a second time.
-        v = self._check_x_shape(x)
-        r = self._check_reward(reward)
-        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, v, r)
-        if dlogdet != dlogdet:  # NaN: the kernel found a non-finite feature
+    def _update(self, x: np.ndarray, reward: float) -> None:
+        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, x, reward)
+        if dlogdet != dlogdet:  # NaN: the kernel found a non-finite feature and changed nothing
             raise ValueError("x contains NaN or infinite features")
         # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
-        self.logdet += dlogdet
-        self.n_updates += 1
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, np.ascontiguousarray(x), reward)
         self.logdet += dlogdet
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
