@@ -1,7 +1,9 @@
 """Shared numerics for the learners: rank-one inverse updates and the ellipsoid-norm projection.
 
-Everything here is pure numpy, float64, and deterministic: the same inputs give the same bits
-(no randomness, fixed iteration counts), which the snapshot-and-replay recovery relies on.
+The Python entry points of the compiled kernels (``streambandit.kernels``) that code outside the
+exact learners uses (DBSLinUCB's exact mode, the doubly robust estimator). Everything is float64 and
+deterministic: the same inputs give the same bits (no randomness, fixed summation orders and
+iteration counts), which the snapshot-and-replay recovery relies on.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import numpy as np
 
 from streambandit import kernels
 
-__all__ = ["sherman_morrison_update", "sym_matvec", "quad_forms", "project_to_ball_in_norm"]
+__all__ = ["sherman_morrison_update", "sym_matvec", "project_to_ball_in_norm"]
 
 
 def sherman_morrison_update(
@@ -40,12 +42,6 @@ def sym_matvec(m: np.ndarray, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def quad_forms(arms: np.ndarray, inv: np.ndarray) -> np.ndarray:
-    """``x_k' inv x_k`` for every row of ``arms`` (K, d), clipped at 0 against rounding."""
-    q = (arms @ inv * arms).sum(axis=1)
-    return np.maximum(q, 0.0, out=q)
-
-
-# One implementation of the ellipsoid-norm projection, compiled, shared by the Python callers
-# (Hvt-UCB) and the compiled GLB-OMD kernel, so both give the same bits.
+# One implementation of the ellipsoid-norm projection, compiled, used by the GLB-OMD and Hvt-UCB
+# steps and callable from Python (the tests check it against scipy).
 project_to_ball_in_norm = kernels.project_to_ball_in_norm

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from streambandit.linalg import project_to_ball_in_norm, quad_forms, sherman_morrison_update
+from streambandit.linalg import project_to_ball_in_norm, sherman_morrison_update, sym_matvec
 
 
 def random_spd(rng, d, cond=100.0):
@@ -29,12 +29,15 @@ def test_sherman_morrison_matches_dense_inverse():
     assert np.array_equal(inv, inv.T), "a symmetric inverse must stay exactly symmetric"
 
 
-def test_quad_forms_equal_explicit_products():
+def test_sym_matvec_equals_the_matrix_product():
     rng = np.random.default_rng(1)
-    a = rng.standard_normal((7, 4))
-    inv = np.linalg.inv(random_spd(rng, 4))
-    expected = np.array([x @ inv @ x for x in a])
-    np.testing.assert_allclose(quad_forms(a, inv), expected, rtol=1e-12)
+    m = random_spd(rng, 6)
+    x = rng.standard_normal(6)
+    np.testing.assert_allclose(sym_matvec(m, x), m @ x, rtol=1e-12)
+    # summed over j in order: with integer-valued data the float result is exact
+    mi, xi = rng.integers(-9, 9, (5, 5)).astype(float), rng.integers(-9, 9, 5).astype(float)
+    mi = mi + mi.T
+    assert sym_matvec(mi, xi).tolist() == (mi @ xi).tolist()
 
 
 def test_projection_is_identity_inside_the_ball():
