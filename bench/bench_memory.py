@@ -208,34 +208,7 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
 
 # -- child: attribution under tracemalloc ----------------------------------------------------
 
-_SKIP = (type, type(sys), type(len), type(child_rss))
-
-
-def owned(root, others) -> list:
-    """Objects reachable from ``root`` and from none of ``others`` (another model of the same
-    configuration, the classes...): what this model alone keeps alive. numpy arrays are followed
-    to their ``base`` (ndarray does not traverse it)."""
-    shared = set()
-    stack = list(others)
-    while stack:
-        o = stack.pop()
-        if id(o) in shared or isinstance(o, _SKIP):
-            continue
-        shared.add(id(o))
-        stack.extend(gc.get_referents(o))
-        if isinstance(o, np.ndarray) and o.base is not None:
-            stack.append(o.base)
-    seen, out, stack = set(), [], [root]
-    while stack:
-        o = stack.pop()
-        if id(o) in seen or id(o) in shared or isinstance(o, _SKIP):
-            continue
-        seen.add(id(o))
-        out.append(o)
-        stack.extend(gc.get_referents(o))
-        if isinstance(o, np.ndarray) and o.base is not None:
-            stack.append(o.base)
-    return out
+from streambandit.benchmarks.ownership import owned  # noqa: E402
 
 
 def split_model(p, other) -> dict:

@@ -352,6 +352,12 @@ def _f(x: float | None, fmt: str) -> str:
     return "—" if x is None else format(x, fmt)
 
 
+def _label(row: dict[str, Any]) -> str:
+    """A row's name, with the path noted when this build lacks the call it names."""
+    path = row.get("path")
+    return row["label"] + (f" [{path}]" if path and "not in this build" in path else "")
+
+
 def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[str, Any], note: str = "") -> str:
     c = result["config"]
     m = machine_desc
@@ -396,7 +402,7 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
     for r in rows:
         if r["kind"] != "stream":
             continue
-        label = r["label"] + (f" [{r['path']}]" if r.get("path") and "not in this build" in r["path"] else "")
+        label = _label(r)
         if r.get("status") != "ok":
             lines.append(f"| {label} | {r.get('status')} |  |  |  |  |  |  |  |  |")
             continue
@@ -418,7 +424,7 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
     for r in rows:
         if r["kind"] != "batch":
             continue
-        label = r["label"] + (f" [{r['path']}]" if r.get("path") and "not in this build" in r["path"] else "")
+        label = _label(r)
         if r.get("status") != "ok":
             lines.append(f"| {label} | {r.get('status')} |  |  |  |  |")
             continue

@@ -16,6 +16,7 @@ import tracemalloc
 import numpy as np
 import pytest
 
+from streambandit.benchmarks.ownership import owned
 from streambandit.policies.base import make_policy
 
 D = 20
@@ -39,24 +40,7 @@ def _live(policy: str, seed: int, d: int = D):
 
 def _owned_arrays(root, other) -> list[np.ndarray]:
     """The ndarrays (data owners) reachable from ``root`` and not from ``other``."""
-    skip = (type, type(sys), type(len), type(_live))
-
-    def reach(start, exclude):
-        seen, out, stack = set(), [], [start]
-        while stack:
-            o = stack.pop()
-            if id(o) in seen or id(o) in exclude or isinstance(o, skip):
-                continue
-            seen.add(id(o))
-            out.append(o)
-            stack.extend(gc.get_referents(o))
-            if isinstance(o, np.ndarray) and o.base is not None:
-                stack.append(o.base)
-        return seen, out
-
-    shared, _ = reach(other, set())
-    _, mine = reach(root, shared)
-    return [o for o in mine if isinstance(o, np.ndarray) and o.flags.owndata]
+    return [o for o in owned(root, [other]) if isinstance(o, np.ndarray) and o.flags.owndata]
 
 
 @pytest.mark.parametrize("policy", sorted(FORMULA))

@@ -1,0 +1,43 @@
+"""What one object alone keeps alive: the memory accounting of ``bench/bench_memory.py`` and of
+``tests/unit/test_memory_accounting.py``."""
+
+from __future__ import annotations
+
+import gc
+import types
+from typing import Any, Iterable
+
+import numpy as np
+
+__all__ = ["owned"]
+
+# Followed no further: classes, modules and functions are shared by every model.
+_SKIP = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType)
+
+
+def owned(root: Any, others: Iterable[Any]) -> list:
+    """Objects reachable from ``root`` and from none of ``others`` (another model of the same
+    configuration, say): what ``root`` alone keeps alive. numpy arrays are followed to their
+    ``base`` (ndarray does not traverse it)."""
+    shared: set[int] = set()
+    stack = list(others)
+    while stack:
+        o = stack.pop()
+        if id(o) in shared or isinstance(o, _SKIP):
+            continue
+        shared.add(id(o))
+        stack.extend(gc.get_referents(o))
+        if isinstance(o, np.ndarray) and o.base is not None:
+            stack.append(o.base)
+    seen: set[int] = set()
+    out, stack = [], [root]
+    while stack:
+        o = stack.pop()
+        if id(o) in seen or id(o) in shared or isinstance(o, _SKIP):
+            continue
+        seen.add(id(o))
+        out.append(o)
+        stack.extend(gc.get_referents(o))
+        if isinstance(o, np.ndarray) and o.base is not None:
+            stack.append(o.base)
+    return out
