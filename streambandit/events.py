@@ -21,6 +21,7 @@ import dataclasses
 import io
 import json
 import math
+import re
 import struct
 import zlib
 from pathlib import Path
@@ -289,6 +290,9 @@ def encode_context_v1(event: Context) -> bytes:
 # -- decode ------------------------------------------------------------------------------------
 
 
+_ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
+
+
 def _read(data: bytes) -> tuple[int, int, dict]:
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 3:
         raise DecodeError(reasons.MALFORMED, f"record of {0 if data is None else len(data)} bytes is too short for a header")
@@ -306,7 +310,9 @@ def _read(data: bytes) -> tuple[int, int, dict]:
     except (EOFError, ValueError, TypeError, UnicodeDecodeError, IndexError, KeyError,
             fastavro.read.SchemaResolutionError) as exc:
         code = reasons.MISSING_FIELD if isinstance(exc, fastavro.read.SchemaResolutionError) else reasons.MALFORMED
-        raise DecodeError(code, f"Avro decode failed: {exc}") from exc
+        # fastavro's messages can name the stream object ("<_io.BytesIO object at 0x...>"): drop
+        # the address, or a dead letter's detail would differ between a run and its replay.
+        raise DecodeError(code, f"Avro decode failed: {_ADDRESS.sub('the record', str(exc))}") from exc
     return sid, ver, datum
 
 

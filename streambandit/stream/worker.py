@@ -19,6 +19,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit import reasons
+from streambandit.batch_decode import decode_batch
 from streambandit.errors import StreambanditError
 from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
                                  decode, encode, pack_snapshot)
@@ -148,13 +149,17 @@ class Worker:
         """Poll, process and commit one batch; returns the number of input records taken."""
         msgs = self._poll_batch()
         now = _now_ms()
+        records = []
         for msg in msgs:
             if msg.error():
                 if msg.error().fatal():
                     raise WorkerError(f"consumer error: {msg.error()}")
                 log.warning("consumer error=%s", msg.error())
                 continue
-            self._push(msg, now)
+            records.append(msg)
+        # The whole batch is decoded in one pass (batch_decode.py: ~2 us a record, one by one ~10).
+        for msg, ev in zip(records, decode_batch([m.value() for m in records])):
+            self._push(msg, ev, now)
         outputs: list[tuple[str, int, bytes | None, bytes]] = []
         behind = self._inputs_behind()
         for p, part in self.partitions.items():
@@ -211,19 +216,16 @@ class Worker:
     def _topic_of(self, source: int) -> str:
         return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
 
-    def _push(self, msg: Any, now: int) -> None:
+    def _push(self, msg: Any, ev: Any, now: int) -> None:
+        """Buffer one decoded record (``ev``: the event, or the DecodeError it raised)."""
         p = msg.partition()
         part = self.partitions.get(p)
         if part is None:
             return  # a record fetched just before its partition was revoked
         src = self._topic_source[msg.topic()]
-        offset, value = msg.offset(), msg.value()
-        ref = InputRef(src, p, offset, msg.key(), value, msg.timestamp()[1])
-        try:
-            ev = decode(value)
-            ts = ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else None
-        except DecodeError as exc:
-            ev, ts = exc, None
+        offset = msg.offset()
+        ref = InputRef(src, p, offset, msg.key(), msg.value(), msg.timestamp()[1])
+        ts = ev.timestamp_ms if isinstance(ev, (Context, Reward, Tick)) else None
         part.merger.push(src, offset, ts, (ev, ref), now)
         part.last_input_wall_ms = now
 

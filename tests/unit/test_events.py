@@ -211,3 +211,15 @@ def test_a_snapshot_body_that_passes_its_checksum_but_does_not_parse_is_refused_
             unpack_snapshot(_snapshot_bytes(e, body[:cut]))
     with pytest.raises(SnapshotError, match="does not decode"):
         unpack_snapshot(_snapshot_bytes(e, body + b"\x00"))
+
+
+def test_decode_error_details_are_the_same_in_every_process():
+    """A dead letter's detail must not carry an object address (a replay would differ)."""
+    from streambandit.events import DecodeError, Reward, decode, encode
+
+    cut = encode(Reward("r", "k", 1, 1.0))[:-3]
+    with pytest.raises(DecodeError) as e1:
+        decode(cut)
+    with pytest.raises(DecodeError) as e2:
+        decode(bytes(cut))
+    assert e1.value.detail == e2.value.detail and " at 0x" not in e1.value.detail

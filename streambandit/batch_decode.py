@@ -1,0 +1,212 @@
+"""Decode a whole poll batch of input records in one compiled pass.
+
+``events.decode`` costs ~9 us per version-2 context, nearly all of it fastavro's per-call overhead
+and building Python objects field by field (bench/results/e2e.md, part 2); the worker decodes every
+input record, so that was a quarter of its CPU per event. Here the values of a batch are laid end
+to end and one numba pass parses the two layouts that make up the stream (context version 2 and
+reward version 1) into columns; Python then only makes the strings and the record objects.
+
+The result is exactly ``events.decode``'s for every record: the compiled pass accepts a record
+only if it is well formed under the fast layout's every rule (header, varints, lengths, UTF-8
+left to Python's strict decode, K >= 1, K * d * 8 feature bytes, finite values, no trailing bytes);
+anything else, and every other schema or version, goes through ``events.decode`` itself, so the
+error reason and detail of a bad record are the per-record decoder's own.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+from streambandit import events
+from streambandit.events import Context, DecodeError, Reward
+
+__all__ = ["decode_batch"]
+
+# Per-record outcome of the compiled pass.
+_SLOW = 0  # not handled here: events.decode decides (another schema, or anything malformed)
+_CONTEXT = 1
+_REWARD = 2
+
+
+@njit(cache=True, nogil=True)
+def _varint(buf, pos, end):
+    """Avro long (zig-zag varint) at ``pos``; returns (value, next pos), next pos -1 if the
+    varint is cut off by ``end`` or longer than a long's 10 bytes."""
+    acc = np.uint64(0)
+    shift = np.uint64(0)
+    for i in range(10):
+        if pos >= end:
+            return 0, -1
+        b = np.uint64(buf[pos])
+        pos += 1
+        if i == 9 and b > np.uint64(1):  # beyond 64 bits: Python's decoder would not wrap it
+            return 0, -1
+        acc |= (b & np.uint64(0x7F)) << shift
+        if not b & np.uint64(0x80):
+            return np.int64(acc >> np.uint64(1)) ^ -np.int64(acc & np.uint64(1)), pos
+        shift += np.uint64(7)
+    return 0, -1
+
+
+@njit(cache=True, nogil=True)
+def _string(buf, pos, end):
+    """An Avro string or bytes at ``pos``: (start, stop) of its bytes, stop -1 if malformed."""
+    n, pos = _varint(buf, pos, end)
+    if pos < 0 or n < 0 or pos + n > end:
+        return 0, -1
+    return pos, pos + n
+
+
+@njit(cache=True, nogil=True)
+def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, value):
+    """One pass over records ``buf[starts[i]:ends[i]]``.
+
+    Columns per record: ``spans[i]`` = event id (0, 1), model key (2, 3), arm ids in ``arms``
+    (4, 5) and features in ``feats`` (6, 7) as start/stop; ``shape[i]`` = (K, d); ``value[i]`` a
+    reward's value. Arm ids are copied into ``arms`` joined by NUL bytes (one decode and one split
+    in Python instead of K decodes); a context whose arm ids contain a NUL goes the slow way."""
+    f_at = 0
+    a_at = 0
+    for i in range(starts.shape[0]):
+        status[i] = _SLOW
+        pos, end = starts[i], ends[i]
+        if end - pos < 3 or buf[pos] != magic:
+            continue
+        sid, ver = buf[pos + 1], buf[pos + 2]
+        is_ctx = sid == 1 and ver == 2
+        if not (is_ctx or (sid == 2 and ver == 1)):
+            continue
+        pos += 3
+        a, b = _string(buf, pos, end)  # event_id
+        if b < 0:
+            continue
+        spans[i, 0], spans[i, 1] = a, b
+        a, b = _string(buf, b, end)  # model_key
+        if b < 0:
+            continue
+        spans[i, 2], spans[i, 3] = a, b
+        t, pos = _varint(buf, b, end)  # timestamp_ms
+        if pos < 0:
+            continue
+        ts[i] = t
+        if not is_ctx:
+            if pos + 8 != end:  # value: one little-endian double, then nothing
+                continue
+            v = buf[pos:end].copy().view(np.float64)[0]
+            if not np.isfinite(v):
+                continue
+            value[i] = v
+            status[i] = _REWARD
+            continue
+        # arm_ids: Avro array blocks (count, [byte size if count < 0], items), ended by count 0.
+        k = 0
+        a0 = a_at
+        ok = True
+        while ok:
+            count, pos = _varint(buf, pos, end)
+            if pos < 0:
+                ok = False
+                break
+            if count == 0:
+                break
+            if count < 0:
+                count = -count
+                _, pos = _varint(buf, pos, end)
+                if pos < 0:
+                    ok = False
+                    break
+            for _ in range(count):
+                a, b = _string(buf, pos, end)
+                if b < 0:
+                    ok = False
+                    break
+                if k > 0:
+                    arms[a_at] = 0
+                    a_at += 1
+                for j in range(a, b):
+                    if buf[j] == 0:
+                        ok = False
+                    arms[a_at] = buf[j]
+                    a_at += 1
+                k += 1
+                pos = b
+        if not ok or k == 0:
+            a_at = a0
+            continue
+        a, b = _string(buf, pos, end)  # features: K x d little-endian float64
+        n = b - a
+        if b != end or n == 0 or n % (8 * k) != 0:
+            a_at = a0
+            continue
+        m = n // 8
+        block = buf[a:b].copy().view(np.float64)
+        finite = True
+        for j in range(m):
+            x = block[j]
+            if not np.isfinite(x):
+                finite = False
+                break
+            feats[f_at + j] = x
+        if not finite:
+            a_at = a0
+            continue
+        spans[i, 4], spans[i, 5] = a0, a_at
+        spans[i, 6], spans[i, 7] = f_at, f_at + m
+        shape[i, 0], shape[i, 1] = k, m // k
+        f_at += m
+        status[i] = _CONTEXT
+
+
+def decode_batch(values: list) -> list:
+    """``[events.decode(v) for v in values]``, with each failure returned as its
+    :class:`DecodeError` instead of raised, in one compiled pass for the common layouts."""
+    n = len(values)
+    if n == 0:
+        return []
+    fast_layouts = events._WRITERS.get((1, 2)) is events._SCHEMAS[1] and events._WRITERS.get((2, 1)) is events._SCHEMAS[2]
+    clean = [v if isinstance(v, bytes) else b"" for v in values]
+    raw = b"".join(clean)
+    buf = np.frombuffer(raw, dtype=np.uint8)
+    ends = np.cumsum(np.fromiter(map(len, clean), dtype=np.int64, count=n))
+    starts = ends - np.fromiter(map(len, clean), dtype=np.int64, count=n)
+    status = np.zeros(n, np.int8)
+    ts = np.zeros(n, np.int64)
+    spans = np.zeros((n, 8), np.int64)
+    shape = np.zeros((n, 2), np.int64)
+    value = np.zeros(n, np.float64)
+    feats = np.empty(len(raw) // 8 + 1, np.float64)
+    arms = np.empty(len(raw) + 1, np.uint8)
+    if fast_layouts:
+        _parse(buf, starts, ends, events.MAGIC, status, ts, spans, shape, feats, arms, value)
+    arm_bytes = arms.tobytes() if (status == _CONTEXT).any() else b""
+    out = []
+    keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
+    for i, (st, t, sp, (k, d), v) in enumerate(zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(),
+                                                   value.tolist())):
+        try:
+            if st == _SLOW:
+                out.append(events.decode(values[i]))
+                continue
+            event_id = raw[sp[0]:sp[1]].decode()
+            kb = raw[sp[2]:sp[3]]
+            key = keys.get(kb)
+            if key is None:
+                key = keys[kb] = kb.decode()
+            if st == _CONTEXT:
+                out.append(Context(event_id, key, t, tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00")),
+                                   feats[sp[6]:sp[7]].reshape(k, d)))
+            else:
+                out.append(Reward(event_id, key, t, v))
+        except UnicodeDecodeError:
+            out.append(_decode_or_error(values[i]))
+        except DecodeError as exc:
+            out.append(exc)
+    return out
+
+
+def _decode_or_error(value: bytes) -> object:
+    try:
+        return events.decode(value)
+    except DecodeError as exc:
+        return exc

@@ -1,0 +1,132 @@
+"""decode_batch is events.decode record by record: same records, same errors (reason and detail)."""
+
+import numpy as np
+import pytest
+
+from streambandit import events
+from streambandit.batch_decode import decode_batch
+from streambandit.events import Action, Context, DecodeError, Reward, Tick, encode, encode_context_v1
+
+
+def one_by_one(values):
+    out = []
+    for v in values:
+        try:
+            out.append(events.decode(v))
+        except DecodeError as exc:
+            out.append(exc)
+    return out
+
+
+def same(a, b) -> bool:
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, DecodeError):
+        return (a.reason, a.detail) == (b.reason, b.detail)
+    if isinstance(a, Context):
+        return (a.event_id, a.model_key, a.timestamp_ms, a.arm_ids) == (b.event_id, b.model_key, b.timestamp_ms, b.arm_ids) \
+            and a.features.shape == b.features.shape and a.features.dtype == b.features.dtype \
+            and a.features.tobytes() == b.features.tobytes()
+    if isinstance(a, (Action,)):
+        return a.event_id == b.event_id and a.features.tobytes() == b.features.tobytes()
+    return a == b
+
+
+def assert_same(values):
+    got, want = decode_batch(values), one_by_one(values)
+    assert len(got) == len(want)
+    for i, (g, w) in enumerate(zip(got, want)):
+        assert same(g, w), (i, values[i], g, w)
+
+
+def contexts(rng, n=30):
+    out = []
+    for i in range(n):
+        k, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
+        arms = tuple(rng.choice(["ad-1", "", "é-ü", "x" * 70, "a b", "ad-2"], size=k).tolist())
+        out.append(Context(f"ev-{i}-ß", f"key-{i % 3}", int(rng.integers(-2**62, 2**62)), arms,
+                           rng.standard_normal((k, d)) * 10.0 ** rng.integers(-300, 300)))
+    return out
+
+
+def test_valid_records_of_every_kind_match():
+    rng = np.random.default_rng(0)
+    cs = contexts(rng)
+    values = [encode(c) for c in cs]
+    values += [encode(Reward("r1", "key-0", 5, 0.25)), encode(Reward("r2", "ké", -(2**63), -1e308)), encode(Tick(7)),
+               encode_context_v1(cs[0]),
+               encode(Action("e", "k", "a", 0, 0.5, 1.0, 3, 9, np.ones(3), 0, 1))]
+    rng.shuffle(values)
+    assert_same(values)
+    got = decode_batch(values)
+    assert sum(isinstance(g, Context) for g in got) == len(cs) + 1
+
+
+def test_every_truncation_and_corruption_matches():
+    rng = np.random.default_rng(1)
+    good = [encode(c) for c in contexts(rng, 4)] + [encode(Reward("r", "k", 1, 1.0))]
+    values = [None, b"", b"\x5b", b"\x5b\x01", b"\x00\x01\x02", b"\x5b\x09\x01\x00", b"\x5b\x01\x07"]
+    for g in good:
+        values += [g[:cut] for cut in range(len(g))]  # every prefix
+        values.append(g + b"\x00")  # a trailing byte
+        for pos in rng.integers(0, len(g), size=40):  # random byte flips
+            b = bytearray(g)
+            b[pos] ^= int(rng.integers(1, 256))
+            values.append(bytes(b))
+    assert_same(values)
+
+
+def test_hand_built_edge_cases_match():
+    hdr, rhdr = bytes((events.MAGIC, 1, 2)), bytes((events.MAGIC, 2, 1))
+
+    def s(x: bytes) -> bytes:
+        return events._long(len(x)) + x
+
+    feats = np.array([[1.0, np.nan]]).tobytes()
+    values = [
+        hdr + s(b"e") + s(b"k") + events._long(1) + b"\x00" + s(feats),  # no arms
+        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"a") + b"\x00" + s(feats),  # NaN
+        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"a\x00b") + b"\x00" + s(b"\x00" * 8),  # NUL in id
+        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(2) + s(b"a") + s(b"b") + b"\x00" + s(b"\x00" * 24),  # 24 B for 2 arms
+        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(-2) + events._long(4) + s(b"a") + s(b"b") + b"\x00"
+        + s(b"\x00" * 16),  # a negative block count with its byte size
+        hdr + s(b"\xff") + s(b"k") + events._long(1) + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8
+        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"\xc3") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8 arm
+        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x7f" + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # > 64 bits
+        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x01" + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # 64 bits
+        rhdr + s(b"e") + s(b"k") + events._long(3) + np.array([np.inf]).tobytes(),
+        rhdr + s(b"e") + s(b"k") + events._long(3) + np.array([-0.0]).tobytes(),
+    ]
+    assert_same(values)
+
+
+def test_features_are_an_independent_float64_array():
+    c = Context("e", "k", 1, ("a", "b"), np.arange(6.0).reshape(2, 3))
+    (got,) = decode_batch([encode(c)])
+    assert got.features.dtype == np.float64 and got.features.flags.c_contiguous and got.features.shape == (2, 3)
+    np.testing.assert_array_equal(got.features, c.features)
+
+
+def test_a_replaced_writer_schema_is_honoured(monkeypatch):
+    """A writer registered for a fast layout's (id, version) turns the fast pass off for it: here
+    one that writes the model key before the event id, which the fast pass would read swapped."""
+    import fastavro
+
+    schema = {"type": "record", "name": "Reward", "namespace": "streambandit", "fields": [
+        {"name": "model_key", "type": "string"}, {"name": "event_id", "type": "string"},
+        {"name": "timestamp_ms", "type": "long"}, {"name": "value", "type": "double"}]}
+    value = encode(Reward("the-key", "the-id", 1, 1.0))  # written with the built-in schema
+    monkeypatch.setitem(events._WRITERS, (2, 1), fastavro.parse_schema(schema))
+    (got,) = decode_batch([value])
+    assert (got.event_id, got.model_key) == ("the-id", "the-key")
+    assert_same([value])
+
+
+def test_empty_batch():
+    assert decode_batch([]) == []
+
+
+@pytest.mark.parametrize("n", [1, 2, 500])
+def test_batches_of_any_size(n):
+    rng = np.random.default_rng(n)
+    assert_same([encode(c) for c in contexts(rng, n)])
