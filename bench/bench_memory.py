@@ -29,8 +29,13 @@ The attribution (``--child`` with ``attribute``) runs the same cases with a smal
 model owns (reachable from it and not shared with another model): array data, numpy array
 headers (the ndarray object), the ``_config`` dict and the values only it holds, other
 scalars and sub-objects, the instance itself (object, inline attribute values) and the model's
-entry in the dict that holds it (key string + slot). RSS growth minus the traced bytes is the
-allocator's own overhead (malloc chunk headers, alignment, pool slack).
+entry in the dict that holds it (key string + slot). The compiled learners (oful, glb_omd) keep
+their state as a row of chunked arrays shared by the models of a configuration
+(``streambandit.policies.rows``): their row is counted by ``ownership.owned_rows`` (state arrays
+and state scalars), and since tracemalloc counts a new chunk whole while the rows not yet handed
+out are untouched ``np.empty`` pages (not resident), the traced totals count the rows in use
+instead. RSS growth minus the traced bytes is the allocator's own overhead (malloc chunk
+headers, alignment, pool slack).
 
 RSS is not timing-sensitive, so other jobs on the machine do not bias it; the figures do depend
 on the Python and numpy versions and on glibc's malloc (both recorded in the results).
@@ -208,13 +213,15 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
 
 # -- child: attribution under tracemalloc ----------------------------------------------------
 
-from streambandit.benchmarks.ownership import owned  # noqa: E402
+from streambandit.benchmarks.ownership import owned, owned_rows  # noqa: E402
 
 
 def split_model(p, other) -> dict:
-    """Bytes of one live model by cause (sys.getsizeof over what it owns)."""
-    parts = {"array_data": 0, "array_headers": 0, "config_dict": 0, "config_values": 0,
+    """Bytes of one live model by cause (sys.getsizeof over what it owns, and its row)."""
+    parts = {"array_data": 0, "array_headers": 0, "row_scalars": 0, "config_dict": 0, "config_values": 0,
              "other_objects": 0, "instance": 0}
+    for column, nbytes in owned_rows(p).items():
+        parts["array_data" if column in p._state_arrays else "row_scalars"] += nbytes
     cfg = p._config
     cfg_values = {id(v) for v in cfg.values()}
     for o in owned(p, [other]):
@@ -248,11 +255,32 @@ def traced(fn):
     return res, after - before
 
 
+class RowsInUse:
+    """tracemalloc counts a row store's new chunk whole; its rows not yet handed out are np.empty
+    pages never touched (not resident). ``correction()``: the bytes to add to a traced total so
+    that it counts only the rows the models built since ``start()`` hold (0 without a row store)."""
+
+    def __init__(self, model) -> None:
+        self.store = getattr(model, "_store", None)  # the warm-up model keeps its store alive
+
+    def start(self) -> None:
+        self.capacity, self.live = (self.store.capacity, self.store.live) if self.store else (0, 0)
+
+    def correction(self) -> int:
+        if self.store is None:
+            return 0
+        allocated = self.store.capacity - self.capacity
+        return (self.store.live - self.live - allocated) * self.store.row_nbytes
+
+
 def child_attribute(policy: str, n: int) -> dict:
     pool = feature_pool()
     warm_b = run_bare(policy, 1, pool, start=10**9)
     warm_e = run_engine(policy, 1, pool, start=10**9)
+    rows_in_use = RowsInUse(next(iter(warm_b.values())))
+    rows_in_use.start()
     models, bare_traced = traced(lambda: run_bare(policy, n, pool))
+    bare_traced += rows_in_use.correction()
     ms = list(models.values())
     split = split_model(ms[n // 2], ms[n // 2 + 1])
     # The instance's attribute values (3.11 keeps them inline, outside the object, until __dict__
@@ -269,12 +297,13 @@ def child_attribute(policy: str, n: int) -> dict:
     import tracemalloc
 
     gc.collect()
+    rows_in_use.start()
     tracemalloc.start()
     mb = tracemalloc.get_traced_memory()[0]
     e = run_engine(policy, n, pool)
     gc.collect()
     m0 = tracemalloc.get_traced_memory()[0]
-    engine_traced = m0 - mb
+    engine_traced = m0 - mb + rows_in_use.correction()
     n_heap, n_recent, n_pending = len(e._deadlines), len(e.recent), len(e.pending)
     e._deadlines = []
     gc.collect()
@@ -293,7 +322,9 @@ def child_attribute(policy: str, n: int) -> dict:
     del warm_b, warm_e
     return {"policy": policy, "n": n, "bare_traced_per_model": bare_traced / n,
             "engine_traced_per_model": engine_traced / n, "split": split, "engine_split": engine_split,
-            "state_nbytes": ms[0].state_nbytes(), "instance_getsizeof": sys.getsizeof(ms[0])}
+            "state_nbytes": ms[0].state_nbytes(), "instance_getsizeof": sys.getsizeof(ms[0]),
+            "row_nbytes": rows_in_use.store.row_nbytes if rows_in_use.store else None,
+            "rows_per_chunk": rows_in_use.store.rows_per_chunk if rows_in_use.store else None}
 
 
 # -- parent ----------------------------------------------------------------------------------
@@ -334,6 +365,10 @@ def main() -> None:
     mach = common.machine()
     if (pkg.parent / "COMMIT").exists():  # an exported package: its commit, not the working tree's HEAD
         mach["commit"] = (pkg.parent / "COMMIT").read_text().strip()
+    else:  # the working tree: say so when the measured package differs from that commit
+        status = subprocess.run(["git", "status", "--porcelain", "--", str(pkg)], capture_output=True, text=True,
+                                check=False, cwd=pkg.parent)
+        mach["uncommitted"] = bool(status.stdout.strip())
     res: dict = {"machine": mach, "streambandit": str(pkg), "d": D, "K": K, "n_models": n, "hyper": {p: HYPER[p] for p in policies},
                  "command": command, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
@@ -370,7 +405,8 @@ def markdown(res: dict) -> str:
         "# Resident memory per live model",
         "",
         f"Command: `{res['command']}` ({res['seconds']:.0f} s){export_note(res)}. Machine: {m['cpu']}, {m['cores']} cores, Python "
-        f"{m['python']}, numpy {m['numpy']}, glibc malloc, commit {m['commit']}, {m['date']}. d = {res['d']}, "
+        f"{m['python']}, numpy {m['numpy']}, glibc malloc, commit {m['commit']}"
+        f"{' plus uncommitted changes to streambandit/' if m.get('uncommitted') else ''}, {m['date']}. d = {res['d']}, "
         f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
         "subprocess. RSS from /proc/self/statm after gc.collect(), growth over the same process after "
         "imports and a one-model warm-up. RSS is not timing-sensitive: other jobs running on the machine "
@@ -378,6 +414,17 @@ def markdown(res: dict) -> str:
         "",
         "Issue 7 asks that the worker's resident size grow by no more than the learners' own state "
         "(`state_nbytes()`) per model. Last column: RSS growth / state_nbytes.",
+        "",
+        "The compiled learners (oful, glb_omd; hvt_ucb too) keep each model's state as a row of chunked "
+        "arrays shared by every model of one configuration (`streambandit/policies/rows.py`; chunks of up to "
+        "1,024 rows made with `np.empty`, so rows not yet handed out are not resident): a model costs its "
+        "documented state, its state scalars in the row (oful: `logdet` and `n_updates`, glb_omd: "
+        "`n_updates`; 8 B each), a 72-byte slotted instance and its models-dict entry. Before the row store "
+        "(commit 77698ed) each model kept three numpy arrays: 4,586 B (oful, 1.30x) and 7,655 B (glb_omd, "
+        "1.17x) per model in the engine, 826 / 855 B beyond the state when bare (three array headers, "
+        "352-368 B; per-model scalars and kernel argument tuples, 176-192 B; the instance, 72-80 B; a "
+        "malloc per array, ~140 B). What remains beyond the bare row is the engine's per-event bookkeeping "
+        "(last table), bounded by its limits rather than by the number of models.",
         "",
         "## RSS growth per model",
         "",
@@ -411,35 +458,39 @@ def markdown(res: dict) -> str:
     if any("restore" in c for c in res["cases"].values()):
         lines += [
             "",
-            "A restored engine holds what the live engine holds. Before commit 04d990f it was the outlier (13.2 KB "
+            "A restored engine is close to the live one. Before commit 04d990f it was the outlier (13.2 KB "
             "per oful model, 19.0 KB per glb_omd model): the whole snapshot was decoded at once (Avro bytes and "
             "record dicts of every array, then a copy of each), the live arrays were allocated among that garbage, "
             "and the allocator kept the peak resident. `unpack_snapshot` now decodes the model records one at a "
             "time when the restore asks for them (`events.SnapshotModels`), so each record's garbage is reused by "
-            "the next.",
+            "the next. With the row store a restored engine holds ~100 B per model more than the live one "
+            "(it was ~25 B with per-model arrays); after `malloc_trim(0)` the gap is ~50 B, so most of it is free "
+            "memory the allocator keeps from the decoding, not live objects.",
         ]
     lines += [
         "",
         f"## Where the bytes go ({N_ATTRIBUTE:,} models under tracemalloc, sys.getsizeof over what each model owns)",
         "",
-        "Per model, bare learner: array data (= state_nbytes), numpy array headers (the ndarray "
-        "object, 112 B each in numpy 2.4), the `_config` dict and the values only it holds (a float the "
-        "constructor computed, e.g. `float(dim)`, is a new object per model; defaults are shared), other "
-        "scalars and sub-objects (`logdet`; constants derived from the configuration such as "
-        "`_log_inv_delta`; the kernels' argument tuples `_beta_args` / `_step_args`; soful's sketch "
-        "objects), the instance (object + its inline attribute values) and its entry in the models dict "
-        "(key string + slot). `traced` is the tracemalloc total; RSS - traced is the allocator's overhead "
-        "(malloc chunk headers and alignment, pymalloc pools, numpy's small-block cache).",
+        "Per model, bare learner: array data (= state_nbytes; for oful and glb_omd the state arrays of "
+        "its row), numpy array headers (the ndarray object, 112 B each in numpy 2.4; none for a row-store "
+        "learner, whose arrays are views made on demand), the state scalars kept in its row (oful: "
+        "`logdet` and `n_updates`, glb_omd: `n_updates`, 8 B each), the `_config` dict and the values "
+        "only it holds (shared per configuration), other scalars and sub-objects (soful's sketch objects; "
+        "the row-store learners keep their derived constants and kernel parameters on the store, once per "
+        "configuration), the instance (object + its inline attribute values or slots) and its entry in "
+        "the models dict (key string + slot). `traced` is the tracemalloc total, counting only the rows "
+        "in use of a row store's chunks; RSS - traced is the allocator's overhead (malloc chunk headers "
+        "and alignment, pymalloc pools, numpy's small-block cache, a row store's partly used last chunk).",
         "",
-        "| policy | array data | array headers | _config dict + values | other scalars / objects | instance + inline attrs | dict entry | traced | RSS growth (bare, N above) | allocator (RSS - traced) |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| policy | array data | array headers | row scalars | _config dict + values | other scalars / objects | instance + inline attrs | dict entry | traced | RSS growth (bare, N above) | allocator (RSS - traced) |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, c in res["cases"].items():
         s = c["attribute"]["split"]
         t = c["attribute"]["bare_traced_per_model"]
         r = c["bare"]["rss_growth"] / n
         inst = s["instance"] + s["inline_attribute_values"]
-        lines.append(f"| {p} | {s['array_data']:,.0f} | {s['array_headers']:,.0f} | "
+        lines.append(f"| {p} | {s['array_data']:,.0f} | {s['array_headers']:,.0f} | {s['row_scalars']:,.0f} | "
                      f"{s['config_dict'] + s['config_values']:,.0f} ({s['config_dict']:,} + {s['config_values']:,}) | "
                      f"{s['other_objects']:,.0f} | {inst:,.0f} | {s['models_dict_entry']:,.0f} | {t:,.0f} | "
                      f"{r:,.0f} | {r - t:,.0f} |")

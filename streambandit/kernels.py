@@ -14,6 +14,12 @@ exactly what ``ucb_argmax`` chooses for each row. Matrix-vector products run row
 symmetric matrix (``y += x_j * M[j, :]``), which the compiler can vectorise without reordering any
 sum: element i of y still adds its terms in the order j = 0, 1, ..., d - 1.
 
+Rows: a learner's state is row ``i`` of arrays shared by every model of its configuration
+(``streambandit.policies.rows``). The ``*_row`` entry points and the ``*_play`` loops take those
+chunk arrays (theta, the inverse, the third array, the scalars, the update counts) and ``i``, and
+take the row views inside the compiled code, where they cost nothing; the arithmetic on a row is
+the same code as on a model's own arrays.
+
 Status codes rather than exceptions: a kernel reports bad input with a negative code and leaves
 the model untouched, and the Python caller raises the ValueError with a message naming the value.
 """
@@ -26,10 +32,11 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "sherman_morrison", "oful_update", "oful_update_checked", "oful_beta", "oful_play",
-    "glb_omd_update", "glb_omd_update_checked", "glb_omd_beta", "glb_omd_play", "reward_ok",
-    "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_checked", "hvt_ucb_play", "project_to_ball_in_norm",
-    "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN",
+    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_argmax_row",
+    "ucb_argmax_batch_row", "sherman_morrison", "oful_update", "oful_update_row", "oful_beta", "oful_play",
+    "glb_omd_update", "glb_omd_update_row", "glb_omd_beta", "glb_omd_play", "reward_ok",
+    "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_row", "hvt_ucb_play", "project_to_ball_in_norm",
+    "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN", "RADIUS_OFUL", "RADIUS_GLB_OMD", "RADIUS_HVT_UCB",
     "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW",
 ]
 
@@ -41,6 +48,12 @@ BAD_REWARD = -3  # non-finite, or outside the link's range
 LINK_OVERFLOW = -4  # the Poisson link's exp(x'theta) would overflow
 
 LINK_LOGISTIC, LINK_POISSON, LINK_GAUSSIAN = 0, 1, 2
+# Which learner's confidence radius a row's decision uses (_radius). Every learner's ``params``
+# array starts with its radius parameters: OFUL (fixed beta or -1, beta_scale, R,
+# 2 log(1/delta), sqrt(lam) S); GLB-OMD (beta_scale and the t-independent parts of eq. 5), then
+# its step's (link, S, eta, g); Hvt-UCB (beta_scale, eq. 10's coefficient and constant, p), then
+# the rest of hvt_ucb_update's params.
+RADIUS_OFUL, RADIUS_GLB_OMD, RADIUS_HVT_UCB = 0, 1, 2
 # exp() overflows float64 just above 709.78; a Poisson natural parameter this large means the
 # contexts were not scaled to ||x|| <= 1 (GLB-OMD Assumption 1), which the projection relies on.
 MAX_POISSON_Z = 700.0
@@ -151,6 +164,42 @@ def ucb_argmax_batch(arms, theta, inv, beta, chosen, scores):
     return OK
 
 
+@njit(cache=True, nogil=True)
+def _radius(kind, params, scalars, count, i):
+    """beta of row i's next decision (the learner's own radius function, see RADIUS_OFUL)."""
+    if kind == RADIUS_OFUL:
+        return oful_beta(params[0], params[1], params[2], params[3], params[4], scalars[i, 0])
+    if kind == RADIUS_GLB_OMD:
+        return glb_omd_beta(params[0], params[1], params[2], params[3], count[i])
+    # Hvt-UCB eq. (11): beta_{t-1} with t - 1 = n_updates.
+    return hvt_ucb_beta(params[0], params[1], params[2], params[3], count[i])
+
+
+@njit(cache=True, nogil=True)
+def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out):
+    """``ucb_scores`` for the model in row i of a chunk (``other`` is the learner's third array,
+    unused here: every row entry point takes the whole chunk)."""
+    work = np.empty(arms.shape)
+    beta = _radius(kind, params, scalars, count, i)
+    return OK if _ucb_row(arms, theta[i], inv[i], beta, out, work) else BAD_ARMS
+
+
+@njit(cache=True, nogil=True)
+def ucb_argmax_row(arms, theta, inv, other, scalars, count, i, kind, params):
+    """``ucb_argmax`` for the model in row i of a chunk."""
+    work = np.empty(arms.shape)
+    scores = np.empty(arms.shape[0])
+    if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
+        return BAD_ARMS
+    return _argmax_first(scores)
+
+
+@njit(cache=True, nogil=True)
+def ucb_argmax_batch_row(arms, theta, inv, other, scalars, count, i, kind, params, chosen, scores):
+    """``ucb_argmax_batch`` for the model in row i of a chunk."""
+    return ucb_argmax_batch(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), chosen, scores)
+
+
 # -- updates -------------------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
@@ -181,11 +230,15 @@ def oful_update(vinv, b, theta, x, reward, work):
 
 
 @njit(cache=True, nogil=True)
-def oful_update_checked(vinv, b, theta, x, reward):
-    """``oful_update`` from Python: NaN (model untouched) when x has a non-finite feature."""
+def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
+    """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count: BAD_X
+    (row untouched) when x has a non-finite feature, else OK."""
     if not _finite_row(x):
-        return math.nan
-    return oful_update(vinv, b, theta, x, reward, np.empty(x.shape[0]))
+        return BAD_X
+    # Matrix determinant lemma: log det V_{t+1} = log det V_t + log(1 + x'V_t^-1 x).
+    scalars[i, 0] += oful_update(vinv[i], b[i], theta[i], x, reward, np.empty(x.shape[0]))
+    count[i] += 1
+    return OK
 
 
 @njit(cache=True, nogil=True)
@@ -198,26 +251,34 @@ def oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, l
 
 
 @njit(cache=True, nogil=True)
-def oful_play(arms, rewards, vinv, b, theta, logdet, fixed_beta, beta_scale, noise_sd,
-              two_log_inv_delta, sqrt_lam_s, chosen):
-    """Select + update for every row of ``arms`` (n, K, d) with the chosen arm's entry of
-    ``rewards`` (n, K), in order; choices into ``chosen``. Returns ``(steps done, logdet, status)``:
-    on bad input at step t it stops before touching the model in that step."""
+def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, params, chosen):
+    """Select + update of the model in row i for every row of ``arms`` (n, K, d) with the chosen
+    arm's entry of ``rewards`` (n, K), in order; choices into ``chosen``. Returns
+    ``(steps done, status)``: on bad input at step t it stops before touching the model in that
+    step."""
     n, k_arms, d = arms.shape
+    theta, vinv, b = theta_rows[i], vinv_rows[i], b_rows[i]
+    fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s = params[0], params[1], params[2], params[3], params[4]
+    logdet = scalars[i, 0]
     work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
+    done, status = n, OK
     for t in range(n):
         beta = oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, logdet)
         if not _ucb_row(arms[t], theta, vinv, beta, scores, arm_work):
-            return t, logdet, BAD_ARMS
+            done, status = t, BAD_ARMS
+            break
         k = _argmax_first(scores)
         r = rewards[t, k]
         if not math.isfinite(r):
-            return t, logdet, BAD_REWARD
+            done, status = t, BAD_REWARD
+            break
         chosen[t] = k
         logdet += oful_update(vinv, b, theta, arms[t, k], r, work)
-    return n, logdet, OK
+    scalars[i, 0] = logdet
+    count[i] += done
+    return done, status
 
 
 # -- GLB-OMD -------------------------------------------------------------------------------------
@@ -309,34 +370,47 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
 
 
 @njit(cache=True, nogil=True)
-def glb_omd_update_checked(theta, h, hinv, x, reward, link, s_radius, eta, g):
-    """``glb_omd_update`` from Python: BAD_X (model untouched) when x has a non-finite feature."""
+def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
+    """``glb_omd_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
+    non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
     if not _finite_row(x):
         return BAD_X
-    return glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, np.empty(x.shape[0]))
+    status = glb_omd_update(theta[i], h[i], hinv[i], x, reward, int(params[4]), params[5], params[6], params[7],
+                            np.empty(x.shape[0]))
+    if status == OK:
+        count[i] += 1
+    return status
 
 
 @njit(cache=True, nogil=True)
-def glb_omd_play(arms, rewards, theta, h, hinv, n_updates, link, s_radius, eta, g,
-                 beta_scale, beta_const, beta_log_coef, beta_t_coef, chosen):
+def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i, params, chosen):
     """GLB-OMD select + update over a stream, like ``oful_play``; returns (steps done, status)."""
     n, k_arms, d = arms.shape
+    theta, hinv, h = theta_rows[i], hinv_rows[i], h_rows[i]
+    beta_scale, beta_const, beta_log_coef, beta_t_coef = params[0], params[1], params[2], params[3]
+    link, s_radius, eta, g = int(params[4]), params[5], params[6], params[7]
+    n_updates = count[i]
     work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
+    done, status = n, OK
     for t in range(n):
         beta = glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates + t)
         if not _ucb_row(arms[t], theta, hinv, beta, scores, arm_work):
-            return t, BAD_ARMS
+            done, status = t, BAD_ARMS
+            break
         k = _argmax_first(scores)
         r = rewards[t, k]
         if not reward_ok(link, r):
-            return t, BAD_REWARD
+            done, status = t, BAD_REWARD
+            break
         chosen[t] = k
         status = glb_omd_update(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, work)
         if status != OK:
-            return t, status
-    return n, OK
+            done = t
+            break
+    count[i] += done
+    return done, status
 
 
 # -- Hvt-UCB -------------------------------------------------------------------------------------
@@ -388,32 +462,40 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
 
 
 @njit(cache=True, nogil=True)
-def hvt_ucb_update_checked(theta, v, vinv, x, reward, n_updates, params):
-    """``hvt_ucb_update`` from Python: BAD_X (model untouched) when x has a non-finite feature."""
+def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
+    """``hvt_ucb_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
+    non-finite feature, else OK."""
     if not _finite_row(x):
         return BAD_X
-    hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, np.empty(x.shape[0]))
+    hvt_ucb_update(theta[i], v[i], vinv[i], x, reward, count[i], params, np.empty(x.shape[0]))
+    count[i] += 1
     return OK
 
 
 @njit(cache=True, nogil=True)
-def hvt_ucb_play(arms, rewards, theta, v, vinv, n_updates, params, chosen):
+def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i, params, chosen):
     """Hvt-UCB select (eq. 11, beta_{t-1}) + update over a stream; returns (steps done, status)."""
     n, k_arms, d = arms.shape
+    theta, vinv, v = theta_rows[i], vinv_rows[i], v_rows[i]
+    n_updates = count[i]
     work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
+    done, status = n, OK
     for t in range(n):
         beta = hvt_ucb_beta(params[0], params[1], params[2], params[3], n_updates + t)
         if not _ucb_row(arms[t], theta, vinv, beta, scores, arm_work):
-            return t, BAD_ARMS
+            done, status = t, BAD_ARMS
+            break
         k = _argmax_first(scores)
         r = rewards[t, k]
         if not math.isfinite(r):
-            return t, BAD_REWARD
+            done, status = t, BAD_REWARD
+            break
         chosen[t] = k
         hvt_ucb_update(theta, v, vinv, arms[t, k], r, n_updates + t, params, work)
-    return n, OK
+    count[i] += done
+    return done, status
 
 
 # -- the ellipsoid-norm projection ---------------------------------------------------------------

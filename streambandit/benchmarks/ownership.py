@@ -1,5 +1,9 @@
 """What one object alone keeps alive: the memory accounting of ``bench/bench_memory.py`` and of
-``tests/unit/test_memory_accounting.py``."""
+``tests/unit/test_memory_accounting.py``.
+
+A compiled learner keeps its state as a row of arrays shared by every model of its configuration
+(``streambandit.policies.rows``): walking references cannot tell its row from the others', so
+:func:`owned_rows` reports it from the model's own record of where its row is."""
 
 from __future__ import annotations
 
@@ -9,7 +13,7 @@ from typing import Any, Iterable
 
 import numpy as np
 
-__all__ = ["owned"]
+__all__ = ["owned", "owned_rows"]
 
 # Followed no further: classes, modules and functions are shared by every model.
 _SKIP = (type, types.ModuleType, types.BuiltinFunctionType, types.FunctionType)
@@ -40,4 +44,18 @@ def owned(root: Any, others: Iterable[Any]) -> list:
         stack.extend(gc.get_referents(o))
         if isinstance(o, np.ndarray) and o.base is not None:
             stack.append(o.base)
+    return out
+
+
+def owned_rows(model: Any) -> dict[str, int]:
+    """Bytes of the row ``model`` holds in its configuration's row store, by column (its state
+    arrays by name, then ``scalars`` and ``count``); empty for a model that keeps its own arrays."""
+    from streambandit.policies.linear_ucb import COUNT, SCALARS, LinearUCBPolicy
+
+    if not isinstance(model, LinearUCBPolicy):
+        return {}
+    chunk, i = model._chunk, model._i
+    out = {name: int(chunk[col][i].nbytes) for name, col in model._columns.items()}
+    out["scalars"] = int(chunk[SCALARS][i].nbytes)
+    out["count"] = int(chunk[COUNT][i].nbytes)
     return out

@@ -52,7 +52,8 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
             f"it accepts: {', '.join(accepted)}"
         )
     policy = cls(dim, **hyper)
-    _share_configuration(policy)
+    if hasattr(policy, "__dict__"):  # the row-store learners share theirs through their store (rows.py)
+        _share_configuration(policy)
     return policy
 
 
@@ -60,6 +61,8 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
 # from it (immutable values), instead of one copy per model: a worker holds one model per key, and
 # at 100,000 models these copies were ~450 bytes each (bench/results/memory.md). Bounded, so that
 # building policies with ever new configurations (a parameter sweep) does not grow it for ever.
+# The compiled learners go further: their RowStore (rows.py) holds the configuration, its
+# constants and every model's state as rows of shared arrays.
 _SHARED: dict[tuple, dict[str, Any]] = {}
 _SHARED_MAX = 4096
 
@@ -123,14 +126,22 @@ class Policy(abc.ABC):
     # not a fresh policy's shape. The policy checks their consistency in _check_loaded_state.
     _state_arrays_resizable: ClassVar[tuple[str, ...]] = ()
     _state_scalars: ClassVar[tuple[str, ...]] = ("n_updates",)
+    # Empty, so that a subclass may declare __slots__ and have no per-instance __dict__ (the
+    # row-store learners); a subclass without __slots__ gets a __dict__ as usual.
+    __slots__ = ()
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
+        self._init_config(dim, seed)
+        self.n_updates = 0
+
+    def _init_config(self, dim: int, seed: int) -> None:
+        """Check and set ``dim`` and the configuration's seed (the part of ``__init__`` a learner
+        that keeps ``n_updates`` elsewhere also needs)."""
         if isinstance(dim, bool) or not isinstance(dim, (int, np.integer)) or dim < 1:
             raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
             raise ValueError(f"seed must be an integer, got {seed!r}")
         self.dim = int(dim)
-        self.n_updates = 0
         self._config: dict[str, Scalar] = {"seed": int(seed)}
 
     # -- configuration ------------------------------------------------------------------------
@@ -215,8 +226,12 @@ class Policy(abc.ABC):
         for k in self._state_scalars:
             state[k] = getattr(self, k)
         for k in self._state_arrays:
-            state[k] = getattr(self, k).copy()
+            state[k] = self._state_array(k).copy()
         return state
+
+    def _state_array(self, name: str) -> np.ndarray:
+        """The array state entry ``name`` itself (not a copy), for reading."""
+        return getattr(self, name)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Replace this policy's state with ``state``; configuration and shapes must match.
@@ -237,7 +252,7 @@ class Policy(abc.ABC):
             raise ValueError(f"state is missing {', '.join(missing)}")
         arrays = {}
         for k in self._state_arrays:
-            mine = getattr(self, k)
+            mine = self._state_array(k)
             v = np.asarray(state[k])
             resizable = k in self._state_arrays_resizable
             if (v.ndim != mine.ndim if resizable else v.shape != mine.shape) or v.dtype != mine.dtype:
@@ -261,7 +276,7 @@ class Policy(abc.ABC):
 
     def state_nbytes(self) -> int:
         """Bytes of array state held per model (what a snapshot of it costs, before headers)."""
-        return int(sum(getattr(self, k).nbytes for k in self._state_arrays))
+        return int(sum(self._state_array(k).nbytes for k in self._state_arrays))
 
     # -- input checks -------------------------------------------------------------------------
 

@@ -6,7 +6,8 @@ numbers below are the paper's.
 
 State: theta (d), H (d x d, needed for the A-norm projection) and H^-1 (d x d, for the UCB and the
 closed-form step). O(d^2) per update plus an O(d^3) eigendecomposition only in rounds where the
-step leaves the ball; O(K d^2) per decision; nothing grows with t.
+step leaves the ball; O(K d^2) per decision; nothing grows with t. A model's state (and its
+n_updates) is one row of the configuration's row store (linear_ucb.py, rows.py).
 
 Streaming note: ``t`` in beta_t counts incorporated rewards (n_updates + 1, note section 7.3), so
 the radius is a function of the update sequence alone and replay reproduces it.
@@ -21,7 +22,8 @@ import numpy as np
 
 from streambandit import kernels
 from streambandit.policies.base import check_in_range, check_positive, register
-from streambandit.policies.linear_ucb import LinearUCBPolicy
+from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
+from streambandit.policies.rows import RowStore
 
 # Per link: self-concordance constant R (Assumption 3), C_mu = sup mu' on [-S, S] as a function
 # of S (Assumption 2; note table 1.4), and the link's code in the compiled kernels.
@@ -52,6 +54,13 @@ class GLBOMD(LinearUCBPolicy):
 
     name = "glb_omd"
     _state_arrays = ("theta", "h", "hinv")
+    _columns = {"theta": THETA, "hinv": INV, "h": OTHER}
+    _radius_kind = kernels.RADIUS_GLB_OMD
+    __slots__ = ()
+
+    theta = row_array(THETA, "theta_t (d,), in the ball ||theta|| <= S.")
+    h = row_array(OTHER, "H_t (d, d), for the A-norm projection.")
+    hinv = row_array(INV, "H_t^-1 (d, d).")
 
     def __init__(
         self,
@@ -69,32 +78,35 @@ class GLBOMD(LinearUCBPolicy):
         super().__init__(dim, seed=seed)
         if link not in _LINKS:
             raise ValueError(f"glb_omd link must be one of {', '.join(_LINKS)}, got {link!r}")
-        r_sc, c_mu_of, self._link_code = _LINKS[link]
+        r_sc = _LINKS[link][0]
         s = check_positive("S", S)
-        lam_v = float(dim) if lam is None else check_positive("lam", lam)
-        eta_v = 1.0 + r_sc * s if eta is None else check_positive("eta", eta)
         self._config.update(
             link=link,
             S=s,
-            lam=lam_v,
-            eta=eta_v,
+            lam=float(dim) if lam is None else check_positive("lam", lam),
+            eta=1.0 + r_sc * s if eta is None else check_positive("eta", eta),
             delta=check_in_range("delta", delta, 0.0, 1.0, lo_open=True),
             dispersion=check_positive("dispersion", dispersion),
             beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
         )
-        self.theta = np.zeros(dim)  # theta_1 = 0, a point of Theta (Alg. 1 line 1)
-        self.h = np.eye(dim) * lam_v  # H_1 = lambda I
-        self.hinv = np.eye(dim) / lam_v
-        self._link = link
-        self._s = s
-        self._eta = eta_v
-        self._g = self._config["dispersion"]
-        self._step_args = (self._link_code, s, eta_v, self._g)  # what kernels.glb_omd_update takes
+        self._attach()
+
+    def _new_store(self) -> RowStore:
+        c, dim = self._config, self.dim
+        _, c_mu_of, link_code = _LINKS[c["link"]]
+        s, lam_v, eta_v, g = c["S"], c["lam"], c["eta"], c["dispersion"]
         c_mu = c_mu_of(s)
         # The t-independent parts of eq. (5).
-        self._beta_const = 4.0 * lam_v * s * s + 2.0 * eta_v * math.log(1.0 / self._config["delta"])
-        self._beta_log_coef = 6.0 * dim * eta_v * eta_v
-        self._beta_t_coef = 2.0 * c_mu / (lam_v * self._g)
+        beta_const = 4.0 * lam_v * s * s + 2.0 * eta_v * math.log(1.0 / c["delta"])
+        beta_log_coef = 6.0 * dim * eta_v * eta_v
+        beta_t_coef = 2.0 * c_mu / (lam_v * g)
+        consts = {"_link": c["link"], "_link_code": link_code, "_s": s, "_eta": eta_v, "_g": g,
+                  "_step_args": (link_code, s, eta_v, g), "_beta_const": beta_const,
+                  "_beta_log_coef": beta_log_coef, "_beta_t_coef": beta_t_coef}
+        params = np.array([c["beta_scale"], beta_const, beta_log_coef, beta_t_coef, link_code, s, eta_v, g])
+        # theta_1 = 0, a point of Theta (Alg. 1 line 1); H_1 = lambda I; no float scalars.
+        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.eye(dim) * lam_v, np.zeros(0), np.zeros((), np.int64))
+        return RowStore(c, initial, params, consts)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:
@@ -104,36 +116,29 @@ class GLBOMD(LinearUCBPolicy):
 
     def beta(self) -> float:
         """beta_t of eq. (5) (already a radius: not square-rooted again), times beta_scale."""
-        return kernels.glb_omd_beta(self._config["beta_scale"], self._beta_const, self._beta_log_coef,
-                                    self._beta_t_coef, self.n_updates)
+        p = self._store.params
+        return kernels.glb_omd_beta(p[0], p[1], p[2], p[3], self.n_updates)
 
-    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
-        # eq. (6): the UCB lives in the linear-predictor space; mu is increasing, so ranking on it
-        # is ranking on the optimistic mean.
-        return self.theta, self.hinv, self.beta()
+    # The decisions are LinearUCBPolicy's with this radius: eq. (6), the UCB lives in the
+    # linear-predictor space; mu is increasing, so ranking on it is ranking on the optimistic mean.
 
     # -- update --------------------------------------------------------------------------------
 
     def _check_reward(self, reward: Any) -> float:
         r = super()._check_reward(reward)
-        if self._link == "logistic" and not 0.0 <= r <= 1.0:
+        link = self._config["link"]
+        if link == "logistic" and not 0.0 <= r <= 1.0:
             raise ValueError(f"logistic link needs a reward in [0, 1], got {r!r}")
-        if self._link == "poisson" and r < 0.0:
+        if link == "poisson" and r < 0.0:
             raise ValueError(f"poisson link needs a reward >= 0, got {r!r}")
         return r
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
-        self._raise_for(kernels.glb_omd_update_checked(self.theta, self.h, self.hinv, x, reward, *self._step_args))
+        self._raise_for(kernels.glb_omd_update_row(*self._chunk, self._i, x, reward, self._store.params))
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        a, r = self._check_play(arms, rewards)
-        chosen = np.zeros(len(a), dtype=np.int64)
-        c = self._config
-        done, status = kernels.glb_omd_play(a, r, self.theta, self.h, self.hinv, self.n_updates, *self._step_args,
-                                            c["beta_scale"], self._beta_const, self._beta_log_coef, self._beta_t_coef,
-                                            chosen)
-        self.n_updates += done
+        chosen, done, status = self._play(kernels.glb_omd_play, arms, rewards)
         if status != kernels.OK:
             try:
                 self._raise_for(status)
@@ -142,12 +147,15 @@ class GLBOMD(LinearUCBPolicy):
         return chosen
 
     def _raise_for(self, status: int) -> None:
+        if status == kernels.OK:
+            return
         if status == kernels.BAD_X:
             raise ValueError("x contains NaN or infinite features")
         if status == kernels.BAD_ARMS:
             raise ValueError("arms contain NaN or infinite features")
         if status == kernels.BAD_REWARD:
-            lo = {"logistic": "in [0, 1]", "poisson": ">= 0", "gaussian": "finite"}[self._link]
-            raise ValueError(f"{self._link} link needs a reward {lo}")
+            link = self._config["link"]
+            lo = {"logistic": "in [0, 1]", "poisson": ">= 0", "gaussian": "finite"}[link]
+            raise ValueError(f"{link} link needs a reward {lo}")
         if status == kernels.LINK_OVERFLOW:
             raise ValueError("x'theta overflows the Poisson link; scale contexts to ||x||_2 <= 1")

@@ -5,7 +5,8 @@ Algorithm 1; shared/papers/003_hvt_ucb.md is the implementation note. Equation n
 paper's.
 
 State: theta (d), V (d x d, for the V-norm projection) and V^-1 (d x d). O(d^2) per update plus an
-O(d^3) eigendecomposition in rounds where the step leaves the ball; O(K d^2) per decision.
+O(d^3) eigendecomposition in rounds where the step leaves the ball; O(K d^2) per decision. A
+model's state (and its n_updates) is one row of the configuration's row store (linear_ucb.py).
 
 Streaming (note section 7): sigma_t, w_t and tau_t depend only on (X_t, V_{t-1}, beta_{t-1}, t),
 never on the reward, so we compute them when the reward is applied, from the state current at that
@@ -27,7 +28,8 @@ import numpy as np
 
 from streambandit import kernels
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
-from streambandit.policies.linear_ucb import LinearUCBPolicy
+from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
+from streambandit.policies.rows import RowStore
 
 
 @register
@@ -55,6 +57,13 @@ class HvtUCB(LinearUCBPolicy):
 
     name = "hvt_ucb"
     _state_arrays = ("theta", "v", "vinv")
+    _columns = {"theta": THETA, "vinv": INV, "v": OTHER}
+    _radius_kind = kernels.RADIUS_HVT_UCB
+    __slots__ = ()
+
+    theta = row_array(THETA, "theta_t (d,).")
+    v = row_array(OTHER, "V_{t-1} (d, d), for the V-norm projection.")
+    vinv = row_array(INV, "V_{t-1}^-1 (d, d).")
 
     def __init__(
         self,
@@ -96,21 +105,27 @@ class HvtUCB(LinearUCBPolicy):
             huber=bool(huber),
             project=bool(project),
         )
-        c = self._config
+        self._attach()
+
+    def _new_store(self) -> RowStore:
+        c, dim = self._config, self.dim
+        big_t, eps, lam_v, delta_v, smin = c["horizon"], c["epsilon"], c["lam"], c["delta"], c["sigma_min"]
         # Section 2.2 of the note: constants computed once from (T, delta, lambda, sigma_min, ...).
-        self._p = (1.0 - eps) / (2.0 * (1.0 + eps))
+        p = (1.0 - eps) / (2.0 * (1.0 + eps))
         kappa = dim * math.log(1.0 + c["L"] ** 2 * big_t / (smin**2 * lam_v * c["alpha"] * dim))  # Alg. 1 line 1
         log_2t2_delta = math.log(2.0 * big_t**2 / delta_v)
-        self.tau0 = math.sqrt(2.0 * kappa) * math.log(3.0 * big_t) ** self._p / log_2t2_delta ** (1.0 / (1.0 + eps))  # eq. 15
-        self._beta_coef = 107.0 * log_2t2_delta * self.tau0  # eq. 10, first term's constant
-        self._beta_const = math.sqrt(lam_v * (2.0 + 4.0 * c["S"] ** 2))  # eq. 10, second term
-        self._sqrt_alpha = math.sqrt(c["alpha"])
+        tau0 = math.sqrt(2.0 * kappa) * math.log(3.0 * big_t) ** p / log_2t2_delta ** (1.0 / (1.0 + eps))  # eq. 15
+        beta_coef = 107.0 * log_2t2_delta * tau0  # eq. 10, first term's constant
+        beta_const = math.sqrt(lam_v * (2.0 + 4.0 * c["S"] ** 2))  # eq. 10, second term
+        sqrt_alpha = math.sqrt(c["alpha"])
         # What the compiled step (kernels.hvt_ucb_update) takes, in its order.
-        self._step_params = (c["beta_scale"], self._beta_coef, self._beta_const, self._p, self.tau0, self._sqrt_alpha,
-                             c["nu"], c["sigma_min"], c["alpha"], float(c["huber"]), float(c["project"]), c["S"])
-        self.theta = np.zeros(dim)  # theta_1 = 0
-        self.v = np.eye(dim) * lam_v  # V_0 = lambda I
-        self.vinv = np.eye(dim) / lam_v
+        step_params = (c["beta_scale"], beta_coef, beta_const, p, tau0, sqrt_alpha,
+                       c["nu"], c["sigma_min"], c["alpha"], float(c["huber"]), float(c["project"]), c["S"])
+        consts = {"_p": p, "tau0": tau0, "_beta_coef": beta_coef, "_beta_const": beta_const,
+                  "_sqrt_alpha": sqrt_alpha, "_step_params": step_params}
+        # theta_1 = 0; V_0 = lambda I; no float scalars.
+        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.eye(dim) * lam_v, np.zeros(0), np.zeros((), np.int64))
+        return RowStore(c, initial, np.array(step_params), consts)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:
@@ -120,12 +135,12 @@ class HvtUCB(LinearUCBPolicy):
         """beta_t of eq. (10), times beta_scale. For t = 0 we use max(t, 1)^p: with eps < 1 the
         paper's proof takes 0^p = 0, a discontinuity between beta_0 and beta_1 (note section 2.2);
         the larger value is safe for the analysis and keeps the radius non-decreasing."""
-        radius = self._beta_coef * max(t, 1) ** self._p + self._beta_const
+        k = self._store.consts
+        radius = k["_beta_coef"] * max(t, 1) ** k["_p"] + k["_beta_const"]
         return self._config["beta_scale"] * radius
 
-    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
-        # eq. (11): selection uses theta_t, V_{t-1} and beta_{t-1}, with t - 1 = n_updates.
-        return self.theta, self.vinv, self.beta(self.n_updates)
+    # Decisions (LinearUCBPolicy's, eq. 11) use theta_t, V_{t-1} and beta_{t-1}, with
+    # t - 1 = n_updates (kernels.hvt_ucb_beta).
 
     def sigma_t(self, x: np.ndarray) -> float:
         """The normalisation sigma_t the next update would use for ``x`` (Alg. 1 line 5 with the
@@ -141,16 +156,11 @@ class HvtUCB(LinearUCBPolicy):
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
-        if kernels.hvt_ucb_update_checked(self.theta, self.v, self.vinv, x, reward, self.n_updates,
-                                          self._step_params) != kernels.OK:
+        if kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params) != kernels.OK:
             raise ValueError("x contains NaN or infinite features")
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        a, r = self._check_play(arms, rewards)
-        chosen = np.zeros(len(a), dtype=np.int64)
-        done, status = kernels.hvt_ucb_play(a, r, self.theta, self.v, self.vinv, self.n_updates, self._step_params,
-                                            chosen)
-        self.n_updates += done
+        chosen, done, status = self._play(kernels.hvt_ucb_play, arms, rewards)
         if status != kernels.OK:
             what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "reward must be finite"
             raise ValueError(f"round {done}: {what}")

@@ -1,59 +1,159 @@
-"""The decision side shared by the exact linear-index learners (OFUL, GLB-OMD, Hvt-UCB).
+"""The decision side and the state storage shared by the exact linear-index learners (OFUL,
+GLB-OMD, Hvt-UCB).
 
 Each scores an arm as ``x'theta + beta ||x||_{M^-1}`` with a maintained inverse ``M^-1``; only
 what theta, M^-1 and beta are differs. Scoring runs in the compiled kernels of
 ``streambandit.kernels``, one call per context (or per batch of contexts), so select, select_batch
 and scores give the same bits (the kernels' determinism note says why).
+
+State: a model is a row of its configuration's :class:`~streambandit.policies.rows.RowStore`
+(theta, the inverse, a third array, float scalars, the update count); the instance holds only
+where its row is. The state arrays are properties returning views of the row, which keep the
+model alive (so a view never sees the row reused by another model); ``copy.copy``,
+``copy.deepcopy`` and pickle give a model with its own row.
 """
 
 from __future__ import annotations
 
 import abc
+from typing import Any, ClassVar
 
 import numpy as np
 
 from streambandit import kernels
+from streambandit.policies import rows
 from streambandit.policies.base import Policy
 
-__all__ = ["LinearUCBPolicy"]
+__all__ = ["LinearUCBPolicy", "row_array", "row_scalar"]
 
 _NON_FINITE_ARMS = "arms contain NaN or infinite features"
+# Chunk columns (rows.RowStore): the kernels take them in this order.
+THETA, INV, OTHER, SCALARS, COUNT = range(5)
+_SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
+
+
+def row_array(column: int, doc: str) -> property:
+    """A state array of the model: a view of its row in ``column`` (setting it copies in)."""
+
+    def get(self: "LinearUCBPolicy") -> np.ndarray:
+        return rows.pinned_view(self, self._chunk[column][self._i])
+
+    def put(self: "LinearUCBPolicy", value: np.ndarray) -> None:
+        self._chunk[column][self._i] = value
+
+    return property(get, put, doc=doc)
+
+
+def row_scalar(j: int, doc: str) -> property:
+    """A float state scalar of the model: column ``j`` of its row of ``scalars``."""
+
+    def get(self: "LinearUCBPolicy") -> float:
+        return float(self._chunk[SCALARS][self._i, j])
+
+    def put(self: "LinearUCBPolicy", value: float) -> None:
+        self._chunk[SCALARS][self._i, j] = value
+
+    return property(get, put, doc=doc)
+
+
+def _rebuild(cls: type, dim: int, config: dict[str, Any], state: dict[str, Any]) -> "LinearUCBPolicy":
+    p = cls(dim, **config)
+    p.load_state_dict(state)
+    return p
 
 
 class LinearUCBPolicy(Policy):
-    """A policy whose index is ``x'theta + beta ||x||_{M^-1}``; subclasses give the three parts."""
+    """A policy whose index is ``x'theta + beta ||x||_{M^-1}``, its state a row of a RowStore.
+
+    Subclasses name their row's columns in :attr:`_columns` (state array -> THETA, INV or OTHER),
+    their radius in :attr:`_radius_kind`, build their configuration's store in
+    :meth:`_new_store` and end ``__init__`` with :meth:`_attach`.
+    """
+
+    __slots__ = _SLOTS
+    _columns: ClassVar[dict[str, int]]
+    _radius_kind: ClassVar[int]
+
+    def __init__(self, dim: int, *, seed: int = 0) -> None:
+        self._init_config(dim, seed)  # n_updates is the row's count, set when the row is attached
+
+    # -- the row -------------------------------------------------------------------------------
 
     @abc.abstractmethod
-    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
-        """``(theta, M^-1, beta)`` of the next decision (C-contiguous float64 arrays)."""
+    def _new_store(self) -> rows.RowStore:
+        """The store of this configuration (``self.dim``, ``self._config``): its constants, kernel
+        parameters and one row's initial values."""
+
+    def _attach(self) -> None:
+        """Take a row of this configuration's store (the last step of ``__init__``)."""
+        key = (type(self), self.dim, tuple(sorted((k, type(v).__name__, v) for k, v in self._config.items())))
+        store = rows.store_for(key, self._new_store)
+        self._config = store.config
+        self._store = store
+        self._chunk, self._i = store.allocate()
+
+    def __del__(self) -> None:
+        try:
+            store, chunk, i = self._store, self._chunk, self._i
+        except AttributeError:  # the constructor failed before a row was attached
+            return
+        store.release(chunk, i)
+
+    def __getattr__(self, name: str) -> Any:
+        # Reached only when no slot, property or method has the name: the constants derived from
+        # the configuration, kept once per configuration on the store.
+        if name in _SLOTS:
+            raise AttributeError(name)
+        try:
+            return self._store.consts[name]
+        except KeyError:
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}") from None
+
+    def __reduce__(self) -> tuple:
+        # copy, deepcopy and pickle rebuild the model from its configuration and state, in a row
+        # of its own (copying the slots would share the row).
+        return _rebuild, (type(self), self.dim, self.config(), self.state_dict())
+
+    @property
+    def n_updates(self) -> int:
+        """Rewards applied so far (the row's count)."""
+        return int(self._chunk[COUNT][self._i])
+
+    @n_updates.setter
+    def n_updates(self, value: int) -> None:
+        self._chunk[COUNT][self._i] = value
+
+    def _state_array(self, name: str) -> np.ndarray:
+        # The row itself, not a pinned view: the callers copy it or read its shape at once.
+        return self._chunk[self._columns[name]][self._i]
+
+    # -- decisions ----------------------------------------------------------------------------
 
     def _check_x(self, x: np.ndarray) -> np.ndarray:
         # The compiled updates check the values themselves and change nothing when one is not
-        # finite, so the generic update only needs the shape here.
+        # finite, so the update only needs the shape here.
         return self._check_x_shape(x)
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms_shape(arms)
-        theta, inv, beta = self._ucb_parts()
         out = np.empty(a.shape[0])
-        if kernels.ucb_scores(a, theta, inv, beta, out) != kernels.OK:
+        if kernels.ucb_scores_row(a, *self._chunk, self._i, self._radius_kind, self._store.params, out) != kernels.OK:
             raise ValueError(_NON_FINITE_ARMS)
         return out
 
     def select(self, arms: np.ndarray) -> int:
         a = self._check_arms_shape(arms)
-        theta, inv, beta = self._ucb_parts()
-        i = kernels.ucb_argmax(a, theta, inv, beta)
+        i = kernels.ucb_argmax_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
         if i < 0:
             raise ValueError(_NON_FINITE_ARMS)
         return i
 
     def _batch(self, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = self._check_arms_batch(arms)
-        theta, inv, beta = self._ucb_parts()
         chosen = np.zeros(a.shape[0], dtype=np.int64)
         scores = np.empty(a.shape[:2])
-        status = kernels.ucb_argmax_batch(a, theta, inv, beta, chosen, scores)
+        status = kernels.ucb_argmax_batch_row(a, *self._chunk, self._i, self._radius_kind, self._store.params,
+                                              chosen, scores)
         if status != kernels.OK:
             raise ValueError(f"context {-1 - status}: {_NON_FINITE_ARMS}")
         return chosen, scores
@@ -63,3 +163,16 @@ class LinearUCBPolicy(Policy):
 
     def select_batch(self, arms: np.ndarray) -> np.ndarray:
         return self._batch(arms)[0]
+
+    # -- updates ------------------------------------------------------------------------------
+
+    def update(self, x: np.ndarray, reward: float) -> None:
+        # The compiled step counts the update itself (the row's count), only when it succeeds.
+        self._update(self._check_x(x), self._check_reward(reward))
+
+    def _play(self, kernel: Any, arms: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, int, int]:
+        """Run a ``*_play`` kernel on this row: (choices, steps done, status)."""
+        a, r = self._check_play(arms, rewards)
+        chosen = np.zeros(len(a), dtype=np.int64)
+        done, status = kernel(a, r, *self._chunk, self._i, self._store.params, chosen)
+        return chosen, done, status

@@ -4,7 +4,8 @@ Abbasi-Yadkori, Pal, Szepesvari, "Improved Algorithms for Linear Stochastic Band
 State: ``V^-1`` kept by Sherman-Morrison, ``b = sum r x``, ``theta = V^-1 b`` and
 ``log det(V) - d log(lambda)``, which the data-dependent radius of their Theorem 2 needs and which
 the same rank-one step updates exactly (matrix determinant lemma). O(d^2) per update, O(K d^2) per
-decision, d^2 + 2 d + 2 numbers per model (V^-1, b, theta, and two scalars).
+decision, d^2 + 2 d + 2 numbers per model (V^-1, b, theta, and two scalars: log det and
+n_updates), kept as one row of the configuration's row store (linear_ucb.py, rows.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import numpy as np
 
 from streambandit import kernels
 from streambandit.policies.base import check_in_range, check_positive, register
-from streambandit.policies.linear_ucb import LinearUCBPolicy
+from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array, row_scalar
+from streambandit.policies.rows import RowStore
 
 
 @register
@@ -37,6 +39,14 @@ class OFUL(LinearUCBPolicy):
     name = "oful"
     _state_arrays = ("vinv", "b", "theta")
     _state_scalars = ("n_updates", "logdet")
+    _columns = {"theta": THETA, "vinv": INV, "b": OTHER}
+    _radius_kind = kernels.RADIUS_OFUL
+    __slots__ = ()
+
+    theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
+    vinv = row_array(INV, "V_t^-1 (d, d).")
+    b = row_array(OTHER, "b_t = sum r x (d,).")
+    logdet = row_scalar(0, "log det(V_t) - d log(lam).")
 
     def __init__(
         self,
@@ -59,17 +69,21 @@ class OFUL(LinearUCBPolicy):
             delta=check_in_range("delta", delta, 0.0, 1.0, lo_open=True),
             beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
         )
-        lam_v = self._config["lam"]
-        self.vinv = np.eye(dim) / lam_v
-        self.b = np.zeros(dim)
-        self.theta = np.zeros(dim)
-        self.logdet = 0.0  # log det(V_t) - d log(lam)
-        self._log_inv_delta = math.log(1.0 / self._config["delta"])
-        self._sqrt_lam_s = math.sqrt(lam_v) * self._config["S"]
+        self._attach()
+
+    def _new_store(self) -> RowStore:
+        c, dim = self._config, self.dim
+        lam_v = c["lam"]
+        log_inv_delta = math.log(1.0 / c["delta"])
+        sqrt_lam_s = math.sqrt(lam_v) * c["S"]
         # The radius's parameters as the kernels take them (a negative fixed beta: the theory one).
-        c = self._config
-        self._beta_args = (-1.0 if c["beta"] is None else c["beta"], c["beta_scale"], c["noise_sd"],
-                           2.0 * self._log_inv_delta, self._sqrt_lam_s)
+        beta_args = (-1.0 if c["beta"] is None else c["beta"], c["beta_scale"], c["noise_sd"],
+                     2.0 * log_inv_delta, sqrt_lam_s)
+        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.zeros(dim),  # theta, V_0^-1 = I / lam, b
+                   np.zeros(1),  # log det(V_0) - d log(lam) = 0
+                   np.zeros((), np.int64))
+        consts = {"_log_inv_delta": log_inv_delta, "_sqrt_lam_s": sqrt_lam_s, "_beta_args": beta_args}
+        return RowStore(c, initial, np.array(beta_args), consts)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:
@@ -78,24 +92,16 @@ class OFUL(LinearUCBPolicy):
     def beta(self) -> float:
         """The confidence radius used by the next decision: a fixed ``beta``, or Abbasi-Yadkori
         et al. (2011), Theorem 2, times ``beta_scale``."""
-        return kernels.oful_beta(*self._beta_args, self.logdet)
-
-    def _ucb_parts(self) -> tuple[np.ndarray, np.ndarray, float]:
-        return self.theta, self.vinv, kernels.oful_beta(*self._beta_args, self.logdet)
+        return kernels.oful_beta(*self._store.consts["_beta_args"], self.logdet)
 
     def _update(self, x: np.ndarray, reward: float) -> None:
-        dlogdet = kernels.oful_update_checked(self.vinv, self.b, self.theta, x, reward)
-        if dlogdet != dlogdet:  # NaN: the kernel found a non-finite feature and changed nothing
+        # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det
+        # (kernels.oful_update).
+        if kernels.oful_update_row(*self._chunk, self._i, x, reward) != kernels.OK:
             raise ValueError("x contains NaN or infinite features")
-        # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
-        self.logdet += dlogdet
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        a, r = self._check_play(arms, rewards)
-        chosen = np.zeros(len(a), dtype=np.int64)
-        done, self.logdet, status = kernels.oful_play(a, r, self.vinv, self.b, self.theta, self.logdet,
-                                                      *self._beta_args, chosen)
-        self.n_updates += done
+        chosen, done, status = self._play(kernels.oful_play, arms, rewards)
         if status != kernels.OK:
             what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "the chosen arm's reward is not finite"
             raise ValueError(f"round {done}: {what}")

@@ -1,0 +1,129 @@
+"""Rows of shared chunked arrays: where the compiled learners (OFUL, GLB-OMD, Hvt-UCB) keep each
+model's state.
+
+Why: a worker holds one model per key. With three numpy arrays per model, 100,000 live models
+cost ~830 bytes each beyond their state (array headers, a malloc per array, per-model scalars and
+argument tuples; bench/results/memory.md). Here every model of one configuration is a row of a few
+arrays shared by all of them, so a model costs its row (the documented state, plus its two
+scalars) and a small slotted instance.
+
+A store holds, per chunk of ``rows_per_chunk`` rows, one array per column: ``theta`` (d), the
+inverse the UCB uses (d x d), the learner's third array, ``scalars`` (float64 per-model scalars such
+as OFUL's log det) and ``count`` (int64, n_updates). Chunks are ``np.empty``, so the pages of rows
+never handed out are not resident; a chunk's rows are handed out in order, and the rows of
+garbage-collected models go to a free list and are handed out again, fully re-initialised.
+Chunks are kept while the store lives (freed rows are reused, not returned, like the allocator's
+free memory); a store lives while any model of its configuration does.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from typing import Any, Callable
+
+import numpy as np
+
+__all__ = ["RowStore", "store_for", "pinned_view", "CHUNK_ROWS", "CHUNK_BYTES"]
+
+CHUNK_ROWS = 1024
+# At most this many bytes per chunk (fewer rows for a large d), so that one model of a large
+# configuration does not reserve gigabytes of address space.
+CHUNK_BYTES = 8 << 20
+
+# In-chunk row indices as shared int objects: an int above 256 is a new 32-byte object each time
+# it is computed, which every model would otherwise own.
+_INDEX = tuple(range(CHUNK_ROWS))
+
+Chunk = tuple[np.ndarray, ...]
+
+
+class RowStore:
+    """The rows of every live model of one configuration, and what the configuration derives.
+
+    ``initial`` holds one row's initial value per column (theta, inverse, third array, scalars,
+    count); ``params`` the float64 parameters the compiled kernels take; ``consts`` the constants
+    the learner derives from its configuration; ``config`` the shared configuration dict.
+    """
+
+    __slots__ = ("config", "consts", "params", "initial", "rows_per_chunk", "chunks", "index", "_free", "_used",
+                 "_lock", "__weakref__")
+
+    def __init__(self, config: dict[str, Any], initial: tuple[np.ndarray, ...], params: np.ndarray,
+                 consts: dict[str, Any]) -> None:
+        self.config = config
+        self.consts = consts
+        self.params = np.ascontiguousarray(params, dtype=np.float64)
+        self.initial = tuple(np.array(a, order="C") for a in initial)
+        row_bytes = sum(a.nbytes for a in self.initial)
+        self.rows_per_chunk = max(1, min(CHUNK_ROWS, len(_INDEX), CHUNK_BYTES // max(row_bytes, 1)))
+        self.chunks: list[Chunk] = []
+        self.index = _INDEX  # referenced here so that ownership accounting sees the ints as shared
+        self._free: list[tuple[Chunk, int]] = []
+        self._used = self.rows_per_chunk  # rows of the last chunk handed out (none yet: no chunk)
+        # Guards the bump allocation only. release() takes no lock: it runs from __del__, which the
+        # garbage collector may call inside allocate() (np.empty can trigger a collection).
+        self._lock = threading.Lock()
+
+    @property
+    def row_nbytes(self) -> int:
+        """Bytes of one row, all columns."""
+        return sum(a.nbytes for a in self.initial)
+
+    @property
+    def capacity(self) -> int:
+        """Rows allocated in chunks (handed out or not)."""
+        return len(self.chunks) * self.rows_per_chunk
+
+    @property
+    def live(self) -> int:
+        """Rows held by models now."""
+        return self.capacity - (self.rows_per_chunk - self._used) - len(self._free)
+
+    def allocate(self) -> tuple[Chunk, int]:
+        """A row for a new model, set to the initial values: ``(chunk, index in the chunk)``."""
+        try:
+            chunk, i = self._free.pop()
+        except IndexError:
+            with self._lock:
+                if self._used == self.rows_per_chunk:
+                    self.chunks.append(tuple(np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial))
+                    self._used = 0
+                chunk, i = self.chunks[-1], self.index[self._used]
+                self._used += 1
+        # Every column, so that a recycled row keeps nothing of the model that held it.
+        for column, value in zip(chunk, self.initial):
+            column[i] = value
+        return chunk, i
+
+    def release(self, chunk: Chunk, i: int) -> None:
+        """Give a dead model's row back (list.append is atomic under the GIL)."""
+        self._free.append((chunk, i))
+
+
+# One store per configuration, held by its models: a configuration's store (and its chunks) goes
+# when its last model does, so a parameter sweep does not accumulate them.
+_STORES: "weakref.WeakValueDictionary[tuple, RowStore]" = weakref.WeakValueDictionary()
+
+
+def store_for(key: tuple, build: Callable[[], RowStore]) -> RowStore:
+    """The live store of configuration ``key``, built by ``build()`` if there is none."""
+    store = _STORES.get(key)
+    if store is None:
+        store = _STORES.setdefault(key, build())
+    return store
+
+
+class _RowView:
+    # The array interface of a row, and the model owning the row: numpy keeps this object as the
+    # base of the array it builds, so the model (and its row) lives as long as the array.
+    __slots__ = ("__array_interface__", "model")
+
+
+def pinned_view(model: Any, view: np.ndarray) -> np.ndarray:
+    """``view`` (a row of a chunk) as an array that keeps ``model`` alive, so that a view taken
+    from a model never sees the row handed to another model after the first one was freed."""
+    pin = _RowView()
+    pin.__array_interface__ = view.__array_interface__
+    pin.model = model
+    return np.asarray(pin)
