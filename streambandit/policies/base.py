@@ -12,6 +12,7 @@ than a silently different learner.
 from __future__ import annotations
 
 import abc
+import functools
 import inspect
 import math
 from typing import Any, ClassVar
@@ -86,6 +87,14 @@ def _share_configuration(policy: "Policy") -> None:
     vars(policy).update(shared)
 
 
+@functools.cache
+def _keyword_parameters(cls: type) -> tuple[str, ...]:
+    # Once per class: make_policy checks the names for every model it builds (a worker builds one
+    # per new model key and per model restored), and inspect.signature takes ~100 us.
+    sig = inspect.signature(cls.__init__)
+    return tuple(p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+
+
 def check_positive(name: str, value: float) -> float:
     """``float(value)`` if it is a finite number > 0, else a ValueError naming the parameter."""
     v = float(value)
@@ -149,8 +158,7 @@ class Policy(abc.ABC):
     @classmethod
     def hyper_parameters(cls) -> list[str]:
         """Names of the keyword hyper-parameters the constructor accepts (besides ``dim``)."""
-        sig = inspect.signature(cls.__init__)
-        return [p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY]
+        return list(_keyword_parameters(cls))
 
     def config(self) -> dict[str, Scalar]:
         """The validated hyper-parameters; ``make_policy(self.name, self.dim, **self.config())``
