@@ -32,7 +32,7 @@ import numpy as np
 from numba import njit
 
 __all__ = [
-    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_argmax_row",
+    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",
     "ucb_argmax_batch_row", "sherman_morrison", "oful_update", "oful_update_row", "oful_beta", "oful_play",
     "glb_omd_update", "glb_omd_update_row", "glb_omd_beta", "glb_omd_play", "reward_ok",
     "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_row", "hvt_ucb_play", "project_to_ball_in_norm",
@@ -185,13 +185,15 @@ def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out
 
 
 @njit(cache=True, nogil=True)
-def ucb_argmax_row(arms, theta, inv, other, scalars, count, i, kind, params):
-    """``ucb_argmax`` for the model in row i of a chunk."""
+def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
+    """``(index, score)`` of the highest UCB score among ``arms`` for the model in row i of a
+    chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_ARMS if an arm is not finite."""
     work = np.empty(arms.shape)
     scores = np.empty(arms.shape[0])
     if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
-        return BAD_ARMS
-    return _argmax_first(scores)
+        return BAD_ARMS, 0.0
+    k = _argmax_first(scores)
+    return k, scores[k]
 
 
 @njit(cache=True, nogil=True)

@@ -181,6 +181,13 @@ class Policy(abc.ABC):
         (``np.argmax`` returns the first maximum), so replay chooses exactly as live did."""
         return int(self.scores(arms).argmax())
 
+    def best(self, arms: np.ndarray) -> tuple[int, float]:
+        """``(select(arms), scores(arms)[select(arms)])`` in one call: what the decision rule needs
+        when it does not explore (the compiled learners score the arms once for both)."""
+        s = self.scores(arms)
+        i = int(s.argmax())
+        return i, float(s[i])
+
     def scores_batch(self, arms: np.ndarray) -> np.ndarray:
         """Scores of B contexts (B, K, d) -> (B, K) against the current state, with no update in
         between: row b is exactly ``scores(arms[b])``."""

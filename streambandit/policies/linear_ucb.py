@@ -142,11 +142,14 @@ class LinearUCBPolicy(Policy):
         return out
 
     def select(self, arms: np.ndarray) -> int:
+        return self.best(arms)[0]
+
+    def best(self, arms: np.ndarray) -> tuple[int, float]:
         a = self._check_arms_shape(arms)
-        i = kernels.ucb_argmax_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
+        i, score = kernels.ucb_best_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
         if i < 0:
             raise ValueError(_NON_FINITE_ARMS)
-        return i
+        return i, score
 
     def _batch(self, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = self._check_arms_batch(arms)

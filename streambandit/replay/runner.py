@@ -89,6 +89,8 @@ class _Scored:
     def scores(self, arms: np.ndarray) -> np.ndarray:
         return self._s
 
+    best = Policy.best  # argmax of these scores and its score, the rule every policy's best follows
+
 
 class _Rec:
     __slots__ = ("seq", "d", "choice", "probs", "predicted")

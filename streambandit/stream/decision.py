@@ -44,10 +44,11 @@ def decide(policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, 
     the propensity of the chosen arm is ``(1 - epsilon) [i == greedy] + epsilon / K``. With
     ``epsilon == 0`` no random number is drawn and the propensity is 1.
     """
+    if epsilon <= 0.0:
+        greedy, score = policy.best(arms)
+        return Decision(greedy, score, 1.0, False)
     scores = policy.scores(arms)
     greedy = int(scores.argmax())
-    if epsilon <= 0.0:
-        return Decision(greedy, float(scores[greedy]), 1.0, False)
     k = scores.shape[0]
     rng = event_rng(model_key, event_id, seed)
     explored = bool(rng.random() < epsilon)

@@ -187,3 +187,21 @@ def test_models_of_one_configuration_share_it_but_not_their_state(name, params):
     assert_same_state(b.state_dict(), make_policy(name, dim=DIM, **params).state_dict())
     assert a.config() == b.config() and a.config() is not a._config  # callers get a copy
     assert make_policy(name, dim=DIM + 1, **params)._config is not a._config
+
+
+@pytest.mark.parametrize("name, params", CASES)
+def test_best_is_the_choice_and_its_score(name, params):
+    """``best`` (the decision rule's call when it does not explore) is ``select`` and that arm's
+    entry of ``scores``, to the bit, at every step of a stream; ties go to the lowest index."""
+    p = make_policy(name, dim=DIM, **params)
+    for arms, reward in interactions(7, 30):
+        i, score = p.best(arms)
+        s = p.scores(arms)
+        assert i == p.select(arms) == int(s.argmax())
+        assert type(i) is int and type(score) is float and score == s[i]
+        p.update(arms[i], reward)
+    tied = np.tile(arms[:1], (3, 1))
+    if len(set(p.scores(tied).tolist())) == 1:  # an exact tie (a batched kernel may round rows apart)
+        assert p.best(tied)[0] == 0
+    with pytest.raises(ValueError, match="NaN or infinite"):
+        p.best(np.full((2, DIM), np.nan))
