@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
@@ -376,19 +377,56 @@ def profile(broker: EmbeddedBroker, policy: str, n: int) -> dict:
 # -- 4. throughput -------------------------------------------------------------------------------
 
 
-def drain(broker: EmbeddedBroker, policy: str, events: list, **settings) -> dict:
-    w, n_records = _worker_on_backlog(broker, policy, events, **settings)
-    start, cpu0 = time.perf_counter(), time.thread_time()
-    while w.metrics["records_in"] < n_records:
-        w.step()
-    elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu0
+class GCPauses:
+    """Count and wall time of the garbage collector's runs per generation while in the block."""
+
+    def __init__(self) -> None:
+        self.count, self.ms, self.longest_ms, self._t = [0, 0, 0], [0.0, 0.0, 0.0], 0.0, 0.0
+
+    def _cb(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t = time.perf_counter()
+            return
+        g, dt = info["generation"], 1e3 * (time.perf_counter() - self._t)
+        self.count[g] += 1
+        self.ms[g] += dt
+        self.longest_ms = max(self.longest_ms, dt)
+
+    def __enter__(self) -> "GCPauses":
+        gc.callbacks.append(self._cb)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        gc.callbacks.remove(self._cb)
+
+
+def drain(broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = True, **settings) -> dict:
+    """One worker draining ``events``. ``freeze=False``: the worker as it was before it froze its
+    long-lived objects (``freeze_long_lived`` off, everything frozen before unfrozen), for the
+    comparison in the same run."""
+    import streambandit.stream.worker as worker_module
+
+    real_freeze = worker_module.freeze_long_lived
+    if not freeze:
+        gc.unfreeze()
+        worker_module.freeze_long_lived = lambda: None
+    try:
+        w, n_records = _worker_on_backlog(broker, policy, events, **settings)
+        with GCPauses() as pauses:
+            start, cpu0 = time.perf_counter(), time.thread_time()
+            while w.metrics["records_in"] < n_records:
+                w.step()
+            elapsed, cpu = time.perf_counter() - start, time.thread_time() - cpu0
+    finally:
+        worker_module.freeze_long_lived = real_freeze
     m = dict(w.metrics)
     w.close()
     _check_exact(m, "throughput run")
     # Per CPU second of the worker's own thread: what a core it had to itself would give (the
     # librdkafka threads and the broker run beside it; the machine is shared).
     return {"events_per_s": n_records / elapsed, "contexts_per_s": len(events) / elapsed,
-            "events_per_cpu_s": n_records / cpu, "events_per_transaction": n_records / max(m["transactions"], 1)}
+            "events_per_cpu_s": n_records / cpu, "events_per_transaction": n_records / max(m["transactions"], 1),
+            "gc_count": pauses.count, "gc_ms": pauses.ms, "gc_longest_ms": pauses.longest_ms}
 
 
 def bare(policy: str, events: list) -> float:
@@ -401,12 +439,14 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
     events = bw.backlog(n)
     ctx, keys, rew, action = sample_records(2000)
     out: dict = {p: {"worker": [], "bare_learner_events_per_s": []} for p in policies}
-    out["passthrough"] = []
+    out["passthrough"], out["oful_no_freeze"] = [], []
     for p in policies:
         _warm(p)
     for r in range(repeats):
         topics, total = preload(broker, n, ctx, keys, rew)
         out["passthrough"].append(passthrough(broker, topics, total, action)["events_per_s"])
+        if "oful" in policies:  # the worker without its gc.freeze, for the ratio in the same run
+            out["oful_no_freeze"].append(drain(broker, "oful", events, freeze=False))
         for p in policies:
             out[p]["worker"].append(drain(broker, p, events))
             out[p]["bare_learner_events_per_s"].append(bare(p, events))
@@ -811,7 +851,7 @@ def report(res: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|",
         ]
         for p, v in tp.items():
-            if p == "passthrough":
+            if p in ("passthrough", "oful_no_freeze"):
                 continue
             w = v["worker"]
             lines.append(f"| {p} | {med([x['events_per_s'] for x in w]):,.0f} | {med([x['contexts_per_s'] for x in w]):,.0f} | "
@@ -819,6 +859,20 @@ def report(res: dict) -> str:
                          f"{med([x['events_per_transaction'] for x in w]):,.0f} | {pt:,.0f} | "
                          f"{med(v['bare_learner_events_per_s']):,.0f} |")
         lines.append("")
+        if tp.get("oful_no_freeze"):
+            lines += [
+                "The garbage collector during the drain (`oful`, medians of the runs), with the worker's "
+                "`freeze_long_lived` (gc.freeze after start-up and recovery) and without it, in the same runs:",
+                "",
+                "| worker | events / s | full (gen 2) collections | their ms | longest pause ms | gen 0 + gen 1 ms |",
+                "|---|---:|---:|---:|---:|---:|",
+            ]
+            for label, w in (("as shipped (frozen)", tp["oful"]["worker"]), ("without the freeze", tp["oful_no_freeze"])):
+                lines.append(f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
+                             f"{med([x['gc_count'][2] for x in w]):.0f} | {med([x['gc_ms'][2] for x in w]):.1f} | "
+                             f"{med([x['gc_longest_ms'] for x in w]):.1f} | "
+                             f"{med([x['gc_ms'][0] + x['gc_ms'][1] for x in w]):.1f} |")
+            lines.append("")
     if "hops" in res:
         lines += [
             "## 5a. One record at a time through the bare pass-through: where an unloaded round trip goes",
