@@ -93,7 +93,11 @@ def _dot(a, b):
     return s
 
 
-@njit(cache=True, nogil=True)
+# Inlined into each caller at numba's IR level (same arithmetic, same order): called as a separate
+# compiled function, the copy loaded from numba's on-disk cache ran ~15% slower than a fresh compile
+# of the same source (select_batch 0.98M against 1.14M decisions/s, d = 20, K = 10); inlined, both
+# run at ~1.2M.
+@njit(cache=True, nogil=True, inline="always")
 def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with
     ``work`` (K, d) scratch. Returns False if a feature is NaN or infinite.
