@@ -1,6 +1,6 @@
 """End to end on the embedded broker: the broker's ceiling, the worker's profile, throughput, latency.
 
-    python bench/bench_e2e.py                 # full run (~5 min), writes bench/results/e2e.{md,json}
+    python bench/bench_e2e.py --broker-per-run  # full run (~10 min), writes bench/results/e2e.{md,json}
     python bench/bench_e2e.py --quick         # smoke run with small sizes (results not written)
     python bench/bench_e2e.py --only ceiling  # one part: ceiling, codec, profile, throughput, hops, latency, floor
     python bench/bench_e2e.py --only latency --only floor --max-rate 6767 --broker-per-run  # latency vs its floor
@@ -492,15 +492,12 @@ FRACTIONS = tuple(float(x) for x in os.environ.get("E2E_FRACS", "0.1,0.5,0.9").s
 # every producer; merge_wait, poll_timeout: the worker's merge_wait_ms and poll_timeout_ms.
 LATENCY_DEFAULTS = {"fetch_wait": 10, "linger": 5, "merge_wait": 20, "poll_timeout": 50}
 LOW_LATENCY = {"fetch_wait": 5, "linger": 0, "merge_wait": 5, "poll_timeout": 50}
-# The Kafka settings with which one record goes through the bare pass-through fastest (part 5a),
-# with the merge's wait for an idle input as the worker's default and as zero (Kafka Streams'
-# max.task.idle.ms default: wait only for an input with known lag, which ``behind`` does anyway).
-FAST_KAFKA = {"fetch_wait": 1, "linger": 0, "merge_wait": 20, "poll_timeout": 50}
-NO_MERGE_WAIT = {"fetch_wait": 1, "linger": 0, "merge_wait": 0, "poll_timeout": 50}
-# merge_wait 0 with the default Kafka settings (on Tansu fetch_wait 1 saturates the broker under load).
+# merge_wait 0 (Kafka Streams' max.task.idle.ms default: wait only for an input with known lag,
+# which ``behind`` does anyway) with the default Kafka settings. fetch_wait 1 with linger 0, the
+# fastest for one record (part 5a), saturates Tansu under load: the floor's "fastest" row shows it,
+# and the worker with it fell behind at every load when tried (E2E_KNOBS runs any other set).
 MERGE_WAIT_0 = {"fetch_wait": 10, "linger": 5, "merge_wait": 0, "poll_timeout": 50}
-LATENCY_SETS = {"defaults": LATENCY_DEFAULTS, "low-latency": LOW_LATENCY, "merge-wait-0": MERGE_WAIT_0,
-                "fast-kafka": FAST_KAFKA, "no-merge-wait": NO_MERGE_WAIT}
+LATENCY_SETS = {"defaults": LATENCY_DEFAULTS, "merge-wait-0": MERGE_WAIT_0, "low-latency": LOW_LATENCY}
 # Latency and floor runs each on a fresh broker (--broker-per-run): Tansu keeps every topic in
 # memory and its CPU per request grew with what it held in these runs, so later runs met a busier
 # broker than earlier ones.
@@ -765,11 +762,11 @@ def _floor_pairs(res: dict) -> list[tuple[str, str, dict, dict]]:
 def report(res: dict) -> str:
     med = common.median
     m = res["machine"]
-    cmd = "python bench/bench_e2e.py"
+    cmd = "python bench/bench_e2e.py" + (" --broker-per-run" if res.get("broker_per_run") else "")
     lines = [
         "# End to end on the embedded broker",
         "",
-        f"Command: `{cmd}` (~5 min). Machine: {m['cpu']}, {m['cores']} cores shared by the broker, the worker, "
+        f"Command: `{cmd}` (~10 min). Machine: {m['cpu']}, {m['cores']} cores shared by the broker, the worker, "
         f"librdkafka's threads and the load generator (and, during this run, other jobs: figures are medians and "
         f"the comparisons are ratios within one run), Python {m['python']}, numpy {m['numpy']}, commit {m['commit']}, "
         f"{m['date']}. Broker: embedded Tansu (in-memory). d = {D}, K = {K}, {PARTITIONS} partitions, 4 model keys, "
