@@ -509,16 +509,8 @@ FLOOR_SETS = {"defaults": {"fetch_wait": 10, "linger": 5, "poll_timeout": 50},
 
 def _event_id(action: bytes) -> str:
     """The event id of an action record without a full decode: the first field after the header."""
-    n, shift, i = 0, 0, 3
-    while True:
-        b = action[i]
-        n |= (b & 0x7F) << shift
-        i += 1
-        if b < 0x80:
-            break
-        shift += 7
-    n = (n >> 1) ^ -(n & 1)
-    return action[i:i + n].decode()
+    start, end = common.event_id_span(action)
+    return action[start:end].decode()
 
 
 def hops(broker: EmbeddedBroker, n: int = 40, fetch_wait: int = 10, linger: int = 5) -> dict:

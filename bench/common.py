@@ -54,3 +54,17 @@ def write(name: str, data: dict, markdown: str) -> None:
     (RESULTS / f"{name}.json").write_text(json.dumps(data, indent=2) + "\n")
     (RESULTS / f"{name}.md").write_text(markdown)
     print(markdown)
+
+
+def event_id_span(value: bytes) -> tuple[int, int]:
+    """Where the event id's UTF-8 bytes are in one of our records (contexts, actions, joined: the
+    3-byte header, then the id as an Avro string: zig-zag varint length, bytes), without a decode."""
+    n, shift, i = 0, 0, 3
+    while True:
+        b = value[i]
+        n |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            break
+        shift += 7
+    return i, i + ((n >> 1) ^ -(n & 1))

@@ -26,6 +26,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import common  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from streambandit import events as ev  # noqa: E402
@@ -33,19 +34,6 @@ from streambandit.events import encode  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
 
 BATCH = 2000  # WorkerConfig.batch_max_records
-
-
-def _id_end(value: bytes) -> int:
-    """The end of the event id field (zigzag varint length + UTF-8) that follows the 3-byte header."""
-    n, shift, i = 0, 0, 3
-    while True:
-        b = value[i]
-        n |= (b & 0x7F) << shift
-        i += 1
-        if b < 0x80:
-            break
-        shift += 7
-    return i + ((n >> 1) ^ -(n & 1))
 
 
 def template() -> bytes:
@@ -70,7 +58,7 @@ def main() -> None:
     args = ap.parse_args()
 
     action = template()
-    head, tail = action[:3], action[_id_end(action):]
+    head, tail = action[:3], action[common.event_id_span(action)[1]:]
     consumer = Consumer(consumer_settings(args.bootstrap_servers, args.group, {"fetch.wait.max.ms": args.fetch_wait}))
     producer = Producer(producer_settings(args.bootstrap_servers, f"{args.group}-tx", {"linger.ms": args.linger}))
     producer.init_transactions(30)
@@ -98,7 +86,7 @@ def main() -> None:
             if m.error():
                 continue
             v = m.value()
-            out = head + v[3:_id_end(v)] + tail if m.topic() == args.contexts else action
+            out = head + v[3:common.event_id_span(v)[1]] + tail if m.topic() == args.contexts else action
             producer.produce(args.actions, value=out, key=m.key(), partition=m.partition())
             nxt[(m.topic(), m.partition())] = m.offset() + 1
         producer.poll(0)
