@@ -203,7 +203,10 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
         assert len(holder) == n + 0 and engine.counters["joined_observed"] >= n, engine.counters
     elapsed = time.perf_counter() - t0
     if snapshot_path:
-        Path(snapshot_path).write_bytes(pack(engine))
+        t1 = time.perf_counter()
+        data = pack(engine)
+        res["pack_seconds"] = time.perf_counter() - t1  # what Worker._snapshot spends packing
+        Path(snapshot_path).write_bytes(data)
     first = next(iter(holder.values()))
     res.update(policy=policy, mode=mode, n=n, seconds=elapsed, state_nbytes=first.state_nbytes(),
                state_nbytes_total=sum(m.state_nbytes() for m in holder.values()))
@@ -518,6 +521,24 @@ def markdown(res: dict) -> str:
         "Snapshot bytes per model (Avro, zlib, from bench/results/worker.md): oful d = 20: 2,331; "
         "glb_omd d = 20: 4,182.",
     ]
+    snaps = [(p, c["engine"], c["restore"]) for p, c in res["cases"].items()
+             if "restore" in c and "pack_seconds" in c["engine"]]
+    if snaps:
+        lines += [
+            "",
+            f"## A snapshot of the partition with {n:,} models",
+            "",
+            "The engine case's partition packed as `Worker._snapshot` packs it (`engine.snapshot()` then "
+            "`pack_snapshot`: Avro, zlib), and the restore case's unpack + `PartitionEngine.restore`. The worker "
+            "takes a snapshot inside its loop (after a commit, every `snapshot_every_updates` updates or "
+            "`snapshot_interval_s`), so the pack time is a pause of every decision of the partition's worker.",
+            "",
+            "| policy | snapshot MB | pack s | us per model | unpack + restore s |",
+            "|---|---:|---:|---:|---:|",
+        ]
+        for p, e, r in snaps:
+            lines.append(f"| {p} | {r['snapshot_bytes'] / 1e6:,.0f} | {e['pack_seconds']:.1f} | "
+                         f"{1e6 * e['pack_seconds'] / n:,.0f} | {r['seconds']:.1f} |")
     return "\n".join(lines) + "\n"
 
 
