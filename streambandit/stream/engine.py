@@ -78,6 +78,9 @@ class PartitionEngine:
         self._seq = 0
         self._trigger = (-1, -1)
         self.counters: collections.Counter[str] = collections.Counter()
+        # Updates applied by this object (live or re-applied in recovery), for the worker's snapshot
+        # trigger: the sum of the models' n_updates would be a walk over every model per batch.
+        self.updates = 0
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -215,6 +218,7 @@ class PartitionEngine:
         version = model.n_updates
         try:
             model.update(a.features, reward)
+            self.updates += 1
         except ValueError as exc:
             self._remember(event_id, observed)
             return [self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)]
@@ -327,6 +331,7 @@ class PartitionEngine:
                 raise RecoveryError(f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
                                     f"of model {j.model_key!r}, but replay reached version {model.n_updates}")
             model.update(j.features, j.reward)
+            self.updates += 1
             self.pending.pop(j.event_id, None)
             self._remember(j.event_id, j.reward_observed)
             self.watermark_ms = max(self.watermark_ms, j.join_timestamp_ms)

@@ -31,7 +31,7 @@ from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.models_config import ModelsConfig
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
 
-__all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived"]
+__all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived", "snapshot_due"]
 
 log = logging.getLogger("streambandit")
 
@@ -65,14 +65,32 @@ class WorkerConfig:
     idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
     snapshot_interval_s: float = 30.0
     snapshot_every_updates: int = 10_000
+    # At most this share of a partition's time goes to snapshotting it: a snapshot costs time in
+    # proportion to the partition's models (bench/results/memory.md: 17 s at 100,000 oful models),
+    # and the two triggers above do not know that.
+    snapshot_max_share: float = 0.1
     max_pending: int = 100_000
     max_early_rewards: int = 10_000
     max_recent: int = 100_000
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
 
+    def __post_init__(self) -> None:
+        if not 0.0 < self.snapshot_max_share <= 1.0:
+            raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
+
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
+
+
+def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:
+    """Whether a partition's next snapshot is due: after ``snapshot_every_updates`` updates or
+    ``snapshot_interval_s`` seconds, but never sooner than keeps snapshotting within
+    ``snapshot_max_share`` of the time (a snapshot that took s seconds is followed by at least
+    s (1 / share - 1) seconds without one). Revocation and shutdown snapshot regardless."""
+    if seconds_since < last_snapshot_s * (1.0 / config.snapshot_max_share - 1.0):
+        return False
+    return updates_since >= config.snapshot_every_updates or seconds_since >= config.snapshot_interval_s
 
 
 def freeze_long_lived() -> None:
@@ -97,6 +115,7 @@ class _Partition:
     out_next: dict[str, int]  # per output topic: the position after our last committed record
     updates_at_snapshot: int = 0
     snapshot_wall: float = dataclasses.field(default_factory=time.monotonic)
+    snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
     last_input_wall_ms: int = dataclasses.field(default_factory=_now_ms)
     last_tick_wall_ms: int = 0
 
@@ -366,17 +385,17 @@ class Worker:
     # -- snapshots -----------------------------------------------------------------------------
 
     def _maybe_snapshot(self) -> None:
-        c = self.config
+        now = time.monotonic()
         for p, part in self.partitions.items():
-            updates = sum(m.n_updates for m in part.engine.models.values())
-            if updates - part.updates_at_snapshot >= c.snapshot_every_updates or \
-                    time.monotonic() - part.snapshot_wall >= c.snapshot_interval_s:
+            if snapshot_due(part.engine.updates - part.updates_at_snapshot, now - part.snapshot_wall,
+                            part.snapshot_took_s, self.config):
                 self._snapshot(p)
 
     def _snapshot(self, p: int) -> None:
         """Save partition ``p`` as of the last commit (call only between transactions)."""
         part = self.partitions[p]
         t = self.config.topics
+        started = time.monotonic()
         data = pack_snapshot({
             "partition": p, "created_ms": _now_ms(),
             "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
@@ -384,8 +403,9 @@ class Worker:
             "dead_letter_offset": part.out_next[t.dead_letter], "engine": part.engine.snapshot(),
         })
         self.store.save(p, data)
-        part.updates_at_snapshot = sum(m.n_updates for m in part.engine.models.values())
+        part.updates_at_snapshot = part.engine.updates
         part.snapshot_wall = time.monotonic()
+        part.snapshot_took_s = part.snapshot_wall - started
         self.metrics["snapshots"] += 1
         self.metrics["snapshot_bytes"] = len(data)
         log.info("snapshot partition=%d bytes=%d models=%d pending=%d", p, len(data), len(part.engine.models),

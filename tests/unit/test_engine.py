@@ -153,3 +153,22 @@ def test_engine_model_equals_a_policy_fed_the_joined_sequence_and_learns():
     assert all(np.array_equal(mine[k], theirs[k]) if isinstance(mine[k], np.ndarray) else mine[k] == theirs[k] for k in mine)
     assert len(joined) == 3000 and not e.pending
     assert np.mean(chosen_rate[1500:]) > 1.5 * np.mean(random_rate[1500:])
+
+
+def test_the_update_count_follows_every_applied_update_and_only_those():
+    """``engine.updates`` (the worker's snapshot trigger) equals the models' total n_updates for an
+    engine built from nothing, through joins with rewards, joins with the default, a refused
+    reward and recovery from the joined log."""
+    e = engine(window=50)
+    joined = []
+    for i in range(30):
+        out = e.on_context(ctx(f"e{i}", 10 * i, key=f"m{i % 3}"))
+        if i % 2:
+            out += e.on_reward(Reward(f"e{i}", f"m{i % 3}", 10 * i + 1, 1.0))
+        out += e.on_reward(Reward("nobody", "m1", 10 * i + 2, 0.5))  # no such decision: never applied
+        joined += [o for o in out if isinstance(o, Joined)]
+    joined += [o for o in e.advance_to(10_000) if isinstance(o, Joined)]
+    assert e.updates == sum(m.n_updates for m in e.models.values()) == len(joined) == 30
+    fresh = engine(window=50)
+    fresh.recover_from_logs(joined, [], [], set(), set(), 10_000)
+    assert fresh.updates == 30
