@@ -223,3 +223,56 @@ def test_decode_error_details_are_the_same_in_every_process():
     with pytest.raises(DecodeError) as e2:
         decode(bytes(cut))
     assert e1.value.detail == e2.value.detail and " at 0x" not in e1.value.detail
+
+
+def _fastavro_models(models: dict) -> list[dict]:
+    """The models as fastavro takes them (the records pack_snapshot used to build)."""
+    out = []
+    for key, state in models.items():
+        arrays = [{"name": k, "dtype": v.dtype.newbyteorder("<").str, "shape": list(v.shape),
+                   "data": np.ascontiguousarray(v).astype(v.dtype.newbyteorder("<"), copy=False).tobytes()}
+                  for k, v in state.items() if isinstance(v, np.ndarray)]
+        scalars = [{"name": k, "value": v} for k, v in state.items() if not isinstance(v, np.ndarray)]
+        out.append({"model_key": key, "arrays": arrays, "scalars": scalars})
+    return out
+
+
+def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
+    """pack_snapshot writes the models by hand; the body must be exactly what fastavro writes for the
+    whole record, for every kind of array (dtypes, byte orders, 0-d, empty, non-contiguous) and of
+    scalar (every branch of the union), and for no models at all."""
+    import fastavro, io, struct, zlib
+
+    rng = np.random.default_rng(3)
+    _, e = engine_with_state(40)
+    snap = e.snapshot()
+    snap["models"] = dict(snap["models"]) | {
+        "odd é": {"f": rng.standard_normal((3, 4)), "big": np.arange(6, dtype=">f8").reshape(2, 3),
+                  "ints": np.array([-1, 2**40], dtype=np.int64), "flags": np.array([True, False]),
+                  "zero_d": np.array(2.5), "empty": np.zeros((0, 3)), "strided": np.arange(10.0)[::3],
+                  "none": None, "yes": True, "no": False, "small": 3, "neg": -(2**62), "x": -0.0, "inf": math.inf,
+                  "s": "ünï"},
+        "no-arrays": {"n_updates": 0},
+    }
+    for models in (snap["models"], {}):
+        s = dict(snap, models=models)
+        head = {"partition": 1, "created_ms": 2, "contexts_offset": 3, "rewards_offset": 4, "actions_offset": 5,
+                "joined_offset": 6, "dead_letter_offset": 7}
+        data = pack_snapshot(head | {"engine": s})
+        body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
+        assert struct.unpack("<I", data[4:8])[0] == zlib.crc32(data[8:])
+        buf = io.BytesIO()
+        pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": events.features_to_bytes(p["features"])}
+                   for p in s["pending"]]
+        early = [{"event_id": x["event_id"], "model_key": x["model_key"], "timestamp_ms": x["timestamp_ms"],
+                  "value": x["value"], "source_partition": x["source"].partition, "source_offset": x["source"].offset,
+                  "key": x["source"].key, "raw": x["source"].value, "source_timestamp_ms": x["source"].timestamp_ms}
+                 for x in s["early"]]
+        fastavro.schemaless_writer(buf, events._SCHEMAS[6], head | {
+            "watermark_ms": s["watermark_ms"], "models": _fastavro_models(models), "pending": pending, "early": early,
+            "recent": [{"event_id": k, "observed": bool(v)} for k, v in s["recent"]],
+            "counters": {k: int(v) for k, v in s["counters"].items()}})
+        assert body == buf.getvalue()
+    back = unpack_snapshot(pack_snapshot(head | {"engine": snap}))["engine"]["models"]["odd é"]
+    assert back["big"].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and back["zero_d"].shape == ()
+    assert back["x"] == 0.0 and math.copysign(1, back["x"]) == -1 and back["none"] is None and back["yes"] is True
