@@ -66,7 +66,7 @@ class WorkerConfig:
     snapshot_interval_s: float = 30.0
     snapshot_every_updates: int = 10_000
     # At most this share of a partition's time goes to snapshotting it: a snapshot costs time in
-    # proportion to the partition's models (bench/results/memory.md: 17 s at 100,000 oful models),
+    # proportion to the partition's models (bench/results/memory.md: 11 s at 100,000 oful models),
     # and the two triggers above do not know that.
     snapshot_max_share: float = 0.1
     max_pending: int = 100_000
