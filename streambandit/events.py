@@ -366,6 +366,13 @@ _SNAPSHOT_ID = 6
 _COMPRESS_ABOVE = 4096
 
 
+def _state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
+    state: dict[str, Any] = {s["name"]: s["value"] for s in scalars}
+    for a in arrays:
+        state[a["name"]] = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+    return state
+
+
 _LE_DTYPE: dict[np.dtype, str] = {}  # dtype -> its little-endian name (ArrayState.dtype)
 
 
@@ -440,6 +447,19 @@ def pack_snapshot(snap: dict[str, Any]) -> bytes:
     return _header(_SNAPSHOT_ID) + bytes((flags,)) + struct.pack("<I", zlib.crc32(body)) + body
 
 
+def _read_long(stream: io.BytesIO) -> int:
+    """One Avro ``long`` (zig-zag varint) from ``stream``."""
+    shift, acc = 0, 0
+    while True:
+        b = stream.read(1)
+        if not b:
+            raise EOFError("truncated Avro long")
+        acc |= (b[0] & 0x7F) << shift
+        if not b[0] & 0x80:
+            return (acc >> 1) ^ -(acc & 1)
+        shift += 7
+
+
 def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
     """The snapshot record as three records read one after the other: the fields before
     ``models``, one item of ``models``, and the fields after it. (An Avro record is its fields'
@@ -453,93 +473,6 @@ def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
 
 
 _SNAPSHOT_PARTS = _split_snapshot_schema(_SCHEMAS[_SNAPSHOT_ID])
-
-
-def _rd_long(b: bytes, pos: int) -> tuple[int, int]:
-    """An Avro long at ``pos`` of ``b``: (value, next position); IndexError if cut off."""
-    shift = acc = 0
-    while True:
-        byte = b[pos]
-        pos += 1
-        acc |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return (acc >> 1) ^ -(acc & 1), pos
-        shift += 7
-
-
-def _rd_bytes(b: bytes, pos: int) -> tuple[bytes, int]:
-    n, pos = _rd_long(b, pos)
-    if n < 0 or pos + n > len(b):
-        raise ValueError(f"a length of {n} at byte {pos} runs past the record")
-    return b[pos:pos + n], pos + n
-
-
-def _rd_str(b: bytes, pos: int) -> tuple[str, int]:
-    raw, pos = _rd_bytes(b, pos)
-    return raw.decode(), pos
-
-
-def _rd_array(b: bytes, pos: int, item: Any) -> tuple[list, int]:
-    """An Avro array: blocks of ``count`` items (a negative count is followed by the block's byte
-    size), ended by a count of 0."""
-    out: list = []
-    while True:
-        count, pos = _rd_long(b, pos)
-        if count == 0:
-            return out, pos
-        if count < 0:
-            count = -count
-            _, pos = _rd_long(b, pos)
-        for _ in range(count):
-            value, pos = item(b, pos)
-            out.append(value)
-
-
-def _rd_array_state(b: bytes, pos: int) -> tuple[tuple, int]:
-    name, pos = _rd_str(b, pos)
-    dtype, pos = _rd_str(b, pos)
-    shape, pos = _rd_array(b, pos, _rd_long)
-    data, pos = _rd_bytes(b, pos)
-    return (name, dtype, shape, data), pos
-
-
-def _rd_scalar_state(b: bytes, pos: int) -> tuple[tuple, int]:
-    name, pos = _rd_str(b, pos)
-    branch, pos = _rd_long(b, pos)  # ["null", "boolean", "long", "double", "string"]
-    if branch == 0:
-        return (name, None), pos
-    if branch == 1:
-        return (name, b[pos] != 0), pos + 1
-    if branch == 2:
-        value, pos = _rd_long(b, pos)
-        return (name, value), pos
-    if branch == 3:
-        if pos + 8 > len(b):
-            raise ValueError(f"a double at byte {pos} runs past the record")
-        return (name, _unpack_double(b, pos)[0]), pos + 8
-    if branch == 4:
-        value, pos = _rd_str(b, pos)
-        return (name, value), pos
-    raise ValueError(f"scalar {name!r}: union branch {branch} is not one of the 5")
-
-
-_unpack_double = struct.Struct("<d").unpack_from
-
-
-def _read_model(body: bytes, pos: int) -> tuple[str, list, list, int]:
-    """One ``ModelState`` at ``pos``, read by hand (the inverse of ``_encode_model``; a test checks
-    it against fastavro): (model key, arrays, scalars, next position)."""
-    key, pos = _rd_str(body, pos)
-    arrays, pos = _rd_array(body, pos, _rd_array_state)
-    scalars, pos = _rd_array(body, pos, _rd_scalar_state)
-    return key, arrays, scalars, pos
-
-
-def _model_state(arrays: list, scalars: list) -> dict[str, Any]:
-    state: dict[str, Any] = dict(scalars)
-    for name, dtype, shape, data in arrays:
-        state[name] = np.frombuffer(data, dtype=np.dtype(dtype)).reshape(shape).copy()
-    return state
 
 
 class SnapshotModels(Mapping):
@@ -558,8 +491,10 @@ class SnapshotModels(Mapping):
         self._offsets = offsets
 
     def __getitem__(self, key: str) -> dict[str, Any]:
-        _, arrays, scalars, _ = _read_model(self._body, self._offsets[key])
-        return _model_state(arrays, scalars)
+        stream = io.BytesIO(self._body)
+        stream.seek(self._offsets[key])
+        m = fastavro.schemaless_reader(stream, _SNAPSHOT_PARTS[1], _SNAPSHOT_PARTS[1])
+        return _state_from_avro(m["arrays"], m["scalars"])
 
     def __iter__(self) -> Iterator[str]:
         return iter(self._offsets)
@@ -573,27 +508,20 @@ def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
     decoded with Avro's resolution (an older writer version)."""
     if version != _VERSIONS[_SNAPSHOT_ID]:
         d = fastavro.schemaless_reader(io.BytesIO(body), _WRITERS[(_SNAPSHOT_ID, version)], _SCHEMAS[_SNAPSHOT_ID])
-        d["models"] = {m["model_key"]: _model_state([(a["name"], a["dtype"], a["shape"], a["data"]) for a in m["arrays"]],
-                                                    [(x["name"], x["value"]) for x in m["scalars"]])
-                       for m in d["models"]}
+        d["models"] = {m["model_key"]: _state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]}
         return d
-    head_schema, _, tail_schema = _SNAPSHOT_PARTS
+    head_schema, model_schema, tail_schema = _SNAPSHOT_PARTS
     stream = io.BytesIO(body)
     d = fastavro.schemaless_reader(stream, head_schema, head_schema)
     offsets: dict[str, int] = {}
-    pos = stream.tell()
-    while True:  # the models array, each record read through once to find it and check it parses
-        count, pos = _rd_long(body, pos)
-        if count == 0:
-            break
+    while count := _read_long(stream):
         if count < 0:  # a block written with its byte size
             count = -count
-            _, pos = _rd_long(body, pos)
+            _read_long(stream)
         for _ in range(count):
-            offset = pos
-            key, _, _, pos = _read_model(body, pos)
+            offset = stream.tell()
+            key = fastavro.schemaless_reader(stream, model_schema, model_schema)["model_key"]
             offsets[key] = offset
-    stream.seek(pos)
     d.update(fastavro.schemaless_reader(stream, tail_schema, tail_schema))
     if stream.read(1):
         raise ValueError("bytes left after the snapshot record")
