@@ -96,8 +96,8 @@ def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: floa
 def freeze_long_lived() -> None:
     """Take what is alive now out of the cyclic garbage collector's walks (``gc.freeze``).
 
-    A full collection walks every tracked object. At start that is ~116,000 objects of imported
-    modules alone (numba's above all), and Python starts one whenever enough objects have survived
+    A full collection walks every tracked object. At start that is every object the imports made
+    (numba's above all), and Python starts one whenever enough objects have survived
     younger collections: in a worker draining a backlog, every few batches, each a pause of up to
     ~90 ms in the middle of a batch (~8 ms frozen: bench/results/e2e.md, part 4). Modules, the configuration and the
     models of a recovered partition live as long as the worker, so the worker freezes them after
