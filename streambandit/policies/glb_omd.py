@@ -56,6 +56,7 @@ class GLBOMD(LinearUCBPolicy):
     _state_arrays = ("theta", "h", "hinv")
     _columns = {"theta": THETA, "hinv": INV, "h": OTHER}
     _radius_kind = kernels.RADIUS_GLB_OMD
+    _play_kernel = kernels.glb_omd_play
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,), in the ball ||theta|| <= S.")
@@ -137,14 +138,12 @@ class GLBOMD(LinearUCBPolicy):
         # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
         self._raise_for(kernels.glb_omd_update_row(*self._chunk, self._i, x, reward, self._store.params))
 
-    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        chosen, done, status = self._play(kernels.glb_omd_play, arms, rewards)
-        if status != kernels.OK:
-            try:
-                self._raise_for(status)
-            except ValueError as e:
-                raise ValueError(f"round {done}: {e}") from None
-        return chosen
+    def _status_message(self, status: int) -> str:
+        try:
+            self._raise_for(status)
+        except ValueError as e:
+            return str(e)
+        raise AssertionError(f"status {status} is not an error")
 
     def _raise_for(self, status: int) -> None:
         if status == kernels.OK:

@@ -59,6 +59,8 @@ class HvtUCB(LinearUCBPolicy):
     _state_arrays = ("theta", "v", "vinv")
     _columns = {"theta": THETA, "vinv": INV, "v": OTHER}
     _radius_kind = kernels.RADIUS_HVT_UCB
+    _play_kernel = kernels.hvt_ucb_play
+    _bad_reward_message = "reward must be finite"
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,).")
@@ -158,10 +160,3 @@ class HvtUCB(LinearUCBPolicy):
         # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
         if kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params) != kernels.OK:
             raise ValueError("x contains NaN or infinite features")
-
-    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        chosen, done, status = self._play(kernels.hvt_ucb_play, arms, rewards)
-        if status != kernels.OK:
-            what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "reward must be finite"
-            raise ValueError(f"round {done}: {what}")
-        return chosen

@@ -73,6 +73,8 @@ class LinearUCBPolicy(Policy):
     __slots__ = _SLOTS
     _columns: ClassVar[dict[str, int]]
     _radius_kind: ClassVar[int]
+    _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
+    _bad_reward_message: ClassVar[str] = "the chosen arm's reward is not finite"
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
         self._init_config(dim, seed)  # n_updates is the row's count, set when the row is attached
@@ -173,9 +175,16 @@ class LinearUCBPolicy(Policy):
         # The compiled step counts the update itself (the row's count), only when it succeeds.
         self._update(self._check_x(x), self._check_reward(reward))
 
-    def _play(self, kernel: Any, arms: np.ndarray, rewards: np.ndarray) -> tuple[np.ndarray, int, int]:
-        """Run a ``*_play`` kernel on this row: (choices, steps done, status)."""
+    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
+        # The learner's compiled loop (``_play_kernel``) on this row; bad input at round t is
+        # reported as ``round t: <what the status means>``, rounds before t applied.
         a, r = self._check_play(arms, rewards)
         chosen = np.zeros(len(a), dtype=np.int64)
-        done, status = kernel(a, r, *self._chunk, self._i, self._store.params, chosen)
-        return chosen, done, status
+        done, status = type(self)._play_kernel(a, r, *self._chunk, self._i, self._store.params, chosen)
+        if status != kernels.OK:
+            raise ValueError(f"round {done}: {self._status_message(status)}")
+        return chosen
+
+    def _status_message(self, status: int) -> str:
+        """What a kernel's bad-input status means, in the words the learner's errors use."""
+        return _NON_FINITE_ARMS if status == kernels.BAD_ARMS else self._bad_reward_message

@@ -41,6 +41,7 @@ class OFUL(LinearUCBPolicy):
     _state_scalars = ("n_updates", "logdet")
     _columns = {"theta": THETA, "vinv": INV, "b": OTHER}
     _radius_kind = kernels.RADIUS_OFUL
+    _play_kernel = kernels.oful_play
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
@@ -99,10 +100,3 @@ class OFUL(LinearUCBPolicy):
         # (kernels.oful_update).
         if kernels.oful_update_row(*self._chunk, self._i, x, reward) != kernels.OK:
             raise ValueError("x contains NaN or infinite features")
-
-    def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
-        chosen, done, status = self._play(kernels.oful_play, arms, rewards)
-        if status != kernels.OK:
-            what = "arms contain NaN or infinite features" if status == kernels.BAD_ARMS else "the chosen arm's reward is not finite"
-            raise ValueError(f"round {done}: {what}")
-        return chosen
