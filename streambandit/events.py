@@ -37,7 +37,7 @@ from streambandit.errors import StreambanditError
 __all__ = [
     "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef",
     "DecodeError", "SnapshotError", "encode", "decode", "pack_snapshot", "unpack_snapshot",
-    "features_to_bytes", "features_from_bytes", "encode_context_v1",
+    "features_to_bytes", "features_from_bytes", "encode_context_v1", "encode_action", "encode_joined",
 ]
 
 MAGIC = 0x5B
@@ -235,10 +235,36 @@ _SMALL_LO, _SMALL_HI = -64, 4096
 _SMALL = tuple(_varint(i) for i in range(_SMALL_LO, _SMALL_HI))  # lengths, indices, small ints: a lookup
 
 
+# The large longs the worker writes per event (event timestamps, input offsets, model versions)
+# mostly share all but their low 7 bits with one written just before: their varint is the low
+# group's byte followed by the varint of the rest, which is memoised (a dict lookup and a concat:
+# ~0.2 us against ~0.65 us for the loop, several times per output record).
+_LOW_GROUP = tuple(bytes((i | 0x80,)) for i in range(128))
+_HIGH_GROUPS: dict[int, bytes] = {}
+
+
 def _long(n: int) -> bytes:
     if _SMALL_LO <= n < _SMALL_HI:
         return _SMALL[n - _SMALL_LO]
-    return _varint(n)
+    if not -(2**63) <= n < 2**63:
+        raise ValueError(f"{n} does not fit an Avro long")
+    z = (n << 1) ^ (n >> 63)  # zigzag; > 0x7F here, so the low group has the continuation bit
+    high = z >> 7
+    rest = _HIGH_GROUPS.get(high)
+    if rest is None:
+        if len(_HIGH_GROUPS) >= 4096:
+            _HIGH_GROUPS.clear()
+        rest = _HIGH_GROUPS[high] = _varint_unsigned(high)
+    return _LOW_GROUP[z & 0x7F] + rest
+
+
+def _varint_unsigned(z: int) -> bytes:
+    out = bytearray()
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
+    return bytes(out)
 
 
 def _str(s: str) -> bytes:
@@ -246,16 +272,29 @@ def _str(s: str) -> bytes:
     return _long(len(b)) + b
 
 
-def _encode_action(a: "Action") -> bytes:
+_NAMES: dict[str, bytes] = {}
+
+
+def _name(s: str) -> bytes:
+    """``_str`` memoised, for the strings that repeat from record to record (model keys, arm ids)."""
+    b = _NAMES.get(s)
+    if b is None:
+        if len(_NAMES) >= 4096:
+            _NAMES.clear()
+        b = _NAMES[s] = _str(s)
+    return b
+
+
+def encode_action(a: "Action") -> bytes:
     f = features_to_bytes(a.features)
-    return b"".join((_ACTION_HEADER, _str(a.event_id), _str(a.model_key), _str(a.arm_id), _long(a.arm_index),
+    return b"".join((_ACTION_HEADER, _str(a.event_id), _name(a.model_key), _name(a.arm_id), _long(a.arm_index),
                      _pack_double(a.score), _pack_double(a.propensity), _long(a.model_version),
                      _long(a.decision_timestamp_ms), _long(len(f)), f, _long(a.trigger_source), _long(a.trigger_offset)))
 
 
-def _encode_joined(j: "Joined") -> bytes:
+def encode_joined(j: "Joined") -> bytes:
     f = features_to_bytes(j.features)
-    return b"".join((_JOINED_HEADER, _str(j.event_id), _str(j.model_key), _long(len(f)), f, _pack_double(j.reward),
+    return b"".join((_JOINED_HEADER, _str(j.event_id), _name(j.model_key), _long(len(f)), f, _pack_double(j.reward),
                      b"\x01" if j.reward_observed else b"\x00", _pack_double(j.propensity),
                      _long(j.decision_timestamp_ms), _long(j.join_timestamp_ms), _long(j.model_version_before),
                      _long(j.trigger_source), _long(j.trigger_offset)))
@@ -264,9 +303,9 @@ def _encode_joined(j: "Joined") -> bytes:
 def encode(event: Any) -> bytes:
     """Serialise one record with its header (a context in the current version, 2)."""
     if isinstance(event, Action):
-        return _encode_action(event)
+        return encode_action(event)
     if isinstance(event, Joined):
-        return _encode_joined(event)
+        return encode_joined(event)
     if isinstance(event, Context):
         return _write(1, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
                           "arm_ids": list(event.arm_ids), "features": features_to_bytes(event.features)})

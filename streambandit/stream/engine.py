@@ -85,36 +85,48 @@ class PartitionEngine:
     # -- entry points --------------------------------------------------------------------------
 
     def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
-        out = self.advance_to(ev.timestamp_ms, source) if self._deadlines or ev.timestamp_ms > self.watermark_ms \
-            else self._no_advance(source)
-        spec = self._spec_of(ev.model_key)
+        # The worker's hot path (once per context): locals and inlined steps, the rules as stated
+        # in the module docstring. bench/results/e2e.md part 3 has its cost.
+        ts, key, event_id = ev.timestamp_ms, ev.model_key, ev.event_id
+        out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
+        spec = self._specs.get(key) or self._spec_of(key)
         if spec is None:
-            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
-        if ev.features.shape[1] != spec.dim:
-            return out + [self._reject(BAD_DIMENSION, f"features have dimension {ev.features.shape[1]}, model "
-                                                      f"{ev.model_key!r} expects {spec.dim}", source)]
-        if ev.event_id in self.pending or ev.event_id in self.recent:
-            return out + [self._reject(DUPLICATE_EVENT, f"event id {ev.event_id!r} was already decided", source)]
-        model = self.models.get(ev.model_key)
+            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {key!r}", source)]
+        features = ev.features
+        if features.shape[1] != spec.dim:
+            return out + [self._reject(BAD_DIMENSION, f"features have dimension {features.shape[1]}, model "
+                                                      f"{key!r} expects {spec.dim}", source)]
+        pending = self.pending
+        if event_id in pending or event_id in self.recent:
+            return out + [self._reject(DUPLICATE_EVENT, f"event id {event_id!r} was already decided", source)]
+        model = self.models.get(key)
         if model is None:
-            model = self.models[ev.model_key] = spec.build()
-            self._specs[ev.model_key] = spec
-        d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id, seed=spec.seed)
-        action = Action(ev.event_id, ev.model_key, ev.arm_ids[d.index], d.index, d.score, d.propensity,
-                        model.n_updates, ev.timestamp_ms, ev.features[d.index].copy(), *self._trigger)
+            model = self.models[key] = spec.build()
+            self._specs[key] = spec
+        if spec.epsilon <= 0.0:  # decide()'s rule without exploration, without its record
+            index, score = model.best(features)
+            propensity = 1.0
+        else:
+            d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
+            index, score, propensity = d.index, d.score, d.propensity
+        action = Action(event_id, key, ev.arm_ids[index], index, score, propensity, model.n_updates, ts,
+                        features[index].copy(), *self._trigger)
         out.append(action)
         self.counters["actions"] += 1
-        if len(self.pending) >= self.max_pending:
-            oldest = next(iter(self.pending))
+        if len(pending) >= self.max_pending:
+            oldest = next(iter(pending))
             self.counters["evicted_pending"] += 1
-            out += self._close(oldest, ev.timestamp_ms)
-        self.pending[ev.event_id] = _Pending(action, ev.timestamp_ms + spec.reward_window_ms)
-        self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "decision", ev.event_id)
-        for reward, src in self.early.pop(ev.event_id, ()):
-            if ev.event_id in self.pending:
-                out += self._accept_reward(reward, src, ev.timestamp_ms)
-            else:  # an earlier one of these rewards already closed it (aggregation "first")
-                out.append(self._reject(DUPLICATE_REWARD, f"event {ev.event_id!r} was already joined with a reward", src))
+            out += self._close(oldest, ts)
+        deadline = ts + spec.reward_window_ms
+        pending[event_id] = _Pending(action, deadline)
+        self._seq += 1
+        heapq.heappush(self._deadlines, (deadline, self._seq, "decision", event_id))
+        if self.early:
+            for reward, src in self.early.pop(event_id, ()):
+                if event_id in pending:
+                    out += self._accept_reward(reward, src, ts)
+                else:  # an earlier one of these rewards already closed it (aggregation "first")
+                    out.append(self._reject(DUPLICATE_REWARD, f"event {event_id!r} was already joined with a reward", src))
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
         if self._deadlines[0][0] <= self.watermark_ms:
@@ -150,8 +162,9 @@ class PartitionEngine:
         if timestamp_ms > self.watermark_ms:
             self.watermark_ms = timestamp_ms
         out: list[Joined | Rejected] = []
-        while self._deadlines and self._deadlines[0][0] <= self.watermark_ms:
-            deadline, _, kind, event_id = heapq.heappop(self._deadlines)
+        deadlines, watermark = self._deadlines, self.watermark_ms
+        while deadlines and deadlines[0][0] <= watermark:
+            deadline, _, kind, event_id = heapq.heappop(deadlines)
             if kind == "decision":
                 p = self.pending.get(event_id)
                 if p is not None and p.deadline_ms == deadline:
@@ -218,11 +231,14 @@ class PartitionEngine:
         version = model.n_updates
         try:
             model.update(a.features, reward)
-            self.updates += 1
         except ValueError as exc:
             self._remember(event_id, observed)
             return [self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)]
-        self._remember(event_id, observed)
+        self.updates += 1
+        recent = self.recent  # _remember, inlined on this path
+        recent[event_id] = observed
+        if len(recent) > self.max_recent:
+            recent.popitem(last=False)
         self.counters["joined_observed" if observed else "joined_default"] += 1
         return [Joined(event_id, a.model_key, a.features, float(reward), observed, a.propensity,
                        a.decision_timestamp_ms, now_ms, version, *self._trigger)]

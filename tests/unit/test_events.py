@@ -101,6 +101,22 @@ def test_hand_written_action_and_joined_bytes_equal_fastavro(event):
     assert encode(event) == events._write(3 if isinstance(event, Action) else 4, datum)
 
 
+def test_memoised_longs_are_the_plain_varint_for_every_magnitude_and_sign():
+    """``_long`` writes a large long as its low 7-bit group plus a memoised varint of the rest;
+    the oracle is the plain loop, over every byte-length boundary, runs of neighbours (which share
+    the memo), random values, and enough distinct highs to clear the memo."""
+    rng = np.random.default_rng(3)
+    edges = [s * (2 ** (7 * k) + d) for k in range(10) for d in (-1, 0, 1) for s in (1, -1)]
+    runs = [base + i for base in (1_795_381_677_451, -(2**40), 2**62) for i in range(300)]
+    many = [int(x) for x in rng.integers(-(2**63), 2**63 - 1, size=20_000, dtype=np.int64)]
+    for n in [2**63 - 1, -(2**63), *edges, *runs, *many]:
+        if -(2**63) <= n < 2**63:
+            assert events._long(n) == events._varint(n), n
+    for n in (2**63, -(2**63) - 1):
+        with pytest.raises(ValueError):
+            events._long(n)
+
+
 def test_a_record_from_a_newer_writer_with_an_added_field_is_read():
     schema = json.loads((events._SCHEMA_DIR / "reward.avsc").read_text())
     v2 = copy.deepcopy(schema)
