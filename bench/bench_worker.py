@@ -65,13 +65,18 @@ def fresh_topics(broker: EmbeddedBroker) -> Topics:
     return t
 
 
+# Event time starts at an epoch timestamp as an application's clock gives (2023-11-14): what the
+# worker encodes per record then has the size it has in production (6-byte varints, not 2).
+T0_MS = 1_700_000_000_000
+
+
 def backlog(n: int, seed: int = 0) -> list[tuple[Context, Reward | None]]:
     """n ad requests (event time 1 ms apart) and a click for every third, 5 ms after it."""
     traffic, rng = AdTraffic(dim=D, k=K, seed=seed), np.random.default_rng(seed)
     out = []
     for i in range(n):
         req, key = traffic.request(rng), f"placement-{i % 4}"
-        ctx = Context(f"e{i}", key, 1_000 + i, req.ad_ids, req.features)
+        ctx = Context(f"e{i}", key, T0_MS + i, req.ad_ids, req.features)
         out.append((ctx, Reward(ctx.event_id, key, ctx.timestamp_ms + 5, 1.0) if i % 3 == 0 else None))
     return out
 

@@ -1,0 +1,181 @@
+"""Where the worker's CPU goes per event, without a profiler and without a broker.
+
+    python bench/bench_worker_path.py            # ~1 min, writes bench/results/worker_path.{md,json}
+    python bench/bench_worker_path.py --quick    # a smoke run (results not written)
+
+The worker's own per-batch code (``Worker._buffer``, ``Worker._release``, ``Worker._produce``) runs
+on real ``confluent_kafka.Message`` objects holding the encoded backlog of bench_e2e part 4
+(d = 20, K = 10, 4 model keys, 2 partitions, a reward for every third context, epoch
+timestamps), in batches of 2,000 as polled. The producer is a real librdkafka producer with no
+broker reachable (``produce`` queues; the queue is purged after each batch), so Kafka's network
+and the transaction round trips are left out: those are bench_e2e's.
+
+Stages are measured by ablation, each level doing everything the one before does plus one
+stage, so the difference is that stage's cost in place (with the caches and allocator the
+whole path sees), in CPU time of this thread (``time.thread_time``), best of REPEATS fresh runs
+per level (the machine is shared: the best run is the one least disturbed). cProfile's shares
+(bench_e2e part 3) inflate stages made of many small calls; these do not.
+
+1. decode: ``decode_batch`` of the batch's values;
+2. buffer: 1 + the records made and pushed into the mergers (``Worker._buffer``);
+3. engine: 2 + merge release and the partition engines (decisions, joins, the learners);
+4. encode: 3 + the outputs encoded (``Worker._release``, the worker's own loop);
+5. produce: 4 + every output handed to the producer (``Worker._produce``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+
+common.pin_one_thread()
+
+from confluent_kafka import Message, Producer  # noqa: E402
+
+import bench_worker as bw  # noqa: E402
+from streambandit.batch_decode import decode_batch  # noqa: E402
+from streambandit.events import encode  # noqa: E402
+from streambandit.stream.engine import PartitionEngine  # noqa: E402
+from streambandit.stream.merge import InputMerger  # noqa: E402
+from streambandit.stream.models_config import parse_models_config  # noqa: E402
+from streambandit.stream.worker import Topics, Worker, WorkerConfig, _Partition, freeze_long_lived  # noqa: E402
+
+STAGE_TEXT = {
+    "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
+    "buffer": "each record's `InputRef` made and pushed into its partition's merger (`Worker._buffer`)",
+    "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
+    "encode": "the outputs encoded, in the worker's own loop (`Worker._release`)",
+    "produce": "every output handed to librdkafka (`Worker._produce`)",
+}
+STAGES = tuple(STAGE_TEXT)
+REPEATS = 7
+BATCH = 2000
+TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
+
+
+def messages(n: int) -> list[list[Message]]:
+    """The backlog as the consumer would hand it over: batches of Message objects, each record on
+    the partition of its model key, offsets counted per topic-partition."""
+    out, offsets = [], collections.Counter()
+    for ctx, rew in bw.backlog(n):
+        p = int(ctx.model_key.rsplit("-", 1)[1]) % bw.PARTITIONS
+        for topic, ev in ((TOPICS.contexts, ctx), (TOPICS.rewards, rew)):
+            if ev is not None:
+                out.append(Message(topic=topic, partition=p, offset=offsets[(topic, p)], key=ev.model_key.encode(),
+                                   value=encode(ev), timestamp=(1, ev.timestamp_ms)))
+                offsets[(topic, p)] += 1
+    return [out[i:i + BATCH] for i in range(0, len(out), BATCH)]
+
+
+class _NoBroker:
+    """What ``Worker._release`` asks the consumer: nothing is held back for a fetch to come."""
+
+    def position(self, tps: list) -> list:
+        return []
+
+
+def worker(policy: str) -> Worker:
+    """A worker with both partitions assigned and fresh, without a broker (no ``__init__``)."""
+    cfg = WorkerConfig(bootstrap_servers="unused", models=parse_models_config(bw.models(policy, 100)), topics=TOPICS,
+                       merge_wait_ms=0)
+    w = Worker.__new__(Worker)
+    w.config, w.metrics, w._merge_base = cfg, collections.Counter(), [0, 0]
+    w._topic_source = {TOPICS.contexts: 0, TOPICS.rewards: 1}
+    w.consumer = _NoBroker()
+    w.producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "queue.buffering.max.messages": 1_000_000,
+                           "queue.buffering.max.kbytes": 2_000_000})
+    w.partitions = {p: _Partition(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0}) for p in range(bw.PARTITIONS)}
+    return w
+
+
+def _engine_only(w: Worker, now: int) -> None:
+    """``Worker._release`` without encoding the outputs (level 3)."""
+    for part in w.partitions.values():
+        for rec in part.merger.pop_ready(now, (False, False)):
+            ev, ref = rec.item
+            (part.engine.on_context if rec.source == 0 else part.engine.on_reward)(ev, ref)
+            part.next_offset[rec.source] = rec.offset + 1
+
+
+def run(policy: str, batches: list[list[Message]], level: int) -> float:
+    """CPU microseconds per input record of one fresh worker through ``level`` stages."""
+    w, now, n = worker(policy), 10**13, 0
+    freeze_long_lived()
+    start = time.thread_time()
+    for batch in batches:
+        if level == 1:
+            decode_batch([m.value() for m in batch])
+        else:
+            w._buffer(batch, now)
+            if level == 3:
+                _engine_only(w, now)
+            elif level >= 4:
+                outputs = w._release(now)
+                if level == 5:
+                    w._produce(outputs)
+                    w.producer.purge(in_queue=True, in_flight=False)
+        n += len(batch)
+    cpu = time.thread_time() - start
+    if level >= 4 and w.metrics["records_in"] != n:
+        raise RuntimeError(f"level {level}: {w.metrics['records_in']} of {n} records processed")
+    return cpu / n * 1e6
+
+
+def measure(policy: str, n: int, repeats: int) -> dict:
+    batches = messages(n)
+    run(policy, batches, 5)  # compile and warm
+    best = {lvl: min(run(policy, batches, lvl) for _ in range(repeats)) for lvl in range(1, len(STAGES) + 1)}
+    stages, prev = {}, 0.0
+    for lvl, name in enumerate(STAGES, start=1):
+        stages[name] = best[lvl] - prev
+        prev = best[lvl]
+    n_events = sum(map(len, batches))
+    return {"policy": policy, "events": n_events, "contexts": n, "us_per_event": stages, "total_us_per_event": prev,
+            "events_per_cpu_s": 1e6 / prev}
+
+
+def report(res: dict) -> str:
+    m = res["machine"]
+    lines = [
+        "# The worker's CPU per event, by stage (no broker, no profiler)",
+        "",
+        f"Command: `python bench/bench_worker_path.py`. Machine: {m['cpu']}, {m['cores']} cores (shared), Python "
+        f"{m['python']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}. The worker's own batch code on real "
+        f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of bench_e2e part 4's backlog and their "
+        "rewards, batches of 2,000), a producer with no broker; each level adds one stage, CPU time of the thread, "
+        f"best of {res['repeats']} fresh runs per level. Kafka's network and transactions are not in these figures "
+        "(bench_e2e part 4 has them).",
+        "",
+        "| policy | " + " | ".join(STAGES) + " | total us / event | events per CPU s |",
+        "|---|" + "---:|" * (len(STAGES) + 2),
+    ]
+    for r in res["runs"]:
+        lines.append(f"| {r['policy']} | " + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in STAGES)
+                     + f" | {r['total_us_per_event']:.2f} | {r['events_per_cpu_s']:,.0f} |")
+    lines += ["", "Each stage is the difference between a level and the one before it:", ""]
+    lines += [f"- {name}: {what}" for name, what in STAGE_TEXT.items()]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--quick", action="store_true", help="small sizes, results not written")
+    args = ap.parse_args()
+    n, repeats = (3000, 2) if args.quick else (30000, REPEATS)
+    res = {"machine": common.machine(), "contexts": n, "repeats": repeats,
+           "runs": [measure(p, n, repeats) for p in ("oful", "glb_omd")]}
+    for r in res["runs"]:
+        print(f"{r['policy']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["us_per_event"].items())
+              + f" = {r['total_us_per_event']:.2f} us/event", flush=True)
+    if not args.quick:
+        common.write("worker_path", res, report(res))
+
+
+if __name__ == "__main__":
+    main()
