@@ -332,8 +332,8 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         "poll": ct(lambda f: name(f, "worker.py", "_poll_batch")) + ct(lambda f: name(f, "worker.py", "_inputs_behind")),
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
         "merge": ct(lambda f: name(f, "merge.py", "push")) + ct(lambda f: name(f, "merge.py", "pop_ready")),
-        "encode": sum(c[3] for f, v in st.items() if name(f, "events.py", "encode") for caller, c in v[4].items()
-                      if caller[0].endswith("worker.py")),
+        "encode": sum(c[3] for f, v in st.items() if f[0].endswith("events.py") and f[2] in ("encode", "encode_action", "encode_joined")
+                      for caller, c in v[4].items() if caller[0].endswith("worker.py")),
         "produce": sum(v[3] for f, v in st.items() if f[2] in ("<method 'produce' of 'cimpl.Producer' objects>",
                                                               "<method 'poll' of 'cimpl.Producer' objects>")),
         "commit": sum(v[3] for f, v in st.items() if f[2] in (

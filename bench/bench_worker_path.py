@@ -19,7 +19,7 @@ per level (the machine is shared: the best run is the one least disturbed). cPro
 1. decode: ``decode_batch`` of the batch's values;
 2. buffer: 1 + the records made and pushed into the mergers (``Worker._buffer``);
 3. engine: 2 + merge release and the partition engines (decisions, joins, the learners);
-4. encode: 3 + the outputs encoded (``Worker._release``, the worker's own loop);
+4. encode: 3 + the worker's per-record dispatch and the outputs encoded (``Worker._release``);
 5. produce: 4 + every output handed to the producer (``Worker._produce``).
 """
 
@@ -50,7 +50,8 @@ STAGE_TEXT = {
     "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
     "buffer": "each record's `InputRef` made and pushed into its partition's merger (`Worker._buffer`)",
     "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
-    "encode": "the outputs encoded, in the worker's own loop (`Worker._release`)",
+    "encode": "the worker's per-record dispatch and the outputs' encoding (`Worker._process`, `_output`: "
+              "`Worker._release` against the engine alone)",
     "produce": "every output handed to librdkafka (`Worker._produce`)",
 }
 STAGES = tuple(STAGE_TEXT)
