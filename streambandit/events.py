@@ -222,12 +222,15 @@ def _varint(n: int) -> bytes:
     n = int(n)
     if not -(2**63) <= n < 2**63:
         raise ValueError(f"{n} does not fit an Avro long")
-    n = (n << 1) ^ (n >> 63)
+    return _varint_unsigned((n << 1) ^ (n >> 63))
+
+
+def _varint_unsigned(z: int) -> bytes:
     out = bytearray()
-    while n > 0x7F:
-        out.append((n & 0x7F) | 0x80)
-        n >>= 7
-    out.append(n)
+    while z > 0x7F:
+        out.append((z & 0x7F) | 0x80)
+        z >>= 7
+    out.append(z)
     return bytes(out)
 
 
@@ -246,6 +249,7 @@ _HIGH_GROUPS: dict[int, bytes] = {}
 def _long(n: int) -> bytes:
     if _SMALL_LO <= n < _SMALL_HI:
         return _SMALL[n - _SMALL_LO]
+    n = int(n)  # numpy integers (snapshot scalars) would wrap in the shift below
     if not -(2**63) <= n < 2**63:
         raise ValueError(f"{n} does not fit an Avro long")
     z = (n << 1) ^ (n >> 63)  # zigzag; > 0x7F here, so the low group has the continuation bit
@@ -256,15 +260,6 @@ def _long(n: int) -> bytes:
             _HIGH_GROUPS.clear()
         rest = _HIGH_GROUPS[high] = _varint_unsigned(high)
     return _LOW_GROUP[z & 0x7F] + rest
-
-
-def _varint_unsigned(z: int) -> bytes:
-    out = bytearray()
-    while z > 0x7F:
-        out.append((z & 0x7F) | 0x80)
-        z >>= 7
-    out.append(z)
-    return bytes(out)
 
 
 def _str(s: str) -> bytes:

@@ -112,6 +112,7 @@ def test_memoised_longs_are_the_plain_varint_for_every_magnitude_and_sign():
     for n in [2**63 - 1, -(2**63), *edges, *runs, *many]:
         if -(2**63) <= n < 2**63:
             assert events._long(n) == events._varint(n), n
+            assert events._long(np.int64(n)) == events._varint(n), n
     for n in (2**63, -(2**63) - 1):
         with pytest.raises(ValueError):
             events._long(n)
