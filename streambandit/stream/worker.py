@@ -21,9 +21,10 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 
 from streambandit import reasons
 from streambandit.batch_decode import decode_batch
+from streambandit.batch_encode import encode_actions, encode_joined_records
 from streambandit.errors import StreambanditError
 from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
-                                 decode, encode, encode_action, encode_joined, pack_snapshot)
+                                 decode, encode, pack_snapshot)
 from streambandit.stream.engine import PartitionEngine, RecoveryError, Rejected
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import committed_view, high_watermark, read_range
@@ -227,18 +228,53 @@ class Worker:
             part.last_input_wall_ms = now
 
     def _release(self, now: int) -> list[tuple[str, int, bytes | None, bytes]]:
-        """Process every record the mergers release now, in merge order: the encoded outputs."""
+        """Process every record the mergers release now, in merge order: the encoded outputs.
+
+        The per-record loop of the worker (bench/results/worker_path.md has its cost): the common
+        case, a context on contexts or a reward on rewards keyed by its model key, goes straight to
+        the engine; everything else takes ``_process``. Actions and joined records are encoded
+        together at the end, one compiled pass each (``batch_encode``); each output topic's
+        records keep their order, which is all the logs' order depends on."""
         outputs: list[tuple[str, int, bytes | None, bytes]] = []
-        partitions = self.partitions
+        actions: list[Action] = []
+        joined: list[Joined] = []
+        action_parts: list[int] = []
+        joined_parts: list[int] = []
         behind = self._inputs_behind()
-        for p, part in partitions.items():
+        for p, part in self.partitions.items():
+            eng, next_offset = part.engine, part.next_offset
+            on_context, on_reward = eng.on_context, eng.on_reward
             n = 0
             for rec in part.merger.pop_ready(now, behind[p]):
-                outputs += self._process(p, part, rec.item)
-                part.next_offset[rec.source] = rec.offset + 1
+                ev, ref = rec.item
+                cls, key = type(ev), ref.key
+                if cls is Context and rec.source == CONTEXTS and (key is None or key == ev.model_key.encode()):
+                    out = on_context(ev, ref)
+                elif cls is Reward and rec.source == REWARDS and (key is None or key == ev.model_key.encode()):
+                    out = on_reward(ev, ref)
+                else:
+                    out = self._process(p, part, ev, ref)
+                for o in out:
+                    ocls = type(o)
+                    if ocls is Action:
+                        actions.append(o)
+                        action_parts.append(p)
+                    elif ocls is Joined:
+                        joined.append(o)
+                        joined_parts.append(p)
+                    else:
+                        outputs.append(self._dead_letter(p, o, ref))
+                next_offset[rec.source] = rec.offset + 1
                 n += 1
             self.metrics["records_in"] += n
             outputs += self._maybe_tick(p, part, now)
+        t = self.config.topics
+        outputs += [(t.actions, p, a.model_key.encode(), v)
+                    for p, a, v in zip(action_parts, actions, encode_actions(actions))]
+        outputs += [(t.joined, p, j.model_key.encode(), v)
+                    for p, j, v in zip(joined_parts, joined, encode_joined_records(joined))]
+        self.metrics["actions"] += len(actions)
+        self.metrics["joined"] += len(joined)
         return outputs
 
     def _poll_batch(self) -> list[Any]:
@@ -280,35 +316,22 @@ class Worker:
     def _topic_of(self, source: int) -> str:
         return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
 
-    def _process(self, p: int, part: _Partition, item: tuple[Any, InputRef]) -> list[tuple[str, int, bytes | None, bytes]]:
-        ev, ref = item
+    def _process(self, p: int, part: _Partition, ev: Any, ref: InputRef) -> list[Action | Joined | Rejected]:
+        """A record that is not the common case (``_release`` handles that): a record that did not
+        decode, one on the wrong topic, a tick, or a keyed record whose key is not its model key."""
         eng = part.engine
-        cls = type(ev)
-        # The two common cases first: a context on contexts, a reward on rewards, keyed by their
-        # model key (or not keyed).
-        if cls is Context and ref.source == CONTEXTS and (ref.key is None or ref.key == ev.model_key.encode()):
-            out = eng.on_context(ev, ref)
-        elif cls is Reward and ref.source == REWARDS and (ref.key is None or ref.key == ev.model_key.encode()):
-            out = eng.on_reward(ev, ref)
-        elif isinstance(ev, DecodeError):
-            out = [Rejected(ev.reason, ev.detail, ref)]
-        elif ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
-            out = [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self._topic_of(ref.source)!r}", ref)]
-        elif isinstance(ev, Tick):
-            out = eng.advance_to(ev.timestamp_ms, ref)
-        else:  # a context or reward whose message key is not its model key
-            out = [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
-        return [self._output(p, o, ref) for o in out]
+        if isinstance(ev, DecodeError):
+            return [Rejected(ev.reason, ev.detail, ref)]
+        if ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
+            return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self._topic_of(ref.source)!r}", ref)]
+        if isinstance(ev, Tick):
+            return eng.advance_to(ev.timestamp_ms, ref)
+        # a context or reward whose message key is not its model key
+        return [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
 
-    def _output(self, p: int, o: Any, trigger: InputRef) -> tuple[str, int, bytes | None, bytes]:
+    def _dead_letter(self, p: int, o: Rejected, trigger: InputRef) -> tuple[str, int, bytes | None, bytes]:
+        """The dead-letter record of a refused input (or of a decision whose update failed)."""
         t = self.config.topics
-        cls = type(o)
-        if cls is Action:
-            self.metrics["actions"] += 1
-            return (t.actions, p, o.model_key.encode(), encode_action(o))
-        if cls is Joined:
-            self.metrics["joined"] += 1
-            return (t.joined, p, o.model_key.encode(), encode_joined(o))
         self.metrics[f"dead_letter.{o.reason}"] += 1
         src = o.source
         if isinstance(src, Action):  # update_failed: the decision itself is what could not be used
@@ -364,10 +387,10 @@ class Worker:
         produce = self.producer.produce
         for topic, p, key, value in outputs:
             try:
-                produce(topic, value=value, key=key, partition=p)
+                produce(topic, value, key, p)  # positional: a third cheaper than keywords
             except BufferError:  # the local queue is full: let librdkafka send, then retry
                 self.producer.poll(0.1)
-                produce(topic, value=value, key=key, partition=p)
+                produce(topic, value, key, p)
         self.producer.poll(0)
 
     def _abort_and_rebuild(self, exc: KafkaException) -> None:
