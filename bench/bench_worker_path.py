@@ -19,8 +19,10 @@ per level (the machine is shared: the best run is the one least disturbed). cPro
 1. decode: ``decode_batch`` of the batch's values;
 2. buffer: 1 + the records made and pushed into the mergers (``Worker._buffer``);
 3. engine: 2 + merge release and the partition engines (decisions, joins, the learners);
-4. encode: 3 + the worker's per-record dispatch and the outputs encoded (``Worker._release``);
-5. produce: 4 + every output handed to the producer (``Worker._produce``).
+4. encode: 3 + the worker's per-record dispatch and the outputs encoded (``Worker._release``, its
+   hand-overs dropped);
+5. produce: 4 + every output handed to the producer (``Worker._release`` handing them to
+   ``Worker._produce``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,10 @@ def _engine_only(w: Worker, now: int) -> None:
             part.next_offset[rec.source] = rec.offset + 1
 
 
+def _drop(outputs: list) -> None:
+    """Level 4's hand-over: the encoded outputs go nowhere."""
+
+
 def run(policy: str, batches: list[list[Message]], level: int) -> float:
     """CPU microseconds per input record of one fresh worker through ``level`` stages."""
     w, now, n = worker(policy), 10**13, 0
@@ -116,11 +122,11 @@ def run(policy: str, batches: list[list[Message]], level: int) -> float:
             w._buffer(batch, now)
             if level == 3:
                 _engine_only(w, now)
-            elif level >= 4:
-                outputs = w._release(now)
-                if level == 5:
-                    w._produce(outputs)
-                    w.producer.purge(in_queue=True, in_flight=False)
+            elif level == 4:
+                w._release(now, _drop)
+            elif level == 5:
+                w._release(now, w._produce)
+                w.producer.purge(in_queue=True, in_flight=False)
         n += len(batch)
     cpu = time.thread_time() - start
     if level >= 4 and w.metrics["records_in"] != n:

@@ -123,6 +123,43 @@ class _Partition:
     last_tick_wall_ms: int = 0
 
 
+_EMIT_EVERY = 256  # records processed between hand-overs of their outputs to the producer
+
+
+class _TransactionFailed(Exception):
+    """Producing a batch's output failed: the batch's transaction is aborted and rebuilt."""
+
+    def __init__(self, error: KafkaException) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+class _Outputs:
+    """A batch's outputs not yet handed to the producer: actions and joined records as records
+    (encoded together by ``take``), the rest (dead letters, ticks) already encoded."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+        self.actions: list[tuple[int, Action]] = []
+        self.joined: list[tuple[int, Joined]] = []
+        self.others: list[tuple[str, int, bytes | None, bytes]] = []
+
+    def take(self, metrics: collections.Counter) -> list[tuple[str, int, bytes | None, bytes]]:
+        """Everything held, encoded, as (topic, partition, key, value); empties the buffer."""
+        t, actions, joined = self.topics, self.actions, self.joined
+        out = self.others
+        if actions:
+            out += [(t.actions, p, a.model_key.encode(), v)
+                    for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))]
+        if joined:
+            out += [(t.joined, p, j.model_key.encode(), v)
+                    for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))]
+        metrics["actions"] += len(actions)
+        metrics["joined"] += len(joined)
+        self.actions, self.joined, self.others = [], [], []
+        return out
+
+
 class Worker:
     """Run with ``run()``; ``stop()`` (from a signal handler) makes it finish the batch and leave."""
 
@@ -140,6 +177,7 @@ class Worker:
         self.metrics: collections.Counter[str] = collections.Counter()
         self._stopping = False
         self._delivery_error: KafkaError | None = None
+        self._in_transaction = False  # begun by the batch's first output (``_emit``) or its commit
         # Merge counters of partitions this worker no longer holds (the metrics stay cumulative).
         self._merge_base = [0, 0]
 
@@ -186,14 +224,19 @@ class Worker:
     def step(self) -> int:
         """Poll, process and commit one batch; returns the number of input records taken."""
         msgs = self._poll_batch()
-        outputs, offsets = self._handle(msgs, _now_ms())
-        if outputs or msgs:
-            self._commit(outputs, offsets)
+        try:
+            offsets = self._handle(msgs, _now_ms(), self._emit)
+        except _TransactionFailed as exc:
+            self._abort_and_rebuild(exc.error)
+            return len(msgs)
+        if self._in_transaction or msgs:
+            self._commit(offsets)
             self._maybe_snapshot()
         return len(msgs)
 
-    def _handle(self, msgs: list[Any], now: int) -> tuple[list[tuple[str, int, bytes | None, bytes]], list[TopicPartition]]:
-        """Decode, merge and process a polled batch: its outputs and the input offsets to commit."""
+    def _handle(self, msgs: list[Any], now: int, emit: Any) -> list[TopicPartition]:
+        """Decode, merge and process a polled batch, handing its outputs to ``emit`` as they are
+        made: the input offsets to commit."""
         records = []
         for msg in msgs:
             if msg.error():
@@ -203,13 +246,12 @@ class Worker:
                 continue
             records.append(msg)
         self._buffer(records, now)
-        outputs = self._release(now)
+        self._release(now, emit)
         self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in self.partitions.values())
         self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in self.partitions.values())
         self.metrics["pending"] = sum(len(x.engine.pending) for x in self.partitions.values())  # a gauge
-        offsets = [TopicPartition(self._topic_of(src), p, off)
-                   for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
-        return outputs, offsets
+        return [TopicPartition(self._topic_of(src), p, off)
+                for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
 
     def _buffer(self, records: list[Any], now: int) -> None:
         """Decode the batch's records and buffer each in its partition's merger."""
@@ -227,23 +269,23 @@ class Worker:
             part.merger.push(src, offset, ts, (ev, ref), now)
             part.last_input_wall_ms = now
 
-    def _release(self, now: int) -> list[tuple[str, int, bytes | None, bytes]]:
-        """Process every record the mergers release now, in merge order: the encoded outputs.
+    def _release(self, now: int, emit: Any) -> None:
+        """Process every record the mergers release now, in merge order, handing the encoded
+        outputs to ``emit`` every ``_EMIT_EVERY`` records and at the end.
 
         The per-record loop of the worker (bench/results/worker_path.md has its cost): the common
         case, a context on contexts or a reward on rewards keyed by its model key, goes straight to
         the engine; everything else takes ``_process``. Actions and joined records are encoded
-        together at the end, one compiled pass each (``batch_encode``); each output topic's
-        records keep their order, which is all the logs' order depends on."""
-        outputs: list[tuple[str, int, bytes | None, bytes]] = []
-        actions: list[Action] = []
-        joined: list[Joined] = []
-        action_parts: list[int] = []
-        joined_parts: list[int] = []
+        together, one compiled pass each per hand-over (``batch_encode``); each output topic's
+        records keep their order, which is all the logs' order depends on. Handing them over
+        during the batch lets librdkafka send them while the rest is processed, instead of the
+        commit waiting for all of them (bench/results/e2e.md, part 4)."""
+        out_buf: _Outputs = _Outputs(self.config.topics)
         behind = self._inputs_behind()
         for p, part in self.partitions.items():
             eng, next_offset = part.engine, part.next_offset
             on_context, on_reward = eng.on_context, eng.on_reward
+            actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             n = 0
             for rec in part.merger.pop_ready(now, behind[p]):
                 ev, ref = rec.item
@@ -257,25 +299,19 @@ class Worker:
                 for o in out:
                     ocls = type(o)
                     if ocls is Action:
-                        actions.append(o)
-                        action_parts.append(p)
+                        actions.append((p, o))
                     elif ocls is Joined:
-                        joined.append(o)
-                        joined_parts.append(p)
+                        joined.append((p, o))
                     else:
-                        outputs.append(self._dead_letter(p, o, ref))
+                        others.append(self._dead_letter(p, o, ref))
                 next_offset[rec.source] = rec.offset + 1
                 n += 1
+                if n % _EMIT_EVERY == 0:
+                    emit(out_buf.take(self.metrics))
+                    actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             self.metrics["records_in"] += n
-            outputs += self._maybe_tick(p, part, now)
-        t = self.config.topics
-        outputs += [(t.actions, p, a.model_key.encode(), v)
-                    for p, a, v in zip(action_parts, actions, encode_actions(actions))]
-        outputs += [(t.joined, p, j.model_key.encode(), v)
-                    for p, j, v in zip(joined_parts, joined, encode_joined_records(joined))]
-        self.metrics["actions"] += len(actions)
-        self.metrics["joined"] += len(joined)
-        return outputs
+            out_buf.others += self._maybe_tick(p, part, now)
+        emit(out_buf.take(self.metrics))
 
     def _poll_batch(self) -> list[Any]:
         """What is already fetched, up to ``batch_max_records``; when nothing is, wait up to
@@ -360,19 +396,33 @@ class Worker:
 
     # -- the commit path -----------------------------------------------------------------------
 
-    def _commit(self, outputs: list[tuple[str, int, bytes | None, bytes]], offsets: list[TopicPartition]) -> None:
-        """Outputs and input offsets in one transaction. Every failure branch aborts before the
-        offsets are committed, and the partitions are then rebuilt from what did commit."""
+    def _emit(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
+        """Produce outputs in the batch's transaction, opening it on the first."""
+        if not outputs:
+            return
         try:
-            # 1. Open the transaction.
-            self.producer.begin_transaction()
-            # 2. Produce every output of the batch.
+            if not self._in_transaction:
+                self.producer.begin_transaction()
+                self._in_transaction = True
             self._produce(outputs)
-            # 3. Add the input offsets (next offset to process, per partition) to the transaction.
+        except KafkaException as exc:
+            raise _TransactionFailed(exc) from exc
+
+    def _commit(self, offsets: list[TopicPartition]) -> None:
+        """The batch's outputs (produced by ``_emit``) and its input offsets in one transaction.
+        Every failure branch aborts before the offsets are committed, and the partitions are then
+        rebuilt from what did commit."""
+        try:
+            # 1. The transaction is open if any output was produced; open it for the offsets alone.
+            if not self._in_transaction:
+                self.producer.begin_transaction()
+                self._in_transaction = True
+            # 2. Add the input offsets (next offset to process, per partition) to the transaction.
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, self.consumer.consumer_group_metadata(), 30)
-            # 4. Commit: all of it becomes visible, or none of it does.
+            # 3. Commit: all of it becomes visible, or none of it does.
             self.producer.commit_transaction(30)
+            self._in_transaction = False
             if self._delivery_error is not None:
                 raise KafkaException(self._delivery_error)
         except KafkaException as exc:
@@ -399,9 +449,11 @@ class Worker:
         if isinstance(err, KafkaError) and err.fatal():
             raise WorkerError(f"fatal producer error: {err}") from exc
         try:
-            self.producer.abort_transaction(30)
+            if self._in_transaction:
+                self.producer.abort_transaction(30)
         except KafkaException as abort_exc:
             raise WorkerError(f"could not abort the failed transaction: {abort_exc}") from exc
+        self._in_transaction = False
         self._delivery_error = None
         self._rebuild_all()
 
