@@ -59,15 +59,19 @@ def _string(buf, pos, end):
 
 
 @njit(cache=True, nogil=True)
-def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, value):
-    """One pass over records ``buf[starts[i]:ends[i]]``.
+def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, value):
+    """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
+    ``arms``.
 
     Columns per record: ``spans[i]`` = event id (0, 1), model key (2, 3), arm ids in ``arms``
     (4, 5) and features in ``feats`` (6, 7) as start/stop; ``shape[i]`` = (K, d); ``value[i]`` a
-    reward's value. Arm ids are copied into ``arms`` joined by NUL bytes (one decode and one split
-    in Python instead of K decodes); a context whose arm ids contain a NUL goes the slow way."""
+    reward's value. The event ids of the records handled here are copied into ``ids`` and their
+    arm ids into ``arms``, each followed by a NUL byte, so that Python decodes and splits each
+    buffer once for the whole batch instead of once per string; a record whose event id or arm
+    ids contain a NUL goes the slow way."""
     f_at = 0
     a_at = 0
+    i_at = 0
     for i in range(starts.shape[0]):
         status[i] = _SLOW
         pos, end = starts[i], ends[i]
@@ -82,19 +86,34 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, valu
         if b < 0:
             continue
         spans[i, 0], spans[i, 1] = a, b
+        i0 = i_at
+        for j in range(a, b):
+            if buf[j] == 0:
+                break
+            ids[i_at] = buf[j]
+            i_at += 1
+        if i_at - i0 != b - a:
+            i_at = i0
+            continue
+        ids[i_at] = 0
+        i_at += 1
         a, b = _string(buf, b, end)  # model_key
         if b < 0:
+            i_at = i0
             continue
         spans[i, 2], spans[i, 3] = a, b
         t, pos = _varint(buf, b, end)  # timestamp_ms
         if pos < 0:
+            i_at = i0
             continue
         ts[i] = t
         if not is_ctx:
             if pos + 8 != end:  # value: one little-endian double, then nothing
+                i_at = i0
                 continue
             v = buf[pos:end].copy().view(np.float64)[0]
             if not np.isfinite(v):
+                i_at = i0
                 continue
             value[i] = v
             status[i] = _REWARD
@@ -121,23 +140,22 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, valu
                 if b < 0:
                     ok = False
                     break
-                if k > 0:
-                    arms[a_at] = 0
-                    a_at += 1
                 for j in range(a, b):
                     if buf[j] == 0:
                         ok = False
                     arms[a_at] = buf[j]
                     a_at += 1
+                arms[a_at] = 0
+                a_at += 1
                 k += 1
                 pos = b
         if not ok or k == 0:
-            a_at = a0
+            a_at, i_at = a0, i0
             continue
         a, b = _string(buf, pos, end)  # features: K x d little-endian float64
         n = b - a
         if b != end or n == 0 or n % (8 * k) != 0:
-            a_at = a0
+            a_at, i_at = a0, i0
             continue
         m = n // 8
         block = buf[a:b].copy().view(np.float64)
@@ -149,13 +167,14 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, valu
                 break
             feats[f_at + j] = x
         if not finite:
-            a_at = a0
+            a_at, i_at = a0, i0
             continue
-        spans[i, 4], spans[i, 5] = a0, a_at
+        spans[i, 4], spans[i, 5] = a0, a_at - 1  # without the last arm's NUL
         spans[i, 6], spans[i, 7] = f_at, f_at + m
         shape[i, 0], shape[i, 1] = k, m // k
         f_at += m
         status[i] = _CONTEXT
+    return i_at, a_at
 
 
 def decode_batch(values: list) -> list:
@@ -176,26 +195,45 @@ def decode_batch(values: list) -> list:
     shape = np.zeros((n, 2), np.int64)
     value = np.zeros(n, np.float64)
     feats = np.empty(len(raw) // 8 + 1, np.float64)
-    arms = np.empty(len(raw) + 1, np.uint8)
+    arms = np.empty(len(raw) + n + 1, np.uint8)  # every arm id and a NUL after each (an arm id is >= 1 byte in raw)
+    ids = np.empty(len(raw) + n + 1, np.uint8)
+    n_ids = n_arms = 0
     if fast_layouts:
-        _parse(buf, starts, ends, events.MAGIC, status, ts, spans, shape, feats, arms, value)
-    arm_bytes = arms.tobytes() if (status == _CONTEXT).any() else b""
+        n_ids, n_arms = _parse(buf, starts, ends, events.MAGIC, status, ts, spans, shape, feats, arms, ids, value)
+    # Every event id and every arm id of the batch in one decode and one split (a NUL ends each;
+    # none holds one). Bytes that are not UTF-8 anywhere: each record is decoded on its own below,
+    # so the bad one gets the per-record decoder's error and the others their strings.
+    try:
+        all_ids = ids[:n_ids].tobytes().decode().split("\x00")
+        all_arms = arms[:n_arms].tobytes().decode().split("\x00")
+    except UnicodeDecodeError:
+        all_ids = all_arms = None
+    arm_bytes = arms[:n_arms].tobytes() if all_arms is None else b""
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
+    next_id = next_arm = 0
     for i, (st, t, sp, (k, d), v) in enumerate(zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(),
                                                    value.tolist())):
         try:
             if st == _SLOW:
                 out.append(events.decode(values[i]))
                 continue
-            event_id = raw[sp[0]:sp[1]].decode()
+            if all_ids is not None:  # this record's strings first: they are in the buffers whatever follows
+                event_id = all_ids[next_id]
+                next_id += 1
+                if st == _CONTEXT:
+                    arm_ids = tuple(all_arms[next_arm:next_arm + k])
+                    next_arm += k
+            else:
+                event_id = raw[sp[0]:sp[1]].decode()
+                if st == _CONTEXT:
+                    arm_ids = tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00"))
             kb = raw[sp[2]:sp[3]]
             key = keys.get(kb)
             if key is None:
                 key = keys[kb] = kb.decode()
             if st == _CONTEXT:
-                out.append(Context(event_id, key, t, tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00")),
-                                   feats[sp[6]:sp[7]].reshape(k, d)))
+                out.append(Context(event_id, key, t, arm_ids, feats[sp[6]:sp[7]].reshape(k, d)))
             else:
                 out.append(Reward(event_id, key, t, v))
         except UnicodeDecodeError:

@@ -130,3 +130,32 @@ def test_empty_batch():
 def test_batches_of_any_size(n):
     rng = np.random.default_rng(n)
     assert_same([encode(c) for c in contexts(rng, n)])
+
+
+@pytest.mark.parametrize("bad", ["key", "event_id", "arm", "nul_in_event_id"])
+def test_one_bad_string_amid_good_records_leaves_the_others_their_own_strings(bad):
+    """The batch's event ids and arm ids are decoded in one go: a record whose key does not
+    decode (or whose id or arm id sends the batch the per-record way, or that goes the slow way)
+    must not shift the strings of the records after it."""
+    hdr = bytes((events.MAGIC, 1, 2))
+
+    def s(x: bytes) -> bytes:
+        return events._long(len(x)) + x
+
+    eid, key, arm = b"mid", b"k", b"a"
+    if bad == "key":
+        key = b"\xc3("
+    elif bad == "event_id":
+        eid = b"\xff"
+    elif bad == "arm":
+        arm = b"\xc3"
+    else:
+        eid = b"m\x00d"
+    middle = hdr + s(eid) + s(key) + events._long(1) + events._long(1) + s(arm) + b"\x00" + s(b"\x00" * 8)
+    rng = np.random.default_rng(9)
+    before, after = contexts(rng, 5), contexts(rng, 5)
+    values = [encode(c) for c in before] + [middle, encode(Reward("r-ü", "key-0", 3, 1.0))] + [encode(c) for c in after]
+    assert_same(values)
+    got = decode_batch(values)
+    assert [g.arm_ids for g in got[-5:]] == [c.arm_ids for c in after]
+    assert [g.event_id for g in got[-5:]] == [c.event_id for c in after]
