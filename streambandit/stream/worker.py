@@ -178,6 +178,7 @@ class Worker:
         self._stopping = False
         self._delivery_error: KafkaError | None = None
         self._in_transaction = False  # begun by the batch's first output (``_emit``) or its commit
+        self._uncommitted = False  # the partitions' state is ahead of the committed log (mid-batch)
         # Merge counters of partitions this worker no longer holds (the metrics stay cumulative).
         self._merge_base = [0, 0]
 
@@ -200,8 +201,16 @@ class Worker:
         self._stopping = True
 
     def close(self) -> None:
-        for p in list(self.partitions):
-            self._snapshot(p)
+        if self._uncommitted:
+            # Stopped by an error in the middle of a batch (a fatal producer error, a bug): the
+            # partitions hold records whose outputs and offsets never committed, and a snapshot of
+            # them would be ahead of the log, which recovery refuses. The last snapshot and the log
+            # are what the next owner recovers from.
+            log.error("stopping in the middle of a batch: partitions=%s not snapshotted (their state is ahead of "
+                      "the committed log)", sorted(self.partitions))
+        else:
+            for p in list(self.partitions):
+                self._snapshot(p)
         self.partitions.clear()
         try:
             self.consumer.close()
@@ -224,19 +233,26 @@ class Worker:
     def step(self) -> int:
         """Poll, process and commit one batch; returns the number of input records taken."""
         msgs = self._poll_batch()
+        # From here until the commit (or the abort and rebuild) the partitions' state may be ahead
+        # of the committed log: a snapshot of it would not fit the log (see ``close``).
+        self._uncommitted = True
         try:
-            offsets = self._handle(msgs, _now_ms(), self._emit)
+            offsets, released = self._handle(msgs, _now_ms(), self._emit)
         except _TransactionFailed as exc:
             self._abort_and_rebuild(exc.error)
             return len(msgs)
-        if self._in_transaction or msgs:
+        # A released record moves the partition's next offset even when it has no output (a
+        # reward summed into an open window, an early reward held), so it commits too.
+        if self._in_transaction or msgs or released:
             self._commit(offsets)
             self._maybe_snapshot()
+        else:
+            self._uncommitted = False
         return len(msgs)
 
-    def _handle(self, msgs: list[Any], now: int, emit: Any) -> list[TopicPartition]:
+    def _handle(self, msgs: list[Any], now: int, emit: Any) -> tuple[list[TopicPartition], int]:
         """Decode, merge and process a polled batch, handing its outputs to ``emit`` as they are
-        made: the input offsets to commit."""
+        made: the input offsets to commit, and how many records were processed."""
         records = []
         for msg in msgs:
             if msg.error():
@@ -246,12 +262,13 @@ class Worker:
                 continue
             records.append(msg)
         self._buffer(records, now)
-        self._release(now, emit)
+        released = self._release(now, emit)
         self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in self.partitions.values())
         self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in self.partitions.values())
         self.metrics["pending"] = sum(len(x.engine.pending) for x in self.partitions.values())  # a gauge
-        return [TopicPartition(self._topic_of(src), p, off)
-                for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
+        offsets = [TopicPartition(self._topic_of(src), p, off)
+                   for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
+        return offsets, released
 
     def _buffer(self, records: list[Any], now: int) -> None:
         """Decode the batch's records and buffer each in its partition's merger."""
@@ -269,9 +286,9 @@ class Worker:
             part.merger.push(src, offset, ts, (ev, ref), now)
             part.last_input_wall_ms = now
 
-    def _release(self, now: int, emit: Any) -> None:
+    def _release(self, now: int, emit: Any) -> int:
         """Process every record the mergers release now, in merge order, handing the encoded
-        outputs to ``emit`` every ``_EMIT_EVERY`` records and at the end.
+        outputs to ``emit`` every ``_EMIT_EVERY`` records and at the end; returns how many.
 
         The per-record loop of the worker (bench/results/worker_path.md has its cost): the common
         case, a context on contexts or a reward on rewards keyed by its model key, goes straight to
@@ -282,6 +299,7 @@ class Worker:
         commit waiting for all of them (bench/results/e2e.md, part 4)."""
         out_buf: _Outputs = _Outputs(self.config.topics)
         behind = self._inputs_behind()
+        released = 0
         for p, part in self.partitions.items():
             eng, next_offset = part.engine, part.next_offset
             on_context, on_reward = eng.on_context, eng.on_reward
@@ -310,8 +328,10 @@ class Worker:
                     emit(out_buf.take(self.metrics))
                     actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             self.metrics["records_in"] += n
+            released += n
             out_buf.others += self._maybe_tick(p, part, now)
         emit(out_buf.take(self.metrics))
+        return released
 
     def _poll_batch(self) -> list[Any]:
         """What is already fetched, up to ``batch_max_records``; when nothing is, wait up to
@@ -428,6 +448,7 @@ class Worker:
         except KafkaException as exc:
             self._abort_and_rebuild(exc)
             return
+        self._uncommitted = False
         self.metrics["transactions"] += 1
 
     def _produce(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
@@ -456,6 +477,7 @@ class Worker:
         self._in_transaction = False
         self._delivery_error = None
         self._rebuild_all()
+        self._uncommitted = False
 
     def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
         # Called for failed records only (``delivery.report.only.error``, kafka_config.py).

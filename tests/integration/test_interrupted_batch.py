@@ -1,0 +1,100 @@
+"""A worker stopped by an error in the middle of a batch leaves nothing the next owner cannot use.
+
+A fatal producer error (a fenced transactional id, say) is raised after the batch was processed
+but before it committed. The worker's state is then ahead of the committed log; the worker must
+not save it as a snapshot on its way out (recovery refuses a snapshot ahead of the committed
+offsets, so the partition could not be recovered again), and a new worker must resume from the
+last good snapshot and the log and produce every output exactly once.
+"""
+
+import threading
+
+import numpy as np
+import pytest
+from confluent_kafka import KafkaError, KafkaException
+
+from streambandit.events import Context, Reward
+from streambandit.stream.models_config import parse_models_config
+from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
+from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
+
+from .helpers import outputs, producer, send, wait_for
+
+pytestmark = pytest.mark.integration
+
+MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 200, "default_reward": 0.0}]}
+
+
+class _FailingCommit:
+    """The worker's producer, whose ``fail_at``-th commit aborts the transaction and then raises
+    a fatal error, as librdkafka does for a fenced producer."""
+
+    def __init__(self, producer, fail_at: int) -> None:
+        self._producer, self._left = producer, fail_at
+
+    def __getattr__(self, name):
+        return getattr(self._producer, name)
+
+    def commit_transaction(self, *args):
+        self._left -= 1
+        if self._left == 0:
+            self._producer.abort_transaction(30)  # leave no open transaction behind on the broker
+            raise KafkaException(KafkaError(KafkaError._FENCED, "injected: producer fenced", fatal=True))
+        return self._producer.commit_transaction(*args)
+
+
+def _send_batch(prod, topics, rng, start: int, n: int, t0_ms: int) -> None:
+    for i in range(start, start + n):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"),
+                                            rng.standard_normal((3, 3))))
+        if i % 2 == 0:
+            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i + 5, 1.0))
+    prod.flush()
+
+
+def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, topics, tmp_path):
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
+                       group_id="g-interrupted", topics=topics, merge_wait_ms=1000, idle_tick_ms=300)
+    store = DirectoryStore(tmp_path / "snapshots")
+    prod, rng = producer(broker), np.random.default_rng(0)
+
+    # 1. A worker commits a first batch, then dies with a fatal error on a later commit.
+    _send_batch(prod, topics, rng, 0, 100, t0_ms=1000)
+    w = Worker(cfg, store)
+    w.producer = _FailingCommit(w.producer, fail_at=10**9)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            w.run()
+        except WorkerError as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60)
+    before = {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)}
+    w.producer._left = 1  # the next commit fails
+    # Far ahead in event time: the idle ticks in between moved the watermark on by the wall time.
+    _send_batch(prod, topics, rng, 100, 100, t0_ms=10**9)
+    t.join(60)
+    assert not t.is_alive() and errors and "fatal producer error" in str(errors[0])
+    # Nothing was snapshotted on the way out: the snapshots are the ones taken before.
+    assert {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)} == before
+
+    # 2. A new worker recovers and finishes the job: every context decided and joined once.
+    w2 = Worker(cfg, store)
+    t2 = threading.Thread(target=w2.run, daemon=True)
+    t2.start()
+    try:
+        assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 200, timeout_s=60)
+    finally:
+        w2.stop()
+        t2.join(30)
+    out = outputs(broker, topics, "g-interrupted")
+    ids = sorted(a.event_id for a in out["actions"])
+    assert ids == sorted(f"e{i}" for i in range(200))
+    joined = {j.event_id: j for j in out["joined"]}
+    assert sorted(joined) == ids and len(joined) == len(out["joined"])
+    assert all(joined[f"e{i}"].reward_observed == (i % 2 == 0) for i in range(200))
+    assert out["dead_letter"] == []
