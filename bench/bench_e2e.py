@@ -248,13 +248,14 @@ def codec(n: int = 20_000) -> dict:
             f()
         return (time.perf_counter() - t0) / n * 1e6
 
-    def batch_us(values: list[bytes], repeats: int = 7) -> float:
-        decode_batch(values)
+    def batch_us(f, records: list, repeats: int = 7) -> float:
+        """Microseconds per record of ``f(records)``, a call for a whole batch (median of the repeats)."""
+        f(records)
         times = []
         for _ in range(repeats):
             t0 = time.perf_counter()
-            decode_batch(values)
-            times.append((time.perf_counter() - t0) / len(values) * 1e6)
+            f(records)
+            times.append((time.perf_counter() - t0) / len(records) * 1e6)
         return common.median(times)
 
     v1, v2 = ev.encode_context_v1(c), encode(c)
@@ -271,24 +272,15 @@ def codec(n: int = 20_000) -> dict:
     joins = [ev.Joined(a.event_id, a.model_key, a.features, 1.0, i % 3 == 0, 1.0, a.decision_timestamp_ms,
                        a.decision_timestamp_ms + 100, a.model_version, 1, 20_000 + i) for i, a in enumerate(actions)]
 
-    def encode_batch_us(f, records: list, repeats: int = 7) -> float:
-        f(records)
-        times = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            f(records)
-            times.append((time.perf_counter() - t0) / len(records) * 1e6)
-        return common.median(times)
-
     out = {
         "bytes": {"arrays_of_double": len(arrays_bytes) + 3, "v1_bytes_per_arm": len(v1), "v2_one_block": len(v2)},
         "decode_us": {"arrays_of_double": per(decode_arrays), "v1_bytes_per_arm": per(lambda: ev.decode(v1)),
                       "v2_one_block": per(lambda: ev.decode(v2)),
-                      "v2_batch": batch_us(batch)},
+                      "v2_batch": batch_us(decode_batch, batch)},
         "encode_us": {"action_fastavro": per(lambda: ev._write(3, fa_action)), "action": per(lambda: encode(action)),
                       "joined": per(lambda: encode(joined)), "context_v2": per(lambda: encode(c)),
-                      "action_batch": encode_batch_us(encode_actions, actions),
-                      "joined_batch": encode_batch_us(encode_joined_records, joins)},
+                      "action_batch": batch_us(encode_actions, actions),
+                      "joined_batch": batch_us(encode_joined_records, joins)},
     }
     print(f"codec: {out}", flush=True)
     return out

@@ -53,6 +53,20 @@ def _put_bytes(out, pos, src, start, stop):
     return pos
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _put_head(out, pos, header, strs, str_ends, i, s):
+    """Record i's 3-byte header, then its strings (``strs`` from ``s`` to each ``str_ends[i, j]``);
+    returns the position after them and where the next record's strings start."""
+    for j in range(3):
+        out[pos + j] = header[j]
+    pos += 3
+    for j in range(str_ends.shape[1]):
+        e = str_ends[i, j]
+        pos = _put_bytes(out, pos, strs, s, e)
+        s = e
+    return pos, s
+
+
 @njit(cache=True, nogil=True)
 def _encode_actions(header, strs, str_ends, ints, bits, feats, feat_ends, out, ends):
     """Record i: header, event_id / model_key / arm_id (``strs`` up to ``str_ends[i]``), arm_index,
@@ -61,13 +75,7 @@ def _encode_actions(header, strs, str_ends, ints, bits, feats, feat_ends, out, e
     model_version, decision_timestamp_ms, trigger_source, trigger_offset)."""
     pos, s, f = 0, 0, 0
     for i in range(ints.shape[0]):
-        for j in range(3):
-            out[pos + j] = header[j]
-        pos += 3
-        for j in range(3):
-            e = str_ends[i, j]
-            pos = _put_bytes(out, pos, strs, s, e)
-            s = e
+        pos, s = _put_head(out, pos, header, strs, str_ends, i, s)
         pos = _put_long(out, pos, ints[i, 0])
         pos = _put_bits(out, pos, bits[i, 0])
         pos = _put_bits(out, pos, bits[i, 1])
@@ -87,13 +95,7 @@ def _encode_joined(header, strs, str_ends, ints, bits, feats, feat_ends, out, en
     model_version_before, trigger_source, trigger_offset (``ints[i, 1:]``)."""
     pos, s, f = 0, 0, 0
     for i in range(ints.shape[0]):
-        for j in range(3):
-            out[pos + j] = header[j]
-        pos += 3
-        for j in range(2):
-            e = str_ends[i, j]
-            pos = _put_bytes(out, pos, strs, s, e)
-            s = e
+        pos, s = _put_head(out, pos, header, strs, str_ends, i, s)
         pos = _put_bytes(out, pos, feats, f, feat_ends[i])
         f = feat_ends[i]
         pos = _put_bits(out, pos, bits[i, 0])

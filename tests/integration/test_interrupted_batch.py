@@ -7,6 +7,7 @@ offsets, so the partition could not be recovered again), and a new worker must r
 last good snapshot and the log and produce every output exactly once.
 """
 
+import gc
 import threading
 
 import numpy as np
@@ -81,6 +82,11 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     assert not t.is_alive() and errors and "fatal producer error" in str(errors[0])
     # Nothing was snapshotted on the way out: the snapshots are the ones taken before.
     assert {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)} == before
+    # The dead worker's Kafka clients go now, while the broker answers (the error's traceback
+    # holds the worker; destroyed after the broker stopped, they would log lost connections).
+    errors.clear()
+    del w, t, run
+    gc.collect()
 
     # 2. A new worker recovers and finishes the job: every context decided and joined once.
     w2 = Worker(cfg, store)
