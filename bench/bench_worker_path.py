@@ -52,9 +52,9 @@ STAGE_TEXT = {
     "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
     "buffer": "each record's `InputRef` made and pushed into its partition's merger (`Worker._buffer`)",
     "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
-    "encode": "the worker's per-record dispatch and the outputs' encoding (`Worker._process`, `_output`: "
-              "`Worker._release` against the engine alone)",
-    "produce": "every output handed to librdkafka (`Worker._produce`)",
+    "encode": "the worker's per-record loop and the outputs' encoding, in bulk per hand-over of 256 records "
+              "(`Worker._release` with its hand-overs dropped, against the engine alone)",
+    "produce": "every output handed to librdkafka (`Worker._produce`, which `Worker._release` calls per hand-over)",
 }
 STAGES = tuple(STAGE_TEXT)
 REPEATS = 7

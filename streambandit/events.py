@@ -281,10 +281,20 @@ def _name(s: str) -> bytes:
 
 
 def encode_action(a: "Action") -> bytes:
-    f = features_to_bytes(a.features)
-    return b"".join((_ACTION_HEADER, _str(a.event_id), _name(a.model_key), _name(a.arm_id), _long(a.arm_index),
-                     _pack_double(a.score), _pack_double(a.propensity), _long(a.model_version),
-                     _long(a.decision_timestamp_ms), _long(len(f)), f, _long(a.trigger_source), _long(a.trigger_offset)))
+    return _ACTION_HEADER + _action_body(a.event_id, a.model_key, a.arm_id, a.arm_index, a.score, a.propensity,
+                                         a.model_version, a.decision_timestamp_ms, a.features, a.trigger_source,
+                                         a.trigger_offset)
+
+
+def _action_body(event_id: str, model_key: str, arm_id: str, arm_index: int, score: float, propensity: float,
+                 model_version: int, decision_timestamp_ms: int, features: np.ndarray, trigger_source: int,
+                 trigger_offset: int) -> bytes:
+    """An Action's fields in Avro (no header): the action record, and the head of a snapshot's
+    pending decision, which has the same fields first."""
+    f = features_to_bytes(features)
+    return b"".join((_str(event_id), _name(model_key), _name(arm_id), _long(arm_index), _pack_double(score),
+                     _pack_double(propensity), _long(model_version), _long(decision_timestamp_ms), _long(len(f)), f,
+                     _long(trigger_source), _long(trigger_offset)))
 
 
 def encode_joined(j: "Joined") -> bytes:
@@ -448,12 +458,24 @@ def _union_scalar(v: Any) -> bytes:
     raise TypeError(f"a model's state scalar must be None, bool, int, float or str, got {type(v).__name__}")
 
 
+def _encode_pending(p: dict[str, Any]) -> bytes:
+    """One ``PendingDecision`` of the snapshot's ``pending`` array, by hand (fastavro's bytes): the
+    action's fields, then ``reward`` (union null / double) and ``n_rewards``. A partition holds a
+    window's worth of open decisions (thousands), and the snapshot is a pause of the worker's loop."""
+    reward = p["reward"]
+    return b"".join((_action_body(p["event_id"], p["model_key"], p["arm_id"], p["arm_index"], p["score"],
+                                  p["propensity"], p["model_version"], p["decision_timestamp_ms"], p["features"],
+                                  p["trigger_source"], p["trigger_offset"]),
+                     b"\x00" if reward is None else b"\x02" + _pack_double(reward), _long(p["n_rewards"])))
+
+
 def pack_snapshot(snap: dict[str, Any]) -> bytes:
     """Serialise a partition snapshot (the worker's header fields plus the engine's state)."""
     eng = snap["engine"]
     models = _array_block([_encode_model(key, state) for key, state in eng["models"].items()])
-    pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": features_to_bytes(p["features"])}
-               for p in eng["pending"]]
+    pending = _array_block([_encode_pending(p) for p in eng["pending"]])
+    # Recently joined ids (up to max_recent, 100,000 by default): {event_id, observed} each.
+    recent = _array_block([_str(k) + (b"\x01" if v else b"\x00") for k, v in eng["recent"]])
     early = []
     for e in eng["early"]:
         src: InputRef = e["source"]
@@ -463,15 +485,17 @@ def pack_snapshot(snap: dict[str, Any]) -> bytes:
     head = {k: snap[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
                                  "actions_offset", "joined_offset", "dead_letter_offset")}
     head["watermark_ms"] = eng["watermark_ms"]
-    tail = {"pending": pending, "early": early, "recent": [{"event_id": k, "observed": bool(v)} for k, v in eng["recent"]],
-            "counters": {k: int(v) for k, v in eng["counters"].items()}}
-    # The record's fields back to back: those before ``models``, the models, those after it
-    # (the reader splits the schema the same way, _SNAPSHOT_PARTS).
-    head_schema, _, tail_schema = _SNAPSHOT_PARTS
+    # The record's fields back to back: those before ``models``, the models, then pending, early,
+    # recent and counters (the reader splits the schema the same way, _SNAPSHOT_PARTS). Models,
+    # pending and recent are written by hand: they are most of a snapshot's bytes and time.
+    head_schema, _, _ = _SNAPSHOT_PARTS
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, head_schema, head)
     buf.write(models)
-    fastavro.schemaless_writer(buf, tail_schema, tail)
+    buf.write(pending)
+    fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["early"], {"early": early})
+    buf.write(recent)
+    fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["counters"], {"counters": {k: int(v) for k, v in eng["counters"].items()}})
     body = buf.getvalue()
     flags = 0
     if len(body) > _COMPRESS_ABOVE:
@@ -507,6 +531,10 @@ def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
 
 
 _SNAPSHOT_PARTS = _split_snapshot_schema(_SCHEMAS[_SNAPSHOT_ID])
+# Single fields of the snapshot record, each as a record of that one field (the same bytes), for
+# the parts of the tail pack_snapshot leaves to fastavro.
+_SNAPSHOT_FIELDS = {f["name"]: fastavro.parse_schema({"type": "record", "name": f"Snapshot_{f['name']}", "fields": [f]})
+                    for f in _SCHEMAS[_SNAPSHOT_ID]["fields"] if f["name"] in ("early", "counters")}
 
 
 class SnapshotModels(Mapping):

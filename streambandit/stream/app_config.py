@@ -10,7 +10,7 @@ settings and the models.
     # snapshot_dir = "/var/lib/streambandit/snapshots"   (one machine: the embedded demo)
     snapshot_max_chunk_bytes = 524288  # snapshots larger than this go in several records
     snapshot_interval_s = 30
-    snapshot_every_updates = 10000
+    snapshot_every_updates = 100000
     snapshot_max_share = 0.1      # at most this share of the time spent snapshotting
     merge_wait_ms = 20
     idle_tick_ms = 1000

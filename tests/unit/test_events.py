@@ -255,9 +255,10 @@ def _fastavro_models(models: dict) -> list[dict]:
 
 
 def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
-    """pack_snapshot writes the models by hand; the body must be exactly what fastavro writes for the
-    whole record, for every kind of array (dtypes, byte orders, 0-d, empty, non-contiguous) and of
-    scalar (every branch of the union), and for no models at all."""
+    """pack_snapshot writes the models, the pending decisions and the recent ids by hand; the body
+    must be exactly what fastavro writes for the whole record, for every kind of array (dtypes,
+    byte orders, 0-d, empty, non-contiguous) and of scalar (every branch of the union), for pending
+    decisions with and without a reward, and for none of them at all."""
     import fastavro, io, struct, zlib
 
     rng = np.random.default_rng(3)
@@ -271,8 +272,18 @@ def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
                   "s": "ünï"},
         "no-arrays": {"n_updates": 0},
     }
-    for models in (snap["models"], {}):
-        s = dict(snap, models=models)
+    # Pending decisions with every branch of reward's union and the edges of their fields.
+    extra = dict(snap["pending"][0])
+    snap["pending"] = list(snap["pending"]) + [
+        extra | {"event_id": "ünï-1", "reward": None, "n_rewards": 0, "trigger_source": -1, "trigger_offset": -1},
+        extra | {"event_id": "", "reward": -0.0, "n_rewards": 3, "model_version": 2**62, "arm_index": 2**31 - 1,
+                 "features": np.arange(3, dtype=np.float32), "decision_timestamp_ms": -(2**63)},
+        extra | {"event_id": "x", "reward": 7, "score": math.inf, "features": np.zeros(0)},
+    ]
+    snap["recent"] = list(snap["recent"]) + [("ünï", True), ("", False), ("y" * 300, 1), ("z", 0)]
+    assert any(not observed for _, observed in snap["recent"]) and any(observed for _, observed in snap["recent"])
+    for models, pending, recent in ((snap["models"], snap["pending"], snap["recent"]), ({}, [], [])):
+        s = dict(snap, models=models, pending=pending, recent=recent)
         head = {"partition": 1, "created_ms": 2, "contexts_offset": 3, "rewards_offset": 4, "actions_offset": 5,
                 "joined_offset": 6, "dead_letter_offset": 7}
         data = pack_snapshot(head | {"engine": s})
