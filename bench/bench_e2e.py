@@ -57,6 +57,7 @@ from streambandit.stream.kafka_config import consumer_settings, producer_setting
 from streambandit.stream.worker import _EMIT_EVERY  # noqa: E402
 
 import bench_worker as bw  # noqa: E402
+from snapshot_pause import snapshot_pause  # noqa: E402
 
 D, K, PARTITIONS = bw.D, bw.K, bw.PARTITIONS
 FAST_FETCH = bw.FAST_FETCH
@@ -489,40 +490,6 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
     return out
 
 
-# -- 6. snapshot pause ----------------------------------------------------------------------------
-
-
-def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 5) -> dict:
-    """The pause a snapshot of one partition makes at ``contexts_per_s`` (both partitions): an
-    engine fed a window's worth of contexts and more (so it holds the open decisions and the
-    recent ids a live one does), then snapshotted and packed as ``Worker._snapshot`` does."""
-    from streambandit.events import InputRef, pack_snapshot
-    from streambandit.stream.engine import PartitionEngine
-    from streambandit.stream.models_config import parse_models_config
-
-    per_partition = contexts_per_s / PARTITIONS
-    n = int(per_partition * 10)  # ten seconds of one partition's contexts
-    eng = PartitionEngine(parse_models_config(bw.models("oful", window_ms)))
-    for i, (ctx, _) in enumerate(bw.backlog(n)):
-        ctx.timestamp_ms = bw.T0_MS + int(i * 1000 / per_partition)
-        eng.on_context(ctx, InputRef(0, 0, i))
-    head = {"partition": 0, "created_ms": 0, "contexts_offset": n, "rewards_offset": 0, "actions_offset": 0,
-            "joined_offset": 0, "dead_letter_offset": 0}
-    snap_ms, pack_ms, size = [], [], 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state = eng.snapshot()
-        t1 = time.perf_counter()
-        size = len(pack_snapshot(head | {"engine": state}))
-        t2 = time.perf_counter()
-        snap_ms.append((t1 - t0) * 1000)
-        pack_ms.append((t2 - t1) * 1000)
-    out = {"contexts_per_s": contexts_per_s, "window_ms": window_ms, "pending": len(eng.pending), "recent": len(eng.recent),
-           "snapshot_ms": common.median(snap_ms), "pack_ms": common.median(pack_ms), "bytes": size, "repeats": repeats}
-    print(f"snapshot: {out}", flush=True)
-    return out
-
-
 # -- 5. latency ----------------------------------------------------------------------------------
 
 
@@ -905,8 +872,8 @@ def report(res: dict) -> str:
             "",
             "Median of the runs; the pass-through (part 1's loop) ran on the same backlog in the same runs. Both are "
             "timed from the first poll that returns records: before it they only wait for the first fetch after the "
-            "assignment (a start-up cost, its own column; timed from the first poll, as before this commit's runs, "
-            "the drain's rate is the column after it).",
+            "assignment, a start-up cost (its own column). The column after it times the drain from its first poll, "
+            "as the runs before commit 214f319 did.",
             "",
             "| policy | events / s | contexts / s | events per CPU s of the worker thread | events per transaction | "
             "first fetch ms | events / s with the first fetch | pass-through events / s | bare learner events / s |",
@@ -1062,14 +1029,15 @@ def _throughput_target(res: dict) -> list[str]:
         f"broker is not the limit: the bare pass-through moves {pt:,.0f} events/s on the same broker in the same run. "
         f"Nor is the learner: alone it takes {1e6 / bare_ev:.1f} us per event. Measured without a profiler, decoding "
         f"takes {dec:.1f} us per record (one compiled pass per poll batch, part 2) and encoding the outputs {enc:.1f} us "
-        f"per event; the rest, ~{rest:.0f} us, is per-record Python: the worker loop, the merge, the engine's records "
-        f"and dicts (pending decisions, deadlines, recent ids, counters) and the Kafka client's per-record "
-        f"calls{where}. 50,000 events/s means 20 us per event for all of it, on a core that also runs librdkafka's "
-        "threads. What is left to build: an engine whose per-record state lives in arrays and compiled code rather "
-        "than in Python objects (pending decisions, deadlines and recent event ids in compiled hash tables keyed by "
-        "the id's bytes, contexts decided straight from the batch decoder's columns, actions and joined records "
-        "encoded in bulk), so that only the Kafka client's calls stay per record in Python (the pass-through's "
-        "cost); or one worker process per partition (the design's unit of ownership) to use more cores.",
+        f"per event (in bulk, part 2); the rest, ~{rest:.0f} us, is per-record Python: the worker loop, the merge, the "
+        f"engine's records and dicts (pending decisions, deadlines, recent ids, counters), the learners' calls from "
+        f"Python and the Kafka client's per-record calls{where}. 50,000 events/s means 20 us per event for all of "
+        "it, on a core that also runs librdkafka's threads and shares the machine with the broker. What is left to "
+        "build: an engine whose per-record state lives in arrays and compiled code rather than in Python objects "
+        "(pending decisions, deadlines and recent event ids in compiled hash tables keyed by the id's bytes, "
+        "contexts decided straight from the batch decoder's columns), so that only the Kafka client's calls stay "
+        "per record in Python (the pass-through's cost); or one worker process per partition (the design's unit "
+        "of ownership) to use more cores.",
     ]
 
 
