@@ -146,9 +146,14 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     from streambandit.stream.broker import EmbeddedBroker
 
     b = EmbeddedBroker(port=args.port)
-    b.start()
-    print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it", flush=True)
-    return b.wait()
+    try:  # Ctrl-C at any point from here stops the broker (b.wait() handles it once it waits)
+        b.start()
+        print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
+              flush=True)
+        return b.wait()
+    except KeyboardInterrupt:
+        b.stop()
+        return 0
 
 
 def _replay_source(args: argparse.Namespace, counts: dict):

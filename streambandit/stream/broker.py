@@ -96,7 +96,10 @@ class EmbeddedBroker:
                 log.info("embedded broker ready bootstrap=%s", self.bootstrap_servers)
                 return
             except (KafkaException, OSError) as exc:
-                last = exc
+                # The message only: the exception's traceback holds this frame, and through it the
+                # admin client, which would then live until a garbage collection (or exit, after
+                # the broker is gone) instead of going when start() returns.
+                last = str(exc)
                 time.sleep(0.1)
         self.stop()
         raise BrokerError(f"the broker did not answer within {self._start_timeout_s:.0f} s ({last}):\n{self.log_tail()}")

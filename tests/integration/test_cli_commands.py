@@ -49,7 +49,12 @@ def test_broker_command_serves_until_interrupted():
         assert metadata.brokers  # a Kafka client talks to it
     finally:
         proc.send_signal(signal.SIGINT)
-        code = proc.wait(timeout=30)
-    assert code == 0
+        try:  # communicate, not wait: the pipes are drained, so a chatty exit cannot block on them
+            _, err = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the broker command did not exit within 30 s of SIGINT; its stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
     with socket.socket() as s:  # the broker process is gone: nothing listens on the port any more
         assert s.connect_ex(("127.0.0.1", port)) != 0
