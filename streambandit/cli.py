@@ -145,8 +145,15 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
     from streambandit.stream.broker import EmbeddedBroker
 
+    import signal
+
+    # SIGINT (Ctrl-C) and SIGTERM stop the broker, set here rather than inherited: a process
+    # started in the background by a non-interactive shell inherits SIGINT ignored, and then
+    # nothing would stop it but SIGKILL, leaving the broker behind.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.default_int_handler)
     b = EmbeddedBroker(port=args.port)
-    try:  # Ctrl-C at any point from here stops the broker (b.wait() handles it once it waits)
+    try:  # a signal at any point from here stops the broker (b.wait() handles it once it waits)
         b.start()
         print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
               flush=True)
