@@ -303,9 +303,7 @@ def _worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **sett
                        kafka={"consumer": FAST_FETCH}, **settings)
     snaps = tempfile.mkdtemp()
     w = Worker(cfg, DirectoryStore(snaps))
-    w._check_topics()
-    w.producer.init_transactions(30)
-    w.consumer.subscribe([t.contexts, t.rewards], on_assign=w._on_assign, on_revoke=w._on_revoke)
+    w.start()  # run() without its loop
     while len(w.partitions) < PARTITIONS:
         w.step()
     return w, n_records

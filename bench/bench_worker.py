@@ -120,9 +120,7 @@ def worker_throughput(broker: EmbeddedBroker, policy: str, events: list) -> dict
     with tempfile.TemporaryDirectory() as snaps:
         w = Worker(cfg, DirectoryStore(snaps))
         # run() without its loop: the clock starts once the group has assigned both partitions.
-        w._check_topics()
-        w.producer.init_transactions(30)
-        w.consumer.subscribe([t.contexts, t.rewards], on_assign=w._on_assign, on_revoke=w._on_revoke)
+        w.start()
         while len(w.partitions) < PARTITIONS:
             w.step()
         start = time.perf_counter()

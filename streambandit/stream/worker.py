@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import gc
 import logging
 import time
 import uuid
+import weakref
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -128,6 +130,25 @@ class _Partition:
     last_tick_wall_ms: int = 0
 
 
+def _weakly(method: Any) -> Any:
+    """A Kafka client callback that calls ``method`` without keeping its object alive: a bound
+    method would make a client <-> worker cycle, which the worker's gc.freeze keeps forever."""
+    ref = weakref.WeakMethod(method)
+
+    def call(*args: Any) -> Any:
+        m = ref()
+        return None if m is None else m(*args)
+
+    return call
+
+
+def _note_failed_delivery(errors: list, err: KafkaError | None, msg: Any) -> None:
+    """The producer's delivery callback: called for failed records only (``delivery.report.only.error``,
+    kafka_config.py); one fails the batch's commit (``Worker._commit``)."""
+    if err is not None:
+        errors.append(err)
+
+
 _EMIT_EVERY = 256  # records processed between hand-overs of their outputs to the producer
 
 
@@ -175,13 +196,17 @@ class Worker:
         c, t = config, config.topics
         self._topic_source = {t.contexts: CONTEXTS, t.rewards: REWARDS}
         self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka))
+        # Errors of failed records, as librdkafka reports them. The producer's callback holds this
+        # list, not the worker: a bound method would make a worker <-> producer cycle, which the
+        # worker's gc.freeze keeps forever, and a dropped worker's producer would live on (in tests
+        # and benchmarks, reconnecting to brokers long stopped).
+        self._delivery_errors: list[KafkaError] = []
         self.producer = Producer(producer_settings(c.bootstrap_servers, f"{c.group_id}-{self.instance_id}", c.kafka)
-                                 | {"on_delivery": self._on_delivery})
+                                 | {"on_delivery": functools.partial(_note_failed_delivery, self._delivery_errors)})
         self.reader = Consumer(reader_settings(c.bootstrap_servers, c.kafka))
         self.partitions: dict[int, _Partition] = {}
         self.metrics: collections.Counter[str] = collections.Counter()
         self._stopping = False
-        self._delivery_error: KafkaError | None = None
         self._in_transaction = False  # begun by the batch's first output (``_emit``) or its commit
         self._uncommitted = False  # the partitions' state is ahead of the committed log (mid-batch)
         # Merge counters of partitions this worker no longer holds (the metrics stay cumulative).
@@ -190,10 +215,7 @@ class Worker:
     # -- lifecycle -----------------------------------------------------------------------------
 
     def run(self, max_seconds: float | None = None) -> None:
-        self._check_topics()
-        self.producer.init_transactions(30)
-        self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards],
-                                on_assign=self._on_assign, on_revoke=self._on_revoke, on_lost=self._on_revoke)
+        self.start()
         freeze_long_lived()
         deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
@@ -201,6 +223,14 @@ class Worker:
                 self.step()
         finally:
             self.close()
+
+    def start(self) -> None:
+        """Check the topics, open the transactional producer and join the group: what ``run`` does
+        before its loop (a caller driving ``step`` itself calls this first)."""
+        self._check_topics()
+        self.producer.init_transactions(30)
+        self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
+                                on_revoke=_weakly(self._on_revoke), on_lost=_weakly(self._on_revoke))
 
     def stop(self) -> None:
         self._stopping = True
@@ -448,8 +478,8 @@ class Worker:
             # 3. Commit: all of it becomes visible, or none of it does.
             self.producer.commit_transaction(30)
             self._in_transaction = False
-            if self._delivery_error is not None:
-                raise KafkaException(self._delivery_error)
+            if self._delivery_errors:
+                raise KafkaException(self._delivery_errors[0])
         except KafkaException as exc:
             self._abort_and_rebuild(exc)
             return
@@ -458,7 +488,7 @@ class Worker:
 
     def _produce(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
         """Hand every output to the producer, each to its input's partition (co-partitioning).
-        Only failed records are reported (``_on_delivery``); in a transaction one makes it
+        Only failed records are reported (``_note_failed_delivery``); in a transaction one makes it
         abortable, so commit_transaction raises and ``_commit``'s failure branch runs."""
         produce = self.producer.produce
         for topic, p, key, value in outputs:
@@ -480,14 +510,9 @@ class Worker:
         except KafkaException as abort_exc:
             raise WorkerError(f"could not abort the failed transaction: {abort_exc}") from exc
         self._in_transaction = False
-        self._delivery_error = None
+        self._delivery_errors.clear()
         self._rebuild_all()
         self._uncommitted = False
-
-    def _on_delivery(self, err: KafkaError | None, msg: Any) -> None:
-        # Called for failed records only (``delivery.report.only.error``, kafka_config.py).
-        if err is not None:
-            self._delivery_error = err
 
     def _rebuild_all(self) -> None:
         assigned = list(self.partitions)
