@@ -986,7 +986,7 @@ def report(res: dict) -> str:
             "|---:|---:|---:|---:|",
             f"| {sp['snapshot_ms']:.1f} | {sp['pack_ms']:.1f} | {sp['snapshot_ms'] + sp['pack_ms']:.1f} | {sp['bytes']:,} |",
             "",
-            f"At that rate `snapshot_every_updates` = 10,000 (the default before this run's commit) triggered a "
+            f"At that rate `snapshot_every_updates` = 10,000 (the default before commit 392fa09) triggered a "
             f"snapshot of each partition every {10_000 / (sp['contexts_per_s'] / PARTITIONS):.1f} s; the default "
             f"100,000 (or `snapshot_interval_s`, 30 s) every {min(100_000 / (sp['contexts_per_s'] / PARTITIONS), 30):.0f} s. "
             "The latency runs' measured seconds (part 5) hold no snapshot at the new default.",
