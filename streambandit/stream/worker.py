@@ -67,8 +67,8 @@ class WorkerConfig:
     merge_wait_ms: int = 20  # how long a record waits for the other input's head (DESIGN 3.4)
     idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
     snapshot_interval_s: float = 30.0
-    # A snapshot pauses the partition's loop (~60 ms with a 2 s window's open decisions at 2,700
-    # contexts/s: bench/results/e2e.md, part 6), and recovery re-applies the joined records after
+    # A snapshot pauses the partition's loop (~80 ms with a 2 s window's open decisions at 3,600
+    # contexts/s a partition: bench/results/e2e.md, part 6), and recovery re-applies the joined records after
     # it (~50 us each: bench/results/worker.md, 10,000 a partition in ~0.5 s). At 10,000 a busy
     # worker paused every few seconds, which set its p99 latency; 100,000 bounds the replay to
     # ~5 s a partition (the snapshot_interval_s trigger keeps it lower at moderate rates).
