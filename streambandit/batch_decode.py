@@ -208,31 +208,68 @@ def decode_batch(values: list) -> list:
         all_arms = arms[:n_arms].tobytes().decode().split("\x00")
     except UnicodeDecodeError:
         all_ids = all_arms = None
-    arm_bytes = arms[:n_arms].tobytes() if all_arms is None else b""
+    if all_ids is None:
+        return _records_one_by_one(values, raw, arms[:n_arms].tobytes(), status, ts, spans, shape, feats, value)
+    # The common case: every string of the batch already decoded. Only the columns this loop reads
+    # are turned into lists, and when every context has the same (K, d) (the usual stream) the
+    # batch's features (laid end to end in context order) are one (contexts, K, d) array, so a
+    # record's features are one view of it rather than a slice and a reshape.
+    is_ctx = status == _CONTEXT
+    n_ctx = int(is_ctx.sum())
+    per_ctx = None
+    if n_ctx:
+        k0, d0 = shape[is_ctx][0]
+        if (shape[is_ctx] == (k0, d0)).all():
+            per_ctx = feats[:n_ctx * k0 * d0].reshape(n_ctx, k0, d0)
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
-    next_id = next_arm = 0
+    next_id = next_arm = next_ctx = 0
+    for i, (st, t, ka, kb, k, v) in enumerate(zip(status.tolist(), ts.tolist(), spans[:, 2].tolist(),
+                                                  spans[:, 3].tolist(), shape[:, 0].tolist(), value.tolist())):
+        if st == _SLOW:
+            out.append(_decode_or_error(values[i]))
+            continue
+        # This record's strings and features first: they are in the buffers whatever follows.
+        event_id = all_ids[next_id]
+        next_id += 1
+        if st == _CONTEXT:
+            arm_ids = tuple(all_arms[next_arm:next_arm + k])
+            next_arm += k
+            if per_ctx is not None:
+                features = per_ctx[next_ctx]
+            else:
+                a, b = spans[i, 6], spans[i, 7]
+                features = feats[a:b].reshape(k, (b - a) // k)
+            next_ctx += 1
+        key_bytes = raw[ka:kb]
+        key = keys.get(key_bytes)
+        if key is None:
+            try:
+                key = keys[key_bytes] = key_bytes.decode()
+            except UnicodeDecodeError:  # the model key is decoded per batch key, not in the id buffer
+                out.append(_decode_or_error(values[i]))
+                continue
+        if st == _CONTEXT:
+            out.append(Context(event_id, key, t, arm_ids, features))
+        else:
+            out.append(Reward(event_id, key, t, v))
+    return out
+
+
+def _records_one_by_one(values: list, raw: bytes, arm_bytes: bytes, status, ts, spans, shape, feats, value) -> list:
+    """``decode_batch``'s records when the batch's strings are not all UTF-8: each record's
+    strings decoded on their own, so only the bad record fails (with ``events.decode``'s error)."""
+    out = []
     for i, (st, t, sp, (k, d), v) in enumerate(zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(),
                                                    value.tolist())):
         try:
             if st == _SLOW:
                 out.append(events.decode(values[i]))
                 continue
-            if all_ids is not None:  # this record's strings first: they are in the buffers whatever follows
-                event_id = all_ids[next_id]
-                next_id += 1
-                if st == _CONTEXT:
-                    arm_ids = tuple(all_arms[next_arm:next_arm + k])
-                    next_arm += k
-            else:
-                event_id = raw[sp[0]:sp[1]].decode()
-                if st == _CONTEXT:
-                    arm_ids = tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00"))
-            kb = raw[sp[2]:sp[3]]
-            key = keys.get(kb)
-            if key is None:
-                key = keys[kb] = kb.decode()
+            event_id = raw[sp[0]:sp[1]].decode()
+            key = raw[sp[2]:sp[3]].decode()
             if st == _CONTEXT:
+                arm_ids = tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00"))
                 out.append(Context(event_id, key, t, arm_ids, feats[sp[6]:sp[7]].reshape(k, d)))
             else:
                 out.append(Reward(event_id, key, t, v))

@@ -58,9 +58,10 @@ class SnapshotError(StreambanditError, ValueError):
 
 
 # -- records -----------------------------------------------------------------------------------
-# Records are values: never modify one after it is built. Context, Action and Joined are not
-# declared frozen because they are built once per event on the worker's hot path, where a frozen
-# dataclass's constructor (object.__setattr__ per field) cost ~1.5 us each (bench/results/e2e.md).
+# Records are values: never modify one after it is built. Context, Reward, Action and Joined are
+# not declared frozen because they are built once per event on the worker's hot path, where a
+# frozen dataclass's constructor (object.__setattr__ per field) costs several times as much (a
+# Reward: 0.48 against 0.14 us).
 
 
 @dataclasses.dataclass(slots=True)
@@ -72,7 +73,7 @@ class Context:
     features: np.ndarray  # (K, d) float64, finite, K >= 1
 
 
-@dataclasses.dataclass(frozen=True, slots=True)
+@dataclasses.dataclass(slots=True)
 class Reward:
     event_id: str
     model_key: str

@@ -159,3 +159,32 @@ def test_one_bad_string_amid_good_records_leaves_the_others_their_own_strings(ba
     got = decode_batch(values)
     assert [g.arm_ids for g in got[-5:]] == [c.arm_ids for c in after]
     assert [g.event_id for g in got[-5:]] == [c.event_id for c in after]
+
+
+@pytest.mark.parametrize("bad", ["key", "nan", "slow"])
+def test_contexts_of_one_shape_keep_their_own_features_around_a_bad_record(bad):
+    """When every context of a batch has the same (K, d), the features are views of one
+    (contexts, K, d) array indexed by the context's ordinal: a record in the middle that fails
+    after its features were laid out (a model key that does not decode), that never got any (a
+    NaN feature), or that goes the slow way must not shift the features of the contexts after it."""
+    hdr = bytes((events.MAGIC, 1, 2))
+
+    def s(x: bytes) -> bytes:
+        return events._long(len(x)) + x
+
+    rng = np.random.default_rng(11)
+    same_shape = [Context(f"e{i}", "key-0", i, ("a", "b", "c"), rng.standard_normal((3, 4))) for i in range(12)]
+    feats = rng.standard_normal((3, 4))
+    if bad == "nan":
+        feats[1, 2] = np.nan
+    key = b"\xc3(" if bad == "key" else b"key-0"
+    middle = (encode(Tick(5)) if bad == "slow" else
+              hdr + s(b"mid") + s(key) + events._long(1) + events._long(3) + s(b"a") + s(b"b") + s(b"c") + b"\x00"
+              + s(feats.tobytes()))
+    values = [encode(c) for c in same_shape[:6]] + [middle, encode(Reward("r", "key-0", 3, 1.0))] \
+        + [encode(c) for c in same_shape[6:]]
+    assert_same(values)
+    got = [g for g in decode_batch(values) if isinstance(g, Context)]
+    assert [g.event_id for g in got] == [c.event_id for c in same_shape]
+    for g, c in zip(got, same_shape):
+        np.testing.assert_array_equal(g.features, c.features)
