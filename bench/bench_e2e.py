@@ -347,7 +347,7 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
     out = {
         "poll": ct(lambda f: name(f, "worker.py", "_poll_batch")) + ct(lambda f: name(f, "worker.py", "_inputs_behind")),
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
-        "merge": ct(lambda f: name(f, "merge.py", "push")) + ct(lambda f: name(f, "merge.py", "pop_ready")),
+        "merge": sum(ct(lambda f, fn=fn: name(f, "merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
         # Outputs: actions and joined records in bulk (batch_encode, from Worker's _Outputs.take),
         # dead letters and ticks one by one (events.encode).
         "encode": sum(c[3] for f, v in st.items()

@@ -100,10 +100,9 @@ def worker(policy: str) -> Worker:
 def _engine_only(w: Worker, now: int) -> None:
     """``Worker._release`` without encoding the outputs (level 3)."""
     for part in w.partitions.values():
-        for rec in part.merger.pop_ready(now, (False, False)):
-            ev, ref = rec.item
-            (part.engine.on_context if rec.source == 0 else part.engine.on_reward)(ev, ref)
-            part.next_offset[rec.source] = rec.offset + 1
+        for _, src, offset, (ev, ref) in part.merger.pop_ready(now, (False, False)):
+            (part.engine.on_context if src == 0 else part.engine.on_reward)(ev, ref)
+            part.next_offset[src] = offset + 1
 
 
 def _drop(outputs: list) -> None:

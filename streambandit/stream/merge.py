@@ -25,40 +25,35 @@ Pure: no clock is read; the caller passes ``now_ms``.
 from __future__ import annotations
 
 import collections
-import dataclasses
-from typing import Any, Iterator
+from typing import Any
 
-__all__ = ["CONTEXTS", "REWARDS", "MergedRecord", "InputMerger"]
+__all__ = ["CONTEXTS", "REWARDS", "InputMerger"]
 
 CONTEXTS = 0
 REWARDS = 1
 
 
-@dataclasses.dataclass(slots=True, order=True)
-class MergedRecord:
-    """A record in merge order; ``item`` (the decoded event or raw message) does not take part in
-    the ordering."""
-
-    timestamp_ms: int
-    source: int
-    offset: int
-    item: Any = dataclasses.field(compare=False)
-
-
 class InputMerger:
-    """Merge-sorts two per-partition input streams with a bounded wait for an idle one."""
+    """Merge-sorts two per-partition input streams with a bounded wait for an idle one.
+
+    A buffered record is the tuple ``(timestamp_ms, source, offset, item)``, and that is what
+    ``pop_ready`` and ``drain`` return, in merge order: tuples compare in the merge key's order
+    (``(source, offset)`` is unique, so a comparison never reaches ``item``), and building one costs
+    a fraction of a record object's constructor, once per input record in the worker."""
 
     def __init__(self, max_wait_ms: int) -> None:
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.max_wait_ms = max_wait_ms
         self._queues: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
-        # Wall time each buffered record arrived, per source (parallel to the queues): a record
-        # waits at most max_wait_ms from its own arrival, as a Kafka Streams record waits at most
-        # max.task.idle.ms. (Counting from when it became the head made queued records wait one
-        # after another: a partition with an idle source drained one record per max_wait_ms.)
-        self._arrived_ms: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
-        self._last: MergedRecord | None = None
+        # When each buffered record arrived (wall time), per source, one entry per ``extend``:
+        # (records pushed to the source up to and including that call, its now_ms). A record waits
+        # at most max_wait_ms from its own arrival, as a Kafka Streams record waits at most
+        # max.task.idle.ms (counting from when it became the head made queued records wait one
+        # after another: a partition with an idle source drained one record per max_wait_ms).
+        self._arrivals: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
+        self._pushed = [0, 0]
+        self._last: tuple | None = None  # the last record released in order
         self.released = 0
         self.forced = 0  # releases made because the wait for the idle source ran out
         self.out_of_order = 0  # records released with a key below one released before them
@@ -70,63 +65,85 @@ class InputMerger:
         takes the time of what came before it, so it neither holds back nor overtakes its
         neighbours (its only effect is a dead letter, whose position does not change any state).
         """
-        q = self._queues[source]
-        if q and offset <= q[-1].offset:
-            raise ValueError(f"source {source}: offset {offset} pushed after {q[-1].offset}")
         if timestamp_ms is None:
-            before = [self._last.timestamp_ms if self._last is not None else -(2**63)]
+            q = self._queues[source]
+            before = [self._last[0] if self._last is not None else -(2**63)]
             if q:
-                before.append(q[-1].timestamp_ms)
+                before.append(q[-1][0])
             timestamp_ms = max(before)
-        q.append(MergedRecord(timestamp_ms, source, offset, item))
-        self._arrived_ms[source].append(now_ms)
+        self.extend(source, [(timestamp_ms, source, offset, item)], now_ms)
+
+    def extend(self, source: int, records: list[tuple[int, int, int, Any]], now_ms: int) -> None:
+        """Buffer records of one source, ``(timestamp_ms, source, offset, item)`` each, in offset
+        order (as one fetch delivers them: only the first is checked against what is buffered)."""
+        if not records:
+            return
+        q = self._queues[source]
+        first = records[0]
+        if first[1] != source:
+            raise ValueError(f"a record of source {first[1]} pushed as source {source}")
+        if q and first[2] <= q[-1][2]:
+            raise ValueError(f"source {source}: offset {first[2]} pushed after {q[-1][2]}")
+        q.extend(records)
+        self._pushed[source] += len(records)
+        self._arrivals[source].append((self._pushed[source], now_ms))
 
     def pending(self) -> int:
         return len(self._queues[0]) + len(self._queues[1])
+
+    def _head_arrived_ms(self, source: int) -> int:
+        """When the head of ``source`` (non-empty) arrived."""
+        arrivals = self._arrivals[source]
+        head = self._pushed[source] - len(self._queues[source])  # records of the source released so far
+        while arrivals[0][0] <= head:
+            arrivals.popleft()
+        return arrivals[0][1]
 
     def wait_deadline_ms(self) -> int | None:
         """The wall time at which a held record's wait for the idle source runs out (the earliest
         head's arrival + ``max_wait_ms``), or None when nothing is held. A caller that blocks
         waiting for input should wake up by then."""
-        heads = [arrived[0] for arrived in self._arrived_ms if arrived]
+        heads = [self._head_arrived_ms(src) for src in (CONTEXTS, REWARDS) if self._queues[src]]
         return min(heads) + self.max_wait_ms if heads else None
 
-    def pop_ready(self, now_ms: int, behind: tuple[bool, bool] = (False, False)) -> Iterator[MergedRecord]:
+    def pop_ready(self, now_ms: int, behind: tuple[bool, bool] = (False, False)) -> list[tuple]:
         """Release, in merge order, every record that may go now. ``behind[source]``: the broker
         holds records of that source that have not been pushed yet."""
+        a, b = self._queues
+        out: list[tuple] = []
         while True:
-            a, b = self._queues
             if a and b:
                 # (timestamp, source, offset) order; the heads are of different sources, so at equal
-                # timestamps contexts (0) come first (the same as comparing the records, cheaper).
-                src = CONTEXTS if a[0].timestamp_ms <= b[0].timestamp_ms else REWARDS
-            elif a or b:
-                src = CONTEXTS if a else REWARDS
-                if behind[1 - src]:
-                    return  # the other source's next records exist: wait for them, not for a clock
-                waited = now_ms - self._arrived_ms[src][0]
-                if waited < self.max_wait_ms:
-                    return
-                self.forced += 1
-            else:
-                return
-            yield self._release(src, now_ms)
+                # timestamps contexts (a) come first.
+                out.append((a if a[0][0] <= b[0][0] else b).popleft())
+                continue
+            if not (a or b):
+                break
+            src = CONTEXTS if a else REWARDS
+            if behind[1 - src]:
+                break  # the other source's next records exist: wait for them, not for a clock
+            if now_ms - self._head_arrived_ms(src) < self.max_wait_ms:
+                break
+            self.forced += 1
+            out.append(self._queues[src].popleft())
+        self._count(out)
+        return out
 
-    def drain(self, now_ms: int) -> Iterator[MergedRecord]:
+    def drain(self, now_ms: int) -> list[tuple]:
         """Release everything buffered, in merge order (at shutdown or partition revocation)."""
-        while self.pending():
-            a, b = self._queues
-            src = CONTEXTS if (a and (not b or a[0].timestamp_ms <= b[0].timestamp_ms)) else REWARDS
-            yield self._release(src, now_ms)
+        a, b = self._queues
+        out: list[tuple] = []
+        while a or b:
+            out.append((a if (a and (not b or a[0][0] <= b[0][0])) else b).popleft())
+        self._count(out)
+        return out
 
-    def _release(self, src: int, now_ms: int) -> MergedRecord:
-        q = self._queues[src]
-        rec = q.popleft()
-        self._arrived_ms[src].popleft()
+    def _count(self, released: list[tuple]) -> None:
         last = self._last
-        if last is not None and (rec.timestamp_ms, rec.source, rec.offset) < (last.timestamp_ms, last.source, last.offset):
-            self.out_of_order += 1
-        else:
-            self._last = rec
-        self.released += 1
-        return rec
+        for rec in released:
+            if last is not None and rec < last:
+                self.out_of_order += 1
+            else:
+                last = rec
+        self._last = last
+        self.released += len(released)

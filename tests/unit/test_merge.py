@@ -8,7 +8,7 @@ from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 
 
 def keys(records):
-    return [(r.timestamp_ms, r.source, r.offset) for r in records]
+    return [(r[0], r[1], r[2]) for r in records]
 
 
 def test_releases_in_timestamp_then_source_then_offset_order():
@@ -19,7 +19,7 @@ def test_releases_in_timestamp_then_source_then_offset_order():
     m.push(REWARDS, 1, 120, "r1", now_ms=0)
     out = list(m.pop_ready(now_ms=0))
     # c1 (150) must wait: the rewards source is empty after r1 and could still deliver ts < 150.
-    assert [r.item for r in out] == ["c0", "r0", "r1"]
+    assert [r[3] for r in out] == ["c0", "r0", "r1"]
     assert m.pending() == 1 and m.forced == 0
 
 
@@ -27,11 +27,11 @@ def test_an_idle_source_is_waited_for_a_bounded_time_then_counted_as_forced():
     m = InputMerger(max_wait_ms=50)
     m.push(CONTEXTS, 0, 10, "c0", now_ms=1000)
     assert list(m.pop_ready(now_ms=1049)) == []
-    assert [r.item for r in m.pop_ready(now_ms=1050)] == ["c0"]
+    assert [r[3] for r in m.pop_ready(now_ms=1050)] == ["c0"]
     assert m.forced == 1 and m.out_of_order == 0
     # A reward with an earlier timestamp arrives after the forced release: processed late, counted.
     m.push(REWARDS, 0, 5, "r0", now_ms=1060)
-    assert [r.item for r in m.pop_ready(now_ms=2000)] == ["r0"]
+    assert [r[3] for r in m.pop_ready(now_ms=2000)] == ["r0"]
     assert m.out_of_order == 1
 
 
@@ -87,7 +87,7 @@ def test_a_record_without_event_time_takes_its_predecessors_place():
     m.push(CONTEXTS, 2, 300, "c2", now_ms=0)
     m.push(REWARDS, 0, 150, "r0", now_ms=0)
     m.push(REWARDS, 1, 400, "r1", now_ms=0)
-    assert [r.item for r in m.pop_ready(now_ms=0)] == ["c0", "garbage", "r0", "c2"]
+    assert [r[3] for r in m.pop_ready(now_ms=0)] == ["c0", "garbage", "r0", "c2"]
     assert m.out_of_order == 0
 
 
@@ -97,9 +97,9 @@ def test_each_record_waits_from_its_own_arrival_not_one_after_another():
     m = InputMerger(max_wait_ms=20)
     for i in range(10):
         m.push(CONTEXTS, i, 100 + i, f"c{i}", now_ms=i)
-    assert [r.item for r in m.pop_ready(now_ms=19)] == []
-    assert [r.item for r in m.pop_ready(now_ms=24)] == ["c0", "c1", "c2", "c3", "c4"]
-    assert [r.item for r in m.pop_ready(now_ms=29)] == ["c5", "c6", "c7", "c8", "c9"]
+    assert [r[3] for r in m.pop_ready(now_ms=19)] == []
+    assert [r[3] for r in m.pop_ready(now_ms=24)] == ["c0", "c1", "c2", "c3", "c4"]
+    assert [r[3] for r in m.pop_ready(now_ms=29)] == ["c5", "c6", "c7", "c8", "c9"]
     assert m.forced == 10
 
 
@@ -110,11 +110,11 @@ def test_a_source_with_undelivered_records_is_waited_for_however_long():
     assert list(m.pop_ready(now_ms=10_000, behind=(True, False))) == []
     m.push(CONTEXTS, 0, 100, "c0", now_ms=10_000)
     m.push(CONTEXTS, 1, 110, "c1", now_ms=10_000)
-    assert [r.item for r in m.pop_ready(now_ms=10_000, behind=(True, False))] == ["c0", "r0"]
+    assert [r[3] for r in m.pop_ready(now_ms=10_000, behind=(True, False))] == ["c0", "r0"]
     assert m.forced == 0 and m.out_of_order == 0
     # Rewards are not behind: c1 waits the bounded time from its arrival, then goes.
     assert list(m.pop_ready(now_ms=10_019)) == []
-    assert [r.item for r in m.pop_ready(now_ms=10_020)] == ["c1"] and m.forced == 1
+    assert [r[3] for r in m.pop_ready(now_ms=10_020)] == ["c1"] and m.forced == 1
 
 
 def test_the_wait_deadline_is_the_earliest_held_arrival_plus_the_wait():
@@ -126,9 +126,9 @@ def test_the_wait_deadline_is_the_earliest_held_arrival_plus_the_wait():
     m.push(CONTEXTS, 1, 11, "c1", now_ms=1005)
     assert m.wait_deadline_ms() == 1020
     assert list(m.pop_ready(now_ms=1019)) == []
-    assert [r.item for r in m.pop_ready(now_ms=1020)] == ["c0"]
+    assert [r[3] for r in m.pop_ready(now_ms=1020)] == ["c0"]
     assert m.wait_deadline_ms() == 1025
-    assert [r.item for r in m.pop_ready(now_ms=1025)] == ["c1"]
+    assert [r[3] for r in m.pop_ready(now_ms=1025)] == ["c1"]
     assert m.wait_deadline_ms() is None
 
 
@@ -138,6 +138,6 @@ def test_equal_timestamps_release_contexts_first_whatever_the_offsets():
     m.push(CONTEXTS, 7, 100, "c7", now_ms=0)
     m.push(REWARDS, 1, 200, "r1", now_ms=0)
     m.push(CONTEXTS, 8, 200, "c8", now_ms=0)
-    assert [r.item for r in m.pop_ready(now_ms=0)] == ["c7", "r0", "c8"]
-    assert [r.item for r in m.drain(now_ms=0)] == ["r1"]
+    assert [r[3] for r in m.pop_ready(now_ms=0)] == ["c7", "r0", "c8"]
+    assert [r[3] for r in m.drain(now_ms=0)] == ["r1"]
     assert m.out_of_order == 0
