@@ -54,7 +54,7 @@ from streambandit.batch_encode import encode_actions, encode_joined_records  # n
 from streambandit.events import Context, Reward, encode  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
-from streambandit.stream.worker import _EMIT_EVERY  # noqa: E402
+from streambandit.stream.worker import _EMIT_EVERY, WorkerConfig  # noqa: E402
 
 import bench_worker as bw  # noqa: E402
 from snapshot_pause import snapshot_pause  # noqa: E402
@@ -134,7 +134,8 @@ def preload(broker: EmbeddedBroker, n: int, ctx: list[bytes], keys: list[bytes],
     return topics, total
 
 
-def passthrough(broker: EmbeddedBroker, topics: list[str], total: int, out_value: bytes, *, batch: int = 2000) -> dict:
+def passthrough(broker: EmbeddedBroker, topics: list[str], total: int, out_value: bytes, *,
+                batch: int = WorkerConfig.batch_max_records) -> dict:
     """Consume -> produce one output per input -> send offsets -> commit, per batch, like
     ``Worker.step`` with no decode, no merge and no learner. Events per second."""
     c_t, r_t, a_t = topics
@@ -471,7 +472,7 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
     events = bw.backlog(n)
     ctx, keys, rew, action = sample_records(2000)
     out: dict = {p: {"worker": [], "bare_learner_events_per_s": []} for p in policies}
-    out["passthrough"], out["oful_no_freeze"] = [], []
+    out["passthrough"], out["oful_no_freeze"], out["oful_batch_2000"] = [], [], []
     for p in policies:
         _warm(p)
     for r in range(repeats):
@@ -479,6 +480,8 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
         out["passthrough"].append(passthrough(broker, topics, total, action)["events_per_s"])
         if "oful" in policies:  # the worker without its gc.freeze, for the ratio in the same run
             out["oful_no_freeze"].append(drain(broker, "oful", events, freeze=False))
+            # batch_max_records at its default before commit (this session's): the commit's share
+            out["oful_batch_2000"].append(drain(broker, "oful", events, batch_max_records=2000))
         for p in policies:
             out[p]["worker"].append(drain(broker, p, events))
             out[p]["bare_learner_events_per_s"].append(bare(p, events))
@@ -807,7 +810,7 @@ def report(res: dict) -> str:
             f"rewards of {c['reward_bytes']} bytes, outputs of {c['action_bytes']} bytes; median of {len(runs)} runs)",
             "",
             "Nothing of streambandit in the loop: raw bytes, no decode, no merge, no learner. The pass-through consumes "
-            "up to 2,000 fetched records, produces one action-sized record per input and commits them with the input "
+            f"up to {WorkerConfig.batch_max_records:,} fetched records (the worker's `batch_max_records`), produces one action-sized record per input and commits them with the input "
             "offsets in one transaction, as `Worker.step` does.",
             "",
             "| loop | records / s | broker CPU (of one core) |",
@@ -878,7 +881,7 @@ def report(res: dict) -> str:
             "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for p, v in tp.items():
-            if p in ("passthrough", "oful_no_freeze"):
+            if p in ("passthrough", "oful_no_freeze", "oful_batch_2000"):
                 continue
             w = v["worker"]
             lines.append(f"| {p} | {med([x['events_per_s'] for x in w]):,.0f} | {med([x['contexts_per_s'] for x in w]):,.0f} | "
@@ -944,7 +947,7 @@ def report(res: dict) -> str:
         lines += [
             "## 5b. The floor: part 5's load on the bare transactional pass-through",
             "",
-            "Part 1's loop (consume what is fetched, up to 2,000 records, waiting up to poll_timeout for the first; "
+            f"Part 1's loop (consume what is fetched, up to {WorkerConfig.batch_max_records:,} records, waiting up to poll_timeout for the first; "
             "one action-sized output per input; send offsets; commit), as a subprocess of its own "
             "(`bench/passthrough_serve.py`) in place of the worker, offered the same load by the same load "
             "generator and measured the same way: no decode, no merge, no learner; what the broker and the "

@@ -6,9 +6,10 @@
 The worker's own per-batch code (``Worker._buffer``, ``Worker._release``, ``Worker._produce``) runs
 on real ``confluent_kafka.Message`` objects holding the encoded backlog of bench_e2e part 4
 (d = 20, K = 10, 4 model keys, 2 partitions, a reward for every third context, epoch
-timestamps), in batches of 2,000 as polled. The producer is a real librdkafka producer with no
-broker reachable (``produce`` queues; the queue is purged after each batch), so Kafka's network
-and the transaction round trips are left out: those are bench_e2e's.
+timestamps), in batches of ``WorkerConfig.batch_max_records`` as polled under a backlog. The
+producer is a real librdkafka producer with no broker reachable (``produce`` queues; the queue is
+purged after each batch), so Kafka's network and the transaction round trips are left out: those
+are bench_e2e's.
 
 Stages are measured by ablation, each level doing everything the one before does plus one
 stage, so the difference is that stage's cost in place (with the caches and allocator the
@@ -58,7 +59,7 @@ STAGE_TEXT = {
 }
 STAGES = tuple(STAGE_TEXT)
 REPEATS = 7
-BATCH = 2000
+BATCH = WorkerConfig.batch_max_records  # as the worker polls under a backlog
 TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
 
 
@@ -154,7 +155,7 @@ def report(res: dict) -> str:
         f"Command: `python bench/bench_worker_path.py`. Machine: {m['cpu']}, {m['cores']} cores (shared), Python "
         f"{m['python']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}. The worker's own batch code on real "
         f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of bench_e2e part 4's backlog and their "
-        "rewards, batches of 2,000), a producer with no broker; each level adds one stage, CPU time of the thread, "
+        f"rewards, batches of {BATCH:,}), a producer with no broker; each level adds one stage, CPU time of the thread, "
         f"best of {res['repeats']} fresh runs per level. Kafka's network and transactions are not in these figures "
         "(bench_e2e part 4 has them).",
         "",

@@ -5,9 +5,9 @@
 
 Part 1's loop with ``Worker.step``'s polling, run the way ``streambandit serve`` runs the worker
 (a subprocess started by the load generator, stopped by SIGINT): a group consumer (the worker's
-consumer settings, read_committed) takes what is already fetched, up to 2,000 records, waiting up
-to ``--poll-timeout`` ms for the first one only; one transaction produces one action-sized
-record per input, sends the input offsets and commits. Nothing of streambandit in between: no
+consumer settings, read_committed) takes what is already fetched, up to the worker's
+``batch_max_records`` records, waiting up to ``--poll-timeout`` ms for the first one only; one
+transaction produces one action-sized record per input, sends the input offsets and commits. Nothing of streambandit in between: no
 decode, no merge, no learner.
 
 So that the load generator can match an output to its context exactly as it matches a worker's
@@ -32,8 +32,9 @@ from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 from streambandit import events as ev  # noqa: E402
 from streambandit.events import encode  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
+from streambandit.stream.worker import WorkerConfig  # noqa: E402
 
-BATCH = 2000  # WorkerConfig.batch_max_records
+BATCH = WorkerConfig.batch_max_records  # up to what the worker takes per transaction
 
 
 def template() -> bytes:

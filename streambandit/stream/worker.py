@@ -62,7 +62,10 @@ class WorkerConfig:
     models: ModelsConfig
     group_id: str = "streambandit"
     topics: Topics = Topics()
-    batch_max_records: int = 2000
+    # Under a backlog each transaction's commit is ~3 serial broker round trips; 5,000 records
+    # amortise them (2,000 spent ~13 % of a drain committing: bench/results/e2e.md part 4). Under
+    # light load a batch is what one fetch brought, so this bound does not add latency there.
+    batch_max_records: int = 5000
     poll_timeout_ms: int = 50
     merge_wait_ms: int = 20  # how long a record waits for the other input's head (DESIGN 3.4)
     idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
