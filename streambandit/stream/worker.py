@@ -62,9 +62,10 @@ class WorkerConfig:
     models: ModelsConfig
     group_id: str = "streambandit"
     topics: Topics = Topics()
-    # Under a backlog each transaction's commit is ~3 serial broker round trips; 5,000 records
-    # amortise them (2,000 spent ~13 % of a drain committing: bench/results/e2e.md part 4). Under
-    # light load a batch is what one fetch brought, so this bound does not add latency there.
+    # Under a backlog each transaction's commit waits for ~3 serial broker round trips; a larger
+    # bound means fewer of them (on the embedded broker 5,000 and 2,000 drain at the same rate
+    # within noise: bench/results/e2e.md part 4; a broker with longer round trips gains more).
+    # Under light load a batch is what one fetch brought, so the bound adds no latency there.
     batch_max_records: int = 5000
     poll_timeout_ms: int = 50
     merge_wait_ms: int = 20  # how long a record waits for the other input's head (DESIGN 3.4)
