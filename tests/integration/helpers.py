@@ -114,6 +114,24 @@ def send_tracked(prod: Producer, topic: str, key: bytes | None, value: bytes) ->
     return s
 
 
+def run_in_thread(worker) -> tuple:
+    """``worker.run()`` on a daemon thread; returns the thread and the list that collects what
+    the run raised (a test asserts on it after stopping or joining the thread)."""
+    import threading
+
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            worker.run()
+        except BaseException as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=run, daemon=True)
+    t.start()
+    return t, errors
+
+
 def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overrides):
     """A worker on its own thread (as tests/integration/test_worker.py starts one)."""
     import threading

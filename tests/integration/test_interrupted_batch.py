@@ -17,9 +17,9 @@ from confluent_kafka import KafkaError, KafkaException
 from streambandit.events import Context, Reward
 from streambandit.stream.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
-from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
+from streambandit.stream.worker import Worker, WorkerConfig
 
-from .helpers import outputs, producer, send, wait_for
+from .helpers import outputs, producer, run_in_thread, send, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -63,16 +63,7 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     _send_batch(prod, topics, rng, 0, 100, t0_ms=1000)
     w = Worker(cfg, store)
     w.producer = _FailingCommit(w.producer, fail_at=10**9)
-    errors: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            w.run()
-        except WorkerError as exc:
-            errors.append(exc)
-
-    t = threading.Thread(target=run, daemon=True)
-    t.start()
+    t, errors = run_in_thread(w)
     assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60)
     before = {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)}
     w.producer._left = 1  # the next commit fails
@@ -85,7 +76,7 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     # The dead worker's Kafka clients go now, while the broker answers (the error's traceback
     # holds the worker; destroyed after the broker stopped, they would log lost connections).
     errors.clear()
-    del w, t, run
+    del w, t
     gc.collect()
 
     # 2. A new worker recovers and finishes the job: every context decided and joined once.

@@ -1,7 +1,6 @@
 """A snapshot that cannot be used is reported and the worker falls back (the previous snapshot,
 then the whole joined log), never to silently fresh models; on the real embedded broker."""
 
-import threading
 
 import numpy as np
 import pytest
@@ -12,7 +11,7 @@ from streambandit.stream.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
 
-from .helpers import outputs, producer, same_state, send, wait_for
+from .helpers import outputs, producer, run_in_thread, same_state, send, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -28,16 +27,7 @@ def run(broker, topics, snap_dir, group, config, until):
     """A worker until ``until(worker)`` holds (or it fails); stopped cleanly. Returns it and its error."""
     w = Worker(WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=config, group_id=group, topics=topics,
                             idle_tick_ms=200), DirectoryStore(snap_dir))
-    failure = []
-
-    def work():
-        try:
-            w.run()
-        except BaseException as exc:
-            failure.append(exc)
-
-    t = threading.Thread(target=work, daemon=True)
-    t.start()
+    t, failure = run_in_thread(w)
     try:
         wait_for(lambda: failure or until(w), timeout_s=60)
     finally:
