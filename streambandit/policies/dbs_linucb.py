@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit import kernels
+from streambandit import kernels, rowwise
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.sketch.dyadic_block import RANK_TESTS, DyadicBlockSketch
 
@@ -203,7 +203,7 @@ class DBSLinUCB(Policy):
             out = np.empty(a.shape[0])
             kernels.ucb_scores(a, self.theta, sk.vinv, self.beta(), out)
             return out
-        return a @ self.theta + self.beta() * np.sqrt(sk.cov.quad_forms(a))  # eq. (6)
+        return rowwise.matvec(a, self.theta) + self.beta() * np.sqrt(sk.cov.quad_forms(a))  # eq. (6)
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         self.sketch.update(x)  # Alg. 5 line 7

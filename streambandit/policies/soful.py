@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from streambandit import rowwise
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.policies.dbs_linucb import check_int, radius_fd
 from streambandit.sketch.woodbury import SketchedCovariance
@@ -110,7 +111,7 @@ class SOFUL(Policy):
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms(arms)
-        return a @ self.theta + self.beta() * np.sqrt(self.sketch.quad_forms(a))
+        return rowwise.matvec(a, self.theta) + self.beta() * np.sqrt(self.sketch.quad_forms(a))
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         self.sketch.update(x)

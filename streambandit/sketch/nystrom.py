@@ -26,6 +26,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import solve_triangular
 
+from streambandit import rowwise
+
 __all__ = ["KERNELS", "Kernel", "DTCPosterior", "inclusion_probabilities", "resample_dictionary", "resampling_rng"]
 
 KERNELS = ("rbf", "linear")
@@ -49,22 +51,18 @@ class Kernel:
             raise ValueError(f"bandwidth must be a finite number > 0, got {self.bandwidth!r}")
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """The (len(a), len(b)) kernel matrix."""
-        out = a @ b.T
+        """The (len(a), len(b)) kernel matrix, row by row (``streambandit.rowwise``): row i depends
+        on ``a[i]`` alone, so identical arms get identical kernel rows wherever they stand."""
         if self.name == "linear":
-            return out
-        # ||a - b||^2 = ||a||^2 + ||b||^2 - 2 a.b, in place (one GEMM, no temporaries of this size).
-        out *= -2.0
-        out += np.einsum("ij,ij->i", a, a)[:, None]
-        out += np.einsum("ij,ij->i", b, b)[None, :]
-        np.maximum(out, 0.0, out=out)  # the expansion can round a zero distance slightly below 0
+            return rowwise.matmul(a, np.ascontiguousarray(b.T))
+        out = rowwise.sq_distances(a, b)
         out *= -0.5 / self.bandwidth**2
         return np.exp(out, out=out)
 
     def diag(self, a: np.ndarray) -> np.ndarray:
         """``k(x, x)`` for every row of ``a``."""
         if self.name == "linear":
-            return np.einsum("ij,ij->i", a, a)
+            return rowwise.rowdot(a, a)
         return np.ones(a.shape[0])
 
 
@@ -130,11 +128,11 @@ class DTCPosterior:
     resampling's input) and :meth:`mean_s2` scores any new point.
 
     Per fit: O(u m d) kernel evaluations, O(m^3) eigendecomposition, O(u m r + u r^2 + m r^2).
-    Per scored point: O(m d) kernel evaluations and O(m r) (two GEMM rows, with R and W).
+    Per scored point: O(m d) kernel evaluations and O(m r) (one row of k_S(x) times ``score_map``).
     r <= m is the numerical rank of K_S.
     """
 
-    __slots__ = ("kernel", "lam", "dict_points", "root", "whiten", "mean_dir", "pulled_s2")
+    __slots__ = ("kernel", "lam", "dict_points", "score_map", "pulled_s2")
 
     def __init__(
         self,
@@ -152,10 +150,10 @@ class DTCPosterior:
         self.lam = float(lam)
         self.dict_points = dict_points
         # Sec. 3.1: the embedding z(x) = R' k_S(x) of the dictionary.
-        self.root = _root_pinv(kernel(dict_points, dict_points)) if root is None else root
-        r = self.root.shape[1]
+        root = _root_pinv(kernel(dict_points, dict_points)) if root is None else root
+        r = root.shape[1]
         k_ps = kernel(points, dict_points)
-        z = k_ps @ self.root  # Z_P: the embedded distinct pulled points
+        z = k_ps @ root  # Z_P: the embedded distinct pulled points
         # Sec. 3.1: V_t = Z_t' Z_t + lam I, with Z_t' Z_t = Z_P' diag(n) Z_P (count form, Sec. 3.2).
         v = (z * counts[:, None].astype(np.float64)).T @ z
         v[np.diag_indices(r)] += self.lam
@@ -164,9 +162,9 @@ class DTCPosterior:
         y = solve_triangular(chol, z.T @ reward_sums, lower=True, check_finite=False)
         w = solve_triangular(chol, y, lower=True, trans="T", check_finite=False)
         # mu~(x) = z(x)' w = k_S(x)' (R w); z(x)' V^-1 z(x) = ||L^-1 R' k_S(x)||^2 = ||W' k_S(x)||^2
-        # with W = R L^-T. Scoring is then two GEMMs of k_S(x), with R and with W.
-        self.mean_dir = self.root @ w
-        self.whiten = np.ascontiguousarray(solve_triangular(chol, self.root.T, lower=True, check_finite=False).T)
+        # with W = R L^-T. Scoring is one product of k_S(x) with [R | W | R w].
+        whiten = solve_triangular(chol, root.T, lower=True, check_finite=False).T
+        self.score_map = np.hstack([root, whiten, (root @ w)[:, None]])
         self.pulled_s2 = self._mean_s2(k_ps, kernel.diag(points))[1]
 
     @property
@@ -177,11 +175,16 @@ class DTCPosterior:
     @property
     def rank(self) -> int:
         """r, the embedding dimension (numerical rank of K_S)."""
-        return self.root.shape[1]
+        return (self.score_map.shape[1] - 1) // 2
+
+    @property
+    def root(self) -> np.ndarray:
+        """R (m, r) of :func:`_root_pinv`, a pure function of the dictionary (a view)."""
+        return self.score_map[:, : self.rank]
 
     def embed(self, x: np.ndarray) -> np.ndarray:
         """z(x) for every row of x: (n, r)."""
-        return self.kernel(x, self.dict_points) @ self.root
+        return rowwise.matmul(self.kernel(x, self.dict_points), np.ascontiguousarray(self.root))
 
     def mean_s2(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """eq. (4): (mu~_t(x), sigma~_t^2(x)) for every row of x, sigma~^2 on the 1/lambda scale."""
@@ -195,12 +198,15 @@ class DTCPosterior:
         starvation far from S. It must not be dropped (that is the SoR variance z' V^-1 z; note
         Sec. 8.9). Rounding can push it slightly below 0; it is clamped (note Sec. 8.5).
         """
-        z = k_xs @ self.root  # rows z(x)'
-        g = k_xs @ self.whiten  # rows (L^-1 z(x))'
-        residual = kdiag - np.einsum("ij,ij->i", z, z)
+        # Row by row (streambandit.rowwise), so a point's mean and variance do not depend on the
+        # other points scored with it: identical arms score identically on any CPU.
+        r = self.rank
+        proj = rowwise.matmul(k_xs, self.score_map)  # rows [z(x)' | (L^-1 z(x))' | mu~(x)]
+        z, g = proj[:, :r], proj[:, r : 2 * r]
+        residual = kdiag - rowwise.rowdot(z, z)
         np.maximum(residual, 0.0, out=residual)
-        return k_xs @ self.mean_dir, residual / self.lam + np.einsum("ij,ij->i", g, g)
+        return proj[:, 2 * r], residual / self.lam + rowwise.rowdot(g, g)
 
     def nbytes(self) -> int:
         """Bytes of the fitted arrays: 8 (m d + 2 m r + m + u)."""
-        return int(sum(getattr(self, k).nbytes for k in ("dict_points", "root", "whiten", "mean_dir", "pulled_s2")))
+        return int(sum(getattr(self, k).nbytes for k in ("dict_points", "score_map", "pulled_s2")))

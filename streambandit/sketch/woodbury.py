@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
+from streambandit import rowwise
 from streambandit.sketch.frequent_directions import FrequentDirections, numerical_rank_cut, svd_rows
 
 __all__ = ["SketchedCovariance", "orthogonal_compaction", "stack_inverse"]
@@ -208,9 +209,11 @@ class SketchedCovariance:
 
     def quad_forms(self, arms: np.ndarray) -> np.ndarray:
         """``x' A_hat^-1 x = (||x||^2 - u' M u) / lam'`` with ``u = S x``, for every row of ``arms``
-        (K x d), in O(K d r + K r^2); clipped at 0 against rounding (pitfall 8: float64 throughout)."""
-        u = np.hstack([arms @ self.frozen.T, arms @ self.fd.rows.T])
-        q = np.einsum("kd,kd->k", arms, arms) - np.einsum("kr,kr->k", u @ self.minv, u)
+        (K x d), in O(K d r + K r^2); clipped at 0 against rounding (pitfall 8: float64 throughout).
+        Row by row (``streambandit.rowwise``): an arm's value does not depend on the other arms."""
+        s_t = np.hstack([self.frozen.T, self.fd.rows.T])  # S' (d, r), C-contiguous
+        u = rowwise.matmul(arms, s_t)
+        q = rowwise.rowdot(arms, arms) - rowwise.rowdot(rowwise.matmul(u, self.minv), u)
         q /= self.lam_eff
         return np.maximum(q, 0.0, out=q)
 
