@@ -1,28 +1,65 @@
 # The two commands of the README's quickstart, and what they need. Everything installs into .venv
-# from the package registry, so a fresh machine needs only python3 (>= 3.11) and make.
+# from the package registry, at the exact versions of requirements/lock.txt (the versions the
+# suite passed with), so a fresh machine needs only python3 (>= 3.11) and make. pyproject.toml
+# keeps version ranges for people who install the library into their own environment.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
+LOCK := requirements/lock.txt
+# The lock pins the installer and the build backend too; the project is built with them
+# (no isolated build environment that would fetch the newest setuptools).
+INSTALL = $(1)/python -m pip install --quiet --disable-pip-version-check
+LOCKED = $(call INSTALL,$(BIN)) --constraint $(LOCK)
 
-.PHONY: demo test unit integration bench clean
+.PHONY: demo test unit integration bench lock clean
 
-$(BIN)/streambandit: pyproject.toml
+$(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(LOCKED) pip setuptools
+
+# The demo's install: the library, the embedded broker and matplotlib, none of the test tools.
+# The warm-up compiles the numba kernels once, so the demo's first seconds are not spent on it.
+$(VENV)/.demo-installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(LOCKED) --no-build-isolation -e '.[demo]'
+	$(BIN)/python -m streambandit.warmup
 	@touch $@
 
-demo: $(BIN)/streambandit
+# The development install: the above plus pytest, scikit-learn and the peers the benchmarks
+# compare against (their adapters' tests run rather than skip).
+$(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(LOCKED) --no-build-isolation -e '.[dev]'
+	$(BIN)/python -m streambandit.warmup
+	@touch $@
+
+demo: $(VENV)/.demo-installed
 	$(BIN)/streambandit demo
 
-test: $(BIN)/streambandit
+test: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q
 
-unit: $(BIN)/streambandit
+unit: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q tests/unit
 
-bench: $(BIN)/streambandit
+integration: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest -q tests/integration
+
+bench: $(VENV)/.dev-installed
 	$(BIN)/python bench/bench_policies.py
 
+# A deliberate upgrade: the newest versions the ranges of pyproject.toml allow, in a separate
+# environment; the whole suite runs on them, and only if it passes is the lock rewritten.
+# Review `git diff requirements/lock.txt`, then commit it.
+lock:
+	rm -rf .venv-lock
+	$(PY) -m venv .venv-lock
+	$(call INSTALL,.venv-lock/bin) --upgrade pip setuptools
+	$(call INSTALL,.venv-lock/bin) --no-build-isolation --upgrade -e '.[dev]'
+	.venv-lock/bin/python -m pytest -q
+	{ echo "# Exact versions the whole suite passed with (make lock, $$(.venv-lock/bin/python -V), $$(uname -m))."; \
+	  echo "# Used as a pip constraints file by the Makefile and deploy/Dockerfile; refresh with make lock."; \
+	  .venv-lock/bin/python -m pip freeze --all --exclude-editable | grep -v '^#'; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK)
+	rm -rf .venv-lock
+
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .venv-lock .pytest_cache

@@ -1,0 +1,55 @@
+"""Compile the package's numba kernels ahead of their first use.
+
+numba compiles a kernel at its first call and caches the machine code on disk (``cache=True``:
+``__pycache__`` beside the module, or ``NUMBA_CACHE_DIR``). On a fresh install that first call
+costs seconds per kernel, which would otherwise fall on the first decisions of a worker or the
+first seconds of the demo. :func:`compile_kernels` drives every kernel once through the public
+entry points, with the argument types the worker uses, so that the compiled code is cached before
+it is needed. ``python -m streambandit.warmup`` does it and says how long it took (the Makefile
+runs it once per install).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+import numpy as np
+
+__all__ = ["compile_kernels"]
+
+
+def compile_kernels() -> None:
+    """Call every compiled kernel once: each learner's decisions, update and stream loop, the
+    row-independent products, and the batch decoder and encoders of the worker's path."""
+    from streambandit import POLICIES, make_policy
+    from streambandit.batch_decode import decode_batch
+    from streambandit.batch_encode import encode_actions, encode_joined_records
+    from streambandit.events import Action, Context, Joined, Reward, encode
+
+    arms = np.eye(3)
+    for name in sorted(POLICIES):
+        p = make_policy(name, dim=3)
+        p.scores(arms)
+        p.best(arms)
+        p.select_batch(arms[None])
+        p.update(arms[0], 1.0)  # 1.0 is in every link's range
+        make_policy(name, dim=3).play(arms[None], np.ones((1, 3)))
+    ctx = Context(event_id="e", model_key="m", timestamp_ms=1, arm_ids=("a", "b", "c"), features=arms)
+    decode_batch([encode(ctx), encode(Reward(event_id="e", model_key="m", timestamp_ms=2, value=1.0)), b"x"])
+    encode_actions([Action(event_id="e", model_key="m", arm_id="a", arm_index=0, score=0.0, propensity=1.0,
+                           model_version=0, decision_timestamp_ms=1, features=arms[0])])
+    encode_joined_records([Joined(event_id="e", model_key="m", features=arms[0], reward=1.0, reward_observed=True,
+                                  propensity=1.0, decision_timestamp_ms=1, join_timestamp_ms=2, model_version_before=0)])
+
+
+def main() -> int:
+    print("compiling streambandit's kernels (numba; once per install, cached on disk) ...", end=" ", flush=True)
+    start = time.perf_counter()
+    compile_kernels()
+    print(f"done in {time.perf_counter() - start:.1f} s", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
