@@ -15,11 +15,11 @@ LOCKED = $(call INSTALL,$(BIN)) --constraint $(LOCK)
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
-	$(LOCKED) pip setuptools
 
 # The demo's install: the library, the embedded broker and matplotlib, none of the test tools.
 # The warm-up compiles the numba kernels once, so the demo's first seconds are not spent on it.
 $(VENV)/.demo-installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(LOCKED) pip setuptools
 	$(LOCKED) --no-build-isolation -e '.[demo]'
 	$(BIN)/python -m streambandit.warmup
 	@touch $@
@@ -27,6 +27,7 @@ $(VENV)/.demo-installed: pyproject.toml $(LOCK) | $(BIN)/python
 # The development install: the above plus pytest, scikit-learn and the peers the benchmarks
 # compare against (their adapters' tests run rather than skip).
 $(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
+	$(LOCKED) pip setuptools
 	$(LOCKED) --no-build-isolation -e '.[dev]'
 	$(BIN)/python -m streambandit.warmup
 	@touch $@

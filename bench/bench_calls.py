@@ -26,8 +26,8 @@ common.pin_one_thread()
 
 import numpy as np  # noqa: E402
 
-from streambandit.stream.decision import decide  # noqa: E402
-from streambandit.stream.models_config import parse_models_config  # noqa: E402
+from streambandit.decision import decide  # noqa: E402
+from streambandit.models_config import parse_models_config  # noqa: E402
 
 D, K, NUMBER, REPEATS = 20, 10, 20_000, 7
 

@@ -48,10 +48,10 @@ common.pin_one_thread()
 import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit import events as ev  # noqa: E402
-from streambandit.batch_decode import decode_batch  # noqa: E402
-from streambandit.batch_encode import encode_actions, encode_joined_records  # noqa: E402
-from streambandit.events import Context, Reward, encode  # noqa: E402
+from streambandit.wire import codec as wire_codec, records  # noqa: E402
+from streambandit.wire.batch_decode import decode_batch  # noqa: E402
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records  # noqa: E402
+from streambandit.wire import Context, Reward, encode  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
 from streambandit.stream.worker import _EMIT_EVERY, WorkerConfig  # noqa: E402
@@ -80,7 +80,7 @@ def sample_records(n: int) -> tuple[list[bytes], list[bytes], list[bytes], bytes
     keys = [c.model_key.encode() for c, _ in events]
     rew = [encode(r) for _, r in events if r is not None]
     c0 = events[0][0]
-    action = encode(ev.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
+    action = encode(records.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
                               c0.features[0], 0, 12345))
     return ctx, keys, rew, action
 
@@ -260,26 +260,26 @@ def codec(n: int = 20_000) -> dict:
             times.append((time.perf_counter() - t0) / len(records) * 1e6)
         return common.median(times)
 
-    v1, v2 = ev.encode_context_v1(c), encode(c)
-    action = ev.Action(c.event_id, c.model_key, c.arm_ids[3], 3, 0.5, 1.0, 100, c.timestamp_ms, c.features[3], 0, 100)
-    joined = ev.Joined(c.event_id, c.model_key, c.features[3], 1.0, True, 1.0, c.timestamp_ms, c.timestamp_ms + 5, 100, 1, 77)
-    fa_action = {f: getattr(action, f) for f in action.__dataclass_fields__} | {"features": ev.features_to_bytes(action.features)}
+    v1, v2 = wire_codec.encode_context_v1(c), encode(c)
+    action = records.Action(c.event_id, c.model_key, c.arm_ids[3], 3, 0.5, 1.0, 100, c.timestamp_ms, c.features[3], 0, 100)
+    joined = records.Joined(c.event_id, c.model_key, c.features[3], 1.0, True, 1.0, c.timestamp_ms, c.timestamp_ms + 5, 100, 1, 77)
+    fa_action = {f: getattr(action, f) for f in action.__dataclass_fields__} | {"features": wire_codec.features_to_bytes(action.features)}
     # What the worker does: a poll batch of 2,000 different contexts decoded in one pass (batch_decode.py).
     batch = [encode(x) for x, _ in bw.backlog(2000)]
     # What the worker does with its outputs: a hand-over's worth (Worker._EMIT_EVERY records) of
     # actions and of joined records, each encoded in one compiled pass (batch_encode.py).
     ctxs = [x for x, _ in bw.backlog(_EMIT_EVERY)]
-    actions = [ev.Action(x.event_id, x.model_key, x.arm_ids[i % 10], i % 10, 0.5, 1.0, 10_000 + i, x.timestamp_ms,
+    actions = [records.Action(x.event_id, x.model_key, x.arm_ids[i % 10], i % 10, 0.5, 1.0, 10_000 + i, x.timestamp_ms,
                          x.features[i % 10].copy(), 0, 50_000 + i) for i, x in enumerate(ctxs)]
-    joins = [ev.Joined(a.event_id, a.model_key, a.features, 1.0, i % 3 == 0, 1.0, a.decision_timestamp_ms,
+    joins = [records.Joined(a.event_id, a.model_key, a.features, 1.0, i % 3 == 0, 1.0, a.decision_timestamp_ms,
                        a.decision_timestamp_ms + 100, a.model_version, 1, 20_000 + i) for i, a in enumerate(actions)]
 
     out = {
         "bytes": {"arrays_of_double": len(arrays_bytes) + 3, "v1_bytes_per_arm": len(v1), "v2_one_block": len(v2)},
-        "decode_us": {"arrays_of_double": per(decode_arrays), "v1_bytes_per_arm": per(lambda: ev.decode(v1)),
-                      "v2_one_block": per(lambda: ev.decode(v2)),
+        "decode_us": {"arrays_of_double": per(decode_arrays), "v1_bytes_per_arm": per(lambda: wire_codec.decode(v1)),
+                      "v2_one_block": per(lambda: wire_codec.decode(v2)),
                       "v2_batch": batch_us(decode_batch, batch)},
-        "encode_us": {"action_fastavro": per(lambda: ev._write(3, fa_action)), "action": per(lambda: encode(action)),
+        "encode_us": {"action_fastavro": per(lambda: wire_codec.write(3, fa_action)), "action": per(lambda: encode(action)),
                       "joined": per(lambda: encode(joined)), "context_v2": per(lambda: encode(c)),
                       "action_batch": batch_us(encode_actions, actions),
                       "joined_batch": batch_us(encode_joined_records, joins)},
@@ -293,7 +293,7 @@ def codec(n: int = 20_000) -> dict:
 
 def _worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **settings):
     """A worker (in this process) assigned both partitions of fresh topics holding ``events``."""
-    from streambandit.stream.models_config import parse_models_config
+    from streambandit.models_config import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker, WorkerConfig
 
@@ -312,7 +312,7 @@ def _worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **sett
 
 def _warm(policy: str) -> None:
     """Compile the learner's kernels (numba) before anything is timed."""
-    from streambandit.stream.models_config import parse_models_config
+    from streambandit.models_config import parse_models_config
 
     m = parse_models_config(bw.models(policy)).resolve("placement-0").build()
     ctx = bw.backlog(2)[0][0]
@@ -350,10 +350,10 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
         "merge": sum(ct(lambda f, fn=fn: name(f, "merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
         # Outputs: actions and joined records in bulk (batch_encode, from Worker's _Outputs.take),
-        # dead letters and ticks one by one (events.encode).
+        # dead letters and ticks one by one (codec.encode).
         "encode": sum(c[3] for f, v in st.items()
                       if (f[0].endswith("batch_encode.py") and f[2] in ("encode_actions", "encode_joined_records"))
-                      or (f[0].endswith("events.py") and f[2] == "encode")
+                      or (f[0].endswith("codec.py") and f[2] == "encode")
                       for caller, c in v[4].items() if caller[0].endswith("worker.py")),
         "produce": sum(v[3] for f, v in st.items() if f[2] in ("<method 'produce' of 'cimpl.Producer' objects>",
                                                               "<method 'poll' of 'cimpl.Producer' objects>")),

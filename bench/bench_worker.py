@@ -39,12 +39,12 @@ common.pin_one_thread()
 import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit.events import Context, Reward, encode, pack_snapshot  # noqa: E402
+from streambandit.wire import Context, Reward, encode, pack_snapshot  # noqa: E402
 from streambandit.sim.ads import AdTraffic  # noqa: E402
 from streambandit.stream.ad_server import AdServer  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
-from streambandit.stream.models_config import parse_models_config  # noqa: E402
+from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.stream.snapshots import DirectoryStore  # noqa: E402
 from streambandit.stream.worker import Topics, Worker, WorkerConfig  # noqa: E402
 

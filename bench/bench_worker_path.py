@@ -42,11 +42,11 @@ common.pin_one_thread()
 from confluent_kafka import Message, Producer  # noqa: E402
 
 import bench_worker as bw  # noqa: E402
-from streambandit.batch_decode import decode_batch  # noqa: E402
-from streambandit.events import encode  # noqa: E402
+from streambandit.wire.batch_decode import decode_batch  # noqa: E402
+from streambandit.wire import encode  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
 from streambandit.stream.merge import InputMerger  # noqa: E402
-from streambandit.stream.models_config import parse_models_config  # noqa: E402
+from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.stream.worker import Topics, Worker, WorkerConfig, _Partition, freeze_long_lived  # noqa: E402
 
 STAGE_TEXT = {

@@ -29,8 +29,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit import events as ev  # noqa: E402
-from streambandit.events import encode  # noqa: E402
+from streambandit.wire import records  # noqa: E402
+from streambandit.wire import encode  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
 from streambandit.stream.worker import WorkerConfig  # noqa: E402
 
@@ -42,7 +42,7 @@ def template() -> bytes:
     import bench_worker as bw
 
     c0 = bw.backlog(1)[0][0]
-    return encode(ev.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
+    return encode(records.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
                             c0.features[0], 0, 12345))
 
 

@@ -24,9 +24,9 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
     """The pause a snapshot of one partition makes at ``contexts_per_s`` (both partitions): an
     engine fed a window's worth of contexts and more (so it holds the open decisions and the
     recent ids a live one does), then snapshotted and packed as ``Worker._snapshot`` does."""
-    from streambandit.events import InputRef, pack_snapshot
+    from streambandit.wire import InputRef, pack_snapshot
     from streambandit.stream.engine import PartitionEngine
-    from streambandit.stream.models_config import parse_models_config
+    from streambandit.models_config import parse_models_config
 
     per_partition = contexts_per_s / PARTITIONS
     n = int(per_partition * 10)  # ten seconds of one partition's contexts

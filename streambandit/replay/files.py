@@ -15,19 +15,19 @@ import csv
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
-from pathlib import Path
 
 import fastavro
 import numpy as np
 
-from streambandit.events import features_to_bytes
+from streambandit.wire import features_to_bytes
+from streambandit.wire.schemas import SCHEMA_DIR
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
 __all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "LOGGED_DECISION_SCHEMA", "CSV_COLUMNS"]
 
 CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
 _OPTIONAL = ("features", "decision_version")
-_SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "logged_decision.avsc"
+_SCHEMA_PATH = SCHEMA_DIR / "logged_decision.avsc"
 LOGGED_DECISION_SCHEMA = fastavro.parse_schema(json.loads(_SCHEMA_PATH.read_text()))
 
 PathLike = str | os.PathLike

@@ -3,10 +3,10 @@ would have learnt, and what it is worth (off-policy estimates).
 
 For every logged decision, in log order:
 
-1. its model key resolves to a :class:`~streambandit.stream.models_config.ModelSpec` (an unknown
+1. its model key resolves to a :class:`~streambandit.models_config.ModelSpec` (an unknown
    key is a :class:`~streambandit.replay.logged.LogError` naming the event);
 2. the target model of that key (one per key, built from the spec) decides with the worker's own
-   :func:`~streambandit.stream.decision.decide`, seeded per event exactly as live, so a replay of
+   :func:`~streambandit.decision.choose`, seeded per event exactly as live, so a replay of
    the worker's own log with the worker's configuration chooses exactly as the worker did;
 3. the evaluator gets the logged action, propensity and reward, the target's epsilon-greedy
    distribution over the arms and a per-key ridge reward model's predictions made *before* this
@@ -40,8 +40,8 @@ import numpy as np
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
-from streambandit.stream.decision import decide
-from streambandit.stream.models_config import ModelsConfig, ModelSpec
+from streambandit.decision import action_probabilities, choose
+from streambandit.models_config import ModelsConfig, ModelSpec
 
 __all__ = ["ReplayResult", "replay", "DEFAULT_MAX_LAG", "PROGRESS_EVERY"]
 
@@ -75,21 +75,6 @@ class ReplayResult:
             if e.name == name:
                 return e
         raise KeyError(name)
-
-
-class _Scored:
-    """Stands in for a policy whose scores were already computed, so that ``decide`` (the worker's
-    rule) and the target distribution use one and the same score vector."""
-
-    __slots__ = ("_s",)
-
-    def __init__(self, scores: np.ndarray) -> None:
-        self._s = scores
-
-    def scores(self, arms: np.ndarray) -> np.ndarray:
-        return self._s
-
-    best = Policy.best  # argmax of these scores and its score, the rule every policy's best follows
 
 
 class _Rec:
@@ -201,12 +186,9 @@ class _Replayer:
             scores = m.policy.scores(d.features)
         except ValueError as exc:
             raise LogError(f"event {d.event_id!r}: {exc}", "features") from None
-        dec = decide(_Scored(scores), d.features, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id,  # type: ignore[arg-type]
-                     seed=spec.seed)
-        k = scores.shape[0]
-        probs = np.full(k, spec.epsilon / k) if spec.epsilon > 0.0 else np.zeros(k)
-        probs[int(scores.argmax())] += 1.0 - spec.epsilon
-        rec.choice, rec.probs = dec.index, probs
+        # The worker's rule on the same score vector the target distribution is computed from.
+        dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed)
+        rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon)
         self.decisions[d.event_id] = dec.index
 
     def _apply(self, m: _Model, rec: _Rec) -> None:

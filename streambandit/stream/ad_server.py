@@ -24,7 +24,7 @@ import time
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.events import Action, Context, DecodeError, Reward, decode, encode
+from streambandit.wire import Action, Context, DecodeError, Reward, decode, encode
 from streambandit.sim.ads import AdTraffic
 
 __all__ = ["AdServer", "AdServerStats"]

@@ -22,7 +22,7 @@ settings and the models.
     joined = "joined"
     dead_letter = "dead-letter"
 
-    [[models]]                    # see streambandit/stream/models_config.py
+    [[models]]                    # see streambandit/models_config.py
     ...
 """
 
@@ -33,7 +33,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.stream.worker import Topics, WorkerConfig
 

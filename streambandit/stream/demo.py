@@ -25,7 +25,7 @@ import numpy as np
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.ad_server import AdServer
 from streambandit.stream.broker import EmbeddedBroker
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 

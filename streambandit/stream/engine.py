@@ -28,14 +28,14 @@ import heapq
 from typing import Any
 
 from streambandit.errors import StreambanditError
-from streambandit.events import Action, Context, InputRef, Joined, Reward
+from streambandit.wire import Action, Context, InputRef, Joined, Reward
 from streambandit.policies.base import Policy
-from streambandit.stream.decision import decide
+from streambandit.decision import decide
 from streambandit.reasons import (
     BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, REWARD_OUT_OF_RANGE,
     UNKNOWN_EVENT, UNKNOWN_MODEL, UPDATE_FAILED,
 )
-from streambandit.stream.models_config import ModelsConfig
+from streambandit.models_config import ModelsConfig
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
@@ -106,13 +106,9 @@ class PartitionEngine:
         if model is None:
             model = self.models[key] = spec.build()
             self._specs[key] = spec
-        if spec.epsilon <= 0.0:  # decide()'s rule without exploration, without its record
-            index, score = model.best(features)
-            propensity = 1.0
-        else:
-            d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
-            index, score, propensity = d.index, d.score, d.propensity
-        action = Action(event_id, key, ev.arm_ids[index], index, score, propensity, model.n_updates, ts,
+        d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
+        index = d.index
+        action = Action(event_id, key, ev.arm_ids[index], index, d.score, d.propensity, model.n_updates, ts,
                         features[index].copy(), *self._trigger)
         out.append(action)
         self.counters["actions"] += 1

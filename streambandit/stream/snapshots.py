@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.errors import StreambanditError
-from streambandit.events import SnapshotError, unpack_snapshot
+from streambandit.wire import SnapshotError, unpack_snapshot
 from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import read_range
 

@@ -22,16 +22,16 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit import reasons
-from streambandit.batch_decode import decode_batch
-from streambandit.batch_encode import encode_actions, encode_joined_records
+from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 from streambandit.errors import StreambanditError
-from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
+from streambandit.wire import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick,
                                  decode, encode, pack_snapshot)
 from streambandit.stream.engine import PartitionEngine, RecoveryError, Rejected
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import committed_view, high_watermark, read_range
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
-from streambandit.stream.models_config import ModelsConfig
+from streambandit.models_config import ModelsConfig
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
 
 __all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived", "snapshot_due"]

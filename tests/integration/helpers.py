@@ -8,7 +8,7 @@ import numpy as np
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.events import decode, encode
+from streambandit.wire import decode, encode
 from streambandit.stream.logs import committed_view, read_range
 
 
@@ -136,7 +136,7 @@ def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overr
     """A worker on its own thread (as tests/integration/test_worker.py starts one)."""
     import threading
 
-    from streambandit.stream.models_config import parse_models_config
+    from streambandit.models_config import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker, WorkerConfig
 

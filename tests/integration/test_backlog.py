@@ -11,9 +11,9 @@ the pure engine computes on the canonical merge order.
 import numpy as np
 import pytest
 
-from streambandit.events import Context, Reward, encode
+from streambandit.wire import Context, Reward, encode
 from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 
 from .helpers import caught_up, outputs, producer, send_tracked, start_worker, wait_for
 

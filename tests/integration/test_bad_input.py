@@ -19,8 +19,9 @@ import fastavro
 import numpy as np
 import pytest
 
-from streambandit import events, reasons
-from streambandit.events import Context, Reward, encode
+from streambandit import reasons
+from streambandit.wire import codec, schemas
+from streambandit.wire import Context, Reward, encode
 from streambandit.stream.worker import Topics
 
 from .helpers import Sent, Tail, caught_up, outputs, producer, send_tracked, start_worker, wait_for
@@ -41,10 +42,10 @@ KEY = b"bad-m"
 
 def _context_v3_without_timestamp() -> bytes:
     """A context written by a writer whose schema (id 1, version 3) lacks the required timestamp_ms."""
-    schema = json.loads((events._SCHEMA_DIR / "context.avsc").read_text())
+    schema = json.loads((schemas.SCHEMA_DIR / "context.avsc").read_text())
     v3 = copy.deepcopy(schema)
     v3["fields"] = [f for f in v3["fields"] if f["name"] != "timestamp_ms"]
-    events.register_writer_schema("context", 3, v3)  # the reader knows the writer; resolution must fail
+    schemas.register_writer_schema("context", 3, v3)  # the reader knows the writer; resolution must fail
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 1, 3)))
     fastavro.schemaless_writer(buf, fastavro.parse_schema(v3), {
@@ -55,7 +56,7 @@ def _context_v3_without_timestamp() -> bytes:
 def _raw_context(event_id: str, ts: int, arms: list[tuple[str, np.ndarray]]) -> bytes:
     """Context bytes written field by field (no validation): any feature bytes, any arm count. In the
     version 1 layout (one record per arm), which can express arms of different dimensions."""
-    return events._write(1, {"event_id": event_id, "model_key": "bad-m", "timestamp_ms": ts,
+    return codec.write(1, {"event_id": event_id, "model_key": "bad-m", "timestamp_ms": ts,
                              "arms": [{"arm_id": a, "features": np.asarray(x, dtype="<f8").tobytes()} for a, x in arms]},
                          version=1)
 
@@ -313,7 +314,7 @@ def test_unknown_event_is_refused_only_when_its_window_has_passed(run):
     [d] = [d for d in run["out"]["dead_letter"] if d.reason == reasons.UNKNOWN_EVENT]
     # Event time, not arrival, refuses it: the stream after the ghost spans less than a window
     # until the last good context jumps past it; that context's record is the trigger.
-    ghost_ts = events.decode(ghost.value).timestamp_ms
+    ghost_ts = codec.decode(ghost.value).timestamp_ms
     by_time = sorted(st.good_ctx.values(), key=lambda c: c.timestamp_ms)
     last, before_last = by_time[-1], by_time[-2]
     assert before_last.timestamp_ms + 1 < ghost_ts + WINDOW_MS <= last.timestamp_ms

@@ -11,7 +11,7 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.events import Context, Reward, encode
+from streambandit.wire import Context, Reward, encode
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
 

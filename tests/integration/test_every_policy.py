@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from streambandit import POLICIES, make_policy
-from streambandit.events import Context, Reward, encode
+from streambandit.wire import Context, Reward, encode
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
 

@@ -10,8 +10,8 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.events import Context, Reward, encode
-from streambandit.stream.models_config import parse_models_config
+from streambandit.wire import Context, Reward, encode
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 

@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from streambandit.events import Context, Reward
-from streambandit.stream.models_config import parse_models_config
+from streambandit.wire import Context, Reward
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
 from streambandit.stream.worker import Worker, WorkerConfig
 

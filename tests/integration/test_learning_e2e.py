@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streambandit.events import Context, Reward, encode
+from streambandit.wire import Context, Reward, encode
 from streambandit.sim.ads import AdTraffic
 
 from .helpers import Tail, producer, start_worker, wait_for

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
-from streambandit.events import Context, Reward
-from streambandit.stream.models_config import parse_models_config
+from streambandit.wire import Context, Reward
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
 

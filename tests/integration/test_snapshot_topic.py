@@ -12,7 +12,7 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import ConfigResource
 
-from streambandit.events import pack_snapshot
+from streambandit.wire import pack_snapshot
 from streambandit.stream.snapshots import (SnapshotStoreError, TopicStore, chunk_key, create_snapshot_topic,
                                            load_latest)
 

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.events import Context, Reward, Tick, decode, encode
+from streambandit.wire import Context, Reward, Tick, decode, encode
 from streambandit.stream.worker import Topics
 
 from .helpers import Tail, caught_up, outputs, producer, read_all, send_tracked, start_worker, wait_for

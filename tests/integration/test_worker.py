@@ -5,8 +5,8 @@ import threading
 import numpy as np
 import pytest
 
-from streambandit.events import Context, Reward
-from streambandit.stream.models_config import parse_models_config
+from streambandit.wire import Context, Reward
+from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker, WorkerConfig
 

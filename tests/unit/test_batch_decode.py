@@ -1,18 +1,18 @@
-"""decode_batch is events.decode record by record: same records, same errors (reason and detail)."""
+"""decode_batch is codec.decode record by record: same records, same errors (reason and detail)."""
 
 import numpy as np
 import pytest
 
-from streambandit import events
-from streambandit.batch_decode import decode_batch
-from streambandit.events import Action, Context, DecodeError, Reward, Tick, encode, encode_context_v1
+from streambandit.wire import avro, codec, schemas
+from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire import Action, Context, DecodeError, Reward, Tick, encode, encode_context_v1
 
 
 def one_by_one(values):
     out = []
     for v in values:
         try:
-            out.append(events.decode(v))
+            out.append(codec.decode(v))
         except DecodeError as exc:
             out.append(exc)
     return out
@@ -77,25 +77,25 @@ def test_every_truncation_and_corruption_matches():
 
 
 def test_hand_built_edge_cases_match():
-    hdr, rhdr = bytes((events.MAGIC, 1, 2)), bytes((events.MAGIC, 2, 1))
+    hdr, rhdr = bytes((avro.MAGIC, 1, 2)), bytes((avro.MAGIC, 2, 1))
 
     def s(x: bytes) -> bytes:
-        return events._long(len(x)) + x
+        return avro.long(len(x)) + x
 
     feats = np.array([[1.0, np.nan]]).tobytes()
     values = [
-        hdr + s(b"e") + s(b"k") + events._long(1) + b"\x00" + s(feats),  # no arms
-        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"a") + b"\x00" + s(feats),  # NaN
-        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"a\x00b") + b"\x00" + s(b"\x00" * 8),  # NUL in id
-        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(2) + s(b"a") + s(b"b") + b"\x00" + s(b"\x00" * 24),  # 24 B for 2 arms
-        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(-2) + events._long(4) + s(b"a") + s(b"b") + b"\x00"
+        hdr + s(b"e") + s(b"k") + avro.long(1) + b"\x00" + s(feats),  # no arms
+        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a") + b"\x00" + s(feats),  # NaN
+        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a\x00b") + b"\x00" + s(b"\x00" * 8),  # NUL in id
+        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(2) + s(b"a") + s(b"b") + b"\x00" + s(b"\x00" * 24),  # 24 B for 2 arms
+        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(-2) + avro.long(4) + s(b"a") + s(b"b") + b"\x00"
         + s(b"\x00" * 16),  # a negative block count with its byte size
-        hdr + s(b"\xff") + s(b"k") + events._long(1) + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8
-        hdr + s(b"e") + s(b"k") + events._long(1) + events._long(1) + s(b"\xc3") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8 arm
-        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x7f" + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # > 64 bits
-        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x01" + events._long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # 64 bits
-        rhdr + s(b"e") + s(b"k") + events._long(3) + np.array([np.inf]).tobytes(),
-        rhdr + s(b"e") + s(b"k") + events._long(3) + np.array([-0.0]).tobytes(),
+        hdr + s(b"\xff") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8
+        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"\xc3") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8 arm
+        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x7f" + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # > 64 bits
+        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x01" + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # 64 bits
+        rhdr + s(b"e") + s(b"k") + avro.long(3) + np.array([np.inf]).tobytes(),
+        rhdr + s(b"e") + s(b"k") + avro.long(3) + np.array([-0.0]).tobytes(),
     ]
     assert_same(values)
 
@@ -116,7 +116,7 @@ def test_a_replaced_writer_schema_is_honoured(monkeypatch):
         {"name": "model_key", "type": "string"}, {"name": "event_id", "type": "string"},
         {"name": "timestamp_ms", "type": "long"}, {"name": "value", "type": "double"}]}
     value = encode(Reward("the-key", "the-id", 1, 1.0))  # written with the built-in schema
-    monkeypatch.setitem(events._WRITERS, (2, 1), fastavro.parse_schema(schema))
+    monkeypatch.setitem(schemas.WRITERS, (2, 1), fastavro.parse_schema(schema))
     (got,) = decode_batch([value])
     assert (got.event_id, got.model_key) == ("the-id", "the-key")
     assert_same([value])
@@ -137,10 +137,10 @@ def test_one_bad_string_amid_good_records_leaves_the_others_their_own_strings(ba
     """The batch's event ids and arm ids are decoded in one go: a record whose key does not
     decode (or whose id or arm id sends the batch the per-record way, or that goes the slow way)
     must not shift the strings of the records after it."""
-    hdr = bytes((events.MAGIC, 1, 2))
+    hdr = bytes((avro.MAGIC, 1, 2))
 
     def s(x: bytes) -> bytes:
-        return events._long(len(x)) + x
+        return avro.long(len(x)) + x
 
     eid, key, arm = b"mid", b"k", b"a"
     if bad == "key":
@@ -151,7 +151,7 @@ def test_one_bad_string_amid_good_records_leaves_the_others_their_own_strings(ba
         arm = b"\xc3"
     else:
         eid = b"m\x00d"
-    middle = hdr + s(eid) + s(key) + events._long(1) + events._long(1) + s(arm) + b"\x00" + s(b"\x00" * 8)
+    middle = hdr + s(eid) + s(key) + avro.long(1) + avro.long(1) + s(arm) + b"\x00" + s(b"\x00" * 8)
     rng = np.random.default_rng(9)
     before, after = contexts(rng, 5), contexts(rng, 5)
     values = [encode(c) for c in before] + [middle, encode(Reward("r-ü", "key-0", 3, 1.0))] + [encode(c) for c in after]
@@ -167,10 +167,10 @@ def test_contexts_of_one_shape_keep_their_own_features_around_a_bad_record(bad):
     (contexts, K, d) array indexed by the context's ordinal: a record in the middle that fails
     after its features were laid out (a model key that does not decode), that never got any (a
     NaN feature), or that goes the slow way must not shift the features of the contexts after it."""
-    hdr = bytes((events.MAGIC, 1, 2))
+    hdr = bytes((avro.MAGIC, 1, 2))
 
     def s(x: bytes) -> bytes:
-        return events._long(len(x)) + x
+        return avro.long(len(x)) + x
 
     rng = np.random.default_rng(11)
     same_shape = [Context(f"e{i}", "key-0", i, ("a", "b", "c"), rng.standard_normal((3, 4))) for i in range(12)]
@@ -179,7 +179,7 @@ def test_contexts_of_one_shape_keep_their_own_features_around_a_bad_record(bad):
         feats[1, 2] = np.nan
     key = b"\xc3(" if bad == "key" else b"key-0"
     middle = (encode(Tick(5)) if bad == "slow" else
-              hdr + s(b"mid") + s(key) + events._long(1) + events._long(3) + s(b"a") + s(b"b") + s(b"c") + b"\x00"
+              hdr + s(b"mid") + s(key) + avro.long(1) + avro.long(3) + s(b"a") + s(b"b") + s(b"c") + b"\x00"
               + s(feats.tobytes()))
     values = [encode(c) for c in same_shape[:6]] + [middle, encode(Reward("r", "key-0", 3, 1.0))] \
         + [encode(c) for c in same_shape[6:]]

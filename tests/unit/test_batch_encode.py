@@ -4,9 +4,9 @@ the same bytes for every record, and the same error for one that cannot be writt
 import numpy as np
 import pytest
 
-from streambandit import batch_encode, events
-from streambandit.batch_encode import encode_actions, encode_joined_records
-from streambandit.events import Action, Joined, encode_action, encode_joined
+from streambandit.wire import batch_encode, codec
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records
+from streambandit.wire import Action, Joined, encode_action, encode_joined
 
 # Longs at every varint length edge and both signs, as the one-at-a-time encoder sees them.
 EDGES = [0, 1, -1, 63, -64, 64, -65, 4095, 4096, 8191, 8192, 2**20, -(2**20), 1_700_000_000_123, 2**62,
@@ -62,7 +62,7 @@ def test_each_record_decodes_back_to_its_fields():
     rng = np.random.default_rng(7)
     actions = [random_action(rng, i) for i in range(20)]
     for a, b in zip(actions, encode_actions(actions)):
-        back = events.decode(b)
+        back = codec.decode(b)
         assert (back.event_id, back.arm_index, back.model_version, back.trigger_offset) == \
                (a.event_id, a.arm_index, a.model_version, a.trigger_offset)
         np.testing.assert_array_equal(back.features, a.features)

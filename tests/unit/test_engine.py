@@ -6,7 +6,7 @@ import pytest
 from streambandit import make_policy
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 
 D = 3
 

@@ -14,7 +14,7 @@ import pytest
 
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 
 CONFIG = parse_models_config({"models": [
     {"match": "sum-*", "policy": "glb_omd", "dim": 6, "reward_window_ms": 400, "default_reward": 0.0,

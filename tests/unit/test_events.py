@@ -9,11 +9,12 @@ import math
 import numpy as np
 import pytest
 
-from streambandit import events, reasons
-from streambandit.events import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, SnapshotError,
+from streambandit import reasons
+from streambandit.wire import avro, codec, schemas, snapshot
+from streambandit.wire import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, SnapshotError,
                                  Tick, decode, encode, pack_snapshot, unpack_snapshot)
 from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.models_config import parse_models_config
+from streambandit.models_config import parse_models_config
 
 AWKWARD = np.array([[0.0, -0.0, 5e-324, 1.7976931348623157e308], [1 / 3, -2.5, 1e-300, 123456789.123456789]])
 
@@ -43,12 +44,12 @@ def test_round_trip_is_bit_exact(event):
 
 def ctx_bytes(arms):
     """A context in the version 1 layout (one record per arm): still read."""
-    return events._write(1, {"event_id": "e", "model_key": "m", "timestamp_ms": 1, "arms": arms}, version=1)
+    return codec.write(1, {"event_id": "e", "model_key": "m", "timestamp_ms": 1, "arms": arms}, version=1)
 
 
 def ctx2_bytes(arm_ids, block):
     """A context in the current layout (version 2): arm ids, then one packed block of features."""
-    return events._write(1, {"event_id": "e", "model_key": "m", "timestamp_ms": 1, "arm_ids": arm_ids, "features": block})
+    return codec.write(1, {"event_id": "e", "model_key": "m", "timestamp_ms": 1, "arm_ids": arm_ids, "features": block})
 
 
 @pytest.mark.parametrize("data, reason", [
@@ -80,7 +81,7 @@ def test_bad_bytes_are_refused_with_a_reason(data, reason):
 
 def test_a_context_in_the_version_1_layout_is_read_the_same():
     ctx = Context("e1", "m", 123, ("a", "b"), AWKWARD)
-    v1 = events.encode_context_v1(ctx)
+    v1 = codec.encode_context_v1(ctx)
     assert v1[:3] == bytes((0x5B, 1, 1)) and encode(ctx)[:3] == bytes((0x5B, 1, 2))
     same(decode(v1), ctx)
     same(decode(encode(ctx)), ctx)
@@ -97,8 +98,8 @@ def test_hand_written_action_and_joined_bytes_equal_fastavro(event):
     """The worker's encoders for actions and joined records are hand-written Avro: byte for byte
     what fastavro writes with the schema."""
     datum = {f.name: getattr(event, f.name) for f in dataclasses.fields(event)}
-    datum["features"] = events.features_to_bytes(event.features)
-    assert encode(event) == events._write(3 if isinstance(event, Action) else 4, datum)
+    datum["features"] = codec.features_to_bytes(event.features)
+    assert encode(event) == codec.write(3 if isinstance(event, Action) else 4, datum)
 
 
 def test_memoised_longs_are_the_plain_varint_for_every_magnitude_and_sign():
@@ -111,18 +112,18 @@ def test_memoised_longs_are_the_plain_varint_for_every_magnitude_and_sign():
     many = [int(x) for x in rng.integers(-(2**63), 2**63 - 1, size=20_000, dtype=np.int64)]
     for n in [2**63 - 1, -(2**63), *edges, *runs, *many]:
         if -(2**63) <= n < 2**63:
-            assert events._long(n) == events._varint(n), n
-            assert events._long(np.int64(n)) == events._varint(n), n
+            assert avro.long(n) == avro.varint(n), n
+            assert avro.long(np.int64(n)) == avro.varint(n), n
     for n in (2**63, -(2**63) - 1):
         with pytest.raises(ValueError):
-            events._long(n)
+            avro.long(n)
 
 
 def test_a_record_from_a_newer_writer_with_an_added_field_is_read():
-    schema = json.loads((events._SCHEMA_DIR / "reward.avsc").read_text())
+    schema = json.loads((schemas.SCHEMA_DIR / "reward.avsc").read_text())
     v2 = copy.deepcopy(schema)
     v2["fields"].append({"name": "currency", "type": "string", "default": "EUR", "doc": "new in v2"})
-    events.register_writer_schema("reward", 2, v2)
+    schemas.register_writer_schema("reward", 2, v2)
     import fastavro, io
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 2, 2)))
@@ -131,10 +132,10 @@ def test_a_record_from_a_newer_writer_with_an_added_field_is_read():
 
 
 def test_a_writer_lacking_a_required_field_is_missing_field():
-    schema = json.loads((events._SCHEMA_DIR / "reward.avsc").read_text())
+    schema = json.loads((schemas.SCHEMA_DIR / "reward.avsc").read_text())
     v3 = copy.deepcopy(schema)
     v3["fields"] = [f for f in v3["fields"] if f["name"] != "value"]
-    events.register_writer_schema("reward", 3, v3)
+    schemas.register_writer_schema("reward", 3, v3)
     import fastavro, io
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 2, 3)))
@@ -209,9 +210,9 @@ def test_snapshot_models_decode_one_at_a_time_and_equal_the_full_decode():
     assert not isinstance(models, dict) and len(models) == 3 and list(models) == list(e.models)
     # the oracle: fastavro decoding the whole body with the whole schema
     body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
-    full = fastavro.schemaless_reader(io.BytesIO(body), events._SCHEMAS[6], events._SCHEMAS[6])
+    full = fastavro.schemaless_reader(io.BytesIO(body), schemas.READERS[6], schemas.READERS[6])
     for m in full["models"]:
-        want = events._state_from_avro(m["arrays"], m["scalars"])
+        want = snapshot.state_from_avro(m["arrays"], m["scalars"])
         got = models[m["model_key"]]
         assert got.keys() == want.keys()
         for k in want:
@@ -232,7 +233,7 @@ def test_a_snapshot_body_that_passes_its_checksum_but_does_not_parse_is_refused_
 
 def test_decode_error_details_are_the_same_in_every_process():
     """A dead letter's detail must not carry an object address (a replay would differ)."""
-    from streambandit.events import DecodeError, Reward, decode, encode
+    from streambandit.wire import DecodeError, Reward, decode, encode
 
     cut = encode(Reward("r", "k", 1, 1.0))[:-3]
     with pytest.raises(DecodeError) as e1:
@@ -290,13 +291,13 @@ def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
         body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
         assert struct.unpack("<I", data[4:8])[0] == zlib.crc32(data[8:])
         buf = io.BytesIO()
-        pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": events.features_to_bytes(p["features"])}
+        pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": codec.features_to_bytes(p["features"])}
                    for p in s["pending"]]
         early = [{"event_id": x["event_id"], "model_key": x["model_key"], "timestamp_ms": x["timestamp_ms"],
                   "value": x["value"], "source_partition": x["source"].partition, "source_offset": x["source"].offset,
                   "key": x["source"].key, "raw": x["source"].value, "source_timestamp_ms": x["source"].timestamp_ms}
                  for x in s["early"]]
-        fastavro.schemaless_writer(buf, events._SCHEMAS[6], head | {
+        fastavro.schemaless_writer(buf, schemas.READERS[6], head | {
             "watermark_ms": s["watermark_ms"], "models": _fastavro_models(models), "pending": pending, "early": early,
             "recent": [{"event_id": k, "observed": bool(v)} for k, v in s["recent"]],
             "counters": {k: int(v) for k, v in s["counters"].items()}})

@@ -2,7 +2,7 @@
 
 import pytest
 
-from streambandit.stream.models_config import load_models_config, parse_models_config
+from streambandit.models_config import load_models_config, parse_models_config
 
 GOOD = """
 [[models]]

@@ -15,8 +15,8 @@ import pytest
 
 from streambandit.replay.logged import LogError, LoggedDecision
 from streambandit.replay.runner import replay
-from streambandit.stream.decision import decide
-from streambandit.stream.models_config import parse_models_config
+from streambandit.decision import decide
+from streambandit.models_config import parse_models_config
 
 K, D = 5, 4
 

@@ -1,5 +1,9 @@
 """The worker's own logs as logged bandit feedback: one :class:`LoggedDecision` per joined record.
 
+The one module that joins the two sides: it reads the runtime's topics (``stream``) into replay's
+input (``replay``), so that neither of those packages imports the other
+(``tests/unit/test_layering.py``). ``streambandit export`` runs it.
+
 A joined record holds the chosen arm's features, the reward and the propensity; replay also needs
 the candidate arms (from the context) and when the live model decided (the action's
 ``model_version``). Per partition this reads contexts[p], actions[p] and joined[p] up to the
@@ -13,7 +17,7 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streambandit.events import Action, Context, DecodeError, Joined, decode
+from streambandit.wire import Action, Context, DecodeError, Joined, decode
 from streambandit.replay.logged import LoggedDecision
 from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import committed_view, read_range

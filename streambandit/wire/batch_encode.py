@@ -1,11 +1,12 @@
 """Encode a batch's actions and joined records in one compiled pass each.
 
 The worker writes an action per context and a joined record per update. One at a time
-(``events.encode_action`` / ``encode_joined``) each costs ~1.7 us, most of it Python building a
-varint per long and a bytes object per field. Here the batch's fields are gathered into columns
-(a list comprehension per field), one numba pass writes every record into one buffer, and the
-records are sliced out of it: the same bytes (tests/unit/test_batch_encode.py compares them with
-the one-at-a-time encoders, which stay the reference).
+(``codec.encode_action`` / ``encode_joined``) most of the cost is Python building a varint per
+long and a bytes object per field (``python bench/bench_e2e.py``, part 2). Here the batch's
+fields are gathered into columns (a list comprehension per field), one numba pass writes every
+record into one buffer, and the records are sliced out of it: the same bytes
+(tests/unit/test_batch_encode.py compares them with the one-at-a-time encoders, which stay the
+reference).
 
 A batch whose fields do not all fit the columns (an int outside int64, a feature array that is
 not a plain float vector, a string that does not encode as UTF-8, ...) is encoded one record at a
@@ -17,7 +18,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streambandit.events import _ACTION_HEADER, _JOINED_HEADER, Action, Joined, encode_action, encode_joined
+from streambandit.wire.codec import ACTION_HEADER, JOINED_HEADER, encode_action, encode_joined
+from streambandit.wire.records import Action, Joined
 
 __all__ = ["encode_actions", "encode_joined_records"]
 
@@ -127,7 +129,7 @@ def _strings(*columns: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _ints(*columns: list) -> np.ndarray:
-    """The columns as int64, refusing what ``events._long`` would not write the same way (floats,
+    """The columns as int64, refusing what ``avro.long`` would not write the same way (floats,
     values outside a long)."""
     out = np.empty((len(columns[0]), len(columns)), dtype=np.int64)
     for j, col in enumerate(columns):
@@ -191,7 +193,7 @@ def encode_actions(actions: list[Action]) -> list[bytes]:
         return [encode_action(a) for a in actions]
     out = np.empty(_bound(strs, feats, n, 3 + 4 * 10 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
-    _encode_actions(np.frombuffer(_ACTION_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
+    _encode_actions(np.frombuffer(ACTION_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
     return _slices(out, ends)
 
 
@@ -211,5 +213,5 @@ def encode_joined_records(joined: list[Joined]) -> list[bytes]:
         return [encode_joined(j) for j in joined]
     out = np.empty(_bound(strs, feats, n, 3 + 3 * 10 + 1 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
-    _encode_joined(np.frombuffer(_JOINED_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
+    _encode_joined(np.frombuffer(JOINED_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
     return _slices(out, ends)

@@ -1,15 +1,15 @@
 """Decode a whole poll batch of input records in one compiled pass.
 
-``events.decode`` costs ~9 us per version-2 context, nearly all of it fastavro's per-call overhead
-and building Python objects field by field (bench/results/e2e.md, part 2); the worker decodes every
-input record, so that was a quarter of its CPU per event. Here the values of a batch are laid end
+``codec.decode`` spends nearly all of its time per version-2 context in fastavro's per-call
+overhead and in building Python objects field by field, and the worker decodes every input
+record (``python bench/bench_e2e.py``, part 2, measures both decoders). Here the values of a batch are laid end
 to end and one numba pass parses the two layouts that make up the stream (context version 2 and
 reward version 1) into columns; Python then only makes the strings and the record objects.
 
-The result is exactly ``events.decode``'s for every record: the compiled pass accepts a record
+The result is exactly ``codec.decode``'s for every record: the compiled pass accepts a record
 only if it is well formed under the fast layout's every rule (header, varints, lengths, UTF-8
 left to Python's strict decode, K >= 1, K * d * 8 feature bytes, finite values, no trailing bytes);
-anything else, and every other schema or version, goes through ``events.decode`` itself, so the
+anything else, and every other schema or version, goes through ``codec.decode`` itself, so the
 error reason and detail of a bad record are the per-record decoder's own.
 """
 
@@ -18,13 +18,16 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streambandit import events
-from streambandit.events import Context, DecodeError, Reward
+from streambandit.wire import codec
+from streambandit.wire.avro import MAGIC
+from streambandit.wire.codec import DecodeError
+from streambandit.wire.records import Context, Reward
+from streambandit.wire.schemas import READERS, WRITERS
 
 __all__ = ["decode_batch"]
 
 # Per-record outcome of the compiled pass.
-_SLOW = 0  # not handled here: events.decode decides (another schema, or anything malformed)
+_SLOW = 0  # not handled here: codec.decode decides (another schema, or anything malformed)
 _CONTEXT = 1
 _REWARD = 2
 
@@ -178,12 +181,12 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
 
 
 def decode_batch(values: list) -> list:
-    """``[events.decode(v) for v in values]``, with each failure returned as its
+    """``[codec.decode(v) for v in values]``, with each failure returned as its
     :class:`DecodeError` instead of raised, in one compiled pass for the common layouts."""
     n = len(values)
     if n == 0:
         return []
-    fast_layouts = events._WRITERS.get((1, 2)) is events._SCHEMAS[1] and events._WRITERS.get((2, 1)) is events._SCHEMAS[2]
+    fast_layouts = WRITERS.get((1, 2)) is READERS[1] and WRITERS.get((2, 1)) is READERS[2]
     clean = [v if isinstance(v, bytes) else b"" for v in values]
     raw = b"".join(clean)
     buf = np.frombuffer(raw, dtype=np.uint8)
@@ -199,7 +202,7 @@ def decode_batch(values: list) -> list:
     ids = np.empty(len(raw) + n + 1, np.uint8)
     n_ids = n_arms = 0
     if fast_layouts:
-        n_ids, n_arms = _parse(buf, starts, ends, events.MAGIC, status, ts, spans, shape, feats, arms, ids, value)
+        n_ids, n_arms = _parse(buf, starts, ends, MAGIC, status, ts, spans, shape, feats, arms, ids, value)
     # Every event id and every arm id of the batch in one decode and one split (a NUL ends each;
     # none holds one). Bytes that are not UTF-8 anywhere: each record is decoded on its own below,
     # so the bad one gets the per-record decoder's error and the others their strings.
@@ -258,13 +261,13 @@ def decode_batch(values: list) -> list:
 
 def _records_one_by_one(values: list, raw: bytes, arm_bytes: bytes, status, ts, spans, shape, feats, value) -> list:
     """``decode_batch``'s records when the batch's strings are not all UTF-8: each record's
-    strings decoded on their own, so only the bad record fails (with ``events.decode``'s error)."""
+    strings decoded on their own, so only the bad record fails (with ``codec.decode``'s error)."""
     out = []
     for i, (st, t, sp, (k, d), v) in enumerate(zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(),
                                                    value.tolist())):
         try:
             if st == _SLOW:
-                out.append(events.decode(values[i]))
+                out.append(codec.decode(values[i]))
                 continue
             event_id = raw[sp[0]:sp[1]].decode()
             key = raw[sp[2]:sp[3]].decode()
@@ -282,6 +285,6 @@ def _records_one_by_one(values: list, raw: bytes, arm_bytes: bytes, status, ts, 
 
 def _decode_or_error(value: bytes) -> object:
     try:
-        return events.decode(value)
+        return codec.decode(value)
     except DecodeError as exc:
         return exc

@@ -1,0 +1,75 @@
+"""The decision rule: the policy's choice, optionally mixed with uniform exploration, with the
+propensity that off-policy evaluation needs. The worker's engine and the replay runner both call
+it, so a replay decides exactly as the live worker did.
+
+Randomness is drawn from a generator seeded by a hash of (model key, event id, configured seed)
+(docs/design.md, determinism): the same event always gets the same draw, in the live worker,
+after a crash and in replay, whatever else was processed in between.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+
+import numpy as np
+
+from streambandit.policies.base import Policy
+
+__all__ = ["Decision", "event_rng", "decide", "choose", "action_probabilities"]
+
+
+@dataclasses.dataclass(slots=True)
+class Decision:
+    """The chosen arm's index, its policy score and the probability of choosing it."""
+
+    index: int
+    score: float
+    propensity: float
+    explored: bool
+
+
+def event_rng(model_key: str, event_id: str, seed: int) -> np.random.Generator:
+    """A generator that depends only on (model key, event id, seed). blake2b, not ``hash()``,
+    because Python's string hash is salted per process."""
+    digest = hashlib.blake2b(
+        b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())), digest_size=16
+    ).digest()
+    return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
+
+
+def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
+    """Epsilon-greedy over a score vector.
+
+    With probability ``epsilon`` the arm is drawn uniformly, otherwise it is the argmax (ties to
+    the lowest index); the propensity of the chosen arm is ``(1 - epsilon) [i == greedy] +
+    epsilon / K``. With ``epsilon <= 0`` no random number is drawn and the propensity is 1.
+    """
+    greedy = int(scores.argmax())
+    if epsilon <= 0.0:
+        return Decision(greedy, float(scores[greedy]), 1.0, False)
+    k = scores.shape[0]
+    rng = event_rng(model_key, event_id, seed)
+    explored = bool(rng.random() < epsilon)
+    index = int(rng.integers(k)) if explored else greedy
+    propensity = (1.0 - epsilon) * (index == greedy) + epsilon / k
+    return Decision(index, float(scores[index]), float(propensity), explored)
+
+
+def decide(policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
+    """:func:`choose` over the policy's scores of ``arms``. Without exploration the policy scores
+    the arms once for the choice and its score (``Policy.best``: the same index and bits as the
+    argmax of ``scores``)."""
+    if epsilon <= 0.0:
+        greedy, score = policy.best(arms)
+        return Decision(greedy, score, 1.0, False)
+    return choose(policy.scores(arms), epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed)
+
+
+def action_probabilities(scores: np.ndarray, epsilon: float) -> np.ndarray:
+    """The probability of each arm under :func:`choose`: ``epsilon / K`` each, plus
+    ``1 - epsilon`` on the argmax (the distribution off-policy estimators weigh a target by)."""
+    k = scores.shape[0]
+    probs = np.full(k, epsilon / k) if epsilon > 0.0 else np.zeros(k)
+    probs[int(scores.argmax())] += 1.0 - epsilon
+    return probs

@@ -1,0 +1,105 @@
+"""The records that travel on the topics, as typed values (their wire format is codec.py).
+
+Records are values: never modify one after it is built. Context, Reward, Action, Joined and
+InputRef are not declared frozen because they are built once per event on the worker's hot path,
+where a frozen dataclass's constructor (``object.__setattr__`` per field) costs several times as
+much, once per event.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef"]
+
+
+@dataclasses.dataclass(slots=True)
+class Context:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    arm_ids: tuple[str, ...]
+    features: np.ndarray  # (K, d) float64, finite, K >= 1
+
+
+@dataclasses.dataclass(slots=True)
+class Reward:
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    value: float
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Tick:
+    timestamp_ms: int
+
+
+@dataclasses.dataclass(slots=True)
+class Action:
+    event_id: str
+    model_key: str
+    arm_id: str
+    arm_index: int
+    score: float
+    propensity: float
+    model_version: int
+    decision_timestamp_ms: int
+    features: np.ndarray
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(slots=True)
+class Joined:
+    event_id: str
+    model_key: str
+    features: np.ndarray
+    reward: float
+    reward_observed: bool
+    propensity: float
+    decision_timestamp_ms: int
+    join_timestamp_ms: int
+    model_version_before: int
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class DeadLetter:
+    reason: str
+    detail: str
+    source_topic: str
+    source_partition: int
+    source_offset: int
+    key: bytes | None
+    value: bytes | None
+    timestamp_ms: int
+    trigger_source: int = -1
+    trigger_offset: int = -1
+
+
+@dataclasses.dataclass(slots=True, eq=False)
+class InputRef:
+    """Where an input record came from, with its original bytes (to dead-letter it intact).
+    Identity is the position alone: (source, partition, offset). Treat it as immutable (it is
+    hashed by position); like the records above it is not frozen only because a frozen
+    dataclass's constructor costs about six times as much, once per record in the worker."""
+
+    source: int  # 0 contexts, 1 rewards
+    partition: int
+    offset: int
+    key: bytes | None = None
+    value: bytes | None = None
+    timestamp_ms: int = 0
+
+    def _pos(self) -> tuple[int, int, int]:
+        return (self.source, self.partition, self.offset)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, InputRef) and self._pos() == other._pos()
+
+    def __hash__(self) -> int:
+        return hash(self._pos())

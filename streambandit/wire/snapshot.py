@@ -1,0 +1,233 @@
+"""A partition's snapshot as bytes, and back: the worker's positions and the engine's state
+(models, open decisions, early rewards, recently joined ids, watermark, counters).
+
+Format: the record header (magic, schema id 6, version), a flags byte (bit 0: zlib-compressed
+body), a CRC32 of the body (little-endian), then the Avro body (``schemas/snapshot.avsc``). A
+checksum mismatch or a body that does not parse is a :class:`SnapshotError`. The models, the
+pending decisions and the recent ids, most of a snapshot's bytes and time, are written by hand
+(avro.py, the bytes fastavro writes: tests/unit/test_events.py checks) and the models are decoded
+one at a time on access (:class:`SnapshotModels`).
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import zlib
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import fastavro
+import numpy as np
+
+from streambandit.errors import StreambanditError
+from streambandit.wire import avro
+from streambandit.wire.codec import action_body, features_from_bytes
+from streambandit.wire.records import InputRef
+from streambandit.wire.schemas import READERS, VERSIONS, WRITERS
+
+__all__ = ["SnapshotError", "SnapshotModels", "pack_snapshot", "unpack_snapshot", "state_from_avro"]
+
+
+class SnapshotError(StreambanditError, ValueError):
+    """A snapshot that is corrupt (checksum), of an unknown format, or does not fit."""
+
+
+_SNAPSHOT_ID = 6
+_COMPRESS_ABOVE = 4096
+
+
+def state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
+    state: dict[str, Any] = {s["name"]: s["value"] for s in scalars}
+    for a in arrays:
+        state[a["name"]] = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+    return state
+
+
+_LE_DTYPE: dict[np.dtype, str] = {}  # dtype -> its little-endian name (ArrayState.dtype)
+
+
+def _encode_model(key: str, state: dict[str, Any]) -> bytes:
+    """One ``ModelState`` item of the snapshot's ``models`` array, written by hand: the bytes
+    fastavro writes for the same records (tests/unit/test_events.py checks), at a fraction of the cost,
+    because a partition's snapshot is mostly this, once per model (bench/results/memory.md)."""
+    arrays, scalars = [], []
+    for name, v in state.items():
+        if isinstance(v, np.ndarray):
+            le = _LE_DTYPE.get(v.dtype)
+            if le is None:
+                le = _LE_DTYPE[v.dtype] = v.dtype.newbyteorder("<").str
+            data = np.ascontiguousarray(v).astype(le, copy=False).tobytes()
+            shape = b"".join(map(avro.long, v.shape)) + b"\x00" if v.ndim else b""
+            arrays.append(b"".join((avro.string(name), avro.string(le), avro.long(v.ndim), shape, avro.long(len(data)), data)))
+        else:
+            scalars.append(avro.string(name) + _union_scalar(v))
+    return b"".join((avro.string(key), avro.array_block(arrays), avro.array_block(scalars)))
+
+
+def _union_scalar(v: Any) -> bytes:
+    # ScalarState.value: ["null", "boolean", "long", "double", "string"], the branch fastavro picks.
+    if v is None:
+        return b"\x00"
+    if isinstance(v, bool):
+        return b"\x02\x01" if v else b"\x02\x00"
+    if isinstance(v, int):
+        return b"\x04" + avro.long(v)
+    if isinstance(v, float):
+        return b"\x06" + avro.double(v)
+    if isinstance(v, str):
+        return b"\x08" + avro.string(v)
+    raise TypeError(f"a model's state scalar must be None, bool, int, float or str, got {type(v).__name__}")
+
+
+def _encode_pending(p: dict[str, Any]) -> bytes:
+    """One ``PendingDecision`` of the snapshot's ``pending`` array, by hand (fastavro's bytes): the
+    action's fields, then ``reward`` (union null / double) and ``n_rewards``. A partition holds a
+    window's worth of open decisions (thousands), and the snapshot is a pause of the worker's loop."""
+    reward = p["reward"]
+    return b"".join((action_body(p["event_id"], p["model_key"], p["arm_id"], p["arm_index"], p["score"],
+                                  p["propensity"], p["model_version"], p["decision_timestamp_ms"], p["features"],
+                                  p["trigger_source"], p["trigger_offset"]),
+                     b"\x00" if reward is None else b"\x02" + avro.double(reward), avro.long(p["n_rewards"])))
+
+
+def pack_snapshot(snap: dict[str, Any]) -> bytes:
+    """Serialise a partition snapshot (the worker's header fields plus the engine's state)."""
+    eng = snap["engine"]
+    models = avro.array_block([_encode_model(key, state) for key, state in eng["models"].items()])
+    pending = avro.array_block([_encode_pending(p) for p in eng["pending"]])
+    # Recently joined ids (up to max_recent, 100,000 by default): {event_id, observed} each.
+    recent = avro.array_block([avro.string(k) + (b"\x01" if v else b"\x00") for k, v in eng["recent"]])
+    early = []
+    for e in eng["early"]:
+        src: InputRef = e["source"]
+        early.append({"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
+                      "value": e["value"], "source_partition": src.partition, "source_offset": src.offset,
+                      "key": src.key, "raw": src.value, "source_timestamp_ms": src.timestamp_ms})
+    head = {k: snap[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
+                                 "actions_offset", "joined_offset", "dead_letter_offset")}
+    head["watermark_ms"] = eng["watermark_ms"]
+    # The record's fields back to back: those before ``models``, the models, then pending, early,
+    # recent and counters (the reader splits the schema the same way, _SNAPSHOT_PARTS). Models,
+    # pending and recent are written by hand: they are most of a snapshot's bytes and time.
+    head_schema, _, _ = _SNAPSHOT_PARTS
+    buf = io.BytesIO()
+    fastavro.schemaless_writer(buf, head_schema, head)
+    buf.write(models)
+    buf.write(pending)
+    fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["early"], {"early": early})
+    buf.write(recent)
+    fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["counters"], {"counters": {k: int(v) for k, v in eng["counters"].items()}})
+    body = buf.getvalue()
+    flags = 0
+    if len(body) > _COMPRESS_ABOVE:
+        # Level 1: a third faster than 6 on model state (float64 arrays) for 1% more bytes, and
+        # a snapshot's pack time is a pause of the worker's loop (bench/results/memory.md).
+        body, flags = zlib.compress(body, 1), 1
+    return avro.header(_SNAPSHOT_ID, VERSIONS[_SNAPSHOT_ID]) + bytes((flags,)) + struct.pack("<I", zlib.crc32(body)) + body
+
+
+def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
+    """The snapshot record as three records read one after the other: the fields before
+    ``models``, one item of ``models``, and the fields after it. (An Avro record is its fields'
+    encodings back to back, and an array is blocks of items, so this reads the same bytes.)"""
+    fields = schema["fields"]
+    i = next(j for j, f in enumerate(fields) if f["name"] == "models")
+    head = {"type": "record", "name": "SnapshotHead", "fields": fields[:i]}
+    tail = {"type": "record", "name": "SnapshotTail", "fields": fields[i + 1:]}
+    return (fastavro.parse_schema(head), fastavro.parse_schema(fields[i]["type"]["items"]),
+            fastavro.parse_schema(tail))
+
+
+_SNAPSHOT_PARTS = _split_snapshot_schema(READERS[_SNAPSHOT_ID])
+# Single fields of the snapshot record, each as a record of that one field (the same bytes), for
+# the parts of the tail pack_snapshot leaves to fastavro.
+_SNAPSHOT_FIELDS = {f["name"]: fastavro.parse_schema({"type": "record", "name": f"Snapshot_{f['name']}", "fields": [f]})
+                    for f in READERS[_SNAPSHOT_ID]["fields"] if f["name"] in ("early", "counters")}
+
+
+class SnapshotModels(Mapping):
+    """The model states of a snapshot: ``model key -> state dict``, each decoded when asked for.
+
+    Why not a dict: restoring 100,000 models from a dict of decoded states held every decoded
+    record at once, and the allocator kept that peak resident after it was freed (~13 KB per d = 20
+    model against the ~4.7 KB a live model needs; bench/results/memory.md). Decoding one record at
+    a time, each record's garbage is reused by the next. ``unpack_snapshot`` has already decoded
+    every record once (to find them and to refuse a body that does not parse), so access does not
+    fail on a snapshot that unpacked.
+    """
+
+    def __init__(self, body: bytes, offsets: dict[str, int]) -> None:
+        self._body = body
+        self._offsets = offsets
+
+    def __getitem__(self, key: str) -> dict[str, Any]:
+        stream = io.BytesIO(self._body)
+        stream.seek(self._offsets[key])
+        m = fastavro.schemaless_reader(stream, _SNAPSHOT_PARTS[1], _SNAPSHOT_PARTS[1])
+        return state_from_avro(m["arrays"], m["scalars"])
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._offsets)
+
+    def __len__(self) -> int:
+        return len(self._offsets)
+
+
+def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
+    """The snapshot datum with ``models`` as :class:`SnapshotModels` (current version), or fully
+    decoded with Avro's resolution (an older writer version)."""
+    if version != VERSIONS[_SNAPSHOT_ID]:
+        d = fastavro.schemaless_reader(io.BytesIO(body), WRITERS[(_SNAPSHOT_ID, version)], READERS[_SNAPSHOT_ID])
+        d["models"] = {m["model_key"]: state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]}
+        return d
+    head_schema, model_schema, tail_schema = _SNAPSHOT_PARTS
+    stream = io.BytesIO(body)
+    d = fastavro.schemaless_reader(stream, head_schema, head_schema)
+    offsets: dict[str, int] = {}
+    while count := avro.read_long(stream):
+        if count < 0:  # a block written with its byte size
+            count = -count
+            avro.read_long(stream)
+        for _ in range(count):
+            offset = stream.tell()
+            key = fastavro.schemaless_reader(stream, model_schema, model_schema)["model_key"]
+            offsets[key] = offset
+    d.update(fastavro.schemaless_reader(stream, tail_schema, tail_schema))
+    if stream.read(1):
+        raise ValueError("bytes left after the snapshot record")
+    d["models"] = SnapshotModels(body, offsets)
+    return d
+
+
+def unpack_snapshot(data: bytes) -> dict[str, Any]:
+    """Inverse of :func:`pack_snapshot`; raises :class:`SnapshotError` on any damage."""
+    if len(data) < 8 or data[0] != avro.MAGIC or data[1] != _SNAPSHOT_ID:
+        raise SnapshotError("not a streambandit snapshot (bad header)")
+    if (_SNAPSHOT_ID, data[2]) not in WRITERS:
+        raise SnapshotError(f"snapshot format version {data[2]} is not known to this reader")
+    flags, (crc,) = data[3], struct.unpack("<I", data[4:8])
+    body = bytes(data[8:])
+    if zlib.crc32(body) != crc:
+        raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
+    try:
+        if flags & 1:
+            body = zlib.decompress(body)
+        d = _decode_snapshot_body(body, data[2])
+    except Exception as exc:  # a body that passed its checksum but does not parse: a writer bug
+        raise SnapshotError(f"snapshot body does not decode: {exc}") from exc
+    engine = {
+        "models": d["models"],
+        "pending": [{**p, "features": features_from_bytes(p["features"])} for p in d["pending"]],
+        "early": [{"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
+                   "value": e["value"],
+                   "source": InputRef(1, e["source_partition"], e["source_offset"], e["key"], e["raw"],
+                                      e["source_timestamp_ms"])} for e in d["early"]],
+        "recent": [(r["event_id"], r["observed"]) for r in d["recent"]],
+        "watermark_ms": d["watermark_ms"],
+        "counters": dict(d["counters"]),
+    }
+    out = {k: d[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
+                             "actions_offset", "joined_offset", "dead_letter_offset")}
+    out["engine"] = engine
+    return out
