@@ -11,7 +11,7 @@ LOCK := requirements/lock.txt
 INSTALL = $(1)/python -m pip install --quiet --disable-pip-version-check
 LOCKED = $(call INSTALL,$(BIN)) --constraint $(LOCK)
 
-.PHONY: demo test unit integration bench lock clean
+.PHONY: demo test lint unit integration bench lock clean
 
 $(BIN)/python:
 	$(PY) -m venv $(VENV)
@@ -35,8 +35,13 @@ $(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
 demo: $(VENV)/.demo-installed
 	$(BIN)/streambandit demo
 
+# The linter first (seconds), then the whole suite.
 test: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check .
 
 unit: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q tests/unit
@@ -55,6 +60,7 @@ lock:
 	$(PY) -m venv .venv-lock
 	$(call INSTALL,.venv-lock/bin) --upgrade pip setuptools
 	$(call INSTALL,.venv-lock/bin) --no-build-isolation --upgrade -e '.[dev]'
+	.venv-lock/bin/ruff check .
 	.venv-lock/bin/python -m pytest -q
 	{ echo "# Exact versions the whole suite passed with (make lock, $$(.venv-lock/bin/python -V), $$(uname -m))."; \
 	  echo "# Used as a pip constraints file by the Makefile and deploy/Dockerfile; refresh with make lock."; \

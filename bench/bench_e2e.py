@@ -54,7 +54,8 @@ from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 from streambandit.wire import Context, Reward, encode  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
-from streambandit.stream.worker import _EMIT_EVERY, WorkerConfig  # noqa: E402
+from streambandit.stream.batch import EMIT_EVERY as _EMIT_EVERY  # noqa: E402
+from streambandit.stream.worker import WorkerConfig  # noqa: E402
 
 import bench_worker as bw  # noqa: E402
 from snapshot_pause import snapshot_pause  # noqa: E402
@@ -266,7 +267,7 @@ def codec(n: int = 20_000) -> dict:
     fa_action = {f: getattr(action, f) for f in action.__dataclass_fields__} | {"features": wire_codec.features_to_bytes(action.features)}
     # What the worker does: a poll batch of 2,000 different contexts decoded in one pass (batch_decode.py).
     batch = [encode(x) for x, _ in bw.backlog(2000)]
-    # What the worker does with its outputs: a hand-over's worth (Worker._EMIT_EVERY records) of
+    # What the worker does with its outputs: a hand-over's worth (batch.EMIT_EVERY records) of
     # actions and of joined records, each encoded in one compiled pass (batch_encode.py).
     ctxs = [x for x, _ in bw.backlog(_EMIT_EVERY)]
     actions = [records.Action(x.event_id, x.model_key, x.arm_ids[i % 10], i % 10, 0.5, 1.0, 10_000 + i, x.timestamp_ms,
@@ -349,12 +350,12 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         "poll": ct(lambda f: name(f, "worker.py", "_poll_batch")) + ct(lambda f: name(f, "worker.py", "_inputs_behind")),
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
         "merge": sum(ct(lambda f, fn=fn: name(f, "merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
-        # Outputs: actions and joined records in bulk (batch_encode, from Worker's _Outputs.take),
+        # Outputs: actions and joined records in bulk (batch_encode, from batch.py's _Outputs.take),
         # dead letters and ticks one by one (codec.encode).
         "encode": sum(c[3] for f, v in st.items()
                       if (f[0].endswith("batch_encode.py") and f[2] in ("encode_actions", "encode_joined_records"))
                       or (f[0].endswith("codec.py") and f[2] == "encode")
-                      for caller, c in v[4].items() if caller[0].endswith("worker.py")),
+                      for caller, c in v[4].items() if caller[0].endswith("batch.py")),
         "produce": sum(v[3] for f, v in st.items() if f[2] in ("<method 'produce' of 'cimpl.Producer' objects>",
                                                               "<method 'poll' of 'cimpl.Producer' objects>")),
         "commit": sum(v[3] for f, v in st.items() if f[2] in (
@@ -363,10 +364,10 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
             "<method 'commit_transaction' of 'cimpl.Producer' objects>")),
         "learner": learner,
     }
-    # The engine's entry points, called from Worker._release's loop (the common case) and _process
-    # (the rest); the learner's calls are inside them.
+    # The engine's entry points, called from BatchProcessor.release's loop (the common case) and
+    # _other (the rest); the learner's calls are inside them.
     process = (ct(lambda f: name(f, "engine.py", "on_context")) + ct(lambda f: name(f, "engine.py", "on_reward"))
-               + ct(lambda f: name(f, "worker.py", "_process")))
+               + ct(lambda f: name(f, "batch.py", "_other")))
     out["engine"] = process - out["learner"]
     out["other"] = total - sum(out.values())
     return out

@@ -3,7 +3,7 @@
     python bench/bench_worker_path.py            # ~1 min, writes bench/results/worker_path.{md,json}
     python bench/bench_worker_path.py --quick    # a smoke run (results not written)
 
-The worker's own per-batch code (``Worker._buffer``, ``Worker._release``, ``Worker._produce``) runs
+The worker's own per-batch code (``BatchProcessor.buffer`` and ``release``, ``Transaction.emit``) runs
 on real ``confluent_kafka.Message`` objects holding the encoded backlog of bench_e2e part 4
 (d = 20, K = 10, 4 model keys, 2 partitions, a reward for every third context, epoch
 timestamps), in batches of ``WorkerConfig.batch_max_records`` as polled under a backlog. The
@@ -18,12 +18,12 @@ per level (the machine is shared: the best run is the one least disturbed). cPro
 (bench_e2e part 3) inflate stages made of many small calls; these do not.
 
 1. decode: ``decode_batch`` of the batch's values;
-2. buffer: 1 + the records made and pushed into the mergers (``Worker._buffer``);
+2. buffer: 1 + the records made and pushed into the mergers (``BatchProcessor.buffer``);
 3. engine: 2 + merge release and the partition engines (decisions, joins, the learners);
-4. encode: 3 + the worker's per-record dispatch and the outputs encoded (``Worker._release``, its
-   hand-overs dropped);
-5. produce: 4 + every output handed to the producer (``Worker._release`` handing them to
-   ``Worker._produce``).
+4. encode: 3 + the worker's per-record dispatch and the outputs encoded
+   (``BatchProcessor.release``, its hand-overs dropped);
+5. produce: 4 + every output handed to the producer (``release`` handing them to
+   ``Transaction.emit``).
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ import collections
 import sys
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -47,15 +48,17 @@ from streambandit.wire import encode  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
 from streambandit.stream.merge import InputMerger  # noqa: E402
 from streambandit.models_config import parse_models_config  # noqa: E402
-from streambandit.stream.worker import Topics, Worker, WorkerConfig, _Partition, freeze_long_lived  # noqa: E402
+from streambandit.stream.batch import BatchProcessor, PartitionState  # noqa: E402
+from streambandit.stream.transaction import Transaction  # noqa: E402
+from streambandit.stream.worker import Topics, WorkerConfig, freeze_long_lived  # noqa: E402
 
 STAGE_TEXT = {
     "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
-    "buffer": "each record's `InputRef` made and pushed into its partition's merger (`Worker._buffer`)",
+    "buffer": "each record's `InputRef` made and pushed into its partition's merger (`BatchProcessor.buffer`)",
     "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
     "encode": "the worker's per-record loop and the outputs' encoding, in bulk per hand-over of 256 records "
-              "(`Worker._release` with its hand-overs dropped, against the engine alone)",
-    "produce": "every output handed to librdkafka (`Worker._produce`, which `Worker._release` calls per hand-over)",
+              "(`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
+    "produce": "every output handed to librdkafka (`Transaction.emit`, which `release` calls per hand-over)",
 }
 STAGES = tuple(STAGE_TEXT)
 REPEATS = 7
@@ -77,30 +80,29 @@ def messages(n: int) -> list[list[Message]]:
     return [out[i:i + BATCH] for i in range(0, len(out), BATCH)]
 
 
-class _NoBroker:
-    """What ``Worker._release`` asks the consumer: nothing is held back for a fetch to come."""
-
-    def position(self, tps: list) -> list:
-        return []
-
-
-def worker(policy: str) -> Worker:
-    """A worker with both partitions assigned and fresh, without a broker (no ``__init__``)."""
+def processor(policy: str) -> BatchProcessor:
+    """The worker's batch processor with both partitions assigned and fresh (no broker)."""
     cfg = WorkerConfig(bootstrap_servers="unused", models=parse_models_config(bw.models(policy, 100)), topics=TOPICS,
                        merge_wait_ms=0)
-    w = Worker.__new__(Worker)
-    w.config, w.metrics, w._merge_base = cfg, collections.Counter(), [0, 0]
-    w._topic_source = {TOPICS.contexts: 0, TOPICS.rewards: 1}
-    w.consumer = _NoBroker()
-    w.producer = Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "queue.buffering.max.messages": 1_000_000,
-                           "queue.buffering.max.kbytes": 2_000_000})
-    w.partitions = {p: _Partition(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0}) for p in range(bw.PARTITIONS)}
-    return w
+    b = BatchProcessor(cfg, collections.Counter())
+    for p in range(bw.PARTITIONS):
+        b.partitions[p] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+    return b
 
 
-def _engine_only(w: Worker, now: int) -> None:
-    """``Worker._release`` without encoding the outputs (level 3)."""
-    for part in w.partitions.values():
+def _producer() -> Producer:
+    """A producer with no broker and room for every output: ``Transaction.emit``'s produce calls
+    run as in the worker, and nothing is ever sent."""
+    return Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "queue.buffering.max.messages": 1_000_000,
+                     "queue.buffering.max.kbytes": 2_000_000})
+
+
+_NOT_BEHIND = {p: (False, False) for p in range(bw.PARTITIONS)}  # nothing held back for a fetch to come
+
+
+def _engine_only(b: BatchProcessor, now: int) -> None:
+    """``BatchProcessor.release`` without encoding the outputs (level 3)."""
+    for part in b.partitions.values():
         for _, src, offset, (ev, ref) in part.merger.pop_ready(now, (False, False)):
             (part.engine.on_context if src == 0 else part.engine.on_reward)(ev, ref)
             part.next_offset[src] = offset + 1
@@ -110,27 +112,36 @@ def _drop(outputs: list) -> None:
     """Level 4's hand-over: the encoded outputs go nowhere."""
 
 
+def _produce(producer: Producer) -> Callable[[list], None]:
+    """Level 5's hand-over: ``Transaction.emit``'s produce loop, without a transaction (there is
+    no broker to begin one with)."""
+    tx = Transaction(producer, [])
+    tx.open = True  # as after the batch's first hand-over
+    return tx.emit
+
+
 def run(policy: str, batches: list[list[Message]], level: int) -> float:
-    """CPU microseconds per input record of one fresh worker through ``level`` stages."""
-    w, now, n = worker(policy), 10**13, 0
+    """CPU microseconds per input record of one fresh processor through ``level`` stages."""
+    b, now, n = processor(policy), 10**13, 0
+    producer = _producer() if level == 5 else None
     freeze_long_lived()
     start = time.thread_time()
     for batch in batches:
         if level == 1:
             decode_batch([m.value() for m in batch])
         else:
-            w._buffer(batch, now)
+            b.buffer(batch, now)
             if level == 3:
-                _engine_only(w, now)
+                _engine_only(b, now)
             elif level == 4:
-                w._release(now, _drop)
+                b.release(now, _NOT_BEHIND, _drop)
             elif level == 5:
-                w._release(now, w._produce)
-                w.producer.purge(in_queue=True, in_flight=False)
+                b.release(now, _NOT_BEHIND, _produce(producer))
+                producer.purge(in_queue=True, in_flight=False)
         n += len(batch)
     cpu = time.thread_time() - start
-    if level >= 4 and w.metrics["records_in"] != n:
-        raise RuntimeError(f"level {level}: {w.metrics['records_in']} of {n} records processed")
+    if level >= 4 and b.metrics["records_in"] != n:
+        raise RuntimeError(f"level {level}: {b.metrics['records_in']} of {n} records processed")
     return cpu / n * 1e6
 
 

@@ -58,7 +58,7 @@ class AdServer:
         self.contexts_topic, self.rewards_topic = contexts, rewards
         self.click_delay_ms, self.poll_s = click_delay_ms, poll_s
         self._rng = np.random.default_rng([seed, 7])
-        # murmur2_random: the partitioner of DESIGN.md 2, so a Java ad server would agree with us.
+        # murmur2_random: the topics' partitioner (docs/design.md, data flow), so a Java ad server would agree with us.
         self._producer = Producer({"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random",
                                    "linger.ms": 2, "enable.idempotence": True})
         self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "demo-ad-server",

@@ -4,7 +4,7 @@ It consumes decoded events in merge order (see ``merge.py``) and returns the rec
 one action per accepted context, one joined record per applied update, and a dead-letter reason
 for anything it refuses. The Kafka worker, replay and the tests drive the same object.
 
-Rules (DESIGN.md 2, 3.4, 3.5, 7):
+Rules (docs/design.md: data flow, invariants 4, 6 and 8):
 - Event time drives the join. The watermark is the largest event timestamp seen in the partition;
   before a record is handled, every decision whose window ``[t_decision, t_decision + window)``
   the watermark has closed is joined: with its aggregated reward if any arrived, else with the
@@ -274,7 +274,7 @@ class PartitionEngine:
         spec = self.config.resolve(model_key)
         return spec.reward_window_ms if spec is not None else 0
 
-    # -- snapshot, restore and recovery (DESIGN.md 3.3) ---------------------------------------
+    # -- snapshot, restore and recovery (docs/design.md, invariant 3) -------------------------
 
     def snapshot(self) -> dict[str, Any]:
         """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts).
@@ -283,8 +283,8 @@ class PartitionEngine:
         return {
             "models": {key: m.state_dict() for key, m in self.models.items()},
             # The fields read directly: dataclasses.asdict deep-copies each (features included),
-            # ~12 us a decision, and a partition holds a window's worth of them (the snapshot is a
-            # pause of the worker's loop). Records are values, so sharing features is safe.
+            # and a partition holds a window's worth of them (the snapshot is a pause of the
+            # worker's loop: bench_e2e part 6). Records are values, so sharing features is safe.
             "pending": [{f: getattr(p.action, f) for f in _ACTION_FIELDS} | {"reward": p.reward, "n_rewards": p.n_rewards}
                         for p in self.pending.values()],
             "early": [dataclasses.asdict(r) | {"source": src} for held in self.early.values() for r, src in held],
@@ -328,7 +328,7 @@ class PartitionEngine:
         max_input_timestamp_ms: int,
     ) -> None:
         """Bring an engine restored from a snapshot up to the committed state, from the logs
-        written after the snapshot (DESIGN.md 3.3).
+        written after the snapshot (docs/design.md, invariant 3).
 
         - ``joined``: the joined records after the snapshot, in log order: the exact update
           sequence. Re-applied; each must find its model at the version it was applied to.

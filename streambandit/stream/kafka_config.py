@@ -12,8 +12,9 @@ from typing import Any
 
 __all__ = ["consumer_settings", "producer_settings", "reader_settings"]
 
-# Group timing: a join takes ~3 s with these on the embedded broker (~23 s with the defaults) and
-# they are valid on Apache Kafka. Revocation (snapshot + close) must finish well inside them.
+# Group timing: with librdkafka's defaults the first join on the embedded broker takes many times
+# longer than with these (docs/notes/tansu.md), and these are valid on Apache Kafka. Revocation
+# (snapshot + close) must finish well inside them.
 _GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 30000}
 
 

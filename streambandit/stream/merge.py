@@ -2,7 +2,7 @@
 
 Records are released in the order of the key (event timestamp, source, offset), where the source
 order is fixed (contexts before rewards at equal timestamps), the way learning-loop's joiner merge-
-sorts its inputs (DESIGN.md 3.4). A record at the head of one source is released when the other
+sorts its inputs (docs/design.md, invariant 5). A record at the head of one source is released when the other
 source's head is known to come after it. When the other source has nothing buffered:
 
 - if the broker holds records of it not yet delivered (the caller says so: ``behind``), they will

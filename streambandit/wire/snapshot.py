@@ -149,10 +149,10 @@ _SNAPSHOT_FIELDS = {f["name"]: fastavro.parse_schema({"type": "record", "name": 
 class SnapshotModels(Mapping):
     """The model states of a snapshot: ``model key -> state dict``, each decoded when asked for.
 
-    Why not a dict: restoring 100,000 models from a dict of decoded states held every decoded
-    record at once, and the allocator kept that peak resident after it was freed (~13 KB per d = 20
-    model against the ~4.7 KB a live model needs; bench/results/memory.md). Decoding one record at
-    a time, each record's garbage is reused by the next. ``unpack_snapshot`` has already decoded
+    Why not a dict: restoring many models from a dict of decoded states holds every decoded record
+    at once, and the allocator keeps that peak resident after it is freed, several times what the
+    live models need (bench_memory measures memory after a restore). Decoding one record at a
+    time, each record's garbage is reused by the next. ``unpack_snapshot`` has already decoded
     every record once (to find them and to refuse a body that does not parse), so access does not
     fail on a snapshot that unpacked.
     """

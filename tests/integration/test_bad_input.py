@@ -1,4 +1,4 @@
-"""Bad input on the real broker (DESIGN.md 7): every kind of bad record goes to the dead-letter
+"""Bad input on the real broker (docs/design.md, invariant 8): every kind of bad record goes to the dead-letter
 topic with its reason code, its original bytes and its source position; the worker keeps running
 and the good records around it are processed as if it were not there.
 

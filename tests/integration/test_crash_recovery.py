@@ -127,7 +127,7 @@ def run_to_end(broker, t, tmp, group, kills, sent):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, (proc.returncode, out.decode()[-2000:], err.decode()[-3000:])
     # The one legitimate way two runs can differ is the merge's wait running out before the other
-    # input's record arrived (DESIGN 3.4): rule it out, so a mismatch below means a recovery bug.
+    # input's record arrived (docs/design.md, invariant 5): rule it out, so a mismatch below means a recovery bug.
     metrics = dict(kv.split("=", 1) for kv in out.decode().split() if "=" in kv)
     assert metrics.get("merge_out_of_order", "0") == "0", "a record was merged out of order: the wait was too short"
     store = DirectoryStore(snaps)

@@ -62,11 +62,11 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     # 1. A worker commits a first batch, then dies with a fatal error on a later commit.
     _send_batch(prod, topics, rng, 0, 100, t0_ms=1000)
     w = Worker(cfg, store)
-    w.producer = _FailingCommit(w.producer, fail_at=10**9)
+    w.transaction.producer = _FailingCommit(w.transaction.producer, fail_at=10**9)
     t, errors = run_in_thread(w)
     assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60)
     before = {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)}
-    w.producer._left = 1  # the next commit fails
+    w.transaction.producer._left = 1  # the next commit fails
     # Far ahead in event time: the idle ticks in between moved the watermark on by the wall time.
     _send_batch(prod, topics, rng, 100, 100, t0_ms=10**9)
     t.join(60)

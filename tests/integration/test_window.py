@@ -1,4 +1,4 @@
-"""The reward window on the real broker (DESIGN.md 3.2, 3.4): event time closes a decision's
+"""The reward window on the real broker (docs/design.md, invariants 2 and 4): event time closes a decision's
 window; a decision with no reward is joined once with the default reward; a reward after that is
 dead-lettered as late and not applied; an idle partition's window is closed by a watermark tick
 that the worker writes into the rewards topic."""

@@ -1,0 +1,235 @@
+"""One poll batch through the partitions' engines, with no Kafka client.
+
+Given the records a consumer fetched (anything with confluent_kafka.Message's accessors), the
+:class:`BatchProcessor` decodes them in one compiled pass, buffers each in its partition's
+event-time merger, releases what the merge allows in (event time, topic, offset) order, runs each
+record through the partition's engine, and hands the encoded outputs, as (topic, partition, key,
+value), to an ``emit`` callback. It keeps the next input offset of each partition and input:
+what the caller commits with those outputs. The worker drives it between a poll and a commit;
+benchmarks and tests drive it with no broker.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import time
+from typing import Any, Callable
+
+from streambandit import reasons
+from streambandit.stream.engine import PartitionEngine, Rejected
+from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.stream.worker_config import Topics, WorkerConfig
+from streambandit.wire import Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick, encode
+from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records
+
+__all__ = ["BatchProcessor", "PartitionState", "Output", "EMIT_EVERY", "now_ms"]
+
+Output = tuple[str, int, bytes | None, bytes]  # (topic, partition, key, value)
+Emit = Callable[[list[Output]], None]
+
+# Records processed between hand-overs of their outputs: librdkafka sends them while the rest of
+# the batch is processed, instead of the commit waiting for all of them (bench_e2e part 4).
+EMIT_EVERY = 256
+
+_TIMED = frozenset((Context, Reward, Tick))  # the decoded records that carry an event time
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+@dataclasses.dataclass
+class PartitionState:
+    engine: PartitionEngine
+    merger: InputMerger
+    next_offset: dict[int, int]  # per input source: the next offset to process (what is committed)
+    updates_at_snapshot: int = 0
+    snapshot_wall: float = dataclasses.field(default_factory=time.monotonic)
+    snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
+    last_input_wall_ms: int = dataclasses.field(default_factory=now_ms)
+    last_tick_wall_ms: int = 0
+
+
+class _Outputs:
+    """A batch's outputs not yet handed over: actions and joined records as records (encoded
+    together by ``take``), the rest (dead letters, ticks) already encoded."""
+
+    def __init__(self, topics: Topics) -> None:
+        self.topics = topics
+        self.actions: list[tuple[int, Action]] = []
+        self.joined: list[tuple[int, Joined]] = []
+        self.others: list[Output] = []
+
+    def take(self, metrics: collections.Counter) -> list[Output]:
+        """Everything held, encoded, as (topic, partition, key, value); empties the buffer."""
+        t, actions, joined = self.topics, self.actions, self.joined
+        out = self.others
+        if actions:
+            out += [(t.actions, p, a.model_key.encode(), v)
+                    for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))]
+        if joined:
+            out += [(t.joined, p, j.model_key.encode(), v)
+                    for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))]
+        metrics["actions"] += len(actions)
+        metrics["joined"] += len(joined)
+        self.actions, self.joined, self.others = [], [], []
+        return out
+
+
+class BatchProcessor:
+    """The partitions this worker holds and what a batch does to them."""
+
+    def __init__(self, config: WorkerConfig, metrics: collections.Counter) -> None:
+        self.config = config
+        self.metrics = metrics
+        t = config.topics
+        self.source_of = {t.contexts: CONTEXTS, t.rewards: REWARDS}
+        self.partitions: dict[int, PartitionState] = {}
+        # Merge counters of partitions no longer held (the metrics stay cumulative).
+        self._merge_base = [0, 0]
+
+    def topic_of(self, source: int) -> str:
+        return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
+
+    def remove(self, p: int) -> PartitionState:
+        """Stop holding partition ``p``; its merge counters stay in the metrics."""
+        part = self.partitions.pop(p)
+        self._merge_base[0] += part.merger.forced
+        self._merge_base[1] += part.merger.out_of_order
+        return part
+
+    def offsets(self) -> list[tuple[str, int, int]]:
+        """(topic, partition, next offset) of every input read so far: what a commit records."""
+        return [(self.topic_of(src), p, off)
+                for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
+
+    def wait_deadline_ms(self) -> int | None:
+        """When the first held record's merge wait runs out (it is released then), if any is held."""
+        deadlines = [d for part in self.partitions.values() if (d := part.merger.wait_deadline_ms()) is not None]
+        return min(deadlines, default=None)
+
+    def process(self, records: list[Any], now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
+        """Buffer ``records`` and process what the merge releases (see :meth:`release`); returns
+        how many records were processed."""
+        self.buffer(records, now)
+        released = self.release(now, behind, emit)
+        parts = self.partitions.values()
+        self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in parts)
+        self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in parts)
+        self.metrics["pending"] = sum(len(x.engine.pending) for x in parts)  # a gauge
+        return released
+
+    def buffer(self, records: list[Any], now: int) -> None:
+        """Decode the batch's records and buffer each in its partition's merger."""
+        # The whole batch is decoded in one compiled pass (bench_e2e part 2 compares it with
+        # decoding one record at a time).
+        values = [m.value() for m in records]
+        partitions, sources = self.partitions, self.source_of
+        # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
+        # to the merger at once.
+        runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = collections.defaultdict(list)
+        for msg, value, ev in zip(records, values, decode_batch(values)):
+            p = msg.partition()
+            src, offset = sources[msg.topic()], msg.offset()
+            ref = InputRef(src, p, offset, msg.key(), value, msg.timestamp()[1])
+            if type(ev) in _TIMED:
+                runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
+            else:  # a DecodeError, without an event time: the merger places it after what came before it
+                part = partitions.get(p)
+                if part is not None:
+                    part.merger.extend(src, runs.pop(2 * p + src, []), now)
+                    part.merger.push(src, offset, None, (ev, ref), now)
+                    part.last_input_wall_ms = now
+        for key, run in runs.items():
+            part = partitions.get(key >> 1)
+            if part is None:
+                continue  # records fetched just before their partition was revoked
+            part.merger.extend(key & 1, run, now)
+            part.last_input_wall_ms = now
+
+    def release(self, now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
+        """Process every record the mergers release now, in merge order, handing the encoded
+        outputs to ``emit`` every :data:`EMIT_EVERY` records and at the end; returns how many.
+
+        ``behind[p]`` says, per input of partition p, whether the broker holds records not yet
+        fetched (the merge then waits for them). The common case, a context on contexts or a
+        reward on rewards keyed by its model key, goes straight to the engine; everything else
+        takes ``_other``. Actions and joined records are encoded together, one compiled pass each
+        per hand-over; each output topic's records keep their order, which is all the logs'
+        order depends on (bench_worker_path measures this loop by stage)."""
+        out_buf = _Outputs(self.config.topics)
+        released = 0
+        for p, part in self.partitions.items():
+            eng, next_offset = part.engine, part.next_offset
+            on_context, on_reward = eng.on_context, eng.on_reward
+            actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
+            n = 0
+            for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
+                cls, key = type(ev), ref.key
+                if cls is Context and src == CONTEXTS and (key is None or key == ev.model_key.encode()):
+                    out = on_context(ev, ref)
+                elif cls is Reward and src == REWARDS and (key is None or key == ev.model_key.encode()):
+                    out = on_reward(ev, ref)
+                else:
+                    out = self._other(part, ev, ref)
+                for o in out:
+                    ocls = type(o)
+                    if ocls is Action:
+                        actions.append((p, o))
+                    elif ocls is Joined:
+                        joined.append((p, o))
+                    else:
+                        others.append(self._dead_letter(p, o, ref))
+                next_offset[src] = offset + 1
+                n += 1
+                if n % EMIT_EVERY == 0:
+                    emit(out_buf.take(self.metrics))
+                    actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
+            self.metrics["records_in"] += n
+            released += n
+            out_buf.others += self._maybe_tick(p, part, now)
+        emit(out_buf.take(self.metrics))
+        return released
+
+    def _other(self, part: PartitionState, ev: Any, ref: InputRef) -> list[Action | Joined | Rejected]:
+        """A record that is not the common case: one that did not decode, one on the wrong topic,
+        a tick, or a keyed record whose key is not its model key."""
+        if isinstance(ev, DecodeError):
+            return [Rejected(ev.reason, ev.detail, ref)]
+        if ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
+            return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
+        if isinstance(ev, Tick):
+            return part.engine.advance_to(ev.timestamp_ms, ref)
+        # a context or reward whose message key is not its model key
+        return [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
+
+    def _dead_letter(self, p: int, o: Rejected, trigger: InputRef) -> Output:
+        """The dead-letter record of a refused input (or of a decision whose update failed)."""
+        t = self.config.topics
+        self.metrics[f"dead_letter.{o.reason}"] += 1
+        src = o.source
+        if isinstance(src, Action):  # update_failed: the decision itself is what could not be used
+            dl = DeadLetter(o.reason, o.detail, t.actions, p, -1, src.model_key.encode(), encode(src), now_ms(),
+                            trigger.source, trigger.offset)
+        else:
+            dl = DeadLetter(o.reason, o.detail, self.topic_of(src.source), p, src.offset, src.key, src.value,
+                            src.timestamp_ms, trigger.source, trigger.offset)
+        return (t.dead_letter, p, src.key if isinstance(src, InputRef) else None, encode(dl))
+
+    def _maybe_tick(self, p: int, part: PartitionState, now: int) -> list[Output]:
+        """An idle partition with open decisions gets a watermark tick written into rewards[p]:
+        the window still closes, and the tick is in the log, so replay and recovery see it.
+
+        The tick moves event time on by the wall time the partition has been quiet, from its own
+        watermark, not to the wall clock: an application whose event time runs behind the wall
+        clock (a backlog, a skewed clock) would otherwise see every open window closed by the
+        first quiet moment."""
+        idle = now - part.last_input_wall_ms
+        if (not part.engine.pending and not part.engine.early) or idle < self.config.idle_tick_ms \
+                or now - part.last_tick_wall_ms < self.config.idle_tick_ms or part.merger.pending():
+            return []
+        part.last_tick_wall_ms = now
+        self.metrics["ticks"] += 1
+        return [(self.config.topics.rewards, p, None, encode(Tick(part.engine.watermark_ms + idle)))]

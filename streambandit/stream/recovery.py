@@ -1,0 +1,96 @@
+"""A partition rebuilt from its snapshot and the logs written after it (docs/design.md, exact
+recovery).
+
+Load the newest snapshot that fits, re-apply the joined records written after it (the exact update
+sequence), rebuild the open decisions from the actions written after it minus those joined, and
+the rewards already received for still-open windows from the rewards partition up to the committed
+offset; then processing continues from the committed input offsets. The pure part, applying those
+records to the engine, is ``PartitionEngine.recover_from_logs``; this module reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from confluent_kafka import Consumer
+
+from streambandit import reasons
+from streambandit.stream.batch import PartitionState
+from streambandit.stream.engine import PartitionEngine, RecoveryError
+from streambandit.stream.errors import WorkerError
+from streambandit.stream.logs import committed_view, read_range
+from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
+from streambandit.stream.worker_config import WorkerConfig
+from streambandit.wire import Context, DecodeError, InputRef, Reward, Tick, decode
+
+__all__ = ["recover_partition"]
+
+log = logging.getLogger("streambandit")
+
+
+def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: Consumer,
+                      committed: dict[int, int], metrics: Any) -> PartitionState:
+    """Partition ``p`` from its newest snapshot that fits the configuration and the logs, with
+    ``committed`` the group's committed offset per input source. A snapshot that does not fit (a
+    changed policy or hyper-parameter, logs that do not continue it) is reported and the next
+    older one tried, and last the whole joined log from offset 0. Never silently fresh models:
+    if even the log does not fit, the worker stops."""
+    for snap in [*usable_snapshots(store, p), None]:
+        try:
+            return _recover_from(p, snap, config, reader, committed, metrics)
+        except (ValueError, RecoveryError) as exc:
+            if snap is None:
+                raise WorkerError(f"partition {p}: the joined log does not fit the model configuration "
+                                  f"({exc}); restore the configuration the log was written with") from exc
+            metrics["snapshot_fallbacks"] += 1
+            log.error("snapshot does not fit partition=%d created_ms=%d error=%s; falling back to an older one "
+                      "or the joined log", p, snap["created_ms"], exc)
+    raise AssertionError("unreachable")
+
+
+def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: Consumer, committed: dict[int, int],
+                  metrics: Any) -> PartitionState:
+    c, t = config, config.topics
+    limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent}
+    if snap is None:
+        engine = PartitionEngine(c.models, **limits)
+        start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}
+    else:
+        engine = PartitionEngine.restore(c.models, snap["engine"], **limits)
+        start = {"contexts": snap["contexts_offset"], "rewards": snap["rewards_offset"], t.actions: snap["actions_offset"],
+                 t.joined: snap["joined_offset"], t.dead_letter: snap["dead_letter_offset"]}
+    if committed[CONTEXTS] < start["contexts"] or committed[REWARDS] < start["rewards"]:
+        raise WorkerError(f"partition {p}: snapshot is ahead of the committed offsets ({start} vs {committed})")
+
+    def events_of(topic: str, begin: int, end: int | None = None) -> list[tuple[Any, Any]]:
+        out = []
+        for m in read_range(reader, topic, p, begin, end):
+            try:
+                out.append((decode(m.value()), m))
+            except DecodeError:
+                out.append((None, m))
+        return out
+
+    def trig(e: Any) -> tuple[int, int]:
+        return (e.trigger_source, e.trigger_offset)
+
+    joined = committed_view([e for e, _ in events_of(t.joined, start[t.joined]) if e is not None],
+                            key=lambda e: e.event_id, trigger=trig, committed=committed)
+    actions = committed_view([e for e, _ in events_of(t.actions, start[t.actions]) if e is not None],
+                             key=lambda e: e.event_id, trigger=trig, committed=committed)
+    dead = committed_view([e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None],
+                          key=lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""),
+                          trigger=trig, committed=committed)
+    inputs = events_of(t.rewards, start["rewards"], committed[REWARDS])
+    contexts = events_of(t.contexts, start["contexts"], committed[CONTEXTS])
+    rewards = [(e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))
+               for e, m in inputs if isinstance(e, Reward)]
+    dead_lettered = {InputRef(CONTEXTS if d.source_topic == t.contexts else REWARDS, p, d.source_offset)
+                     for d in dead if d.source_offset >= 0}
+    closed = {decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value}
+    stamps = [e.timestamp_ms for e, _ in inputs + contexts if isinstance(e, (Context, Reward, Tick))]
+    engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
+    metrics["recovered_joined"] += len(joined)
+    return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed))

@@ -1,0 +1,66 @@
+"""What a worker is configured with: its topics, its bounds and its triggers (pure, no Kafka)."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from streambandit.models_config import ModelsConfig
+
+__all__ = ["Topics", "WorkerConfig", "snapshot_due"]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class Topics:
+    contexts: str = "contexts"
+    rewards: str = "rewards"
+    actions: str = "actions"
+    joined: str = "joined"
+    dead_letter: str = "dead-letter"
+
+    def all(self) -> list[str]:
+        return [self.contexts, self.rewards, self.actions, self.joined, self.dead_letter]
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WorkerConfig:
+    bootstrap_servers: str
+    models: ModelsConfig
+    group_id: str = "streambandit"
+    topics: Topics = Topics()
+    # Under a backlog each transaction's commit waits for a few serial broker round trips; a
+    # larger bound means fewer of them (a broker with longer round trips gains more; bench_e2e
+    # part 4 drains with this and with 2,000). Under light load a batch is what one fetch
+    # brought, so the bound adds no latency there.
+    batch_max_records: int = 5000
+    poll_timeout_ms: int = 50
+    merge_wait_ms: int = 20  # how long a record waits for the other input's head (docs/design.md, merge order)
+    idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
+    snapshot_interval_s: float = 30.0
+    # A snapshot pauses the partition's loop (bench_e2e part 6 measures it at a steady load), and
+    # recovery re-applies the joined records after it (bench_worker measures recovery). Every
+    # 10,000 updates a busy worker paused every few seconds; this bounds the replay instead, and
+    # snapshot_interval_s keeps it lower at moderate rates.
+    snapshot_every_updates: int = 100_000
+    # At most this share of a partition's time goes to snapshotting it: a snapshot costs time in
+    # proportion to the partition's models (bench_memory measures it at 100,000 models), and the
+    # two triggers above do not know that.
+    snapshot_max_share: float = 0.1
+    max_pending: int = 100_000
+    max_early_rewards: int = 10_000
+    max_recent: int = 100_000
+    kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.snapshot_max_share <= 1.0:
+            raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
+
+
+def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:
+    """Whether a partition's next snapshot is due: after ``snapshot_every_updates`` updates or
+    ``snapshot_interval_s`` seconds, but never sooner than keeps snapshotting within
+    ``snapshot_max_share`` of the time (a snapshot that took s seconds is followed by at least
+    s (1 / share - 1) seconds without one). Revocation and shutdown snapshot regardless."""
+    if seconds_since < last_snapshot_s * (1.0 / config.snapshot_max_share - 1.0):
+        return False
+    return updates_since >= config.snapshot_every_updates or seconds_since >= config.snapshot_interval_s
