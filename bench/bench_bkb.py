@@ -174,8 +174,10 @@ def main() -> None:
     lines += [
         "",
         f"Per-round time from t = {first['t']:,} to t = {last['t']:,}: bkb x{last['bkb_ms'] / first['bkb_ms']:.2f}, "
-        f"exact (counters) x{last['exact_ms'] / first['exact_ms']:.2f}, textbook x{last['textbook_ms'] / first['textbook_ms']:.1f}. "
-        f"Total for {rounds:,} rounds: bkb {result['total_s']['bkb']:.1f} s, exact (counters) {result['total_s']['exact']:.1f} s.",
+        f"exact (counters) x{last['exact_ms'] / first['exact_ms']:.2f}, textbook "
+        f"x{last['textbook_ms'] / first['textbook_ms']:.1f}. "
+        f"Total for {rounds:,} rounds: bkb {result['total_s']['bkb']:.1f} s, exact (counters) "
+        f"{result['total_s']['exact']:.1f} s.",
         f"bkb state at t = {last['t']:,}: {last['bkb_state_bytes']:,} bytes (8 u d + 17 u + 8), derived cache "
         f"{last['bkb_cache_bytes']:,} bytes.",
         "",

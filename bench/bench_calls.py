@@ -69,7 +69,8 @@ def main() -> None:
     md = "\n".join([
         "# Per-call costs on the worker's path",
         "",
-        f"Command: `python bench/bench_calls.py`. streambandit from {Path(decide.__code__.co_filename).parents[2]}. Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
+        "Command: `python bench/bench_calls.py`. streambandit from "
+        f"{Path(decide.__code__.co_filename).parents[2]}. Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
         f"numpy {m['numpy']}, commit {m['commit']}, {m['date']}. `oful`, d = {D}, K = {K}; minimum over {REPEATS} "
         f"runs of {NUMBER:,} calls.",
         "",

@@ -45,20 +45,19 @@ import common  # noqa: E402
 
 common.pin_one_thread()
 
+import bench_worker as bw  # noqa: E402
 import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from snapshot_pause import snapshot_pause  # noqa: E402
 
-from streambandit.wire import codec as wire_codec, records  # noqa: E402
-from streambandit.wire.batch_decode import decode_batch  # noqa: E402
-from streambandit.wire.batch_encode import encode_actions, encode_joined_records  # noqa: E402
-from streambandit.wire import Context, Reward, encode  # noqa: E402
+from streambandit.stream.batch import EMIT_EVERY as _EMIT_EVERY  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
-from streambandit.stream.batch import EMIT_EVERY as _EMIT_EVERY  # noqa: E402
 from streambandit.stream.worker import WorkerConfig  # noqa: E402
-
-import bench_worker as bw  # noqa: E402
-from snapshot_pause import snapshot_pause  # noqa: E402
+from streambandit.wire import Context, Reward, encode, records  # noqa: E402
+from streambandit.wire import codec as wire_codec  # noqa: E402
+from streambandit.wire.batch_decode import decode_batch  # noqa: E402
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records  # noqa: E402
 
 D, K, PARTITIONS = bw.D, bw.K, bw.PARTITIONS
 FAST_FETCH = bw.FAST_FETCH
@@ -263,8 +262,10 @@ def codec(n: int = 20_000) -> dict:
 
     v1, v2 = wire_codec.encode_context_v1(c), encode(c)
     action = records.Action(c.event_id, c.model_key, c.arm_ids[3], 3, 0.5, 1.0, 100, c.timestamp_ms, c.features[3], 0, 100)
-    joined = records.Joined(c.event_id, c.model_key, c.features[3], 1.0, True, 1.0, c.timestamp_ms, c.timestamp_ms + 5, 100, 1, 77)
-    fa_action = {f: getattr(action, f) for f in action.__dataclass_fields__} | {"features": wire_codec.features_to_bytes(action.features)}
+    joined = records.Joined(c.event_id, c.model_key, c.features[3], 1.0, True, 1.0, c.timestamp_ms, c.timestamp_ms + 5,
+                            100, 1, 77)
+    fa_action = ({f: getattr(action, f) for f in action.__dataclass_fields__}
+                 | {"features": wire_codec.features_to_bytes(action.features)})
     # What the worker does: a poll batch of 2,000 different contexts decoded in one pass (batch_decode.py).
     batch = [encode(x) for x, _ in bw.backlog(2000)]
     # What the worker does with its outputs: a hand-over's worth (batch.EMIT_EVERY records) of
@@ -568,7 +569,7 @@ def hops(broker: EmbeddedBroker, n: int = 40, fetch_wait: int = 10, linger: int 
         consumer.consume(1, 0.1)
     app.consume(10, 0.5)
     rows = []
-    for i in range(n):
+    for _ in range(n):
         time.sleep(0.05)
         t0 = time.perf_counter()
         prod.produce(c_t, value=ctx[0], key=keys[0], partition=0)
@@ -811,7 +812,8 @@ def report(res: dict) -> str:
             f"rewards of {c['reward_bytes']} bytes, outputs of {c['action_bytes']} bytes; median of {len(runs)} runs)",
             "",
             "Nothing of streambandit in the loop: raw bytes, no decode, no merge, no learner. The pass-through consumes "
-            f"up to {WorkerConfig.batch_max_records:,} fetched records (the worker's `batch_max_records`), produces one action-sized record per input and commits them with the input "
+            f"up to {WorkerConfig.batch_max_records:,} fetched records (the worker's "
+            "`batch_max_records`), produces one action-sized record per input and commits them with the input "
             "offsets in one transaction, as `Worker.step` does.",
             "",
             "| loop | records / s | broker CPU (of one core) |",
@@ -837,7 +839,8 @@ def report(res: dict) -> str:
             "",
             "| layout | bytes | decode us |",
             "|---|---:|---:|",
-            f"| fastavro `array<double>` per arm | {c['bytes']['arrays_of_double']:,} | {c['decode_us']['arrays_of_double']:.1f} |",
+            f"| fastavro `array<double>` per arm | {c['bytes']['arrays_of_double']:,} "
+            f"| {c['decode_us']['arrays_of_double']:.1f} |",
             f"| packed little-endian float64 `bytes` per arm (context v1) | {c['bytes']['v1_bytes_per_arm']:,} | "
             f"{c['decode_us']['v1_bytes_per_arm']:.1f} |",
             f"| one packed block for all arms (context v2, chosen) | {c['bytes']['v2_one_block']:,} | "
@@ -846,7 +849,8 @@ def report(res: dict) -> str:
                f"{c['bytes']['v2_one_block']:,} | {c['decode_us']['v2_batch']:.1f} |"] if "v2_batch" in c["decode_us"] else []),
             "",
             f"Encode per event: action {c['encode_us']['action']:.1f} us (fastavro: {c['encode_us']['action_fastavro']:.1f} us), "
-            f"joined {c['encode_us']['joined']:.1f} us; a context (the application's side) {c['encode_us']['context_v2']:.1f} us. "
+            f"joined {c['encode_us']['joined']:.1f} us; a context (the application's side) "
+            f"{c['encode_us']['context_v2']:.1f} us. "
             + (f"What the worker does, a hand-over of {_EMIT_EVERY} records in one compiled pass (`batch_encode`): action "
                f"{c['encode_us']['action_batch']:.2f} us, joined {c['encode_us']['joined_batch']:.2f} us per record."
                if "action_batch" in c["encode_us"] else ""),
@@ -964,7 +968,8 @@ def report(res: dict) -> str:
         lines += [
             "## 5b. The floor: part 5's load on the bare transactional pass-through",
             "",
-            f"Part 1's loop (consume what is fetched, up to {WorkerConfig.batch_max_records:,} records, waiting up to poll_timeout for the first; "
+            f"Part 1's loop (consume what is fetched, up to {WorkerConfig.batch_max_records:,} "
+            "records, waiting up to poll_timeout for the first; "
             "one action-sized output per input; send offsets; commit), as a subprocess of its own "
             "(`bench/passthrough_serve.py`) in place of the worker, offered the same load by the same load "
             "generator and measured the same way: no decode, no merge, no learner; what the broker and the "

@@ -128,8 +128,8 @@ def run_bare(policy: str, n: int, pool: list[np.ndarray], start: int = 0) -> dic
 
 
 def run_engine(policy: str, n: int, pool: list[np.ndarray], start: int = 0, engine=None):
-    from streambandit.wire import Context, Reward
     from streambandit.stream.engine import PartitionEngine
+    from streambandit.wire import Context, Reward
 
     if engine is None:
         engine = PartitionEngine(models_config(policy))
@@ -162,8 +162,8 @@ def child_restore(policy: str, n: int, path: str) -> dict:
     """RSS growth of a worker partition recovered from a snapshot: the packed bytes are read first
     (and kept, so they are in the baseline), then unpacked and restored, and the unpacked
     snapshot dropped -- what the worker holds after ``_recover_from``."""
-    from streambandit.wire import unpack_snapshot
     from streambandit.stream.engine import PartitionEngine
+    from streambandit.wire import unpack_snapshot
 
     pool = feature_pool()
     warm = pack(run_engine(policy, 1, pool, start=10**9))
@@ -372,7 +372,8 @@ def main() -> None:
         status = subprocess.run(["git", "status", "--porcelain", "--", str(pkg)], capture_output=True, text=True,
                                 check=False, cwd=pkg.parent)
         mach["uncommitted"] = bool(status.stdout.strip())
-    res: dict = {"machine": mach, "streambandit": str(pkg), "d": D, "K": K, "n_models": n, "hyper": {p: HYPER[p] for p in policies},
+    res: dict = {"machine": mach, "streambandit": str(pkg), "d": D, "K": K, "n_models": n,
+                 "hyper": {p: HYPER[p] for p in policies},
                  "command": command, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for p in policies:
@@ -407,7 +408,8 @@ def markdown(res: dict) -> str:
     lines = [
         "# Resident memory per live model",
         "",
-        f"Command: `{res['command']}` ({res['seconds']:.0f} s){export_note(res)}. Machine: {m['cpu']}, {m['cores']} cores, Python "
+        f"Command: `{res['command']}` ({res['seconds']:.0f} s){export_note(res)}. Machine: "
+        f"{m['cpu']}, {m['cores']} cores, Python "
         f"{m['python']}, numpy {m['numpy']}, glibc malloc, commit {m['commit']}"
         f"{' plus uncommitted changes to streambandit/' if m.get('uncommitted') else ''}, {m['date']}. d = {res['d']}, "
         f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
@@ -443,7 +445,8 @@ def markdown(res: dict) -> str:
         "keeps of the freed snapshot structures. Last column: the same process after glibc's `malloc_trim(0)` "
         "returned every wholly free page to the OS (live data plus fragmentation).",
         "",
-        "| policy | case | RSS growth B / model | state_nbytes | overhead B / model | RSS / state | after malloc_trim(0) B / model |",
+        "| policy | case | RSS growth B / model | state_nbytes | overhead B / model | RSS / state | "
+        "after malloc_trim(0) B / model |",
         "|---|---|---:|---:|---:|---:|---:|",
     ]
     for p, c in res["cases"].items():
@@ -485,7 +488,9 @@ def markdown(res: dict) -> str:
         "in use of a row store's chunks; RSS - traced is the allocator's overhead (malloc chunk headers "
         "and alignment, pymalloc pools, numpy's small-block cache, a row store's partly used last chunk).",
         "",
-        "| policy | array data | array headers | row scalars | _config dict + values | other scalars / objects | instance + inline attrs | dict entry | traced | RSS growth (bare, N above) | allocator (RSS - traced) |",
+        "| policy | array data | array headers | row scalars | _config dict + values | other "
+        "scalars / objects | instance + inline attrs | dict entry | traced | RSS growth (bare, N above) | "
+        "allocator (RSS - traced) |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, c in res["cases"].items():

@@ -148,12 +148,14 @@ def main() -> None:
         "|---|---:|---:|---:|---:|",
     ]
     for r in per_round:
-        lines.append(f"| {r['policy']} | {r['d']} | {r['us_per_round']:.1f} | {r['naive_oful_us']:.1f} | {r['speedup_vs_naive']:.1f}x |")
+        lines.append(f"| {r['policy']} | {r['d']} | {r['us_per_round']:.1f} | {r['naive_oful_us']:.1f} "
+                     f"| {r['speedup_vs_naive']:.1f}x |")
     lines += ["", f"## Per-round time against t (d = 20, K = {K}, blocks of {block} rounds starting at t)", "",
               "| policy | " + " | ".join(f"t = {c:,}" for c in checkpoints) + " | last / first |",
               "|---|" + "---:|" * (len(checkpoints) + 1)]
     for r in flat:
-        lines.append(f"| {r['policy']} | " + " | ".join(f"{r['us_at_t'][c]:.1f} us" for c in checkpoints) + f" | {r['ratio_last_first']:.2f} |")
+        cells = " | ".join(f"{r['us_at_t'][c]:.1f} us" for c in checkpoints)
+        lines.append(f"| {r['policy']} | {cells} | {r['ratio_last_first']:.2f} |")
     lines.append("")
     common.write("policies_quick" if args.quick else "policies", data, "\n".join(lines))
 

@@ -36,12 +36,12 @@ common.pin_one_thread()
 
 import numpy as np  # noqa: E402
 
+from streambandit.decision import decide  # noqa: E402
+from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.replay.files import write_avro  # noqa: E402
 from streambandit.replay.logged import LoggedDecision  # noqa: E402
 from streambandit.replay.runner import replay  # noqa: E402
 from streambandit.sim.ads import AdTraffic  # noqa: E402
-from streambandit.decision import decide  # noqa: E402
-from streambandit.models_config import parse_models_config  # noqa: E402
 
 D, K, KEYS, EPSILON, MAX_DELAY = 20, 10, 4, 0.1, 200
 HYPER = {"oful": {}, "glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1}}

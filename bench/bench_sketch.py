@@ -151,7 +151,8 @@ def main() -> None:
         "floor(log2(d/l0 + 1)) blocks; on this full-rank stream the cap arrives after about",
         "(Bmax - 1) * epsilon * l0 rounds, and with l0 > d/3 from the first round).",
         "",
-        "| policy | d | us / round (sketching) | us / round (exact) | OFUL time / ours | bytes / model at end | peak bytes while sketching | OFUL bytes / that peak | peak bytes | dbs state at end |",
+        "| policy | d | us / round (sketching) | us / round (exact) | OFUL time / ours | bytes / "
+        "model at end | peak bytes while sketching | OFUL bytes / that peak | peak bytes | dbs state at end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:

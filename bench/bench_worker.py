@@ -39,14 +39,14 @@ common.pin_one_thread()
 import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit.wire import Context, Reward, encode, pack_snapshot  # noqa: E402
+from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.sim.ads import AdTraffic  # noqa: E402
 from streambandit.stream.ad_server import AdServer  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
-from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.stream.snapshots import DirectoryStore  # noqa: E402
 from streambandit.stream.worker import Topics, Worker, WorkerConfig  # noqa: E402
+from streambandit.wire import Context, Reward, encode, pack_snapshot  # noqa: E402
 
 D, K, PARTITIONS = 20, 10, 2
 HYPER = {"oful": {}, "glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1}}
@@ -388,7 +388,8 @@ def report(res: dict, rates, policies, n_tp: int, n_rec: int, lat_s: float) -> s
         "recovered, group join included. From logs: no periodic snapshot, so every joined record is replayed; "
         "from snapshot: killed right after a recovery, which snapshots each partition it rebuilt.",
         "",
-        "| policy | case | joined replayed (both partitions) | recover ms per partition (median) | restart -> resumed s (median) |",
+        "| policy | case | joined replayed (both partitions) | recover ms per partition (median) | "
+        "restart -> resumed s (median) |",
         "|---|---|---:|---:|---:|",
     ]
     for p in policies:

@@ -40,17 +40,17 @@ import common  # noqa: E402
 
 common.pin_one_thread()
 
+import bench_worker as bw  # noqa: E402
 from confluent_kafka import Message, Producer  # noqa: E402
 
-import bench_worker as bw  # noqa: E402
-from streambandit.wire.batch_decode import decode_batch  # noqa: E402
-from streambandit.wire import encode  # noqa: E402
-from streambandit.stream.engine import PartitionEngine  # noqa: E402
-from streambandit.stream.merge import InputMerger  # noqa: E402
 from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.stream.batch import BatchProcessor, PartitionState  # noqa: E402
+from streambandit.stream.engine import PartitionEngine  # noqa: E402
+from streambandit.stream.merge import InputMerger  # noqa: E402
 from streambandit.stream.transaction import Transaction  # noqa: E402
 from streambandit.stream.worker import Topics, WorkerConfig, freeze_long_lived  # noqa: E402
+from streambandit.wire import encode  # noqa: E402
+from streambandit.wire.batch_decode import decode_batch  # noqa: E402
 
 STAGE_TEXT = {
     "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",

@@ -30,7 +30,8 @@ def machine() -> dict:
 
     cpu = cpu_model()
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False).stdout.strip()
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                check=False).stdout.strip()
     except OSError:
         commit = ""
     return {

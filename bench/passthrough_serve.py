@@ -7,8 +7,8 @@ Part 1's loop with ``Worker.step``'s polling, run the way ``streambandit serve``
 (a subprocess started by the load generator, stopped by SIGINT): a group consumer (the worker's
 consumer settings, read_committed) takes what is already fetched, up to the worker's
 ``batch_max_records`` records, waiting up to ``--poll-timeout`` ms for the first one only; one
-transaction produces one action-sized record per input, sends the input offsets and commits. Nothing of streambandit in between: no
-decode, no merge, no learner.
+transaction produces one action-sized record per input, sends the input offsets and commits.
+Nothing of streambandit in between: no decode, no merge, no learner.
 
 So that the load generator can match an output to its context exactly as it matches a worker's
 action, the output of a context is the action template with the context's event id spliced in
@@ -29,10 +29,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
-from streambandit.wire import records  # noqa: E402
-from streambandit.wire import encode  # noqa: E402
 from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
 from streambandit.stream.worker import WorkerConfig  # noqa: E402
+from streambandit.wire import (
+    encode,  # noqa: E402
+    records,  # noqa: E402
+)
 
 BATCH = WorkerConfig.batch_max_records  # up to what the worker takes per transaction
 

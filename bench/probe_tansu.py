@@ -24,7 +24,6 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
-
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402

@@ -98,9 +98,11 @@ def main() -> None:
         for name, f in row["final_regret"].items():
             if name == "uniform random":
                 continue
-            lines.append(f"| {row['setup']} | {row['rounds']:,} | {name} | {f['mean']:.1f} +- {f['sd']:.1f} ({f['median']:.1f}) | {rnd:.1f} |")
+            lines.append(f"| {row['setup']} | {row['rounds']:,} | {name} | {f['mean']:.1f} +- {f['sd']:.1f} "
+                         f"({f['median']:.1f}) | {rnd:.1f} |")
     lines.append("")
-    common.write("regret_vs_oful_quick" if args.quick else "regret_vs_oful", {"machine": m, "command": cmd, "rows": rows}, "\n".join(lines))
+    common.write("regret_vs_oful_quick" if args.quick else "regret_vs_oful", {"machine": m, "command": cmd, "rows": rows},
+                 "\n".join(lines))
 
 
 if __name__ == "__main__":

@@ -13,9 +13,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-
 import bench_worker as bw  # noqa: E402
+import common  # noqa: E402
 
 PARTITIONS = bw.PARTITIONS
 
@@ -24,9 +23,9 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
     """The pause a snapshot of one partition makes at ``contexts_per_s`` (both partitions): an
     engine fed a window's worth of contexts and more (so it holds the open decisions and the
     recent ids a live one does), then snapshotted and packed as ``Worker._snapshot`` does."""
-    from streambandit.wire import InputRef, pack_snapshot
-    from streambandit.stream.engine import PartitionEngine
     from streambandit.models_config import parse_models_config
+    from streambandit.stream.engine import PartitionEngine
+    from streambandit.wire import InputRef, pack_snapshot
 
     per_partition = contexts_per_s / PARTITIONS
     n = int(per_partition * 10)  # ten seconds of one partition's contexts

@@ -1,3 +1,5 @@
-from streambandit.cli import main
 import sys
+
+from streambandit.cli import main
+
 sys.exit(main())

@@ -107,9 +107,9 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     """The worker's logs (contexts, actions, joined) of a group as one Avro file of logged decisions."""
+    from streambandit.export import read_logged_decisions
     from streambandit.replay.files import write_avro
     from streambandit.stream.app_config import load_worker_config
-    from streambandit.export import read_logged_decisions
 
     config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
@@ -143,9 +143,9 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
-    from streambandit.stream.broker import EmbeddedBroker
-
     import signal
+
+    from streambandit.stream.broker import EmbeddedBroker
 
     # SIGINT (Ctrl-C) and SIGTERM stop the broker, set here rather than inherited: a process
     # started in the background by a non-interactive shell inherits SIGINT ignored, and then
@@ -187,9 +187,9 @@ def _replay_source(args: argparse.Namespace, counts: dict):
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay a decision log through the configured models: off-policy estimates and a report."""
+    from streambandit.models_config import load_models_config
     from streambandit.replay.report import to_markdown, write_report
     from streambandit.replay.runner import replay
-    from streambandit.models_config import load_models_config
 
     models = load_models_config(args.config)  # the [[models]] of the worker's TOML file
     if args.clip is not None and not args.clip > 0:

@@ -17,12 +17,12 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, TopicPartition
 
-from streambandit.wire import Action, Context, DecodeError, Joined, decode
 from streambandit.replay.logged import LoggedDecision
 from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import committed_view, read_range
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.worker import Topics
+from streambandit.wire import Action, Context, DecodeError, Joined, decode
 
 __all__ = ["read_logged_decisions"]
 

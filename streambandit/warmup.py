@@ -23,9 +23,9 @@ def compile_kernels() -> None:
     """Call every compiled kernel once: each learner's decisions, update and stream loop, the
     row-independent products, and the batch decoder and encoders of the worker's path."""
     from streambandit import POLICIES, make_policy
+    from streambandit.wire import Action, Context, Joined, Reward, encode
     from streambandit.wire.batch_decode import decode_batch
     from streambandit.wire.batch_encode import encode_actions, encode_joined_records
-    from streambandit.wire import Action, Context, Joined, Reward, encode
 
     arms = np.eye(3)
     for name in sorted(POLICIES):

@@ -121,7 +121,8 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
         # dtype and rank, not by size) and VW loads its code paths, while the memory it frees is
         # too small for the allocator to hand back to the timed learner and hide its footprint.
         tiny = peers.adapters(dim=spec["d"], n_arms=2, noise_sd=spec["noise_sd"], seed=spec["seed"])[spec["key"]]
-        warm = tiny.prepare(make_stream(spec["warmup"], spec["d"], 2, noise_sd=spec["noise_sd"], seed=spec["seed"] + 1), spec["warmup"])
+        warm_stream = make_stream(spec["warmup"], spec["d"], 2, noise_sd=spec["noise_sd"], seed=spec["seed"] + 1)
+        warm = tiny.prepare(warm_stream, spec["warmup"])
         learner = tiny.new()
         if tiny.train is not None:
             tiny.train(learner, warm)
@@ -216,7 +217,7 @@ def run_benchmark(
         proc.start()
         procs[key] = (proc, parent)
     try:
-        for key, (proc, conn) in list(procs.items()):
+        for key, (_, conn) in list(procs.items()):
             msg = conn.recv()
             if "error" in msg:
                 rows[key]["status"] = f"failed: {msg['error']}"
@@ -226,7 +227,7 @@ def run_benchmark(
                 rows[key].update(msg["ready"], status="ok", runs=[])
                 log(f"ready: {key} (n = {msg['ready']['n']})")
         for r in range(repeats):
-            for key, (proc, conn) in list(procs.items()):
+            for key, (_, conn) in list(procs.items()):
                 if rows[key]["slow"] and r >= slow_repeats:
                     continue
                 conn.send("run")
@@ -323,7 +324,8 @@ def _targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         add(f"{name} batch scoring, select_batch()", f">= {TARGET_BATCH_PER_S:,} decisions/s", bps,
             None if bps is None else bps >= TARGET_BATCH_PER_S, "decisions/s")
     naive = get("naive_oful", "us_ratio")
-    add("naive numpy OFUL / oful play()", f">= {TARGET_VS_NAIVE:g}x", naive, None if naive is None else naive >= TARGET_VS_NAIVE, "x")
+    add("naive numpy OFUL / oful play()", f">= {TARGET_VS_NAIVE:g}x", naive,
+        None if naive is None else naive >= TARGET_VS_NAIVE, "x")
     for key in ("vw_squarecb", "vw_epsilon"):
         ratio, rr = get(key, "us_ratio"), get(key, "regret_ratio")
         met = None if ratio is None or rr is None else (ratio >= TARGET_VS_VW and rr >= 1.0)
@@ -429,7 +431,8 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
             lines.append(f"| {label} | {r.get('status')} |  |  |  |  |")
             continue
         best = 1e6 / min(r["us_runs"])
-        lines.append(f"| {label} | {r['n']:,} | {r['us_per_event']:.3f} | {r['events_per_s']:,.0f} | {best:,.0f} | {r['peak_mib']:.2f} |")
+        lines.append(f"| {label} | {r['n']:,} | {r['us_per_event']:.3f} | {r['events_per_s']:,.0f} | {best:,.0f} "
+                     f"| {r['peak_mib']:.2f} |")
     lines += ["", "## Targets (d = 20, K = 10, one core)" if (c["d"], c["K"]) == (20, 10)
               else f"## Targets (stated for d = 20, K = 10; this run: d = {c['d']}, K = {c['K']})", "",
               "| target | goal | measured | met |", "|---|---|---:|---|"]
@@ -466,7 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
                     "(us per decide + update, regret, peak memory, as ratios to streambandit oful). "
                     "The peers are optional: pip install 'streambandit[bench]'.")
     ap.add_argument("--n", type=int, default=20_000, help="events in the stream (default 20000)")
-    ap.add_argument("--n-slow", type=int, default=2_000, help="events the slow peers (MABWiser, River) are timed on (default 2000)")
+    ap.add_argument("--n-slow", type=int, default=2_000,
+                    help="events the slow peers (MABWiser, River) are timed on (default 2000)")
     ap.add_argument("--d", type=int, default=20, help="features per arm (default 20)")
     ap.add_argument("--K", type=int, default=10, help="arms per decision (default 10)")
     ap.add_argument("--repeats", type=int, default=7, help="timed repeats per row, median reported (default 7)")

@@ -19,9 +19,9 @@ from collections.abc import Callable, Iterable, Iterator
 import fastavro
 import numpy as np
 
+from streambandit.replay.logged import LogError, LoggedDecision, validate
 from streambandit.wire import features_to_bytes
 from streambandit.wire.schemas import SCHEMA_DIR
-from streambandit.replay.logged import LogError, LoggedDecision, validate
 
 __all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "LOGGED_DECISION_SCHEMA", "CSV_COLUMNS"]
 

@@ -37,11 +37,11 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
+from streambandit.decision import action_probabilities, choose
+from streambandit.models_config import ModelsConfig, ModelSpec
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
-from streambandit.decision import action_probabilities, choose
-from streambandit.models_config import ModelsConfig, ModelSpec
 
 __all__ = ["ReplayResult", "replay", "DEFAULT_MAX_LAG", "PROGRESS_EVERY"]
 

@@ -24,8 +24,8 @@ import time
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.wire import Action, Context, DecodeError, Reward, decode, encode
 from streambandit.sim.ads import AdTraffic
+from streambandit.wire import Action, Context, DecodeError, Reward, decode, encode
 
 __all__ = ["AdServer", "AdServerStats"]
 

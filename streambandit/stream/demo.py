@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import collections
 import csv
-import gc
 import dataclasses
+import gc
 import tempfile
 import threading
 import time
@@ -22,10 +22,10 @@ from typing import Callable
 
 import numpy as np
 
+from streambandit.models_config import parse_models_config
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.ad_server import AdServer
 from streambandit.stream.broker import EmbeddedBroker
-from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 

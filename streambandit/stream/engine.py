@@ -27,15 +27,22 @@ import dataclasses
 import heapq
 from typing import Any
 
-from streambandit.errors import StreambanditError
-from streambandit.wire import Action, Context, InputRef, Joined, Reward
-from streambandit.policies.base import Policy
 from streambandit.decision import decide
-from streambandit.reasons import (
-    BAD_DIMENSION, DUPLICATE_EVENT, DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, REWARD_OUT_OF_RANGE,
-    UNKNOWN_EVENT, UNKNOWN_MODEL, UPDATE_FAILED,
-)
+from streambandit.errors import StreambanditError
 from streambandit.models_config import ModelsConfig
+from streambandit.policies.base import Policy
+from streambandit.reasons import (
+    BAD_DIMENSION,
+    DUPLICATE_EVENT,
+    DUPLICATE_REWARD,
+    LATE_REWARD,
+    MODEL_KEY_MISMATCH,
+    REWARD_OUT_OF_RANGE,
+    UNKNOWN_EVENT,
+    UNKNOWN_MODEL,
+    UPDATE_FAILED,
+)
+from streambandit.wire import Action, Context, InputRef, Joined, Reward
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 

@@ -29,9 +29,9 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.errors import StreambanditError
-from streambandit.wire import SnapshotError, unpack_snapshot
 from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import read_range
+from streambandit.wire import SnapshotError, unpack_snapshot
 
 __all__ = ["SnapshotStore", "DirectoryStore", "TopicStore", "SnapshotStoreError", "load_latest", "usable_snapshots",
            "create_snapshot_topic", "chunk_key", "pack_chunk", "DEFAULT_MAX_CHUNK_BYTES"]

@@ -10,8 +10,16 @@ of the worker's hot path, and the snapshot format. No pickle anywhere.
 - ``snapshot``: a partition's snapshot to bytes and back (``pack_snapshot``, ``unpack_snapshot``).
 """
 
-from streambandit.wire.codec import (DecodeError, decode, encode, encode_action, encode_context_v1, encode_joined,
-                                     features_from_bytes, features_to_bytes)
+from streambandit.wire.codec import (
+                                     DecodeError,
+                                     decode,
+                                     encode,
+                                     encode_action,
+                                     encode_context_v1,
+                                     encode_joined,
+                                     features_from_bytes,
+                                     features_to_bytes,
+)
 from streambandit.wire.records import Action, Context, DeadLetter, InputRef, Joined, Reward, Tick
 from streambandit.wire.schemas import register_writer_schema
 from streambandit.wire.snapshot import SnapshotError, pack_snapshot, unpack_snapshot

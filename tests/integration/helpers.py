@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 
 import numpy as np
-
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.wire import decode, encode
 from streambandit.stream.logs import committed_view, read_range
+from streambandit.wire import decode, encode
 
 
 def producer(broker) -> Producer:

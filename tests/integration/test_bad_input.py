@@ -20,9 +20,8 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.wire import codec, schemas
-from streambandit.wire import Context, Reward, encode
 from streambandit.stream.worker import Topics
+from streambandit.wire import Context, Reward, codec, encode, schemas
 
 from .helpers import Sent, Tail, caught_up, outputs, producer, send_tracked, start_worker, wait_for
 
@@ -99,7 +98,8 @@ class Stream:
         return ctx
 
     def reward(self, event_id: str, value: float, key: str = "bad-m", ts: int | None = None) -> Sent:
-        return self.send(self.topics.rewards, key.encode(), encode(Reward(event_id, key, self.step(1) if ts is None else ts, value)))
+        stamp = self.step(1) if ts is None else ts
+        return self.send(self.topics.rewards, key.encode(), encode(Reward(event_id, key, stamp, value)))
 
     def good_event(self, event_id: str, value: float | None = None) -> None:
         """A context and, right after it in event time, its reward: joined when the reward comes."""

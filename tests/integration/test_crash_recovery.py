@@ -11,9 +11,9 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.wire import Context, Reward, encode
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
+from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked
 
@@ -80,7 +80,7 @@ def produce_input(broker, t, n=1500, seed=0):
             events.append((ts, 0, None, b"\x00garbage"))  # dead-lettered as malformed
     # Produced in event-time order per topic, as a well-behaved application would.
     sent = []
-    for ts, _, ev, raw in sorted(events, key=lambda e: (e[0], e[1])):
+    for _, _, ev, raw in sorted(events, key=lambda e: (e[0], e[1])):
         if raw is not None:
             sent.append(send_tracked(prod, t.contexts, b"sum-a", raw))
         else:

@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from streambandit import POLICIES, make_policy
-from streambandit.wire import Context, Reward, encode
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
+from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, outputs, producer, same_state, send_tracked, start_worker, wait_for
 

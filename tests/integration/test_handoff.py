@@ -10,10 +10,10 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.wire import Context, Reward, encode
 from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
+from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, engine_states_equal, outputs, producer, send_tracked, wait_for
 

@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from streambandit.wire import Context, Reward
 from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
 from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.wire import Context, Reward
 
 from .helpers import outputs, producer, run_in_thread, send, wait_for
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from streambandit.wire import Context, Reward, encode
 from streambandit.sim.ads import AdTraffic
+from streambandit.wire import Context, Reward, encode
 
 from .helpers import Tail, producer, start_worker, wait_for
 

@@ -12,12 +12,12 @@ import sys
 import numpy as np
 import pytest
 
-from streambandit.wire import Context, Reward, encode
-from streambandit.replay.files import read_avro
-from streambandit.replay.runner import replay
 from streambandit.export import read_logged_decisions
 from streambandit.models_config import parse_models_config
+from streambandit.replay.files import read_avro
+from streambandit.replay.runner import replay
 from streambandit.stream.snapshots import DirectoryStore, load_latest
+from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, outputs, producer, same_state, send_tracked, start_worker, wait_for
 

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
-from streambandit.wire import Context, Reward
 from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
+from streambandit.wire import Context, Reward
 
 from .helpers import outputs, producer, run_in_thread, same_state, send, wait_for
 

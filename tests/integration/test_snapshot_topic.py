@@ -12,9 +12,8 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import ConfigResource
 
+from streambandit.stream.snapshots import SnapshotStoreError, TopicStore, chunk_key, create_snapshot_topic, load_latest
 from streambandit.wire import pack_snapshot
-from streambandit.stream.snapshots import (SnapshotStoreError, TopicStore, chunk_key, create_snapshot_topic,
-                                           load_latest)
 
 from .helpers import read_all
 

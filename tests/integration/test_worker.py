@@ -5,10 +5,10 @@ import threading
 import numpy as np
 import pytest
 
-from streambandit.wire import Context, Reward
 from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.wire import Context, Reward
 
 from .helpers import outputs, producer, send, wait_for
 

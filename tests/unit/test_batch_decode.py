@@ -3,9 +3,19 @@
 import numpy as np
 import pytest
 
-from streambandit.wire import avro, codec, schemas
+from streambandit.wire import (
+    Action,
+    Context,
+    DecodeError,
+    Reward,
+    Tick,
+    avro,
+    codec,
+    encode,
+    encode_context_v1,
+    schemas,
+)
 from streambandit.wire.batch_decode import decode_batch
-from streambandit.wire import Action, Context, DecodeError, Reward, Tick, encode, encode_context_v1
 
 
 def one_by_one(values):

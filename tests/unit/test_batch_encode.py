@@ -4,9 +4,8 @@ the same bytes for every record, and the same error for one that cannot be writt
 import numpy as np
 import pytest
 
-from streambandit.wire import batch_encode, codec
+from streambandit.wire import Action, Joined, batch_encode, codec, encode_action, encode_joined
 from streambandit.wire.batch_encode import encode_actions, encode_joined_records
-from streambandit.wire import Action, Joined, encode_action, encode_joined
 
 # Longs at every varint length edge and both signs, as the one-at-a-time encoder sees them.
 EDGES = [0, 1, -1, 63, -64, 64, -65, 4095, 4096, 8191, 8192, 2**20, -(2**20), 1_700_000_000_123, 2**62,

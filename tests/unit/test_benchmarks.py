@@ -182,7 +182,7 @@ def test_missing_peers_are_rows_not_failures():
     )
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
     for row in ("Vowpal Wabbit cb_explore_adf --squarecb", "MABWiser LinUCB", "River bandit.LinUCBDisjoint"):
-        line = next(l for l in out.splitlines() if l.startswith(f"| {row}"))
+        line = next(x for x in out.splitlines() if x.startswith(f"| {row}"))
         assert "not installed (pip install 'streambandit[bench]')" in line
     assert "| streambandit oful, play() | 50 |" in out
 

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
+from streambandit.models_config import parse_models_config
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
-from streambandit.models_config import parse_models_config
 
 D = 3
 

@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pytest
 
+from streambandit.models_config import parse_models_config
 from streambandit.sim.ads import AdTraffic
 from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
-from streambandit.models_config import parse_models_config
 
 CONFIG = parse_models_config({"models": [
     {"match": "sum-*", "policy": "glb_omd", "dim": 6, "reward_window_ms": 400, "default_reward": 0.0,
@@ -75,7 +75,8 @@ def step(engine, event, source, logs):
             logs["joined"].append(o)
         else:
             assert isinstance(o, Rejected)
-            logs["dead_letter"].append((o.reason, o.source if not isinstance(o.source, Action) else ("action", o.source.event_id)))
+            source = ("action", o.source.event_id) if isinstance(o.source, Action) else o.source
+            logs["dead_letter"].append((o.reason, source))
 
 
 def new_logs():

@@ -1,8 +1,8 @@
 """The wire format: exact round trips, forward compatibility, every refusal with its reason code,
 and snapshot integrity."""
 
-import dataclasses
 import copy
+import dataclasses
 import json
 import math
 
@@ -10,11 +10,27 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.wire import avro, codec, schemas, snapshot
-from streambandit.wire import (Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, SnapshotError,
-                                 Tick, decode, encode, pack_snapshot, unpack_snapshot)
-from streambandit.stream.engine import PartitionEngine
 from streambandit.models_config import parse_models_config
+from streambandit.stream.engine import PartitionEngine
+from streambandit.wire import (
+    Action,
+    Context,
+    DeadLetter,
+    DecodeError,
+    InputRef,
+    Joined,
+    Reward,
+    SnapshotError,
+    Tick,
+    avro,
+    codec,
+    decode,
+    encode,
+    pack_snapshot,
+    schemas,
+    snapshot,
+    unpack_snapshot,
+)
 
 AWKWARD = np.array([[0.0, -0.0, 5e-324, 1.7976931348623157e308], [1 / 3, -2.5, 1e-300, 123456789.123456789]])
 
@@ -124,10 +140,13 @@ def test_a_record_from_a_newer_writer_with_an_added_field_is_read():
     v2 = copy.deepcopy(schema)
     v2["fields"].append({"name": "currency", "type": "string", "default": "EUR", "doc": "new in v2"})
     schemas.register_writer_schema("reward", 2, v2)
-    import fastavro, io
+    import io
+
+    import fastavro
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 2, 2)))
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(v2), {"event_id": "e", "model_key": "m", "timestamp_ms": 3, "value": 1.5, "currency": "USD"})
+    fastavro.schemaless_writer(buf, fastavro.parse_schema(v2),
+                               {"event_id": "e", "model_key": "m", "timestamp_ms": 3, "value": 1.5, "currency": "USD"})
     assert decode(buf.getvalue()) == Reward("e", "m", 3, 1.5)
 
 
@@ -136,7 +155,9 @@ def test_a_writer_lacking_a_required_field_is_missing_field():
     v3 = copy.deepcopy(schema)
     v3["fields"] = [f for f in v3["fields"] if f["name"] != "value"]
     schemas.register_writer_schema("reward", 3, v3)
-    import fastavro, io
+    import io
+
+    import fastavro
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 2, 3)))
     fastavro.schemaless_writer(buf, fastavro.parse_schema(v3), {"event_id": "e", "model_key": "m", "timestamp_ms": 3})
@@ -203,7 +224,10 @@ def _snapshot_bytes(e, body=None):
 
 
 def test_snapshot_models_decode_one_at_a_time_and_equal_the_full_decode():
-    import fastavro, io, zlib
+    import io
+    import zlib
+
+    import fastavro
     _, e = engine_with_state(60)
     data = _snapshot_bytes(e)
     models = unpack_snapshot(data)["engine"]["models"]
@@ -260,7 +284,11 @@ def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
     must be exactly what fastavro writes for the whole record, for every kind of array (dtypes,
     byte orders, 0-d, empty, non-contiguous) and of scalar (every branch of the union), for pending
     decisions with and without a reward, and for none of them at all."""
-    import fastavro, io, struct, zlib
+    import io
+    import struct
+    import zlib
+
+    import fastavro
 
     rng = np.random.default_rng(3)
     _, e = engine_with_state(40)

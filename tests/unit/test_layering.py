@@ -2,8 +2,10 @@
 decision/join engine, the merge and the simulator import with confluent_kafka blocked. Only the
 runtime shell (worker, broker, logs, snapshots, demo) may import it."""
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 PURE = [
     "streambandit", "streambandit.errors", "streambandit.reasons", "streambandit.linalg", "streambandit.wire",
@@ -12,9 +14,11 @@ PURE = [
     "streambandit.policies.dbs_linucb", "streambandit.sketch.frequent_directions", "streambandit.sketch.woodbury",
     "streambandit.sketch.dyadic_block", "streambandit.policies.bkb", "streambandit.sketch.nystrom",
     "streambandit.replay.logged", "streambandit.replay.estimators", "streambandit.replay.files",
-    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.sim.ads", "streambandit.sim.baselines", "streambandit.sim.gp_ucb",
+    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.sim.ads", "streambandit.sim.baselines",
+    "streambandit.sim.gp_ucb",
     "streambandit.sim.experiments.base", "streambandit.sim.experiments.glb_omd_logistic",
-    "streambandit.sim.experiments.hvt_ucb", "streambandit.sim.experiments.bkb", "streambandit.progress", "streambandit.sim.environments",
+    "streambandit.sim.experiments.hvt_ucb", "streambandit.sim.experiments.bkb", "streambandit.progress",
+    "streambandit.sim.environments",
     "streambandit.sim.runner", "streambandit.stream.engine", "streambandit.stream.merge",
     "streambandit.decision", "streambandit.models_config", "streambandit.stream.kafka_config",
     "streambandit.wire.codec", "streambandit.wire.snapshot", "streambandit.wire.batch_decode",
@@ -48,8 +52,6 @@ def test_the_blocker_really_blocks():
 # Read from the source (every import statement, function-level ones included), so that a new
 # import in either direction fails here even if no test imports the module.
 
-import ast
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2] / "streambandit"
 # The learners, their numerics, the decision rule, the model configuration and the record codec:

@@ -13,10 +13,10 @@ import sys
 import numpy as np
 import pytest
 
-from streambandit.replay.logged import LogError, LoggedDecision
-from streambandit.replay.runner import replay
 from streambandit.decision import decide
 from streambandit.models_config import parse_models_config
+from streambandit.replay.logged import LogError, LoggedDecision
+from streambandit.replay.runner import replay
 
 K, D = 5, 4
 
