@@ -48,7 +48,8 @@ class AdTraffic:
         scale = math.sqrt(1.0 - _BIAS_FEATURE**2)
         # theta* = [w; b]: ||w|| chosen so the affinity term spans about +-spread logits, b so that
         # an arm with zero affinity clicks at base_ctr.
-        self.theta = np.concatenate([w / np.linalg.norm(w) * spread / scale, [math.log(base_ctr / (1 - base_ctr)) / _BIAS_FEATURE]])
+        bias = math.log(base_ctr / (1 - base_ctr)) / _BIAS_FEATURE
+        self.theta = np.concatenate([w / np.linalg.norm(w) * spread / scale, [bias]])
 
     def request(self, rng: np.random.Generator) -> AdRequest:
         user = rng.standard_normal(self.dim - 1)

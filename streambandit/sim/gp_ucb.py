@@ -94,7 +94,8 @@ class ExactGPUCB:
         kd = kernel_diag(self.kernel, arms)
         if not self.points:
             return np.zeros(len(arms)), kd / self.lam
-        g = solve_triangular(self._chol, np.sqrt(self.counts)[:, None] * kernel_matrix(self.kernel, self.bandwidth, self._x, arms), lower=True)
+        k = kernel_matrix(self.kernel, self.bandwidth, self._x, arms)
+        g = solve_triangular(self._chol, np.sqrt(self.counts)[:, None] * k, lower=True)
         return g.T @ self._alpha, np.maximum(kd - (g * g).sum(axis=0), 0.0) / self.lam
 
     def beta(self) -> float:

@@ -13,8 +13,8 @@ import pytest
 import scipy.linalg
 
 from streambandit import make_policy
-from streambandit.sketch.nystrom import DTCPosterior, Kernel, inclusion_probabilities, resample_dictionary, resampling_rng
 from streambandit.sim.gp_ucb import ExactGPUCB, effective_dimension, gp_posterior, kernel_matrix
+from streambandit.sketch.nystrom import DTCPosterior, Kernel, inclusion_probabilities, resample_dictionary, resampling_rng
 
 D = 3
 
@@ -62,7 +62,7 @@ def test_full_dictionary_follows_the_exact_gp_ucb_trajectory():
     f = np.sin(4 * arms[:, 0]) * np.cos(3 * arms[:, 1])
     p = make_policy("bkb", dim=2, bandwidth=0.3, lam=0.05, qbar=math.inf, noise_sd=0.2)
     ref = ExactGPUCB(bandwidth=0.3, lam=0.05, noise_sd=0.2)
-    for t in range(120):
+    for _ in range(120):
         s = p.scores(arms)
         np.testing.assert_allclose(s, ref.scores(arms), rtol=0, atol=1e-8)
         i = int(np.argmax(s))

@@ -117,7 +117,8 @@ def test_beta_is_equation_5():
 
 @pytest.mark.parametrize(
     "link, reward, message",
-    [("logistic", 1.5, r"\[0, 1\]"), ("logistic", -0.1, r"\[0, 1\]"), ("poisson", -1.0, ">= 0"), ("gaussian", math.nan, "finite")],
+    [("logistic", 1.5, r"\[0, 1\]"), ("logistic", -0.1, r"\[0, 1\]"), ("poisson", -1.0, ">= 0"),
+     ("gaussian", math.nan, "finite")],
 )
 def test_rewards_outside_the_link_range_are_rejected(link, reward, message):
     p = make_policy("glb_omd", dim=3, link=link)

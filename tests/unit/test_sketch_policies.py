@@ -132,8 +132,8 @@ def test_inconsistent_loaded_states_are_rejected():
     play(p, 5, 30, d)
     assert p.sketch.n_closed == 1 and not p.sketch.fallback
     state = p.state_dict()
-    for key, value in [("minv", np.zeros((2, 2))), ("vinv", np.eye(d)), ("basis", np.zeros((1, d + 1))), ("basis", np.zeros((3, d))),
-                       ("active", np.zeros((5, d + 1))), ("block_mass", np.zeros(7))]:
+    for key, value in [("minv", np.zeros((2, 2))), ("vinv", np.eye(d)), ("basis", np.zeros((1, d + 1))),
+                       ("basis", np.zeros((3, d))), ("active", np.zeros((5, d + 1))), ("block_mass", np.zeros(7))]:
         broken = dict(state, **{key: value})
         fresh = make_policy("dbs_linucb", dim=d, l0=1, epsilon=20.0)
         before = fresh.state_dict()

@@ -129,13 +129,15 @@ def _summary(link, tbl, stats, settings, rounds, n_seeds) -> str:
     lines += [
         "",
         "**Agreement:** "
-        + ("glb_omd's time per round is flat in t" if flat else "glb_omd's time per round is NOT flat in t (late/early >= 1.5 somewhere)")
+        + ("glb_omd's time per round is flat in t" if flat
+           else "glb_omd's time per round is NOT flat in t (late/early >= 1.5 somewhere)")
         + "; the refitting baseline's time per round "
         + ("grows with t (late/early > 1.2 at every S)" if grows else
            "grows only mildly or not at all at this T (late/early <= 1.2 somewhere): scipy's fixed per-call overhead "
            "dominates the O(t) work at these t, so the growth the paper describes only shows at longer horizons")
         + ". glb_omd's final regret is "
-        + ("within 1.5x of the refit baseline's at every S (comparable)" if comparable else "more than 1.5x the refit baseline's at some S (NOT comparable)")
+        + ("within 1.5x of the refit baseline's at every S (comparable)" if comparable
+           else "more than 1.5x the refit baseline's at some S (NOT comparable)")
         + f". glb_omd beats OFUL at {len(beats_oful)} of {len(settings)} radii"
         + (f" ({', '.join(beats_oful)})" if beats_oful else "")
         + ". The paper does not claim anything about OFUL; the earlier bench (bench/results/regret_vs_oful.md) found "

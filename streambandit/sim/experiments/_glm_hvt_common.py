@@ -45,20 +45,22 @@ def table(curves, settings: list[str], learners: list[str]) -> tuple[str, dict]:
     stats: dict = {}
     for c in curves:
         s = stats.setdefault((c.setting, c.learner), {"final": [], "early": [], "late": [], "total": []})
-        e, l = per_round_us(c.seconds)
+        early, late = per_round_us(c.seconds)
         s["final"].append(float(c.regret[-1]))
-        s["early"].append(e)
-        s["late"].append(l)
+        s["early"].append(early)
+        s["late"].append(late)
         s["total"].append(float(c.seconds[-1]))
-    lines = ["| setting | learner | final regret (mean +- sd) | median us/round, first 10% | median us/round, last 10% | late/early | total s/run |",
+    lines = ["| setting | learner | final regret (mean +- sd) | median us/round, first 10% | median us/round, last 10% "
+             "| late/early | total s/run |",
              "|---|---|---:|---:|---:|---:|---:|"]
     for st in settings:
         for ln in learners:
             s = stats.get((st, ln))
             if s is None:
                 continue
-            e, l = float(np.mean(s["early"])), float(np.mean(s["late"]))
-            lines.append(f"| {st} | {ln} | {mean_sd(s['final'])} | {e:.0f} | {l:.0f} | {l / e:.2f} | {np.mean(s['total']):.2f} |")
+            early, late = float(np.mean(s["early"])), float(np.mean(s["late"]))
+            lines.append(f"| {st} | {ln} | {mean_sd(s['final'])} | {early:.0f} | {late:.0f} | {late / early:.2f} "
+                         f"| {np.mean(s['total']):.2f} |")
     return "\n".join(lines), stats
 
 

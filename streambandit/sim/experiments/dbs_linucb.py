@@ -225,7 +225,8 @@ def table(curves: list[Curve], setting: str, *, extra_key: str | None = "memory_
         sl = sl[np.isfinite(sl)]
         us = np.array([per_round_us(c.seconds) for c in cs])
         total = np.mean([c.seconds[-1] for c in cs])
-        f = {"final": fin.mean(), "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0, "slope": float(sl.mean()) if len(sl) else float("nan"),
+        f = {"final": fin.mean(), "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0,
+             "slope": float(sl.mean()) if len(sl) else float("nan"),
              "early_us": us[:, 0].mean(), "late_us": us[:, 1].mean(), "total_s": total}
         row = (f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
                f"{f['late_us']:,.0f} | {total:.2f}")

@@ -76,8 +76,8 @@ def run(*, size: str, seeds: int | None, progress: Callable[[int], None]):
         "tau_s, V and beta (same beta_scale) taken from an internal Hvt-UCB so only the estimator differs. "
         "HEAVY-OFUL's own sigma_t lower bounds and solver budget are not reproduced.",
         "oful: noise_sd = 1, S = 1, lambda = 1, theory radius (the paper does not state OFUL's settings).",
-        "Timing: select+update wall time per round from run_policy, single process; 'early'/'late' = median time per round over the "
-        "first/last 10% of rounds.",
+        "Timing: select+update wall time per round from run_policy, single process; 'early'/'late' = median time "
+        "per round over the first/last 10% of rounds.",
         f"Sizes: full = T {full_rounds}, {full_seeds} seeds (the paper's); this run T = {rounds}, {n_seeds} seed(s)"
         + (" (fewer than the paper)" if (rounds, n_seeds) != (full_rounds, full_seeds) else "") + ". "
         "CRTM / CRMM baselines of the paper are not run.",
@@ -115,7 +115,8 @@ def _summary(tbl, stats, settings, rounds, n_seeds) -> str:
         "**Agreement:** under heavy tails hvt_ucb's regret is "
         + ("LOWER than OFUL's (agrees)" if h < o else "NOT lower than OFUL's (disagrees with the paper)")
         + "; it is "
-        + ("within 1.5x of the full-pass Huber baseline (close, agrees)" if h <= 1.5 * f else "more than 1.5x the full-pass Huber baseline's (not close)")
+        + ("within 1.5x of the full-pass Huber baseline (close, agrees)" if h <= 1.5 * f
+           else "more than 1.5x the full-pass Huber baseline's (not close)")
         + f"; the full-pass baseline costs {speed:.0f}x hvt_ucb's total time at T = {rounds} "
         + ("(hvt_ucb at a small fraction of its time, agrees in kind; the paper's >800x is at T = 18000 with its own solver)"
            if speed >= 5 else "(the gap is small at this T)")
