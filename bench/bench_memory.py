@@ -60,12 +60,14 @@ common.pin_one_thread()
 
 import numpy as np  # noqa: E402
 
+from streambandit.sim.ads import ad_hyper  # noqa: E402
+
 D, K = 20, 10
 N_FULL, N_QUICK, N_ATTRIBUTE = 100_000, 5_000, 2_000
 WINDOW_MS = 60_000
 HYPER = {
     "oful": {},
-    "glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1},
+    "glb_omd": ad_hyper("glb_omd"),
     "soful": {"sketch_size": 5},  # a sketched learner, for contrast: small state, more Python objects
 }
 POLICIES = tuple(HYPER)

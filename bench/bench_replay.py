@@ -41,10 +41,10 @@ from streambandit.models_config import parse_models_config  # noqa: E402
 from streambandit.replay.files import write_avro  # noqa: E402
 from streambandit.replay.logged import LoggedDecision  # noqa: E402
 from streambandit.replay.runner import replay  # noqa: E402
-from streambandit.sim.ads import AdTraffic  # noqa: E402
+from streambandit.sim.ads import AdTraffic, ad_hyper  # noqa: E402
 
 D, K, KEYS, EPSILON, MAX_DELAY = 20, 10, 4, 0.1, 200
-HYPER = {"oful": {}, "glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1}}
+HYPER = {p: ad_hyper(p) for p in ("oful", "glb_omd")}
 POLICIES = ("oful", "glb_omd")
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
 
 from streambandit.models_config import parse_models_config  # noqa: E402
-from streambandit.sim.ads import AdTraffic  # noqa: E402
+from streambandit.sim.ads import AdTraffic, ad_hyper  # noqa: E402
 from streambandit.stream.ad_server import AdServer  # noqa: E402
 from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
 from streambandit.stream.engine import PartitionEngine  # noqa: E402
@@ -49,7 +49,7 @@ from streambandit.stream.worker import Topics, Worker, WorkerConfig  # noqa: E40
 from streambandit.wire import Context, Reward, encode, pack_snapshot  # noqa: E402
 
 D, K, PARTITIONS = 20, 10, 2
-HYPER = {"oful": {}, "glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1}}
+HYPER = {p: ad_hyper(p) for p in ("oful", "glb_omd")}
 FAST_FETCH = {"fetch.wait.max.ms": 10}  # Tansu waits the full fetch.wait.max.ms (docs/notes/tansu.md)
 
 

@@ -20,14 +20,10 @@ def _cmd_simulate_ads(args: argparse.Namespace) -> int:
     import numpy as np
 
     from streambandit import make_policy
-    from streambandit.sim.ads import AdTraffic
+    from streambandit.sim.ads import AdTraffic, ad_hyper
 
     traffic = AdTraffic(dim=args.dim, k=args.arms, seed=args.seed)
-    # ||theta*|| of the simulated click model is 7.8 (a 3% base rate is a logit of -3.5), so S = 8.
-    # The theory radius (beta ~ 200 here) explores for far longer than a demo runs; 0.1 of it
-    # learns within seconds. Measured on 20k requests: theory radius 0.034 expected CTR (random
-    # 0.037), beta_scale 0.1 gives 0.074, best possible 0.083.
-    hyper: dict = {"link": "logistic", "S": 8.0, "beta_scale": 0.1} if args.policy == "glb_omd" else {}
+    hyper = ad_hyper(args.policy)
     if args.beta_scale is not None:
         hyper["beta_scale"] = args.beta_scale
     policy = make_policy(args.policy, dim=args.dim, **hyper)

@@ -23,7 +23,7 @@ from typing import Callable
 import numpy as np
 
 from streambandit.models_config import parse_models_config
-from streambandit.sim.ads import AdTraffic
+from streambandit.sim.ads import AdTraffic, ad_hyper
 from streambandit.stream.ad_server import AdServer
 from streambandit.stream.broker import EmbeddedBroker
 from streambandit.stream.snapshots import DirectoryStore
@@ -50,15 +50,8 @@ class DemoConfig:
     out_dir: Path = Path("out/demo")
 
 
-def _hyper(policy: str) -> dict:
-    # The simulated click model's ||theta*|| is 7.8 (a 3% base rate is a logit of -3.5): S = 8.
-    # glb_omd's theory radius explores for far longer than a demo runs; 0.1 of it learns within
-    # seconds (README, "The learners": 0.074 expected CTR against 0.034 with the theory radius).
-    return {"link": "logistic", "S": 8.0, "beta_scale": 0.1} if policy == "glb_omd" else {}
-
-
 def _models(cfg: DemoConfig) -> dict:
-    return {"models": [{"match": "placement-*", "policy": cfg.policy, "dim": cfg.dim, "hyper": _hyper(cfg.policy),
+    return {"models": [{"match": "placement-*", "policy": cfg.policy, "dim": cfg.dim, "hyper": ad_hyper(cfg.policy),
                         "reward_window_ms": cfg.reward_window_ms, "default_reward": 0.0, "aggregation": "first",
                         "epsilon": cfg.epsilon, "seed": cfg.seed}]}
 
