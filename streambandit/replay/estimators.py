@@ -32,8 +32,8 @@ Intervals (``confidence``, 95% by default) are normal approximations:
   ``u = w r`` (resp. ``m r``) and ``v = w`` (resp. ``m``), also streamed (bivariate Welford);
 - dm's interval holds the reward model fixed: it reflects the sampling noise of the contexts,
   neither the model's bias nor its estimation error, so it is too narrow whenever the model is
-  not (yet) right (tests/unit/test_estimators.py: ~75% coverage at n = 600 with a correct
-  linear model learned online; far below with a misspecified one). Prefer dr's interval.
+  not (yet) right, and covers the truth less often than its level says (which is why
+  tests/unit/test_estimators.py tests DM for closeness, not coverage). Prefer dr's interval.
 
 With fewer than two events (matched events for replay) an interval is ``(-inf, inf)``; with
 none the value is NaN. Memory is O(1) per estimator, plus O(log n) points of :meth:`running`.
