@@ -44,12 +44,20 @@ def now_ms() -> int:
 class PartitionState:
     engine: PartitionEngine
     merger: InputMerger
-    next_offset: dict[int, int]  # per input source: the next offset to process (what is committed)
+    next_offset: dict[int, int]  # per input source: the next offset to process (what a commit records)
+    # Per input source, the next offset as of the last commit (or recovery). While it differs from
+    # next_offset the state is ahead of what committed, and the partition is not snapshotted.
+    committed_offset: dict[int, int] = dataclasses.field(default_factory=dict)
     updates_at_snapshot: int = 0
     snapshot_wall: float = dataclasses.field(default_factory=time.monotonic)
     snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
     last_input_wall_ms: int = dataclasses.field(default_factory=now_ms)
     last_tick_wall_ms: int = 0
+
+    @property
+    def settled(self) -> bool:
+        """Whether everything processed is committed (a snapshot now fits the committed offsets)."""
+        return self.next_offset == self.committed_offset
 
 
 class _Outputs:

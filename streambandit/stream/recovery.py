@@ -62,7 +62,10 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: Consu
         start = {"contexts": snap["contexts_offset"], "rewards": snap["rewards_offset"], t.actions: snap["actions_offset"],
                  t.joined: snap["joined_offset"], t.dead_letter: snap["dead_letter_offset"]}
     if committed[CONTEXTS] < start["contexts"] or committed[REWARDS] < start["rewards"]:
-        raise WorkerError(f"partition {p}: snapshot is ahead of the committed offsets ({start} vs {committed})")
+        # Its state holds input the group never committed (the group's offsets were moved back,
+        # or a commit was lost): an older snapshot, or the joined log, is used instead.
+        raise RecoveryError(f"snapshot is ahead of the committed offsets (contexts {start['contexts']}, rewards "
+                            f"{start['rewards']}; committed {committed[CONTEXTS]}, {committed[REWARDS]})")
 
     def events_of(topic: str, begin: int, end: int | None = None) -> list[tuple[Any, Any]]:
         out = []
@@ -93,4 +96,5 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: Consu
     stamps = [e.timestamp_ms for e, _ in inputs + contexts if isinstance(e, (Context, Reward, Tick))]
     engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
     metrics["recovered_joined"] += len(joined)
-    return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed))
+    return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),
+                          committed_offset=dict(committed))

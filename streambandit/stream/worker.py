@@ -87,7 +87,6 @@ class Worker:
         self.transaction = Transaction(producer, delivery_errors)
         self.reader = Consumer(reader_settings(c.bootstrap_servers, c.kafka))
         self._stopping = False
-        self._uncommitted = False  # the partitions' state is ahead of the committed log (mid-batch)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -113,16 +112,8 @@ class Worker:
         self._stopping = True
 
     def close(self) -> None:
-        if self._uncommitted:
-            # Stopped by an error in the middle of a batch (a fatal producer error, a bug): the
-            # partitions hold records whose outputs and offsets never committed, and a snapshot of
-            # them would be ahead of the log, which recovery refuses. The last snapshot and the log
-            # are what the next owner recovers from.
-            log.error("stopping in the middle of a batch: partitions=%s not snapshotted (their state is ahead of "
-                      "the committed log)", sorted(self.partitions))
-        else:
-            for p in list(self.partitions):
-                self._snapshot(p)
+        for p in list(self.partitions):
+            self._snapshot_if_settled(p, "stop")
         self.partitions.clear()
         try:
             self.consumer.close()
@@ -154,24 +145,25 @@ class Worker:
                 log.warning("consumer error=%s", msg.error())
                 continue
             records.append(msg)
-        # From here until the commit (or the abort and rebuild) the partitions' state may be ahead
-        # of the committed log: a snapshot of it would not fit the log (see ``close``).
-        self._uncommitted = True
+        # From here until the commit (or the abort and rebuild) the partitions' state is ahead of
+        # what committed: none is snapshotted until it is settled again (``_snapshot_if_settled``).
         try:
-            released = self.batch.process(records, now_ms(), self._inputs_behind(), self.transaction.emit)
-            # A released record moves the partition's next offset even when it has no output (a
-            # reward summed into an open window, an early reward held), so it commits too.
-            if not (self.transaction.open or msgs or released):
-                self._uncommitted = False
-                return 0
+            self.batch.process(records, now_ms(), self._inputs_behind(), self.transaction.emit)
+            if not self.transaction.open:
+                # No output. The input offsets the batch moved (a reward summed into an open
+                # window, an early reward held, a tick read back) commit with the next batch that
+                # has output: a transaction holding only offsets is not committed, because a broker
+                # may apply it late or never (the embedded one does), leaving the group's offsets
+                # behind the worker's. Until then a restart reads these records again.
+                return len(msgs)
             offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
             self.transaction.commit(offsets, self.consumer.consumer_group_metadata())
         except TransactionFailed as failure:
             self.transaction.abort(failure)  # raises when the producer cannot go on
             self._rebuild_all()
-            self._uncommitted = False
             return len(msgs)
-        self._uncommitted = False
+        for part in self.partitions.values():
+            part.committed_offset = dict(part.next_offset)
         self.metrics["transactions"] += 1
         self._maybe_snapshot()
         return len(msgs)
@@ -239,9 +231,22 @@ class Worker:
     def _maybe_snapshot(self) -> None:
         now = time.monotonic()
         for p, part in self.partitions.items():
-            if snapshot_due(part.engine.updates - part.updates_at_snapshot, now - part.snapshot_wall,
-                            part.snapshot_took_s, self.config):
+            if part.settled and snapshot_due(part.engine.updates - part.updates_at_snapshot,
+                                             now - part.snapshot_wall, part.snapshot_took_s, self.config):
                 self._snapshot(p)
+
+    def _snapshot_if_settled(self, p: int, why: str) -> None:
+        """Snapshot partition ``p`` if everything it processed is committed. Otherwise (stopped in
+        the middle of a batch, or after batches with no output) its state is ahead of the
+        committed offsets, a snapshot of it would not fit them, and the next owner recovers from
+        the last snapshot and the logs, reading those records again."""
+        part = self.partitions[p]
+        if part.settled:
+            self._snapshot(p)
+            return
+        self.metrics["snapshots_skipped"] += 1
+        log.info("%s: partition=%d not snapshotted; its input from %s on was processed but not committed and "
+                 "is read again by its next owner", why, p, part.committed_offset)
 
     def _snapshot(self, p: int) -> None:
         """Save partition ``p`` as of the last commit (call only between transactions)."""
@@ -284,6 +289,6 @@ class Worker:
         # next owner reads them again. What did commit is snapshotted for a fast handoff.
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
-                self._snapshot(p)
+                self._snapshot_if_settled(p, "revoked")
                 self.batch.remove(p)
                 log.info("partition revoked partition=%d", p)

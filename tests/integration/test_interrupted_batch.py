@@ -2,9 +2,9 @@
 
 A fatal producer error (a fenced transactional id, say) is raised after the batch was processed
 but before it committed. The worker's state is then ahead of the committed log; the worker must
-not save it as a snapshot on its way out (recovery refuses a snapshot ahead of the committed
-offsets, so the partition could not be recovered again), and a new worker must resume from the
-last good snapshot and the log and produce every output exactly once.
+not save it as a snapshot on its way out (it would not fit the committed offsets, and recovery
+would have to pass over it), and a new worker must resume from the last good snapshot and the log
+and produce every output exactly once.
 """
 
 import gc
