@@ -3,9 +3,11 @@
 The worker reads inputs with ``isolation.level=read_committed`` and auto-commit off, and owns one
 transactional producer. Per batch:
 
-1. **Begin.** The transaction opens with the batch's first output (:meth:`Transaction.emit`), or
-   in :meth:`Transaction.commit` when the batch produced nothing (its offsets still move: a
-   reward summed into an open window has no output).
+1. **Begin.** The transaction opens with the batch's first output (:meth:`Transaction.emit`). A
+   batch with no output (a reward summed into an open window) opens none: its offsets commit
+   with the next batch that has output, because a transaction holding only offsets may be
+   applied late or never by a broker (the embedded one does this), which would leave the group's
+   offsets behind the worker's. Until then the worker does not snapshot those partitions.
 2. **Emit.** Outputs are produced into the open transaction, each to its input's partition
    (co-partitioning), handed over during the batch so librdkafka sends them while the rest is
    processed. Nothing produced here is visible to a read_committed reader yet.
@@ -97,13 +99,12 @@ class Transaction:
             raise TransactionFailed(exc) from exc
 
     def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
-        """Steps 1, 3, 4, 5: the input ``offsets`` (next offset to process per partition) and
-        everything emitted, committed together. Raises :class:`TransactionFailed` on any failure;
-        on return the batch is committed."""
+        """Steps 3, 4, 5, after at least one :meth:`emit`: the input ``offsets`` (next offset to
+        process per partition) and everything emitted, committed together. Raises
+        :class:`TransactionFailed` on any failure; on return the batch is committed."""
+        if not self.open:
+            raise RuntimeError("commit without an open transaction: a batch with no output commits nothing")
         try:
-            if not self.open:  # a batch with no output: the transaction holds its offsets alone
-                self.producer.begin_transaction()
-                self.open = True
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
             self.producer.commit_transaction(30)
