@@ -15,7 +15,9 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-__all__ = ["read_range", "committed_view", "high_watermark"]
+from streambandit.stream.errors import WorkerError
+
+__all__ = ["read_range", "committed_view", "high_watermark", "LogReader", "OpenTransactionTimeout"]
 
 T = TypeVar("T")
 
@@ -74,3 +76,54 @@ def committed_view(records: Iterable[T], key: Callable[[T], Any], trigger: Calla
             continue  # written by a batch whose input offsets never committed
         kept[key(r)] = (i, r)  # the last occurrence wins: a redo follows the aborted original
     return [r for _, r in sorted(kept.values(), key=lambda t: t[0])]
+
+
+class OpenTransactionTimeout(WorkerError):
+    """A transaction stayed open on one of our output partitions past the transaction timeout."""
+
+
+class LogReader:
+    """Reads the worker's own output logs back (recovery, snapshots), never past an end it has
+    not verified.
+
+    The end of a log to a read_committed reader is its last stable offset: where the first
+    transaction still open begins. While some producer's transaction is open on a partition (a
+    worker killed inside one, a fenced zombie's), that end is below records that may yet commit,
+    and the embedded broker even reports it as 0. Reading "to the end" then silently reads too
+    little, and a recovery built on it loses the updates it did not see. So :meth:`settle` first
+    waits until no transaction is open on the partition (the read_committed end equals the
+    read_uncommitted one): the open transaction commits, is aborted by its producer's restart
+    (same transactional id), or is aborted by the broker after the transaction timeout. Past
+    that bound it raises :class:`OpenTransactionTimeout` naming the partition.
+    """
+
+    def __init__(self, settings: dict[str, Any], open_timeout_s: float) -> None:
+        self.committed = Consumer(settings)
+        self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
+        self.open_timeout_s = open_timeout_s
+
+    def settle(self, topic: str, partition: int) -> int:
+        """The end of ``topic[partition]`` once no transaction is open on it (see the class)."""
+        tp = TopicPartition(topic, partition)
+        deadline = time.monotonic() + self.open_timeout_s
+        while True:
+            _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
+            _, end = self.uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
+            if stable >= end:
+                return int(stable)
+            if time.monotonic() >= deadline:
+                raise OpenTransactionTimeout(
+                    f"{topic}[{partition}]: a transaction open from offset {stable} (log end {end}) did not end "
+                    f"within {self.open_timeout_s:.0f} s; restart the worker that wrote it with the same instance id "
+                    f"(its transactional id), or wait for the broker's transaction timeout")
+            time.sleep(0.1)
+
+    def read(self, topic: str, partition: int, start: int, end: int) -> list[Any]:
+        """The records of ``topic[partition]`` from ``start`` to ``end`` (from :meth:`settle`)."""
+        return read_range(self.committed, topic, partition, start, end)
+
+    def close(self) -> None:
+        try:
+            self.committed.close()
+        finally:
+            self.uncommitted.close()

@@ -11,15 +11,13 @@ records to the engine, is ``PartitionEngine.recover_from_logs``; this module rea
 from __future__ import annotations
 
 import logging
-from typing import Any
-
-from confluent_kafka import Consumer
+from typing import Any, Callable
 
 from streambandit import reasons
 from streambandit.stream.batch import PartitionState
 from streambandit.stream.engine import PartitionEngine, RecoveryError
 from streambandit.stream.errors import WorkerError
-from streambandit.stream.logs import committed_view, read_range
+from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
 from streambandit.stream.worker_config import WorkerConfig
@@ -30,16 +28,24 @@ __all__ = ["recover_partition"]
 log = logging.getLogger("streambandit")
 
 
-def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: Consumer,
-                      committed: dict[int, int], metrics: Any) -> PartitionState:
-    """Partition ``p`` from its newest snapshot that fits the configuration and the logs, with
-    ``committed`` the group's committed offset per input source. A snapshot that does not fit (a
-    changed policy or hyper-parameter, logs that do not continue it) is reported and the next
-    older one tried, and last the whole joined log from offset 0. Never silently fresh models:
-    if even the log does not fit, the worker stops."""
+def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: LogReader,
+                      committed_offsets: Callable[[], dict[int, int]], metrics: Any) -> PartitionState:
+    """Partition ``p`` from its newest snapshot that fits the configuration and the logs;
+    ``committed_offsets()`` gives the group's committed offset per input source.
+
+    First every output log of the partition is settled (no transaction open on it: a worker
+    killed inside one, or a fenced one, could still move both the logs and the committed offsets),
+    then the committed offsets are read, then the logs up to their settled ends. A snapshot that
+    does not fit (a changed policy or hyper-parameter, logs that do not continue it, offsets
+    ahead of the committed ones) is reported and the next older one tried, and last the whole
+    joined log from offset 0. Never silently fresh models: if even the log does not fit, the
+    worker stops."""
+    t = config.topics
+    ends = {topic: reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
+    committed = committed_offsets()
     for snap in [*usable_snapshots(store, p), None]:
         try:
-            return _recover_from(p, snap, config, reader, committed, metrics)
+            return _recover_from(p, snap, config, reader, ends, committed, metrics)
         except (ValueError, RecoveryError) as exc:
             if snap is None:
                 raise WorkerError(f"partition {p}: the joined log does not fit the model configuration "
@@ -50,8 +56,8 @@ def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader
     raise AssertionError("unreachable")
 
 
-def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: Consumer, committed: dict[int, int],
-                  metrics: Any) -> PartitionState:
+def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
+                  committed: dict[int, int], metrics: Any) -> PartitionState:
     c, t = config, config.topics
     limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent}
     if snap is None:
@@ -67,9 +73,13 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: Consu
         raise RecoveryError(f"snapshot is ahead of the committed offsets (contexts {start['contexts']}, rewards "
                             f"{start['rewards']}; committed {committed[CONTEXTS]}, {committed[REWARDS]})")
 
+    for topic, end in ends.items():
+        if end < start[topic]:
+            raise RecoveryError(f"{topic}[{p}] ends at offset {end}, before the snapshot's position {start[topic]}")
+
     def events_of(topic: str, begin: int, end: int | None = None) -> list[tuple[Any, Any]]:
         out = []
-        for m in read_range(reader, topic, p, begin, end):
+        for m in reader.read(topic, p, begin, ends[topic] if end is None else end):
             try:
                 out.append((decode(m.value()), m))
             except DecodeError:

@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
-from streambandit.stream.logs import high_watermark
+from streambandit.stream.logs import LogReader
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshots import SnapshotStore
@@ -85,7 +85,9 @@ class Worker:
         producer = Producer(producer_settings(c.bootstrap_servers, f"{c.group_id}-{self.instance_id}", c.kafka)
                             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)})
         self.transaction = Transaction(producer, delivery_errors)
-        self.reader = Consumer(reader_settings(c.bootstrap_servers, c.kafka))
+        # Waits for open transactions on our logs at most the transaction timeout, and a little more.
+        open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
+        self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka), open_timeout_s)
         self._stopping = False
 
     # -- lifecycle -----------------------------------------------------------------------------
@@ -212,7 +214,7 @@ class Worker:
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
 
     def _recover(self, p: int) -> PartitionState:
-        return recover_partition(p, self.config, self.store, self.reader, self._committed(p), self.metrics)
+        return recover_partition(p, self.config, self.store, self.reader, lambda: self._committed(p), self.metrics)
 
     def _rebuild_all(self) -> None:
         """After an aborted transaction: every partition from what did commit, and the consumer
@@ -253,9 +255,9 @@ class Worker:
         part = self.partitions[p]
         t = self.config.topics
         started = time.monotonic()
-        # Where our outputs end: past every committed record of ours (no transaction is open, and
-        # only this worker writes the partition's outputs), so recovery reads the logs from here.
-        out_next = {topic: high_watermark(self.reader, topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
+        # Where our outputs end: past every committed record of ours, so recovery reads the logs
+        # from here. Settled first: our transaction is closed, but another producer's may be open.
+        out_next = {topic: self.reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
         data = pack_snapshot({
             "partition": p, "created_ms": now_ms(),
             "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
