@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -79,7 +80,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
                          "or pass --snapshot-topic or --snapshot-dir")
     try:
-        worker = Worker(config, store, instance_id=args.instance_id)
+        worker = Worker(config, store, instance_id=args.instance_id or socket.gethostname())
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
         worker.run(max_seconds=args.duration)
@@ -272,7 +273,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="keep snapshots in this compacted topic (overrides [worker] snapshot_topic/snapshot_dir)")
     where.add_argument("--snapshot-dir", default=None,
                        help="keep snapshots in this directory (overrides [worker] snapshot_topic/snapshot_dir)")
-    serve.add_argument("--instance-id", default=None, help="this worker's id (default: random)")
+    serve.add_argument("--instance-id", default=None,
+                       help="this worker's id, unique among the group's live workers and kept across its restarts "
+                            "(default: the host name; start several workers on one host with an id each)")
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
     serve.set_defaults(func=_cmd_serve)

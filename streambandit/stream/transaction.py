@@ -48,6 +48,9 @@ __all__ = ["Transaction", "TransactionFailed", "TransactionFatal", "note_failed_
 
 log = logging.getLogger("streambandit")
 
+# The errors of a producer whose transactional id a newer instance took over.
+_FENCED = (KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH)
+
 
 class TransactionFailed(Exception):
     """A step of the batch's transaction failed: the caller aborts it and rebuilds."""
@@ -73,8 +76,9 @@ def note_failed_delivery(errors: list, err: KafkaError | None, msg: Any) -> None
 class Transaction:
     """The worker's transactional producer, one batch at a time (steps 1-5 above)."""
 
-    def __init__(self, producer: Producer, delivery_errors: list) -> None:
+    def __init__(self, producer: Producer, delivery_errors: list, transactional_id: str = "") -> None:
         self.producer = producer
+        self.transactional_id = transactional_id
         self.delivery_errors = delivery_errors  # appended by note_failed_delivery
         self.open = False
 
@@ -121,7 +125,11 @@ class Transaction:
         err = exc.args[0] if exc.args else None
         log.error("transaction failed error=%s; aborting and rebuilding partitions", err)
         if isinstance(err, KafkaError) and err.fatal():
-            raise TransactionFatal(f"fatal producer error: {err}") from exc
+            hint = ""
+            if err.code() in _FENCED:
+                hint = (f"; a newer producer with the transactional id {self.transactional_id!r} started: two live "
+                        f"workers must not share an instance id (--instance-id)")
+            raise TransactionFatal(f"fatal producer error: {err}{hint}") from exc
         try:
             if self.open:
                 self.producer.abort_transaction(30)

@@ -70,7 +70,16 @@ def _weakly(method: Any) -> Any:
 
 
 class Worker:
-    """Run with ``run()``; ``stop()`` (from a signal handler) makes it finish the batch and leave."""
+    """Run with ``run()``; ``stop()`` (from a signal handler) makes it finish the batch and leave.
+
+    ``instance_id`` names this worker in the group and, with the group id, makes its
+    transactional id. Give every live worker its own, and keep it across restarts (the CLI's
+    default is the host name; in Kubernetes, the StatefulSet pod name): a restarted instance then
+    fences its killed predecessor at once, and a transaction the predecessor left open ends
+    instead of holding back every reader of its partitions until the broker's transaction
+    timeout. The default here, a random id, is only for workers whose predecessors' transactions
+    need not end early (tests, benchmarks, the demo).
+    """
 
     def __init__(self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None) -> None:
         self.config = config
@@ -82,9 +91,12 @@ class Worker:
         self.partitions: dict[int, PartitionState] = self.batch.partitions  # the same dict
         self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka))
         delivery_errors: list = []
-        producer = Producer(producer_settings(c.bootstrap_servers, f"{c.group_id}-{self.instance_id}", c.kafka)
+        # The transactional id: stable for a stable instance id, so that a restarted instance
+        # fences its dead predecessor and ends the transaction it left open at once.
+        self.transactional_id = f"{c.group_id}-{self.instance_id}"
+        producer = Producer(producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
                             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)})
-        self.transaction = Transaction(producer, delivery_errors)
+        self.transaction = Transaction(producer, delivery_errors, self.transactional_id)
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
         self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka), open_timeout_s)

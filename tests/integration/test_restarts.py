@@ -13,7 +13,7 @@ from confluent_kafka import Producer
 from streambandit.models_config import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig
-from streambandit.wire import Context, Reward
+from streambandit.wire import Context, Reward, decode
 
 from .helpers import outputs, producer, run_in_thread, send, wait_for
 
@@ -123,3 +123,108 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
     for key in want["models"]:
         assert got["models"][key]["n_updates"] == 40
         np.testing.assert_array_equal(got["models"][key]["theta"], want["models"][key]["theta"])
+
+
+SERVE_CONFIG = """
+[worker]
+group_id = "{group}"
+snapshot_dir = "{snaps}"
+
+[topics]
+contexts = "{contexts}"
+rewards = "{rewards}"
+actions = "{actions}"
+joined = "{joined}"
+dead_letter = "{dead_letter}"
+
+[[models]]
+match = "m-*"
+policy = "oful"
+dim = 3
+reward_window_ms = 100
+default_reward = 0.0
+
+[kafka.producer]
+"transaction.timeout.ms" = 60000
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broker, topics, tmp_path):
+    """``streambandit serve`` without --instance-id, SIGKILLed while it drains a backlog (inside a
+    transaction nearly all the time), then started again: the default id is stable, so the new
+    process fences the dead one and its open transaction ends at once. With a random id the
+    embedded broker kept it open, and no read_committed reader saw the group's later outputs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from .helpers import committed_offsets, read_all
+
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text(SERVE_CONFIG.format(group="g-kill", snaps=tmp_path / "snaps", contexts=topics.contexts,
+                                       rewards=topics.rewards, actions=topics.actions, joined=topics.joined,
+                                       dead_letter=topics.dead_letter))
+    prod, rng, n = producer(broker), np.random.default_rng(2), 100_000
+    for i in range(n):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
+    prod.flush()
+
+    def serve():
+        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg),
+                                 "--bootstrap-servers", broker.bootstrap_servers],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def done() -> int:
+        return sum(committed_offsets(broker, "g-kill", topics.contexts).values())
+
+    # Kill until a kill lands inside a transaction (most do: draining, the worker is in one
+    # nearly all the time), leaving it open on the output partitions.
+    for _ in range(6):
+        before = done()
+        first = serve()
+        try:
+            assert wait_for(lambda: done() > before + 1_000, timeout_s=90, interval_s=0.05), "no progress"
+            first.send_signal(signal.SIGKILL)
+            first.wait(10)
+        finally:
+            first.kill()
+        assert done() < n, "the backlog was drained before a kill left a transaction open"
+        if open_transaction(broker, topics):
+            break
+    else:
+        pytest.fail("no kill left a transaction open")
+    second = serve()
+    try:
+        # The dead instance's transaction ends when its successor starts, not at the transaction
+        # timeout (60 s here): readers see the group's outputs again at once.
+        assert wait_for(lambda: not open_transaction(broker, topics), timeout_s=20), "the transaction is still open"
+    except BaseException:
+        second.kill()
+        raise
+    try:
+        assert wait_for(lambda: done() >= n, timeout_s=90), f"stuck at {done()} of {n} contexts"
+    finally:
+        second.send_signal(signal.SIGTERM)
+        try:
+            second.wait(30)
+        finally:
+            second.kill()
+    assert len({decode(m.value()).event_id for m in read_all(broker, topics.actions)}) == n
+
+
+def open_transaction(broker, topics) -> bool:
+    """Whether a transaction is open on one of the output partitions (committed end < log end)."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    ends = {}
+    for level in ("read_committed", "read_uncommitted"):
+        c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe", "isolation.level": level})
+        try:
+            ends[level] = [c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1]
+                           for t in (topics.actions, topics.joined) for p in (0, 1)]
+        finally:
+            c.close()
+    return any(a < b for a, b in zip(ends["read_committed"], ends["read_uncommitted"]))
