@@ -37,14 +37,22 @@ __all__ = [
     "glb_omd_update", "glb_omd_update_row", "glb_omd_beta", "glb_omd_play", "reward_ok",
     "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_row", "hvt_ucb_play", "project_to_ball_in_norm",
     "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN", "RADIUS_OFUL", "RADIUS_GLB_OMD", "RADIUS_HVT_UCB",
-    "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW",
+    "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW", "MAX_ABS_FEATURE", "MAX_ABS_REWARD",
 ]
+
+# The largest feature and reward magnitudes a learner accepts. Bandit features are scaled to
+# ||x|| <= 1 by assumption (every paper here) and rewards are clicks, ratings or revenue; these
+# bounds leave every real input far inside them, and keep every product the updates form
+# (x x' scaled, r x summed, x'theta) many orders of magnitude from float64's overflow, so finite
+# input can never make a model's state non-finite. Larger values are refused, not learned.
+MAX_ABS_FEATURE = 1e6
+MAX_ABS_REWARD = 1e9
 
 # Status codes.
 OK = 0
-BAD_ARMS = -1  # NaN or infinite features among the arms
-BAD_X = -2  # NaN or infinite features in the updated vector
-BAD_REWARD = -3  # non-finite, or outside the link's range
+BAD_ARMS = -1  # NaN, infinite or out-of-bound features among the arms
+BAD_X = -2  # NaN, infinite or out-of-bound features in the updated vector
+BAD_REWARD = -3  # non-finite, beyond MAX_ABS_REWARD, or outside the link's range
 LINK_OVERFLOW = -4  # the Poisson link's exp(x'theta) would overflow
 
 LINK_LOGISTIC, LINK_POISSON, LINK_GAUSSIAN = 0, 1, 2
@@ -66,11 +74,17 @@ _PROJECTION_STEPS = 60
 # -- elementary pieces ---------------------------------------------------------------------------
 
 @njit(cache=True, nogil=True)
-def _finite_row(x):
+def _feature_row_ok(x):
+    # abs(nan) <= bound is False: one comparison refuses NaN, infinities and huge values.
     for i in range(x.shape[0]):
-        if not math.isfinite(x[i]):
+        if not abs(x[i]) <= MAX_ABS_FEATURE:
             return False
     return True
+
+
+@njit(cache=True, nogil=True)
+def _reward_in_bound(r):
+    return abs(r) <= MAX_ABS_REWARD
 
 
 @njit(cache=True, nogil=True)
@@ -108,7 +122,7 @@ def _ucb_row(arms, theta, inv, beta, scores, work):
     ``sym_matvec``'s order)."""
     k_arms, d = arms.shape
     for k in range(k_arms):
-        if not _finite_row(arms[k]):
+        if not _feature_row_ok(arms[k]):
             return False
     work[:, :] = 0.0
     for j in range(d):
@@ -239,7 +253,7 @@ def oful_update(vinv, b, theta, x, reward, work):
 def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
     """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count: BAD_X
     (row untouched) when x has a non-finite feature, else OK."""
-    if not _finite_row(x):
+    if not _feature_row_ok(x):
         return BAD_X
     # Matrix determinant lemma: log det V_{t+1} = log det V_t + log(1 + x'V_t^-1 x).
     scalars[i, 0] += oful_update(vinv[i], b[i], theta[i], x, reward, np.empty(x.shape[0]))
@@ -277,7 +291,7 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
             break
         k = _argmax_first(scores)
         r = rewards[t, k]
-        if not math.isfinite(r):
+        if not _reward_in_bound(r):
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
@@ -318,8 +332,9 @@ def _dmu(link, z):
 
 @njit(cache=True, nogil=True)
 def reward_ok(link, r):
-    """The link's range for a reward: [0, 1] logistic, >= 0 Poisson, any finite Gaussian."""
-    if not math.isfinite(r):
+    """The link's range for a reward: [0, 1] logistic, >= 0 Poisson, any Gaussian, all within
+    MAX_ABS_REWARD."""
+    if not _reward_in_bound(r):
         return False
     if link == LINK_LOGISTIC:
         return 0.0 <= r <= 1.0
@@ -379,7 +394,7 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
 def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
     """``glb_omd_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
     non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
-    if not _finite_row(x):
+    if not _feature_row_ok(x):
         return BAD_X
     status = glb_omd_update(theta[i], h[i], hinv[i], x, reward, int(params[4]), params[5], params[6], params[7],
                             np.empty(x.shape[0]))
@@ -471,7 +486,7 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
 def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
     """``hvt_ucb_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
     non-finite feature, else OK."""
-    if not _finite_row(x):
+    if not _feature_row_ok(x):
         return BAD_X
     hvt_ucb_update(theta[i], v[i], vinv[i], x, reward, count[i], params, np.empty(x.shape[0]))
     count[i] += 1
@@ -495,7 +510,7 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
             break
         k = _argmax_first(scores)
         r = rewards[t, k]
-        if not math.isfinite(r):
+        if not _reward_in_bound(r):
             done, status = t, BAD_REWARD
             break
         chosen[t] = k

@@ -12,6 +12,7 @@ WRONG_TOPIC = "wrong_topic"  # a valid record of a type that does not belong on 
 EMPTY_ARMS = "empty_arms"
 BAD_DIMENSION = "bad_dimension"  # arms of differing dimension, or not the model's dimension
 NON_FINITE_FEATURES = "non_finite_features"
+FEATURE_OUT_OF_RANGE = "feature_out_of_range"  # a feature beyond the learners' bound (kernels.MAX_ABS_FEATURE)
 NON_FINITE_REWARD = "non_finite_reward"
 UNKNOWN_MODEL = "unknown_model"  # no configuration matches the model key
 DUPLICATE_EVENT = "duplicate_event"  # a context whose event id was already decided

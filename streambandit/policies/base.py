@@ -19,7 +19,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-__all__ = ["Policy", "POLICIES", "make_policy", "register"]
+from streambandit.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
+
+__all__ = ["Policy", "POLICIES", "make_policy", "register", "MAX_ABS_FEATURE", "MAX_ABS_REWARD"]
+
+# What every learner refuses (the compiled kernels and the numpy learners alike): kernels.py says
+# why these bounds.
+BAD_ARMS_MESSAGE = f"arms contain NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
+BAD_X_MESSAGE = f"x contains NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
 
 Scalar = bool | int | float | str
 
@@ -113,11 +120,10 @@ def check_in_range(name: str, value: float, lo: float, hi: float, *, lo_open: bo
     return v
 
 
-def _all_finite(a: np.ndarray) -> bool:
-    """True when no element is NaN or infinite. A finite sum proves it in one pass (any NaN or
-    inf makes the sum non-finite); only a non-finite sum, which huge finite values can also give,
-    needs the element-wise check."""
-    return math.isfinite(a.sum()) or bool(np.isfinite(a).all())
+def _features_ok(a: np.ndarray) -> bool:
+    """True when every element is a number of magnitude at most ``MAX_ABS_FEATURE`` (NaN fails
+    the comparison, so it is refused with the infinities and the huge values)."""
+    return a.size == 0 or bool(np.abs(a).max() <= MAX_ABS_FEATURE)
 
 
 class Policy(abc.ABC):
@@ -306,8 +312,8 @@ class Policy(abc.ABC):
             raise ValueError(f"arms must have shape (K, {self.dim}), got {a.shape}")
         if a.shape[0] == 0:
             raise ValueError("arms is empty: there must be at least one arm to choose from")
-        if not _all_finite(a):
-            raise ValueError("arms contain NaN or infinite features")
+        if not _features_ok(a):
+            raise ValueError(BAD_ARMS_MESSAGE)
         return a
 
     def _check_arms_shape(self, arms: Any) -> np.ndarray:
@@ -345,8 +351,8 @@ class Policy(abc.ABC):
         v = np.asarray(x, dtype=np.float64)
         if v.shape != (self.dim,):
             raise ValueError(f"x must have shape ({self.dim},), got {v.shape}")
-        if not _all_finite(v):
-            raise ValueError("x contains NaN or infinite features")
+        if not _features_ok(v):
+            raise ValueError(BAD_X_MESSAGE)
         return v
 
     def _check_reward(self, reward: Any) -> float:
@@ -354,8 +360,8 @@ class Policy(abc.ABC):
             r = float(reward)
         except (TypeError, ValueError):
             raise ValueError(f"reward must be a number, got {reward!r}") from None
-        if not math.isfinite(r):
-            raise ValueError(f"reward must be finite, got {reward!r}")
+        if not abs(r) <= MAX_ABS_REWARD:
+            raise ValueError(f"reward must be finite and within +-{MAX_ABS_REWARD:g}, got {reward!r}")
         return r
 
     def __repr__(self) -> str:

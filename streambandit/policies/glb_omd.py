@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 
 from streambandit import kernels
-from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.kernels import MAX_ABS_REWARD
+from streambandit.policies.base import BAD_ARMS_MESSAGE, BAD_X_MESSAGE, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
 from streambandit.policies.rows import RowStore
 
@@ -149,12 +150,12 @@ class GLBOMD(LinearUCBPolicy):
         if status == kernels.OK:
             return
         if status == kernels.BAD_X:
-            raise ValueError("x contains NaN or infinite features")
+            raise ValueError(BAD_X_MESSAGE)
         if status == kernels.BAD_ARMS:
-            raise ValueError("arms contain NaN or infinite features")
+            raise ValueError(BAD_ARMS_MESSAGE)
         if status == kernels.BAD_REWARD:
             link = self._config["link"]
             lo = {"logistic": "in [0, 1]", "poisson": ">= 0", "gaussian": "finite"}[link]
-            raise ValueError(f"{link} link needs a reward {lo}")
+            raise ValueError(f"{link} link needs a reward {lo} and within +-{MAX_ABS_REWARD:g}")
         if status == kernels.LINK_OVERFLOW:
             raise ValueError("x'theta overflows the Poisson link; scale contexts to ||x||_2 <= 1")

@@ -27,7 +27,8 @@ from typing import Any
 import numpy as np
 
 from streambandit import kernels
-from streambandit.policies.base import Policy, check_in_range, check_positive, register
+from streambandit.kernels import MAX_ABS_REWARD
+from streambandit.policies.base import BAD_X_MESSAGE, Policy, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
 from streambandit.policies.rows import RowStore
 
@@ -60,7 +61,7 @@ class HvtUCB(LinearUCBPolicy):
     _columns = {"theta": THETA, "vinv": INV, "v": OTHER}
     _radius_kind = kernels.RADIUS_HVT_UCB
     _play_kernel = kernels.hvt_ucb_play
-    _bad_reward_message = "reward must be finite"
+    _bad_reward_message = f"reward must be finite and within +-{MAX_ABS_REWARD:g}"
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,).")
@@ -159,4 +160,4 @@ class HvtUCB(LinearUCBPolicy):
     def _update(self, x: np.ndarray, reward: float) -> None:
         # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
         if kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params) != kernels.OK:
-            raise ValueError("x contains NaN or infinite features")
+            raise ValueError(BAD_X_MESSAGE)

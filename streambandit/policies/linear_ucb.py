@@ -21,12 +21,13 @@ from typing import Any, ClassVar
 import numpy as np
 
 from streambandit import kernels
+from streambandit.kernels import MAX_ABS_REWARD
 from streambandit.policies import rows
-from streambandit.policies.base import Policy
+from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy
 
 __all__ = ["LinearUCBPolicy", "row_array", "row_scalar"]
 
-_NON_FINITE_ARMS = "arms contain NaN or infinite features"
+_NON_FINITE_ARMS = BAD_ARMS_MESSAGE
 # Chunk columns (rows.RowStore): the kernels take them in this order.
 THETA, INV, OTHER, SCALARS, COUNT = range(5)
 _SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
@@ -74,7 +75,7 @@ class LinearUCBPolicy(Policy):
     _columns: ClassVar[dict[str, int]]
     _radius_kind: ClassVar[int]
     _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
-    _bad_reward_message: ClassVar[str] = "the chosen arm's reward is not finite"
+    _bad_reward_message: ClassVar[str] = f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
         self._init_config(dim, seed)  # n_updates is the row's count, set when the row is attached

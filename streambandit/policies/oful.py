@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from streambandit import kernels
-from streambandit.policies.base import check_in_range, check_positive, register
+from streambandit.policies.base import BAD_X_MESSAGE, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array, row_scalar
 from streambandit.policies.rows import RowStore
 
@@ -99,4 +99,4 @@ class OFUL(LinearUCBPolicy):
         # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det
         # (kernels.oful_update).
         if kernels.oful_update_row(*self._chunk, self._i, x, reward) != kernels.OK:
-            raise ValueError("x contains NaN or infinite features")
+            raise ValueError(BAD_X_MESSAGE)

@@ -35,6 +35,7 @@ from streambandit.reasons import (
     BAD_DIMENSION,
     DUPLICATE_EVENT,
     DUPLICATE_REWARD,
+    FEATURE_OUT_OF_RANGE,
     LATE_REWARD,
     MODEL_KEY_MISMATCH,
     REWARD_OUT_OF_RANGE,
@@ -113,7 +114,12 @@ class PartitionEngine:
         if model is None:
             model = self.models[key] = spec.build()
             self._specs[key] = spec
-        d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
+        try:
+            d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
+        except ValueError as exc:
+            # Decoding refused NaN, infinities and a wrong shape; what a learner refuses beyond
+            # that is a feature past its bound (kernels.MAX_ABS_FEATURE).
+            return out + [self._reject(FEATURE_OUT_OF_RANGE, str(exc), source)]
         index = d.index
         action = Action(event_id, key, ev.arm_ids[index], index, d.score, d.propensity, model.n_updates, ts,
                         features[index].copy(), *self._trigger)

@@ -155,6 +155,10 @@ def run(broker, tmp_path_factory):
     st.bad_record("inf_features", reasons.NON_FINITE_FEATURES, C,
                   _raw_context("inf", st.step(), [("a", [math.inf, 0.2, 0.3])]))
     good()
+    # Finite but huge: taken, it would make every later score of the model NaN.
+    st.bad_record("huge_features", reasons.FEATURE_OUT_OF_RANGE, C,
+                  _raw_context("huge", st.step(), [("a", [0.1, 0.2, 0.3]), ("b", [1e200, 0.2, 0.3])]))
+    good()
     st.bad_record("wrong_dimension", reasons.BAD_DIMENSION, C,
                   _raw_context("dim4", st.step(), [("a", np.full(DIM + 1, 0.1)), ("b", np.full(DIM + 1, 0.2))]))
     good()
@@ -197,6 +201,9 @@ def run(broker, tmp_path_factory):
     st.send(C, b"bad-p", encode(pctx))
     st.bad_record("out_of_range_poisson", reasons.REWARD_OUT_OF_RANGE, R, encode(Reward("pois", "bad-p", st.step(1), -1.0)),
                   key=b"bad-p")
+    # Finite but huge: it crashed the compiled Poisson update, and every restart that replayed it.
+    st.bad_record("huge_reward_poisson", reasons.REWARD_OUT_OF_RANGE, R,
+                  encode(Reward("pois", "bad-p", st.step(1), 1e200)), key=b"bad-p")
     st.send(R, b"bad-p", encode(Reward("pois", "bad-p", st.step(1), 3.0)))
     good()
     # Valid records that do not belong where they are: a reward on the contexts topic, and a
@@ -231,8 +238,9 @@ def run(broker, tmp_path_factory):
 
 
 CASES = ["not_a_record", "truncated_avro", "unknown_schema_id", "unknown_schema_version", "missing_field",
-         "nan_features", "inf_features", "wrong_dimension", "ragged_arms", "empty_arms", "duplicate_event",
-         "unknown_event", "out_of_range_logistic", "out_of_range_poisson", "nan_reward", "unknown_model_context",
+         "nan_features", "inf_features", "huge_features", "wrong_dimension", "ragged_arms", "empty_arms",
+         "duplicate_event", "unknown_event", "out_of_range_logistic", "out_of_range_poisson", "huge_reward_poisson",
+         "nan_reward", "unknown_model_context",
          "unknown_model_reward", "wrong_topic", "key_mismatch"]
 
 
@@ -252,7 +260,8 @@ def test_bad_record_is_dead_lettered_once_with_its_reason_and_original_bytes(run
     assert d.value == s.value and d.key == s.key
     assert d.detail  # says what was wrong
     # No output of any kind carries the bad record's event.
-    assert not any(a.event_id in {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "dim4", "ragged", "empty"}
+    assert not any(a.event_id in {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "dim4", "ragged",
+                                  "empty"}
                    for a in run["out"]["actions"] + run["out"]["joined"])
 
 
