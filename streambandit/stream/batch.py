@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hashlib
 import time
 from typing import Any, Callable
 
@@ -135,16 +136,21 @@ class BatchProcessor:
         # decoding one record at a time).
         values = [m.value() for m in records]
         partitions, sources = self.partitions, self.source_of
+        ahead = self.config.max_event_time_ahead_ms
         # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
         # to the merger at once.
         runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = collections.defaultdict(list)
         for msg, value, ev in zip(records, values, decode_batch(values)):
             p = msg.partition()
             src, offset = sources[msg.topic()], msg.offset()
-            ref = InputRef(src, p, offset, msg.key(), value, msg.timestamp()[1])
-            if type(ev) in _TIMED:
+            record_ms = msg.timestamp()[1]
+            ref = InputRef(src, p, offset, msg.key(), value, record_ms)
+            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
                 runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
-            else:  # a DecodeError, without an event time: the merger places it after what came before it
+            else:
+                # A DecodeError, or an event time the engine will refuse as too far ahead (merged
+                # by that time, it would hold back every later record of its input): placed with
+                # no time, after what came before it.
                 part = partitions.get(p)
                 if part is not None:
                     part.merger.extend(src, runs.pop(2 * p + src, []), now)
@@ -209,7 +215,7 @@ class BatchProcessor:
         if ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
             return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
         if isinstance(ev, Tick):
-            return part.engine.advance_to(ev.timestamp_ms, ref)
+            return part.engine.on_tick(ev, ref)
         # a context or reward whose message key is not its model key
         return [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
 
@@ -222,9 +228,21 @@ class BatchProcessor:
             dl = DeadLetter(o.reason, o.detail, t.actions, p, -1, src.model_key.encode(), encode(src), now_ms(),
                             trigger.source, trigger.offset)
         else:
-            dl = DeadLetter(o.reason, o.detail, self.topic_of(src.source), p, src.offset, src.key, src.value,
+            key, value, detail = src.key, src.value, o.detail
+            limit = self.config.max_dead_letter_bytes
+            if len(value or b"") + len(key or b"") > limit:
+                # Copied whole, the dead letter would exceed what a producer accepts, and its
+                # transaction would fail again on every retry. A prefix, with the original's
+                # length and digest, still identifies it (and its offset locates it).
+                detail += "; " + "; ".join(f"{what} of {len(b)} bytes (sha256 {hashlib.sha256(b).hexdigest()}) cut to "
+                                           f"its first {min(len(b), limit // 2)}"
+                                           for what, b in (("key", key), ("value", value)) if b and len(b) > limit // 2)
+                key = key[: limit // 2] if key else key
+                value = value[: limit // 2] if value else value
+            dl = DeadLetter(o.reason, detail, self.topic_of(src.source), p, src.offset, key, value,
                             src.timestamp_ms, trigger.source, trigger.offset)
-        return (t.dead_letter, p, src.key if isinstance(src, InputRef) else None, encode(dl))
+            return (t.dead_letter, p, key, encode(dl))
+        return (t.dead_letter, p, None, encode(dl))
 
     def _maybe_tick(self, p: int, part: PartitionState, now: int) -> list[Output]:
         """An idle partition with open decisions gets a watermark tick written into rewards[p]:

@@ -35,7 +35,9 @@ from streambandit.reasons import (
     BAD_DIMENSION,
     DUPLICATE_EVENT,
     DUPLICATE_REWARD,
+    EVENT_TIME_AHEAD,
     FEATURE_OUT_OF_RANGE,
+    ID_TOO_LONG,
     LATE_REWARD,
     MODEL_KEY_MISMATCH,
     REWARD_OUT_OF_RANGE,
@@ -43,7 +45,7 @@ from streambandit.reasons import (
     UNKNOWN_MODEL,
     UPDATE_FAILED,
 )
-from streambandit.wire import Action, Context, InputRef, Joined, Reward
+from streambandit.wire import Action, Context, InputRef, Joined, Reward, Tick
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
@@ -76,9 +78,15 @@ class PartitionEngine:
     """Models, open decisions and early rewards of one partition."""
 
     def __init__(self, config: ModelsConfig, *, max_pending: int = 100_000, max_early_rewards: int = 10_000,
-                 max_recent: int = 100_000) -> None:
+                 max_recent: int = 100_000, max_id_bytes: int = 1024, max_event_time_ahead_ms: int = 3_600_000) -> None:
         self.config = config
         self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
+        # Bounds on what a client controls (docs/schemas.md has the reason codes): ids longer than
+        # max_id_bytes would make outputs no producer accepts, and an event time far ahead of the
+        # record's own Kafka timestamp would move the watermark past every open window for good.
+        # Both are judged from the record alone, so a replay judges them the same.
+        self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
+        self._max_id_chars = max_id_bytes // 4  # a str this long is within the bound whatever its characters
         self.models: dict[str, Policy] = {}
         self._specs: dict[str, Any] = {}  # model key -> its spec, for keys with a model (bounded like models)
         self.pending: dict[str, _Pending] = {}  # insertion order = decision order
@@ -99,6 +107,8 @@ class PartitionEngine:
         # The worker's hot path (once per context): locals and inlined steps, the rules as stated
         # in the module docstring. bench/results/e2e.md part 3 has its cost.
         ts, key, event_id = ev.timestamp_ms, ev.model_key, ev.event_id
+        if source is not None and (refused := self._refuse(ev, source)):
+            return refused
         out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
         spec = self._specs.get(key) or self._spec_of(key)
         if spec is None:
@@ -121,6 +131,9 @@ class PartitionEngine:
             # that is a feature past its bound (kernels.MAX_ABS_FEATURE).
             return out + [self._reject(FEATURE_OUT_OF_RANGE, str(exc), source)]
         index = d.index
+        if len(ev.arm_ids[index]) > self._max_id_chars and len(ev.arm_ids[index].encode()) > self.max_id_bytes:
+            return out + [self._reject(ID_TOO_LONG, f"the chosen arm's id has {len(ev.arm_ids[index].encode())} bytes, "
+                                                    f"more than max_id_bytes = {self.max_id_bytes}", source)]
         action = Action(event_id, key, ev.arm_ids[index], index, d.score, d.propensity, model.n_updates, ts,
                         features[index].copy(), *self._trigger)
         out.append(action)
@@ -146,6 +159,8 @@ class PartitionEngine:
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
+        if source is not None and (refused := self._refuse(ev, source)):
+            return refused
         out = self.advance_to(ev.timestamp_ms, source)
         if ev.event_id in self.pending:
             return out + self._accept_reward(ev, source, ev.timestamp_ms)
@@ -164,6 +179,13 @@ class PartitionEngine:
         self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "early", ev.event_id)
         self.counters["early_rewards"] += 1
         return out
+
+    def on_tick(self, ev: Tick, source: Any = None) -> list[Joined | Rejected]:
+        """A watermark tick read from the rewards log: :meth:`advance_to` its time, unless that is
+        beyond the input bounds (a tick is a record like any other: a client can write one)."""
+        if source is not None and (refused := self._refuse(ev, source)):
+            return refused
+        return self.advance_to(ev.timestamp_ms, source)
 
     def advance_to(self, timestamp_ms: int, source: Any = None) -> list[Joined | Rejected]:
         """Move the watermark to ``timestamp_ms`` (if later) and close what it closes.
@@ -200,6 +222,24 @@ class PartitionEngine:
         return out
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _refuse(self, ev: Context | Reward | Tick, source: Any) -> list[Rejected]:
+        """The refusal of a record beyond the engine's input bounds (before it moves the
+        watermark or anything else), or ``[]``."""
+        record_ms = getattr(source, "timestamp_ms", 0)
+        if record_ms > 0 and ev.timestamp_ms > record_ms + self.max_event_time_ahead_ms:
+            self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
+            return [self._reject(EVENT_TIME_AHEAD, f"event time {ev.timestamp_ms} is more than max_event_time_ahead_ms = "
+                                                   f"{self.max_event_time_ahead_ms} ahead of the record's timestamp "
+                                                   f"{record_ms}", source)]
+        if isinstance(ev, Tick):
+            return []
+        for what, value in (("event id", ev.event_id), ("model key", ev.model_key)):
+            if len(value) > self._max_id_chars and len(value.encode()) > self.max_id_bytes:
+                self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
+                return [self._reject(ID_TOO_LONG, f"the {what} has {len(value.encode())} bytes, more than "
+                                                  f"max_id_bytes = {self.max_id_bytes}", source)]
+        return []
 
     def _spec_of(self, model_key: str) -> Any:
         """``config.resolve`` with a cache for the keys that have a model (as bounded as models)."""

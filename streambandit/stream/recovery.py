@@ -27,6 +27,9 @@ __all__ = ["recover_partition"]
 
 log = logging.getLogger("streambandit")
 
+_REFUSED_BEFORE_THE_ENGINE = frozenset((reasons.WRONG_TOPIC, reasons.KEY_MISMATCH, reasons.EVENT_TIME_AHEAD,
+                                        reasons.ID_TOO_LONG))
+
 
 def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: LogReader,
                       committed_offsets: Callable[[], dict[int, int]], metrics: Any) -> PartitionState:
@@ -59,7 +62,8 @@ def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader
 def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
                   committed: dict[int, int], metrics: Any) -> PartitionState:
     c, t = config, config.topics
-    limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent}
+    limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent,
+              "max_id_bytes": c.max_id_bytes, "max_event_time_ahead_ms": c.max_event_time_ahead_ms}
     if snap is None:
         engine = PartitionEngine(c.models, **limits)
         start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}
@@ -103,7 +107,12 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
     dead_lettered = {InputRef(CONTEXTS if d.source_topic == t.contexts else REWARDS, p, d.source_offset)
                      for d in dead if d.source_offset >= 0}
     closed = {decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value}
-    stamps = [e.timestamp_ms for e, _ in inputs + contexts if isinstance(e, (Context, Reward, Tick))]
+    # The watermark the live engine reached: the largest event time of an input it advanced to.
+    # Inputs refused before the engine saw their time (a wrong topic or key, an event time too far
+    # ahead, an id too long) did not move it.
+    unseen = {(d.source_topic, d.source_offset) for d in dead if d.reason in _REFUSED_BEFORE_THE_ENGINE}
+    stamps = [e.timestamp_ms for e, m in inputs + contexts
+              if isinstance(e, (Context, Reward, Tick)) and (m.topic(), m.offset()) not in unseen]
     engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
     metrics["recovered_joined"] += len(joined)
     return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),

@@ -49,6 +49,14 @@ class WorkerConfig:
     max_pending: int = 100_000
     max_early_rewards: int = 10_000
     max_recent: int = 100_000
+    # Bounds on what a client sends (docs/schemas.md, reason codes id_too_long, event_time_ahead
+    # and the dead-letter truncation): ids that fit any output record, an event time at most this
+    # far ahead of its record's Kafka timestamp (set the input topics' message.timestamp.type to
+    # LogAppendTime, so that the broker, not the client, sets that timestamp), and the largest
+    # record copied whole into a dead letter (below librdkafka's default message.max.bytes).
+    max_id_bytes: int = 1024
+    max_event_time_ahead_ms: int = 3_600_000
+    max_dead_letter_bytes: int = 256 * 1024
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
 
     def __post_init__(self) -> None:

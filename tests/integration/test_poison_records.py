@@ -1,0 +1,96 @@
+"""Poison records on the real broker: each would once stop a partition for good. Each is now
+dead-lettered with its reason, the good records around it are decided and learned normally, and
+the worker never stops.
+
+- a 3 MB record of random bytes on contexts: its dead letter, holding it whole, was over the
+  producer's size limit, so the transaction failed and was retried ~30 times a second, forever;
+- a valid context with a 1.2 MB event id: its action was over the limit, the same loop;
+- a context dated in the year 3000, and a watermark tick written by a client: the watermark jumped
+  there, every open decision got the default reward and every later reward was refused.
+"""
+
+import hashlib
+import time
+
+import numpy as np
+import pytest
+from confluent_kafka import Producer
+
+from streambandit import reasons
+from streambandit.wire import Context, Reward, Tick, encode
+
+from .helpers import outputs, run_in_thread, wait_for
+
+pytestmark = pytest.mark.integration
+
+WINDOW_MS = 60_000
+GROUP = "g-poison"
+
+
+def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics, tmp_path):
+    from streambandit.models_config import parse_models_config
+    from streambandit.stream.snapshots import DirectoryStore
+    from streambandit.stream.worker import Worker, WorkerConfig
+
+    models = parse_models_config({"models": [{"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": WINDOW_MS,
+                                              "default_reward": 0.0}]})
+    w = Worker(WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=models, group_id=GROUP, topics=topics,
+                            idle_tick_ms=10**9), DirectoryStore(tmp_path / "snaps"))
+    t, failure = run_in_thread(w)
+    # A client producer that may send large records (the worker's own producer keeps the default limit).
+    prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "message.max.bytes": 8_000_000,
+                     "partitioner": "murmur2_random"})
+    now = int(time.time() * 1000)
+    rng = np.random.default_rng(5)
+    good: list[str] = []
+
+    def context(event_id: str, ts: int) -> None:
+        prod.produce(topics.contexts, key=b"m", value=encode(Context(event_id, "m", ts, ("a", "b"),
+                                                                     rng.standard_normal((2, 3)) / 2)))
+
+    def reward(event_id: str, ts: int, value: float = 1.0) -> None:
+        prod.produce(topics.rewards, key=b"m", value=encode(Reward(event_id, "m", ts, value)))
+
+    def some_good(tag: str, ts: int) -> None:
+        for i in range(5):
+            context(f"{tag}-{i}", ts + i)
+            reward(f"{tag}-{i}", ts + i + 1)
+            good.append(f"{tag}-{i}")
+
+    huge = rng.bytes(3_000_000)
+    long_id = "x" * 1_200_000
+    try:
+        some_good("a", now)
+        prod.produce(topics.contexts, key=b"m", value=huge)
+        some_good("b", now + 100)
+        prod.produce(topics.contexts, key=b"m", value=encode(Context(long_id, "m", now + 150, ("a", "b"), np.zeros((2, 3)))))
+        some_good("c", now + 200)
+        context("year-3000", 32_503_680_000_000)
+        some_good("d", now + 300)
+        prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1)))
+        some_good("e", now + 400)
+        # The window closes in event time: rewards that came in their window were joined with
+        # their value, not with the default a far-future watermark would have given them.
+        context("closer", now + 400 + 2 * WINDOW_MS)
+        prod.flush(30)
+        assert wait_for(lambda: failure or w.metrics["joined"] >= len(good), timeout_s=90)
+        assert not failure, failure
+    finally:
+        w.stop()
+        t.join(30)
+    assert not failure, failure
+    out = outputs(broker, topics, GROUP)
+    assert sorted(a.event_id for a in out["actions"]) == sorted(good + ["closer"])
+    joined = {j.event_id: j for j in out["joined"]}
+    assert sorted(joined) == sorted(good), sorted(joined)
+    assert all(j.reward_observed and j.reward == 1.0 for j in joined.values()), [(j.event_id, j.reward_observed, j.reward) for j in joined.values() if not (j.reward_observed and j.reward == 1.0)]
+    by_reason = {}
+    for d in out["dead_letter"]:
+        by_reason.setdefault(d.reason, []).append(d)
+    assert sorted(by_reason) == sorted([reasons.MALFORMED, reasons.ID_TOO_LONG, reasons.EVENT_TIME_AHEAD])
+    [malformed] = by_reason[reasons.MALFORMED]
+    assert huge.startswith(malformed.value) and len(malformed.value) < len(huge)
+    assert hashlib.sha256(huge).hexdigest() in malformed.detail and "3000000 bytes" in malformed.detail
+    [too_long] = by_reason[reasons.ID_TOO_LONG]
+    assert "1200000 bytes" in too_long.detail
+    assert len(by_reason[reasons.EVENT_TIME_AHEAD]) == 2  # the year-3000 context and the tick
