@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["consumer_settings", "producer_settings", "reader_settings"]
+__all__ = ["consumer_settings", "producer_settings", "reader_settings", "for_client"]
 
 # Group timing: with librdkafka's defaults the first join on the embedded broker takes many times
 # longer than with these (docs/notes/tansu.md), and these are valid on Apache Kafka. Revocation
@@ -18,20 +18,21 @@ __all__ = ["consumer_settings", "producer_settings", "reader_settings"]
 _GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 30000}
 
 
-def _for(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
-    """The common settings of ``user`` with those of its ``client`` sub-table over them."""
+def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
+    """The common settings of ``user`` with those of its ``client`` sub-table (``consumer`` or
+    ``producer``) over them; ``"admin"`` gets the common settings only."""
     user = user or {}
     unknown = sorted(k for k, v in user.items() if isinstance(v, dict) and k not in ("consumer", "producer"))
     if unknown:
         raise ValueError(f"[kafka] sub-table(s) {', '.join(unknown)} unknown: use [kafka.consumer] or [kafka.producer]")
     common = {k: v for k, v in user.items() if not isinstance(v, dict)}
-    return common | user.get(client, {})
+    return common | (user.get(client, {}) if client in ("consumer", "producer") else {})
 
 
 def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
     s: dict[str, Any] = {"bootstrap.servers": bootstrap, **_GROUP_TIMING, "auto.offset.reset": "earliest",
                          "partition.assignment.strategy": "range"}
-    s.update(_for("consumer", user))
+    s.update(for_client("consumer", user))
     s.update({
         "group.id": group_id,
         "enable.auto.commit": False,  # offsets commit inside the output transaction only
@@ -47,7 +48,7 @@ def producer_settings(bootstrap: str, transactional_id: str, user: dict[str, Any
     # report is a call into Python inside commit_transaction.
     s: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "transaction.timeout.ms": 10000,
                          "delivery.report.only.error": True}
-    s.update(_for("producer", user))
+    s.update(for_client("producer", user))
     s.update({"transactional.id": transactional_id, "enable.idempotence": True, "acks": "all"})
     return s
 
@@ -55,7 +56,7 @@ def producer_settings(bootstrap: str, transactional_id: str, user: dict[str, Any
 def reader_settings(bootstrap: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
     """A consumer for reading bounded ranges of our own logs during recovery (assign, no group)."""
     s: dict[str, Any] = {"bootstrap.servers": bootstrap}
-    s.update(_for("consumer", user))
+    s.update(for_client("consumer", user))
     s.update({"group.id": "streambandit-reader", "enable.auto.commit": False, "isolation.level": "read_committed",
               "enable.partition.eof": True, "auto.offset.reset": "earliest"})
     return s

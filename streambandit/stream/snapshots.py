@@ -29,7 +29,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.errors import StreambanditError
-from streambandit.stream.kafka_config import reader_settings
+from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import read_range
 from streambandit.wire import SnapshotError, unpack_snapshot
 
@@ -173,6 +173,8 @@ class TopicStore:
         self.topic = topic
         self.max_chunk_bytes = max_chunk_bytes
         self.timeout_s = timeout_s
+        # The [kafka] table as the worker has it: common settings, and [kafka.consumer] /
+        # [kafka.producer] sub-tables, each for its own client here too.
         user = {k: v for k, v in (kafka or {}).items() if k != "transactional.id"}
         self._reader = Consumer(reader_settings(bootstrap_servers, user))
         try:
@@ -181,7 +183,8 @@ class TopicStore:
             self._reader.close()
             raise
         self._producer = Producer({
-            "bootstrap.servers": bootstrap_servers, "linger.ms": 0, **user,
+            "bootstrap.servers": bootstrap_servers, "linger.ms": 0,
+            **{k: v for k, v in for_client("producer", user).items() if k != "transactional.id"},
             "enable.idempotence": True, "acks": "all",
             # One record per produce batch. Tansu 0.6 answers ListOffsets with the first offset
             # of the last batch + 1, so the records after the first of a multi-record batch lie
@@ -209,7 +212,7 @@ class TopicStore:
         """Warn (only) when the topic is not compacted: it still works, but grows without bound.
         Best effort: the cluster may not let this client describe configurations."""
         try:
-            admin = AdminClient({"bootstrap.servers": bootstrap_servers, **user})
+            admin = AdminClient({"bootstrap.servers": bootstrap_servers, **for_client("admin", user)})
             res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
             policy = admin.describe_configs([res])[res].result(self.timeout_s)["cleanup.policy"].value
         except (KafkaException, KeyError, TimeoutError) as exc:

@@ -217,3 +217,14 @@ def test_a_missing_snapshot_topic_is_a_clear_error(broker, tmp_path):
     assert out.returncode == 2, out.stderr
     assert "snapshot topic 'no-such-topic' does not exist" in out.stderr and "Traceback" not in out.stderr
     assert "no-such-topic" not in broker.admin().list_topics(timeout=10).topics  # and it was not created
+
+
+def test_a_store_takes_the_workers_kafka_table_with_its_sub_tables(open_store):
+    """The worker's [kafka] table, [kafka.consumer] and [kafka.producer] included, configures the
+    store's clients (each sub-table to its own client): serve with snapshot_topic failed to start
+    with 'No such configuration property: "consumer"'."""
+    store = open_store(kafka={"client.id": "sb-test", "consumer": {"fetch.wait.max.ms": 10},
+                              "producer": {"linger.ms": 1}})
+    data = snapshot(0, 7)
+    store.save(0, data)
+    assert load_latest(store, 0)["created_ms"] == 7
