@@ -182,9 +182,9 @@ class BatchProcessor:
             n = 0
             for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
                 cls, key = type(ev), ref.key
-                if cls is Context and src == CONTEXTS and (key is None or key == ev.model_key.encode()):
+                if cls is Context and src == CONTEXTS and key == ev.model_key.encode():
                     out = on_context(ev, ref)
-                elif cls is Reward and src == REWARDS and (key is None or key == ev.model_key.encode()):
+                elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
                     out = on_reward(ev, ref)
                 else:
                     out = self._other(part, ev, ref)
@@ -216,7 +216,12 @@ class BatchProcessor:
             return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
         if isinstance(ev, Tick):
             return part.engine.on_tick(ev, ref)
-        # a context or reward whose message key is not its model key
+        # A context or reward whose message key is not its model key, or that has none: it is on
+        # whatever partition its key (or a random draw) chose, where its model's other records are
+        # not, and would build a second copy of the model there.
+        if ref.key is None:
+            return [Rejected(reasons.KEY_MISMATCH, f"no message key: produce {type(ev).__name__.lower()}s keyed by their "
+                                                   f"model key ({ev.model_key!r})", ref)]
         return [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
 
     def _dead_letter(self, p: int, o: Rejected, trigger: InputRef) -> Output:

@@ -213,6 +213,10 @@ def run(broker, tmp_path_factory):
     st.bad_record("key_mismatch", reasons.KEY_MISMATCH, C,
                   encode(Context("km", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))), key=b"bad-p")
     good()
+    # No message key: it lands on a random partition and would build a second copy of the model.
+    st.bad_record("null_key", reasons.KEY_MISMATCH, C,
+                  encode(Context("nk", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))), key=None)
+    good()
     for _ in range(5):
         good()
     # Event time moves past every window (the ghost's included); joined at its own reward.
@@ -241,7 +245,7 @@ CASES = ["not_a_record", "truncated_avro", "unknown_schema_id", "unknown_schema_
          "nan_features", "inf_features", "huge_features", "wrong_dimension", "ragged_arms", "empty_arms",
          "duplicate_event", "unknown_event", "out_of_range_logistic", "out_of_range_poisson", "huge_reward_poisson",
          "nan_reward", "unknown_model_context",
-         "unknown_model_reward", "wrong_topic", "key_mismatch"]
+         "unknown_model_reward", "wrong_topic", "key_mismatch", "null_key"]
 
 
 def test_every_case_is_in_the_stream(run):
@@ -260,7 +264,7 @@ def test_bad_record_is_dead_lettered_once_with_its_reason_and_original_bytes(run
     assert d.value == s.value and d.key == s.key
     assert d.detail  # says what was wrong
     # No output of any kind carries the bad record's event.
-    assert not any(a.event_id in {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "dim4", "ragged",
+    assert not any(a.event_id in {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "nk", "dim4", "ragged",
                                   "empty"}
                    for a in run["out"]["actions"] + run["out"]["joined"])
 
