@@ -53,10 +53,15 @@ class InputMerger:
         # after another: a partition with an idle source drained one record per max_wait_ms).
         self._arrivals: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
         self._pushed = [0, 0]
-        self._last: tuple | None = None  # the last record released in order
+        self._last: tuple | None = None  # the largest key released so far
+        # Per source, the largest key released because the wait for the other source ran out.
+        self._forced_max: list[tuple | None] = [None, None]
         self.released = 0
         self.forced = 0  # releases made because the wait for the idle source ran out
-        self.out_of_order = 0  # records released with a key below one released before them
+        # Records released after a record of the other source with a larger key that was released
+        # by force: the cases where the order differs from a replay's. (Within one source the
+        # order is the offset order live and in replay alike, whatever the timestamps do.)
+        self.out_of_order = 0
 
     def push(self, source: int, offset: int, timestamp_ms: int | None, item: Any, now_ms: int) -> None:
         """Buffer one record; each source must be pushed in offset order.
@@ -111,6 +116,7 @@ class InputMerger:
         holds records of that source that have not been pushed yet."""
         a, b = self._queues
         out: list[tuple] = []
+        start = 0  # out[start:] is counted against the forced releases before it
         while True:
             if a and b:
                 # (timestamp, source, offset) order; the heads are of different sources, so at equal
@@ -125,8 +131,13 @@ class InputMerger:
             if now_ms - self._head_arrived_ms(src) < self.max_wait_ms:
                 break
             self.forced += 1
-            out.append(self._queues[src].popleft())
-        self._count(out)
+            rec = self._queues[src].popleft()
+            out.append(rec)
+            self._count(out, start, len(out))
+            start = len(out)
+            if self._forced_max[src] is None or rec > self._forced_max[src]:
+                self._forced_max[src] = rec
+        self._count(out, start, len(out))
         return out
 
     def drain(self, now_ms: int) -> list[tuple]:
@@ -138,12 +149,18 @@ class InputMerger:
         self._count(out)
         return out
 
-    def _count(self, released: list[tuple]) -> None:
-        last = self._last
-        for rec in released:
-            if last is not None and rec < last:
-                self.out_of_order += 1
-            else:
-                last = rec
-        self._last = last
-        self.released += len(released)
+    def _count(self, released: list[tuple], start: int = 0, stop: int | None = None) -> None:
+        """Count ``released[start:stop]`` (released in that order, after every forced release so
+        far): a record below a forced release of the other source is out of order."""
+        stop = len(released) if stop is None else stop
+        forced = self._forced_max
+        if forced[0] is not None or forced[1] is not None:
+            for rec in released[start:stop]:
+                other = forced[1 - rec[1]]
+                if other is not None and rec < other:
+                    self.out_of_order += 1
+        if stop > start:
+            top = max(released[start:stop])
+            if self._last is None or top > self._last:
+                self._last = top
+        self.released += stop - start
