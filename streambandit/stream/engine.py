@@ -33,6 +33,7 @@ from streambandit.models_config import ModelsConfig
 from streambandit.policies.base import Policy
 from streambandit.reasons import (
     BAD_DIMENSION,
+    DUPLICATE_ARM_ID,
     DUPLICATE_EVENT,
     DUPLICATE_REWARD,
     EVENT_TIME_AHEAD,
@@ -114,6 +115,10 @@ class PartitionEngine:
         if spec is None:
             return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {key!r}", source)]
         features = ev.features
+        arm_ids = ev.arm_ids
+        if len(set(arm_ids)) != len(arm_ids):
+            return out + [self._reject(DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates: an action "
+                                                         f"names its arm by id", source)]
         if features.shape[1] != spec.dim:
             return out + [self._reject(BAD_DIMENSION, f"features have dimension {features.shape[1]}, model "
                                                       f"{key!r} expects {spec.dim}", source)]

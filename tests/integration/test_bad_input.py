@@ -167,6 +167,10 @@ def run(broker, tmp_path_factory):
     good()
     st.bad_record("empty_arms", reasons.EMPTY_ARMS, C, _raw_context("empty", st.step(), []))
     good()
+    # Two candidates with one id: the action names its arm by id, and export refused such a log.
+    st.bad_record("duplicate_arm_id", reasons.DUPLICATE_ARM_ID, C,
+                  _raw_context("dupid", st.step(), [("a", [0.1, 0.2, 0.3]), ("a", [0.3, 0.2, 0.1])]))
+    good()
     # A duplicate context event id: decided once; the duplicate (other features, later) refused.
     first = st.context("dup")
     dup = Context("dup", "bad-m", st.step(), ("x", "y"), np.full((2, DIM), 0.5))
@@ -245,7 +249,8 @@ CASES = ["not_a_record", "truncated_avro", "unknown_schema_id", "unknown_schema_
          "nan_features", "inf_features", "huge_features", "wrong_dimension", "ragged_arms", "empty_arms",
          "duplicate_event", "unknown_event", "out_of_range_logistic", "out_of_range_poisson", "huge_reward_poisson",
          "nan_reward", "unknown_model_context",
-         "unknown_model_reward", "wrong_topic", "key_mismatch", "null_key"]
+         "unknown_model_reward", "wrong_topic", "key_mismatch", "null_key",
+         "duplicate_arm_id"]
 
 
 def test_every_case_is_in_the_stream(run):
@@ -264,9 +269,9 @@ def test_bad_record_is_dead_lettered_once_with_its_reason_and_original_bytes(run
     assert d.value == s.value and d.key == s.key
     assert d.detail  # says what was wrong
     # No output of any kind carries the bad record's event.
-    assert not any(a.event_id in {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "nk", "dim4", "ragged",
-                                  "empty"}
-                   for a in run["out"]["actions"] + run["out"]["joined"])
+    refused = {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "nk", "dupid", "dim4", "ragged",
+               "empty"}
+    assert not any(a.event_id in refused for a in run["out"]["actions"] + run["out"]["joined"])
 
 
 @pytest.mark.parametrize("case", CASES)
