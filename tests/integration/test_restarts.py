@@ -23,7 +23,7 @@ WINDOW_MS = 10_000
 
 
 def config(broker, topics, group):
-    models = parse_models_config({"models": [{"match": "m", "policy": "hvt_ucb", "dim": 3, "reward_window_ms": WINDOW_MS,
+    models = parse_models_config({"models": [{"match": "m*", "policy": "hvt_ucb", "dim": 3, "reward_window_ms": WINDOW_MS,
                                               "default_reward": 0.0, "aggregation": "sum"}]})
     # No idle ticks: a tick is an output, and would commit the reward's offset along with it.
     return WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=models, group_id=group, topics=topics,
@@ -228,3 +228,92 @@ def open_transaction(broker, topics) -> bool:
         finally:
             c.close()
     return any(a < b for a, b in zip(ends["read_committed"], ends["read_uncommitted"]))
+
+
+def _stream(n: int, seed: int) -> list[tuple[str, object]]:
+    """Contexts on 4 model keys with a reward for every other one, in event-time order; windows
+    (10 s of event time) stay open across the stops."""
+    rng = np.random.default_rng(seed)
+    out: list[tuple[str, object]] = []
+    for i in range(n):
+        key = f"m{i % 4}"
+        out.append(("c", Context(f"e{i}", key, 1_000 + 20 * i, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2)))
+        if i % 2 == 0:
+            out.append(("r", Reward(f"e{i}", key, 1_000 + 20 * i + 7, float(rng.random()))))
+    return out
+
+
+def _send_all(prod, topics, events) -> None:
+    for kind, ev in events:
+        send(prod, topics.contexts if kind == "c" else topics.rewards, ev)
+    prod.flush()
+
+
+def _models(snaps) -> dict:
+    """The models in the newest snapshot of each partition."""
+    store = DirectoryStore(snaps)
+    return {key: state for p in (0, 1) if (s := load_latest(store, p)) for key, state in s["engine"]["models"].items()}
+
+
+@pytest.mark.slow
+def test_twenty_stops_at_random_moments_and_a_group_that_churns_while_idle(broker, topics, tmp_path):
+    """Stopped cleanly at random moments with decisions open, 20 times, and started again; then a
+    plain consumer joins and leaves the group 10 times while the worker idles with open decisions.
+    Every start works and makes progress, every context gets exactly one committed action, and the
+    models end equal, to the bit, to those of a run that was never stopped."""
+    import random
+
+    from confluent_kafka import Consumer
+
+    from .helpers import engine_states_equal
+
+    rnd = random.Random(4)
+    prod, events = producer(broker), _stream(400, seed=3)
+    snaps = tmp_path / "snaps"
+    per_cycle = len(events) // 20
+    for cycle in range(20):
+        w, t, failure = start(broker, topics, "g-cycles", snaps)
+        _send_all(prod, topics, events[cycle * per_cycle:(cycle + 1) * per_cycle])
+        time.sleep(rnd.uniform(0.0, 1.0))  # stop wherever the worker is
+        stop(w, t)
+        assert not failure, (cycle, failure)
+    _send_all(prod, topics, events[20 * per_cycle:])
+
+    w, t, failure = start(broker, topics, "g-cycles", snaps)
+    try:
+        assert wait_for(lambda: failure or w.metrics["pending"] > 0, timeout_s=30), (failure, sorted(w.metrics.items()))
+        for _ in range(10):  # a consumer joins the group and leaves: two rebalances each
+            c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g-cycles",
+                          "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "enable.auto.commit": False,
+                          "isolation.level": "read_committed"})
+            c.subscribe([topics.contexts, topics.rewards])
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline and not c.assignment():
+                c.poll(0.2)
+            c.close()
+            assert not failure, failure
+        # Back to one member: it holds both partitions again and closes every window.
+        assert wait_for(lambda: failure or len(w.partitions) == 2, timeout_s=60), ("partitions", sorted(w.partitions))
+        for k in range(4):  # one per key, so every partition's watermark passes every window
+            send(prod, topics.contexts, Context(f"closer-{k}", f"m{k}", 1_000 + 20 * 400 + 60_000, ("a",), np.zeros((1, 3))))
+        prod.flush()
+        assert wait_for(lambda: failure or w.metrics["joined"] > 0 and w.metrics["pending"] <= 4, timeout_s=60), \
+            ("closing", sorted(w.metrics.items()))
+    finally:
+        stop(w, t)
+    assert not failure, failure
+
+    # The same input, one uninterrupted worker in another group.
+    ref, rt, ref_failure = start(broker, topics, "g-reference", tmp_path / "ref")
+    try:
+        assert wait_for(lambda: ref_failure or ref.metrics["joined"] >= 400, timeout_s=90), \
+            ("reference", ref_failure, sorted(ref.metrics.items()))
+    finally:
+        stop(ref, rt)
+    out = outputs(broker, topics, "g-cycles")
+    ids = [a.event_id for a in out["actions"]]
+    assert sorted(ids) == sorted([f"e{i}" for i in range(400)] + [f"closer-{k}" for k in range(4)])
+    assert len(set(ids)) == len(ids)
+    got, want = _models(snaps), _models(tmp_path / "ref")
+    assert got.keys() == want.keys() and got
+    engine_states_equal({"models": got, "pending": [], "watermark_ms": 0}, {"models": want, "pending": [], "watermark_ms": 0})
