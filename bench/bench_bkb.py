@@ -4,7 +4,7 @@
     python bench/bench_bkb.py --quick    # a smoke run with small sizes
 
 Calandriello et al., COLT 2019. The paper has no experiments section;
-this setup follows the note's Sec. 7.4-7.5 proposal: A arms uniform in [0,1]^2, an RBF kernel with
+this project's setup: A arms uniform in [0,1]^2, an RBF kernel with
 bandwidth 0.2, f a sum of 10 kernel bumps (so f is in the RKHS), Gaussian noise xi = 0.1,
 lam = xi^2, the practical beta rule for both learners, the same noise draw for both in each round.
 

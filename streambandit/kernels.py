@@ -6,7 +6,7 @@ multiply-adds). These kernels do the arithmetic in one compiled call: select + u
 microseconds from Python, and ``*_play`` runs a whole stream of select + update steps in one call
 (bench/results/policies.md).
 
-Determinism (DESIGN.md 3.1): every loop sums in a fixed order, nothing is compiled with fastmath
+Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled with fastmath
 (so no reassociation and no fused multiply-add), and the one-event functions are the same code the
 ``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
 worker), a batch at a time or a stream at a time (the simulator), and ``ucb_argmax_batch`` chooses
@@ -324,7 +324,7 @@ def _mu(link, z):
 @njit(cache=True, nogil=True)
 def _dmu(link, z):
     if link == LINK_LOGISTIC:
-        return _sigmoid(z) * _sigmoid(-z)  # mu' = sigma(z) sigma(-z), stable (note P7)
+        return _sigmoid(z) * _sigmoid(-z)  # mu' = sigma(z) sigma(-z): no overflow for any z
     if link == LINK_POISSON:
         return math.exp(z)
     return 1.0
@@ -355,7 +355,7 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
     """One GLB-OMD step (Algorithm 1) in place. Returns OK, or LINK_OVERFLOW with the model
     untouched. ``work`` is scratch of length d."""
     d = x.shape[0]
-    # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4; note pitfall P2).
+    # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4), not at the new one.
     z = _dot(x, theta)
     if link == LINK_POISSON and z > MAX_POISSON_Z:
         return LINK_OVERFLOW
@@ -438,7 +438,7 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
 
 @njit(cache=True, nogil=True)
 def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
-    """beta_t of Hvt-UCB eq. (10), times beta_scale, with max(t, 1)^p (note section 2.2)."""
+    """beta_t of Hvt-UCB eq. (10), times beta_scale, with max(t, 1)^p."""
     return beta_scale * (beta_coef * max(t, 1) ** p + beta_const)
 
 
@@ -454,7 +454,7 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     q = _dot(x, work)
     n = math.sqrt(q if q > 0.0 else 0.0)  # ||X_t||_{V_{t-1}^-1}
     if n == 0.0:
-        # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move (note pitfall 8).
+        # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move.
         return
     tp = t ** p
     # Alg. 1 line 5 / eq. 17: sigma_t, with the 2 sqrt(2) ||X||_{V^-1} term always included.

@@ -1,8 +1,7 @@
 """BKB, the budgeted kernelized bandit: GP-UCB on a Nystrom dictionary resampled by posterior variance.
 
 Calandriello, Carratino, Lazaric, Valko, Rosasco, "Gaussian Process Optimization with Adaptive
-Sketching: Scalable and No Regret", COLT 2019, Fig. 1 (shared/papers/000_b2980cc1976c6e11.txt;
-the implementation note shared/papers/000_bkb.md is cited below as "note"). The kernel acts on
+Sketching: Scalable and No Regret", COLT 2019, Fig. 1. The kernel acts on
 the arms' feature vectors; the dictionary and DTC posterior are in streambandit/sketch/nystrom.py.
 
 One update, for the pulled point x~_{t+1} and its reward (Fig. 1, in this order):
@@ -13,7 +12,7 @@ One update, for the pulled point x~_{t+1} and its reward (Fig. 1, in this order)
    the model BEFORE this pull (Sec. 3.1, approximations (a) and (b)); a new point gets its
    sigma~_t^2 under that model, the others reuse the cached values. The draw uses a generator
    seeded by (seed, number of updates so far): randomness is a function of the configuration and
-   the update sequence only (DESIGN 3.1), so replay and save/load/continue reproduce it.
+   the update sequence only (docs/design.md, determinism), so replay and save/load/continue reproduce it.
 3. Refit eq. (4) on the new dictionary from the counters, and cache sigma~_{t+1}^2 at the pulled
    points (the next draw's input and beta~'s sum).
 
@@ -28,7 +27,7 @@ Memory per model (u distinct pulled points, m dictionary points, r <= m the embe
 For a fixed catalog of A arms, u <= A: the state is bounded by the catalog and does not grow with t.
 When new arm vectors arrive with every context (the contextual setting, App. A relaxation), each
 pulled point is new and the state keeps every pulled point: u = t, memory O(t d) and an update
-costs O(t m^2) (note Sec. 9.3: exact BKB is not one-pass over raw points).
+costs O(t m^2) (exact BKB is not one-pass over raw points).
 
 Time: an update costs O(u m d) kernel evaluations + O(m^3 + u m r + u r^2); scoring K arms costs
 O(K m d + K m r). m follows the effective dimension of the pulled points (Thm 3.1).
@@ -51,7 +50,7 @@ BETA_RULES = ("practical", "theory")
 class BKB(Policy):
     """BKB (Fig. 1): ``score = mu~_t(x) + beta~_t sigma~_t(x)`` (eq. 4), sigma~^2 = GP variance / lambda.
 
-    Hyper-parameters (defaults are the note's practical mode, Sec. 5):
+    Hyper-parameters (defaults are the practical settings of the authors' code):
       kernel: ``"rbf"`` (``exp(-||x-x'||^2 / (2 bandwidth^2))``, default) or ``"linear"`` (``x.x'``).
       bandwidth: RBF length scale (default 1.0; unused by the linear kernel).
       lam: lambda, the ridge regulariser; the noise variance in the Bayesian reading (default 1.0).
@@ -64,7 +63,7 @@ class BKB(Policy):
       beta: a constant beta~ (default ``None``: use ``beta_rule``).
       beta_rule: ``"practical"`` (default, the authors' code):
           ``beta~ = sqrt(lam) F + xi sqrt(log(t) sum_s sigma~_t^2(x~_s) + log(1/delta))``;
-        ``"theory"`` (Thm 4.1 with the log term clamped, note Sec. 8.3):
+        ``"theory"`` (Thm 4.1 with the log term clamped):
           ``beta~ = 2 xi sqrt(alpha L_t sum_s sigma~_t^2(x~_s) + log(1/delta)) + (1 + 1/sqrt(1-eps)) sqrt(lam) F``
         with ``alpha = (1+eps)/(1-eps)`` and ``L_t = 1 + log(1 + kappa^2 t / lam)`` in place of the
         paper's log(kappa^2 t) (<= 0 for small t, and missing the /lambda of eq. 6). kappa^2 is
@@ -168,11 +167,11 @@ class BKB(Policy):
         t = self.n_updates
         log_inv_delta = math.log(1.0 / c["delta"])
         if c["beta_rule"] == "practical":
-            # Reference code (note Sec. 5): log(t) * sum_a n_a sigma~^2_a stands in for log det.
+            # Reference code: log(t) * sum_a n_a sigma~^2_a stands in for log det.
             width = math.sqrt(max(math.log(max(t, 1)) * self._ssum + log_inv_delta, 0.0))
             radius = math.sqrt(c["lam"]) * c["F"] + c["noise_sd"] * width
         else:
-            # Thm 4.1, with log(kappa^2 t) replaced by 1 + log(1 + kappa^2 t / lam) (note Sec. 8.3).
+            # Thm 4.1, with log(kappa^2 t) replaced by 1 + log(1 + kappa^2 t / lam).
             alpha = (1.0 + c["eps"]) / (1.0 - c["eps"])
             log_term = 1.0 + math.log1p(self._kappa2 * t / c["lam"])
             radius = (2.0 * c["noise_sd"] * math.sqrt(alpha * log_term * self._ssum + log_inv_delta)

@@ -2,12 +2,11 @@
 
 Chen, Luo, Zhang, Yu, Lian, "Efficient and Robust High-Dimensional Linear Contextual Bandits",
 IJCAI 2020, as restated and run by Wen et al., "Revisiting Matrix Sketching in Linear Bandits ...
-Dyadic Block Sketching" (arXiv:2410.10258v2), Algorithm 3, Lemmas 4-5 and Theorem 6;
-shared/papers/002_dyadic_block_sketching.md (sections 1.3, 2.2) is the implementation note.
+Dyadic Block Sketching" (arXiv:2410.10258v2), Algorithm 3, Lemmas 4-5 and Theorem 6.
 
 Same as ``soful`` except that the sketch keeps alpha = the full accumulated shrink and
 ``A_hat = (lam + alpha) I + S'S``, an over-estimate of ``lam I + X'X`` (alpha += delta, not the
-delta/2 of Luo et al.'s RFD: note 2.2). Its regret is linear when Delta_T = Omega(T) (Lemma 5,
+delta/2 of Luo et al.'s RFD). Its regret is linear when Delta_T = Omega(T) (Lemma 5,
 Observation 2).
 """
 

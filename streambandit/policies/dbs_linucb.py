@@ -2,11 +2,11 @@
 
 Wen, Yin, Zhang, Zhao, Zhang, Wei, "Revisiting Matrix Sketching in Linear Bandits: Achieving
 Sublinear Regret via Dyadic Block Sketching" (arXiv:2410.10258v2), Algorithm 5, eqs. (5), (6), (18)
-and Theorem 6; shared/papers/002_dyadic_block_sketching.md is the implementation note. The sketch
+and Theorem 6. The sketch
 itself is :mod:`streambandit.sketch.dyadic_block`.
 
-Only the covariance is sketched: ``b = sum r_s x_s`` is kept exactly (pitfall 14) and
-``theta = A_hat^-1 b`` (eq. 5). Rewards are applied with their arm, in arrival order (note 7.3).
+Only the covariance is sketched: ``b = sum r_s x_s`` is kept exactly and
+``theta = A_hat^-1 b`` (eq. 5). Rewards are applied with their arm, in arrival order.
 """
 
 from __future__ import annotations
@@ -38,8 +38,7 @@ def check_choice(name: str, value: Any, choices: tuple) -> Any:
 
 def radius_fd(*, shrink: float, lam: float, noise_sd: float, S: float, L: float, delta: float, dim: int,
               rank: int, t: int) -> float:
-    """Eq. (18) (Theorem 2, FD sketches), with the tracked total shrink E_t in place of eps
-    (pitfall 13):
+    """Eq. (18) (Theorem 2, FD sketches), with the tracked total shrink E_t in place of eps:
 
         R sqrt(1 + E/lam) sqrt(2 ln(1/delta) + d ln(1 + E/lam) + m ln(1 + t L^2 / (m lam)))
           + H sqrt(lam) (1 + E/lam)
@@ -74,14 +73,14 @@ def _sketch_field(name: str) -> property:
 class DBSLinUCB(Policy):
     """LinUCB on a Dyadic Block Sketch (Alg. 5): ``score = x'theta + beta ||x||_{A_hat^-1}`` (eq. 6).
 
-    Hyper-parameters (defaults: the paper's experiments and the note's table, section 3):
+    Hyper-parameters (defaults: the paper's experiments):
       l0: sketch size of the first block (default 50). Block i has 2^i l0 rows. With
         ``l0 > d/3`` the cap Bmax = floor(log2(d/l0 + 1)) is <= 1 and the policy is OFUL from the
         first round; a full-rank stream of unit rows reaches the cap after about
-        ``(Bmax - 1) eps l0`` rounds (note 0.4), from when on it is OFUL too.
+        ``(Bmax - 1) eps l0`` rounds, from when on it is OFUL too.
       epsilon: error budget, ``||X'X - S'S|| <= 2 epsilon`` (default 8); squared-norm units, so it
-        assumes rows of norm about 1 (pitfall 12).
-      sketch: ``"rfd"`` (robust FD with the full-shrink alpha; default, the note's choice: better
+        assumes rows of norm about 1.
+      sketch: ``"rfd"`` (robust FD with the full-shrink alpha; default: better
         bound and conditioning) or ``"fd"``.
       fast: the 2l-buffer Algorithm 4 (default) or the plain Algorithm 1.
       rank_test: ``"b1"`` (default) or ``"d2"``, where willExcessSketch is skipped (App. B.1 / D.2).
@@ -184,7 +183,7 @@ class DBSLinUCB(Policy):
             return c["beta"]
         sk = self.sketch
         shrink = sk.shrink_total
-        # Rank bound of the sketched part: 2 l_Bt (eq. 18), d after the exact switch (pitfall 13).
+        # Rank bound of the sketched part: 2 l_Bt (eq. 18), d after the exact switch.
         rank = self.dim if sk.fallback else min(2 * sk.active_ell, self.dim)
         common = dict(lam=c["lam"], noise_sd=c["noise_sd"], S=c["S"], L=c["L"], delta=c["delta"], dim=self.dim,
                       rank=rank, t=self.n_updates)

@@ -1,15 +1,14 @@
 """GLB-OMD: generalized linear bandits with a one-pass online-mirror-descent update.
 
 Zhang, Xu, Zhao, Sugiyama, "Generalized Linear Bandits: Almost Optimal Regret with One-Pass
-Update" (2025), Algorithm 1; shared/papers/001_glb_omd.md is the implementation note. Equation
-numbers below are the paper's.
+Update" (2025), Algorithm 1. Equation numbers below are the paper's.
 
 State: theta (d), H (d x d, needed for the A-norm projection) and H^-1 (d x d, for the UCB and the
 closed-form step). O(d^2) per update plus an O(d^3) eigendecomposition only in rounds where the
 step leaves the ball; O(K d^2) per decision; nothing grows with t. A model's state (and its
 n_updates) is one row of the configuration's row store (linear_ucb.py, rows.py).
 
-Streaming note: ``t`` in beta_t counts incorporated rewards (n_updates + 1, note section 7.3), so
+Streaming note: ``t`` in beta_t counts incorporated rewards (n_updates + 1), so
 the radius is a function of the update sequence alone and replay reproduces it.
 """
 

@@ -1,22 +1,21 @@
 """Hvt-UCB: heavy-tailed linear bandits with a one-pass adaptive Huber (OMD) update.
 
 Wang, Zhang, Zhao, Zhou, "Heavy-Tailed Linear Bandits: Huber Regression with One-Pass Update",
-Algorithm 1; shared/papers/003_hvt_ucb.md is the implementation note. Equation numbers are the
-paper's.
+Algorithm 1. Equation numbers are the paper's.
 
 State: theta (d), V (d x d, for the V-norm projection) and V^-1 (d x d). O(d^2) per update plus an
 O(d^3) eigendecomposition in rounds where the step leaves the ball; O(K d^2) per decision. A
 model's state (and its n_updates) is one row of the configuration's row store (linear_ucb.py).
 
-Streaming (note section 7): sigma_t, w_t and tau_t depend only on (X_t, V_{t-1}, beta_{t-1}, t),
+Streaming: sigma_t, w_t and tau_t depend only on (X_t, V_{t-1}, beta_{t-1}, t),
 never on the reward, so we compute them when the reward is applied, from the state current at that
 moment, with ``t = n_updates + 1``. With no delay this is exactly Algorithm 1 (nothing changes the
-state between a decision and its reward); with delays it is the note's design (b) with the
-quantities taken at arrival, which needs nothing stored per pending decision and is a pure function
+state between a decision and its reward); with delays the quantities are taken at the reward's
+arrival, which needs nothing stored per pending decision and is a pure function
 of the update sequence, so replay reproduces it.
 
-The horizon T is needed up front (kappa, tau_0, beta, sigma_min and delta depend on it, note pitfall
-6): ``horizon`` is a planning bound, and the theory constants are computed from it once.
+The horizon T is needed up front (kappa, tau_0, beta, sigma_min and delta depend on it):
+``horizon`` is a planning bound, and the theory constants are computed from it once.
 """
 
 from __future__ import annotations
@@ -48,12 +47,12 @@ class HvtUCB(LinearUCBPolicy):
       delta: confidence; default ``None`` means 1/(8T) (Theorem 1).
       sigma_min: floor on sigma_t; default ``None`` means 1/sqrt(T) (Theorem 1).
       alpha: OMD step parameter (default 4, the heavy-tailed analysis' value).
-      beta_scale: multiplier on beta_t (default 1e-3). The theory radius is ~5e3 even at d = 2
-        (note pitfall 1), which makes the learner explore almost uniformly for tens of thousands of
-        rounds; the multiplier is applied both to the bonus and inside sigma_t's floor, as the note
-        requires (pitfall 2). ``beta_scale=1`` is the exact theory.
+      beta_scale: multiplier on beta_t (default 1e-3). The theory radius is ~5e3 even at d = 2,
+        which makes the learner explore almost uniformly for tens of thousands of rounds; the
+        multiplier is applied both to the bonus and inside sigma_t's floor (scaling one without
+        the other changes the algorithm). ``beta_scale=1`` is the exact theory.
       huber: ``False`` sets tau_t = infinity, the squared loss of the sub-Gaussian case (Sec. 4.1).
-      project: ``False`` skips the projection onto the ball (note section 2.3 offers the flag).
+      project: ``False`` skips the projection onto the ball.
     """
 
     name = "hvt_ucb"
@@ -113,7 +112,7 @@ class HvtUCB(LinearUCBPolicy):
     def _new_store(self) -> RowStore:
         c, dim = self._config, self.dim
         big_t, eps, lam_v, delta_v, smin = c["horizon"], c["epsilon"], c["lam"], c["delta"], c["sigma_min"]
-        # Section 2.2 of the note: constants computed once from (T, delta, lambda, sigma_min, ...).
+        # The theory constants, computed once from (T, delta, lambda, sigma_min, ...).
         p = (1.0 - eps) / (2.0 * (1.0 + eps))
         kappa = dim * math.log(1.0 + c["L"] ** 2 * big_t / (smin**2 * lam_v * c["alpha"] * dim))  # Alg. 1 line 1
         log_2t2_delta = math.log(2.0 * big_t**2 / delta_v)
@@ -136,7 +135,7 @@ class HvtUCB(LinearUCBPolicy):
 
     def beta(self, t: int) -> float:
         """beta_t of eq. (10), times beta_scale. For t = 0 we use max(t, 1)^p: with eps < 1 the
-        paper's proof takes 0^p = 0, a discontinuity between beta_0 and beta_1 (note section 2.2);
+        paper's proof takes 0^p = 0, a discontinuity between beta_0 and beta_1;
         the larger value is safe for the analysis and keeps the radius non-decreasing."""
         k = self._store.consts
         radius = k["_beta_coef"] * max(t, 1) ** k["_p"] + k["_beta_const"]
@@ -147,7 +146,8 @@ class HvtUCB(LinearUCBPolicy):
 
     def sigma_t(self, x: np.ndarray) -> float:
         """The normalisation sigma_t the next update would use for ``x`` (Alg. 1 line 5 with the
-        eq. 17 term 2 sqrt(2) ||x||_{V_{t-1}^-1}, which the note says to always include)."""
+        eq. 17 term 2 sqrt(2) ||x||_{V_{t-1}^-1}, which must always be included: without it sigma_t
+        can be too small at t = 1 when epsilon < 1)."""
         x = Policy._check_x(self, x)  # with the finiteness check the compiled update does itself
         return self._sigma(math.sqrt(max(float(x @ (self.vinv @ x)), 0.0)))
 

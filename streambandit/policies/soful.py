@@ -2,8 +2,7 @@
 
 Kuzborskij, Cella, Cesa-Bianchi, "Efficient Linear Bandits through Matrix Sketching", AISTATS 2019,
 as restated and run by Wen et al., "Revisiting Matrix Sketching in Linear Bandits ... Dyadic Block
-Sketching" (arXiv:2410.10258v2), Sec. 2.3 and App. F; shared/papers/002_dyadic_block_sketching.md
-(section 1.3, 2.8) is the implementation note. The sketch is the buffered FD of Remark 1 (the
+Sketching" (arXiv:2410.10258v2), Sec. 2.3 and App. F. The sketch is the buffered FD of Remark 1 (the
 paper's "efficient implementation", used by every sketch method in its experiments).
 
 ``A_hat = lam I + S'S``; ``theta = A_hat^-1 b`` with ``b = sum r x`` exact; queries by Woodbury

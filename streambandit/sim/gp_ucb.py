@@ -1,11 +1,11 @@
 """Exact GP-UCB: the baseline BKB is compared with in the simulator (sim/experiments/bkb.py) and the
 benchmark, and the oracle of tests/unit/test_bkb.py. It shares no code with policies/bkb.py.
 
-Calandriello et al., COLT 2019, eq. (1)-(3) (shared/papers/000_b2980cc1976c6e11.txt). Its own kernels
+Calandriello et al., COLT 2019, eq. (1)-(3). Its own kernels
 (scipy cdist), its own algebra.
 
 Scale convention: :func:`gp_posterior` returns the GP-scale variance of eq. (2); :class:`ExactGPUCB`
-returns sigma_t^2 / lambda (the 1/lambda scale BKB uses for sigma~^2, note Sec. 2) so that the
+returns sigma_t^2 / lambda (the 1/lambda scale BKB uses for sigma~^2), so that the
 two learners can be compared number for number.
 """
 

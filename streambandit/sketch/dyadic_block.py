@@ -2,8 +2,7 @@
 
 Wen, Yin, Zhang, Zhao, Zhang, Wei, "Revisiting Matrix Sketching in Linear Bandits: Achieving
 Sublinear Regret via Dyadic Block Sketching" (arXiv:2410.10258v2), Sec. 3, Algorithm 1 and its fast
-variant Algorithm 4 (App. B.2); shared/papers/002_dyadic_block_sketching.md sections 2.5-2.6 and
-pitfalls 4-11 are the implementation note.
+variant Algorithm 4 (App. B.2).
 
 The stream is cut into consecutive blocks i = 0, 1, ...; block i is sketched by its own FD of size
 ``l_i = 2^i l0``. The active block closes when its squared Frobenius mass would reach ``eps * l0``
@@ -11,23 +10,23 @@ The stream is cut into consecutive blocks i = 0, 1, ...; block i is sketched by 
 ``<= eps l0 / l_i = eps / 2^i`` or none, so the whole stack has ``||X'X - S'S|| <= 2 eps`` (Thm. 1,
 by decomposability, Lemma 3). Once ``floor(log2(d/l0 + 1)) - 1`` blocks are closed (Invariant 2)
 the sketch stops and every later row is added exactly, by Sherman-Morrison on a d x d inverse: from
-then on DBS *is* OFUL (note 0.4). ``eps`` is in squared-norm units (pitfall 12).
+then on DBS *is* OFUL. ``eps`` is in squared-norm units.
 
-Choices the paper leaves open, made as the note recommends:
+Choices the paper leaves open, and the ones made here:
 
 * willExcessSketch (Alg. 1 line 6) is True iff the block's raw rows plus x would have rank above
   what its sketch keeps exactly (l_i rows fast, l_i - 1 plain), i.e. iff the next FD shrink would be
   nonzero. The rank is tracked by an orthonormal basis of the block's rows, built (one SVD of the
   buffer) when the test first runs in a block and then grown by Gram-Schmidt, O(d l) per row; it is
-  dropped as soon as the rank exceeds the sketch, so a full-rank stream never holds it (pitfall 4). While the block holds
+  dropped as soon as the rank exceeds the sketch, so a full-rank stream never holds it. While the block holds
   fewer rows than its sketch size the test is skipped and taken as True (App. B.1's sentinel,
   ``rank_test="b1"``, default); ``rank_test="d2"`` skips it below d rows instead (App. D.2).
 * ``fast=True`` is Algorithm 4 (2l buffers, M grown by eq. 7 between shrinks); ``fast=False`` is
   Algorithm 1 with the l-row FD of Algorithm 2.
 * A closed block is shrunk to its sketch size once more and the frozen stack compacted losslessly
-  (:meth:`SketchedCovariance.freeze`; pitfall 9).
+  (:meth:`SketchedCovariance.freeze`).
 * The exact fallback materialises ``A_hat^-1 = (I - S'MS)/lam'`` once and then updates it by
-  Sherman-Morrison (pitfall 11); lam' (robust FD) is frozen from then on.
+  Sherman-Morrison; lam' (robust FD) is frozen from then on.
 """
 
 from __future__ import annotations
@@ -91,13 +90,13 @@ class DyadicBlockSketch:
         self.basis = np.zeros((0, self.dim))
         self.fallback = False
         self.vinv = np.zeros((0, 0))
-        if self._cap_reached():  # l0 > d/3: Bmax <= 1 and DBS is OFUL from round 1 (note 2.5)
+        if self._cap_reached():  # l0 > d/3: Bmax <= 1 and DBS is OFUL from round 1
             self._start_fallback()
 
     # -- structure ----------------------------------------------------------------------------
 
     def block_ell(self, i: int) -> int:
-        """Sketch size of block i: ``2^i l0`` (Alg. 1 line 11), capped at d (pitfall 10)."""
+        """Sketch size of block i: ``2^i l0`` (Alg. 1 line 11), capped at d."""
         return min(self.l0 * 2 ** i, self.dim)
 
     @property
@@ -140,7 +139,7 @@ class DyadicBlockSketch:
             return
         x_sq = float(x @ x)
         will_excess, unit = self._will_excess(x)  # Alg. 4 line 8
-        # Alg. 4 line 9 keeps the block if BlockSize + ||x||^2 < eps l0 (strict, pitfall 5) or not
+        # Alg. 4 line 9 keeps the block if BlockSize + ||x||^2 < eps l0 (strict) or not
         # willExcess; otherwise (line 21) the block closes before x joins the next one.
         if self.active_mass + x_sq >= self.eps * self.l0 and will_excess:
             self._close_active_block()  # Alg. 4 lines 22-25
@@ -192,7 +191,7 @@ class DyadicBlockSketch:
 
     def _grow_basis(self, unit: np.ndarray) -> None:
         """x joins the block and raises its rank: past the sketch's exact capacity only that fact
-        matters (sticky) and the basis is dropped (pitfall 4)."""
+        matters (sticky) and the basis is dropped."""
         if self.basis.shape[0] >= self.cov.fd.keep:
             self._exceeded()
         else:
@@ -214,7 +213,7 @@ class DyadicBlockSketch:
         self.basis = np.zeros((0, self.dim))
 
     def _start_fallback(self) -> None:
-        """Alg. 4 line 5-6, [impl] pitfall 11: materialise A_hat^-1 once; the sketch is dropped."""
+        """Alg. 4 line 5-6: materialise A_hat^-1 once; the sketch is dropped."""
         self.vinv = self.cov.dense_inverse()
         if self.active_rows > 0:  # the block active at the switch keeps its error: list it
             self.block_shrink = np.append(self.block_shrink, self.cov.fd.shrink_total)

@@ -2,14 +2,13 @@
 
 Wen, Yin, Zhang, Zhao, Zhang, Wei, "Revisiting Matrix Sketching in Linear Bandits: Achieving
 Sublinear Regret via Dyadic Block Sketching" (arXiv:2410.10258v2), Algorithms 2 and 3 (App. B.1)
-and the buffered "efficient implementation" of Remark 1 / App. B.2; shared/papers/
-002_dyadic_block_sketching.md is the implementation note (sections 2.1, 2.2, 2.4, pitfalls 1-3).
+and the buffered "efficient implementation" of Remark 1 / App. B.2.
 
 The buffered form appends raw rows and runs one SVD when the buffer is full:
 
 * ``fast=True`` (the paper's experiments, Remark 1): a buffer of 2l rows, shrunk by
   ``sigma_{l+1}^2`` back to at most l rows, i.e. one SVD per l rows. The paper leaves the shrink
-  index open (note 2.4); ``sigma_{l+1}`` is the public fast-FD choice the note recommends.
+  index open; ``sigma_{l+1}`` is the usual fast-FD choice.
 * ``fast=False`` (Algorithms 2/3 exactly): a buffer of l rows shrunk by ``sigma_l^2``, keeping
   l - 1 rows. Algorithm 2 runs an SVD for every row, but while fewer than l rows are held its shrink
   ``sigma_l^2`` is 0 and the SVD only rotates S, which leaves ``S'S`` (all any query uses) unchanged;
@@ -20,7 +19,7 @@ most ``keep`` rows, every shrink removes at least ``(keep+1) delta`` of squared 
 ``0 <= X'X - S'S <= (sum of delta) I`` and ``sum delta <= ||X - X_k||_F^2 / (keep + 1 - k)`` for
 every ``k <= keep``: with keep = l (fast) or l - 1 (plain) this is Lemma 1's ``/(l - k)``.
 
-Robust FD (Algorithm 3; Chen et al. 2020's SCFD, *not* the delta/2 RFD of Luo et al., note 2.2)
+Robust FD (Algorithm 3; Chen et al. 2020's SCFD, *not* the delta/2 RFD of Luo et al.)
 keeps ``alpha`` = the FULL accumulated shrink and approximates ``X'X`` by ``S'S + alpha I``, which
 then over-estimates: ``0 <= S'S + alpha I - X'X <= alpha I`` (Lemma 4).
 """
@@ -36,8 +35,8 @@ __all__ = ["FrequentDirections", "fd_shrink", "numerical_rank_cut", "svd_rows"]
 def svd_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Singular values (descending) and right singular vectors of ``rows`` (n x d).
 
-    LAPACK's gesdd occasionally fails to converge; gesvd is the slower, robust fallback (note pitfall
-    1). U is never needed.
+    LAPACK's gesdd occasionally fails to converge; gesvd is the slower, robust fallback. U is never
+    needed.
     """
     try:
         _, s, vt = np.linalg.svd(rows, full_matrices=False)
@@ -63,7 +62,7 @@ def fd_shrink(rows: np.ndarray, keep: int) -> tuple[np.ndarray, float]:
 
     Alg. 2/3: ``[U, Sigma, V] = svd(S)``, ``delta = sigma_{keep+1}^2``,
     ``S <- sqrt(Sigma^2 - delta I) V'``. Rows whose new value is 0 (the (keep+1)-th and beyond, ties,
-    and numerically-zero directions) are dropped so that the stack carries no zero rows (pitfall 2).
+    and numerically-zero directions) are dropped so that the stack carries no zero rows.
     """
     s, vt = svd_rows(rows)
     s = numerical_rank_cut(s, rows.shape)

@@ -1,8 +1,7 @@
 """The Nystrom dictionary and DTC posterior of BKB.
 
 Calandriello, Carratino, Lazaric, Valko, Rosasco, "Gaussian Process Optimization with Adaptive
-Sketching: Scalable and No Regret", COLT 2019 (shared/papers/000_b2980cc1976c6e11.txt; the
-implementation note is shared/papers/000_bkb.md, cited below as "note").
+Sketching: Scalable and No Regret", COLT 2019.
 
 Pure numpy/scipy, float64. Three pieces:
 
@@ -13,7 +12,7 @@ Pure numpy/scipy, float64. Three pieces:
   approximate posterior of eq. (4), in the count form of Sec. 3.2 (distinct points with pull
   counts and reward sums), fitted once per dictionary.
 
-Variance scale (note Sec. 2): every ``s2`` here is BKB's sigma~^2, the GP posterior variance
+Variance scale: every ``s2`` here is BKB's sigma~^2, the GP posterior variance
 DIVIDED BY lambda (a lambda-ridge leverage score). It is the scale of the UCB, of the inclusion
 probability ``min(1, qbar * s2)`` and of beta~; multiply by lambda for GP units.
 """
@@ -68,7 +67,7 @@ class Kernel:
 
 def inclusion_probabilities(s2: np.ndarray, qbar: float) -> np.ndarray:
     """Fig. 1: ``p~_{t+1,i} = qbar * sigma~_t^2(x~_i)``, clipped to 1 (the paper allows p~ > 1
-    "with abuse of notation"; note Sec. 8.2). ``qbar = inf`` includes every point."""
+    "with abuse of notation"). ``qbar = inf`` includes every point."""
     if math.isinf(qbar):
         return np.ones_like(s2)
     return np.minimum(qbar * s2, 1.0)
@@ -76,7 +75,7 @@ def inclusion_probabilities(s2: np.ndarray, qbar: float) -> np.ndarray:
 
 def resampling_rng(seed: int, step: int) -> np.random.Generator:
     """The generator of the dictionary draw at update number ``step``: a function of the
-    configured seed and the step only (DESIGN 3.1), so replaying the same updates redraws the
+    configured seed and the step only (docs/design.md, determinism), so replaying the same updates redraws the
     same dictionaries and nothing about the generator needs saving."""
     return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, _RESAMPLE_STREAM]))
 
@@ -87,11 +86,11 @@ def resample_dictionary(s2: np.ndarray, counts: np.ndarray, qbar: float, rng: np
     ``s2[i]`` is sigma~_t^2 at distinct pulled point i (previous step's posterior: approximations
     (a) and (b) of Sec. 3.1) and ``counts[i]`` its pulls including the one being added. All
     ``counts[i]`` copies of a point share p_i, and the dictionary's span only depends on whether
-    at least one copy is drawn, so the point enters with probability ``1 - (1 - p_i)^n_i``
-    (note Sec. 4.4, count form): one uniform per distinct point instead of one per pull.
+    at least one copy is drawn, so the point enters with probability ``1 - (1 - p_i)^n_i``: one
+    uniform per distinct point instead of one per pull.
 
     All draws can fail when qbar is small; the point most likely to be drawn (lowest index on a
-    tie) is then kept, so the dictionary is never empty (note Sec. 8.8).
+    tie) is then kept, so the dictionary is never empty.
     """
     p = inclusion_probabilities(s2, qbar)
     keep = 1.0 - (1.0 - p) ** counts
@@ -106,9 +105,9 @@ def _root_pinv(k_ss: np.ndarray) -> np.ndarray:
 
     With ``K_S = U diag(s) U'``, ``(K_S^{1/2})^+ = U_r diag(s_r^{-1/2}) U_r'`` over the eigenvalues
     kept. Dropping the leading ``U_r`` rotates every z by the same orthogonal map, which leaves
-    mu~ and sigma~ unchanged (note Sec. 4.1), and gives r = numerical rank coordinates.
+    mu~ and sigma~ unchanged, and gives r = numerical rank coordinates.
     Eigenvalues below ``s_max * m * eps`` are treated as 0 (the pseudo-inverse; duplicated or
-    collinear points add nothing, note Sec. 8.4): never a Cholesky of K_S.
+    collinear points add nothing): never a Cholesky of K_S.
     """
     m = k_ss.shape[0]
     if m == 0:
@@ -157,8 +156,8 @@ class DTCPosterior:
         # Sec. 3.1: V_t = Z_t' Z_t + lam I, with Z_t' Z_t = Z_P' diag(n) Z_P (count form, Sec. 3.2).
         v = (z * counts[:, None].astype(np.float64)).T @ z
         v[np.diag_indices(r)] += self.lam
-        chol = np.linalg.cholesky(v)  # V = L L', eigenvalues >= lam: well conditioned (note Sec. 8.6)
-        # eq. (4) mean, typo corrected (note Sec. 10.1): w = V^-1 Z_t(X_t)' y_t with Z_t' y_t = Z_P' r.
+        chol = np.linalg.cholesky(v)  # V = L L', eigenvalues >= lam: well conditioned
+        # eq. (4) mean, typo corrected: w = V^-1 Z_t(X_t)' y_t with Z_t' y_t = Z_P' r.
         y = solve_triangular(chol, z.T @ reward_sums, lower=True, check_finite=False)
         w = solve_triangular(chol, y, lower=True, trans="T", check_finite=False)
         # mu~(x) = z(x)' w = k_S(x)' (R w); z(x)' V^-1 z(x) = ||L^-1 R' k_S(x)||^2 = ||W' k_S(x)||^2
@@ -192,11 +191,11 @@ class DTCPosterior:
 
     def _mean_s2(self, k_xs: np.ndarray, kdiag: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """eq. (4) from k_S(x): the variance ``(1/lam) (k(x,x) - z' Z'Z V^-1 z)`` is computed as
-        ``(k(x,x) - ||z||^2) / lam + z' V^-1 z`` (since ``Z'Z V^-1 = I - lam V^-1``; note Sec. 4.2).
+        ``(k(x,x) - ||z||^2) / lam + z' V^-1 z`` (since ``Z'Z V^-1 = I - lam V^-1``).
 
         The first term is the DTC residual that keeps the exact k(x,x): it is what stops variance
-        starvation far from S. It must not be dropped (that is the SoR variance z' V^-1 z; note
-        Sec. 8.9). Rounding can push it slightly below 0; it is clamped (note Sec. 8.5).
+        starvation far from S. It must not be dropped (that is the SoR variance z' V^-1 z, which
+        starves far from the dictionary). Rounding can push it slightly below 0; it is clamped.
         """
         # Row by row (streambandit.rowwise), so a point's mean and variance do not depend on the
         # other points scored with it: identical arms score identically on any CPU.

@@ -1,8 +1,7 @@
 """The sketched covariance ``A_hat = lam' I + S'S`` and its inverse through the Woodbury identity.
 
 Wen et al., "Revisiting Matrix Sketching in Linear Bandits ... Dyadic Block Sketching"
-(arXiv:2410.10258v2), Sec. 2.3, eqs. (3), (5) and (7); shared/papers/002_dyadic_block_sketching.md
-sections 2.3-2.5 and pitfalls 6-8.
+(arXiv:2410.10258v2), Sec. 2.3, eqs. (3), (5) and (7).
 
 For any r x d stack S (here: the frozen rows of closed blocks over the rows of the active FD sketch)
 
@@ -12,9 +11,9 @@ so ``A_hat^-1 v`` and ``x' A_hat^-1 x`` cost O(d r + r^2) and no d x d matrix is
 ``lam' = lambda`` for FD and ``lambda + alpha`` (alpha summed over every block) for robust FD.
 
 Eq. (3) as printed puts the blocks' *inverses* M~, M* on the diagonal of the matrix it inverts and
-drops alpha; the correct form (note 2.5, erratum) is simply ``M = (S S' + lam' I)^-1`` over the whole
+drops alpha; the correct form (erratum) is simply ``M = (S S' + lam' I)^-1`` over the whole
 stack, which is dense, not diagonal. It is rebuilt after every FD shrink (from a Cholesky factor,
-pitfall 7) and grown by the bordered inverse of eq. (7) when a raw row is appended.
+symmetrised) and grown by the bordered inverse of eq. (7) when a raw row is appended.
 """
 
 from __future__ import annotations
@@ -31,7 +30,7 @@ __all__ = ["SketchedCovariance", "orthogonal_compaction", "stack_inverse"]
 def stack_inverse(frozen: np.ndarray, active: np.ndarray, lam: float) -> np.ndarray:
     """``M = (S S' + lam I)^-1`` for ``S = [frozen; active]`` where each part has orthogonal rows.
 
-    Eq. (3) corrected (note 2.5): the Gram blocks ``frozen frozen'`` and ``active active'`` are
+    Eq. (3) corrected: the Gram blocks ``frozen frozen'`` and ``active active'`` are
     diagonal (orthogonal rows: the frozen stack is SVD-compacted, the active sketch was just shrunk
     to ``Sigma V'``), so only the cross block costs O(d r_frozen r_active). With one part empty M is
     the diagonal of Alg. 2/3's last line.
@@ -47,12 +46,12 @@ def stack_inverse(frozen: np.ndarray, active: np.ndarray, lam: float) -> np.ndar
     gram[r_f:, :r_f] = cross.T
     factor = scipy.linalg.cho_factor(gram, lower=True)
     m = scipy.linalg.cho_solve(factor, np.eye(gram.shape[0]))
-    return 0.5 * (m + m.T)  # pitfall 7: keep M exactly symmetric
+    return 0.5 * (m + m.T)  # keep M exactly symmetric
 
 
 def orthogonal_compaction(rows: np.ndarray) -> np.ndarray:
     """Rows ``Sigma V'`` with the same ``S'S`` as ``rows`` and one row per nonzero singular value
-    (lossless up to rounding; note pitfall 9). Used when a block is frozen."""
+    (lossless up to rounding). Used when a block is frozen."""
     if rows.shape[0] == 0:
         return rows.copy()
     s, vt = svd_rows(rows)
@@ -89,7 +88,7 @@ class SketchedCovariance:
 
     @property
     def lam_eff(self) -> float:
-        """lam' of eq. (5): lambda, plus every block's alpha for robust FD (note pitfall 6)."""
+        """lam' of eq. (5): lambda, plus every block's alpha for robust FD."""
         if not self.robust:
             return self.lam
         return self.lam + (self.frozen_shrink + self.fd.shrink_total)
@@ -161,7 +160,7 @@ class SketchedCovariance:
         """Close the active block and open an empty one of sketch size ``next_ell``; returns the
         closed block's total shrink (its sigma-bar; its alpha for robust FD).
 
-        [impl, note pitfall 9] The closed block is first shrunk to its sketch size (one more FD step,
+        The closed block is first shrunk to its sketch size (one more FD step,
         so its error stays within FD's ``BlockSize / l``; zero when the block is exact), then the
         whole frozen stack is compacted losslessly to orthogonal rows, which keeps the frozen rows at
         most ``sum_i l_i`` (Theorem 1's space) and the frozen Gram diagonal for :func:`stack_inverse`.
@@ -189,7 +188,7 @@ class SketchedCovariance:
         m = self._m
         lam = self.lam_eff
         phi = m[:r, :r] @ u
-        # xi = lam' (1 + x' A_hat^-1 x) >= lam' exactly; clamp the rounding (pitfall 7).
+        # xi = lam' (1 + x' A_hat^-1 x) >= lam' exactly; clamp the rounding.
         xi = max(lam + x_sq - float(u @ phi), lam)
         inv_xi = 1.0 / xi
         m[:r, :r] += np.multiply.outer(phi, phi) * inv_xi  # outer(phi, phi) is exactly symmetric
@@ -209,7 +208,7 @@ class SketchedCovariance:
 
     def quad_forms(self, arms: np.ndarray) -> np.ndarray:
         """``x' A_hat^-1 x = (||x||^2 - u' M u) / lam'`` with ``u = S x``, for every row of ``arms``
-        (K x d), in O(K d r + K r^2); clipped at 0 against rounding (pitfall 8: float64 throughout).
+        (K x d), in O(K d r + K r^2); clipped at 0 against rounding (float64 throughout).
         Row by row (``streambandit.rowwise``): an arm's value does not depend on the other arms."""
         s_t = np.hstack([self.frozen.T, self.fd.rows.T])  # S' (d, r), C-contiguous
         u = rowwise.matmul(arms, s_t)

@@ -3,7 +3,7 @@
 Oracles: brute-force GP posteriors over the full t x t kernel matrix with repetition
 (streambandit/sim/gp_ucb.py), the paper's eq. (4) built literally with scipy's sqrtm/pinv, ridge
 regression for the linear kernel, and closed forms. Variances are compared on BKB's scale,
-sigma~^2 = GP variance / lambda (eq. 4 carries the 1/lambda; note Sec. 2).
+sigma~^2 = GP variance / lambda (eq. 4 carries the 1/lambda).
 """
 
 import math
@@ -118,8 +118,8 @@ def test_sparse_dictionary_posterior_is_eq4_written_literally():
 @pytest.mark.parametrize("dict_rows, rank", [([0, 1, 2, 3, 4, 5], 3), ([1, 4], 2)])
 def test_linear_kernel_dictionary_is_ridge_on_its_span(dict_rows, rank):
     """Linear kernel: the embedding spans span(X_S) (pseudo-inverse: 6 points in R^3 have rank 3),
-    and eq. (4) is ridge regression on the projected features with lam I on the whole space
-    (note Sec. 4.2, RKHS view): mu~ = x' A~^-1 P X' y, sigma~^2 = x' A~^-1 x, A~ = P X'X P + lam I."""
+    and eq. (4) is ridge regression on the projected features with lam I on the whole space:
+    mu~ = x' A~^-1 P X' y, sigma~^2 = x' A~^-1 x, A~ = P X'X P + lam I."""
     rng = np.random.default_rng(3)
     lam = 0.4
     xs = rng.standard_normal((15, D))

@@ -58,7 +58,7 @@ def _learner(name: str, link: str, radius: float):
 CHOICES_COMMON = [
     "Arms: K = 20 fixed unit-norm arms in d = 5 (Gaussian directions), redrawn per seed; theta* = S times a "
     "uniform unit direction; the same arms and direction for every S of a seed (paper silent on d, K, arm "
-    "generation; the note's reproduction default).",
+    "generation; this project's default).",
     "glb_omd: lambda = d (the paper's experiments), eta = 1 + S, delta = 0.05, eq. (5) radius unscaled "
     "(beta_scale = 1), A-norm projection as implemented in streambandit.policies.glb_omd.",
     "glm_ucb_refit: ridge-regularised MLE (lambda = d) refit every round over all data with scipy "

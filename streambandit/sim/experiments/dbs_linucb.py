@@ -1,7 +1,7 @@
 """Paper 002 (Wen et al., "Revisiting Matrix Sketching in Linear Bandits ... Dyadic Block Sketching"),
 Sec. 5 and App. F: DBSLinUCB against OFUL and fixed-size sketches (SOFUL = FD, CBSCFD = robust FD).
 
-Two settings (notes: shared/papers/002_dyadic_block_sketching.md, Sec. 4):
+Two settings:
 
 - ``heavy-tail d=D``: the paper's synthetic stream (Sec. 5, Fig. 1): K fresh arms per round drawn
   from N(0, I_d) and L2-normalised, theta* a random unit vector, reward x'theta* + N(0, 0.1^2). Its
@@ -290,7 +290,7 @@ def _summary(curves: list[Curve], size: str, n_seeds: int) -> str:
                   f"{dbs_mem:,.1f} KB vs OFUL {oful['mem_kb']:,.1f} KB"
                   + (" (DBS cheaper in both)." if dbs_mem < oful["mem_kb"] and dbs_time < oful["total_s"] else
                      " (DBS is not cheaper than OFUL on both counts here; on a full-rank stream it falls back "
-                     "to OFUL's d x d inverse after about (Bmax-1) eps l0 rounds, note 0.4)."))
+                     "to OFUL's d x d inverse after about (Bmax-1) eps l0 rounds)."))
             verdicts.append(v)
     lines += ["", "### Verdict", "", *verdicts]
     return "\n".join(lines)
