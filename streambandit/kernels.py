@@ -1,14 +1,13 @@
 """Compiled per-event kernels of the exact learners (OFUL, GLB-OMD): numba, no Python per event.
 
-Why: at d = 20 the numpy per-call path spends most of its ~35 us per select + update in the
-interpreter and in a dozen small numpy calls, not in the O(K d^2) arithmetic (about 4,400
-multiply-adds). These kernels do the arithmetic in one compiled call: select + update takes a few
-microseconds from Python, and ``*_play`` runs a whole stream of select + update steps in one call
-(bench/results/policies.md).
+Why: at small d the numpy per-call path spends most of its time per select + update in the
+interpreter and in a dozen small numpy calls, not in the O(K d^2) arithmetic. These kernels do
+the arithmetic in one compiled call, and ``*_play`` runs a whole stream of select + update steps
+in one call (``python bench/bench_policies.py`` compares them with a numpy OFUL).
 
-Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled with fastmath
-(so no reassociation and no fused multiply-add), and the one-event functions are the same code the
-``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
+Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled
+with fastmath (so no reassociation and no fused multiply-add), and the one-event functions are the
+same code the ``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
 worker), a batch at a time or a stream at a time (the simulator), and ``ucb_argmax_batch`` chooses
 exactly what ``ucb_argmax`` chooses for each row. Matrix-vector products run row by row over a
 symmetric matrix (``y += x_j * M[j, :]``), which the compiler can vectorise without reordering any
@@ -108,9 +107,8 @@ def _dot(a, b):
 
 
 # Inlined into each caller at numba's IR level (same arithmetic, same order): called as a separate
-# compiled function, the copy loaded from numba's on-disk cache ran ~15% slower than a fresh compile
-# of the same source (select_batch 0.98M against 1.14M decisions/s, d = 20, K = 10); inlined, both
-# run at ~1.2M.
+# compiled function, the copy loaded from numba's on-disk cache ran slower than a fresh compile of
+# the same source; inlined, both run alike (select_batch in `python bench/bench_peers.py`).
 @njit(cache=True, nogil=True, inline="always")
 def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with

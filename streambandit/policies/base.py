@@ -67,7 +67,7 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
 
 # Policies of one configuration share its config dict and the constants their constructors derive
 # from it (immutable values), instead of one copy per model: a worker holds one model per key, and
-# at 100,000 models these copies were ~450 bytes each (bench/results/memory.md). Bounded, so that
+# per-model copies add up (`python bench/bench_memory.py` accounts for every byte). Bounded, so that
 # building policies with ever new configurations (a parameter sweep) does not grow it for ever.
 # The compiled learners go further: their RowStore (rows.py) holds the configuration, its
 # constants and every model's state as rows of shared arrays.
@@ -97,7 +97,7 @@ def _share_configuration(policy: "Policy") -> None:
 @functools.cache
 def _keyword_parameters(cls: type) -> tuple[str, ...]:
     # Once per class: make_policy checks the names for every model it builds (a worker builds one
-    # per new model key and per model restored), and inspect.signature takes ~100 us.
+    # per new model key and per model restored), and inspect.signature is slow.
     sig = inspect.signature(cls.__init__)
     return tuple(p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
 

@@ -1,9 +1,10 @@
 """Rows of shared chunked arrays: where the compiled learners (OFUL, GLB-OMD, Hvt-UCB) keep each
 model's state.
 
-Why: a worker holds one model per key. With three numpy arrays per model, 100,000 live models
-cost ~830 bytes each beyond their state (array headers, a malloc per array, per-model scalars and
-argument tuples; bench/results/memory.md). Here every model of one configuration is a row of a few
+Why: a worker holds one model per key. With three numpy arrays per model, each model costs
+hundreds of bytes beyond its state (array headers, a malloc per array, per-model scalars and
+argument tuples; ``python bench/bench_memory.py`` accounts for them). Here every model of one
+configuration is a row of a few
 arrays shared by all of them, so a model costs its row (the documented state, plus its two
 scalars) and a small slotted instance.
 
