@@ -33,6 +33,7 @@ from streambandit.stream.logs import LogReader
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshots import SnapshotStore
+from streambandit.stream.stall import StallWatch
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
 from streambandit.stream.worker_config import Topics, WorkerConfig, snapshot_due
 from streambandit.wire import pack_snapshot
@@ -101,6 +102,8 @@ class Worker:
         open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
         self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka), open_timeout_s)
         self._stopping = False
+        self._stalls = StallWatch(c.stall_report_s)
+        self._next_stall_check = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -111,6 +114,7 @@ class Worker:
         try:
             while not self._stopping and (deadline is None or time.monotonic() < deadline):
                 self.step()
+                self._check_stalls()
         finally:
             self.close()
 
@@ -181,6 +185,46 @@ class Worker:
         self.metrics["transactions"] += 1
         self._maybe_snapshot()
         return len(msgs)
+
+    def _check_stalls(self) -> None:
+        """Every few seconds: is this worker idle while work waits, or are its commits not
+        applied? (stream/stall.py). Broker queries only; never raises."""
+        now = time.monotonic()
+        if now < self._next_stall_check:
+            return
+        self._next_stall_check = now + min(10.0, self.config.stall_report_s / 4)
+        try:
+            lag = None
+            if not self.partitions:
+                lag = self._group_input_lag()
+            behind = self._commits_not_applied()
+        except Exception as exc:  # a broker that does not answer: the next check tries again
+            log.debug("stall check failed: %s", exc)
+            return
+        for line in self._stalls.check(now, assigned=len(self.partitions), input_lag=lag, behind=behind):
+            self.metrics["stalls_reported"] += 1
+            log.error("stalled: %s", line)
+
+    def _group_input_lag(self) -> int:
+        """Records of the inputs the group has not committed yet, over every partition."""
+        t = self.config.topics
+        md = self.consumer.list_topics(timeout=5)
+        tps = [TopicPartition(topic, p) for topic in (t.contexts, t.rewards) for p in md.topics[topic].partitions]
+        lag = 0
+        for tp in self.consumer.committed(tps, 5):
+            _, hi = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
+            lag += max(hi - max(tp.offset, 0), 0)
+        return lag
+
+    def _commits_not_applied(self) -> dict[tuple[str, int], tuple[int, int]]:
+        """Where the group's committed offset is below the one this worker last committed."""
+        ours = {(self.batch.topic_of(src), p): off for p, part in self.partitions.items()
+                for src, off in part.committed_offset.items() if off > 0}
+        if not ours:
+            return {}
+        got = self.consumer.committed([TopicPartition(t, p) for t, p in ours], 5)
+        return {(tp.topic, tp.partition): (ours[(tp.topic, tp.partition)], max(tp.offset, 0)) for tp in got
+                if max(tp.offset, 0) < ours[(tp.topic, tp.partition)]}
 
     def _poll_batch(self) -> list[Any]:
         """What is already fetched, up to ``batch_max_records``; when nothing is, wait up to

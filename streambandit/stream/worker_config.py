@@ -57,6 +57,9 @@ class WorkerConfig:
     max_id_bytes: int = 1024
     max_event_time_ahead_ms: int = 3_600_000
     max_dead_letter_bytes: int = 256 * 1024
+    # How long the worker may hold no partition while its inputs have lag, or see the group's
+    # committed offsets behind its own commits, before it says so (stream/stall.py).
+    stall_report_s: float = 60.0
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
 
     def __post_init__(self) -> None:

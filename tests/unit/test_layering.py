@@ -23,6 +23,7 @@ PURE = [
     "streambandit.decision", "streambandit.models_config", "streambandit.stream.kafka_config",
     "streambandit.wire.codec", "streambandit.wire.snapshot", "streambandit.wire.batch_decode",
     "streambandit.wire.batch_encode", "streambandit.rowwise", "streambandit.kernels", "streambandit.warmup",
+    "streambandit.stream.stall", "streambandit.stream.batch", "streambandit.stream.worker_config",
 ]
 
 BLOCK = """

@@ -1,0 +1,36 @@
+"""StallWatch: a worker idle while work waits, or whose commits the broker does not apply, is
+reported once the condition has lasted, then at that interval while it lasts, and no more."""
+
+from streambandit.stream.stall import StallWatch
+
+
+def test_no_partition_while_inputs_have_lag_is_reported_after_the_bound_and_then_periodically():
+    w = StallWatch(after_s=60)
+    assert w.check(0, assigned=0, input_lag=50, behind={}) == []
+    assert w.check(59, assigned=0, input_lag=50, behind={}) == []
+    [line] = w.check(60, assigned=0, input_lag=50, behind={})
+    assert "holds no partition" in line and "50 records" in line and "(for 60 s)" in line
+    assert w.check(90, assigned=0, input_lag=50, behind={}) == []
+    assert len(w.check(120, assigned=0, input_lag=50, behind={})) == 1
+
+
+def test_an_idle_worker_with_nothing_to_do_or_with_partitions_is_not_reported():
+    w = StallWatch(after_s=10)
+    for t in range(0, 100, 5):
+        assert w.check(t, assigned=0, input_lag=0, behind={}) == []
+        assert w.check(t, assigned=0, input_lag=None, behind={}) == []
+    w2 = StallWatch(after_s=10)
+    assert w2.check(0, assigned=0, input_lag=5, behind={}) == []
+    assert w2.check(5, assigned=2, input_lag=5, behind={}) == []  # assigned again: the clock restarts
+    assert w2.check(12, assigned=0, input_lag=5, behind={}) == []
+    assert len(w2.check(22, assigned=0, input_lag=5, behind={})) == 1
+
+
+def test_commits_the_group_does_not_show_are_reported_with_where():
+    w = StallWatch(after_s=30)
+    behind = {("rewards", 1): (7, 5), ("contexts", 0): (12, 12 - 2)}
+    assert w.check(0, assigned=2, input_lag=None, behind=behind) == []
+    [line] = w.check(30, assigned=2, input_lag=None, behind=behind)
+    assert "contexts[0] 12 vs 10" in line and "rewards[1] 7 vs 5" in line
+    assert w.check(40, assigned=2, input_lag=None, behind={}) == []  # caught up: cleared
+    assert w.check(65, assigned=2, input_lag=None, behind=behind) == []  # a new episode starts at 65
