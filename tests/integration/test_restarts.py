@@ -3,6 +3,7 @@ progress has no output of its own (a reward summed into an open window) starts a
 reward is applied exactly once; a recovery while a dead producer's transaction is open on the
 logs waits for it instead of reading too little."""
 
+import re
 import threading
 import time
 
@@ -180,22 +181,24 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     def done() -> int:
         return sum(committed_offsets(broker, "g-kill", topics.contexts).values())
 
-    # Kill until a kill lands inside a transaction (most do: draining, the worker is in one
-    # nearly all the time), leaving it open on the output partitions.
-    for _ in range(6):
-        before = done()
-        first = serve()
-        try:
-            assert wait_for(lambda: done() > before + 1_000, timeout_s=90, interval_s=0.05), "no progress"
-            first.send_signal(signal.SIGKILL)
-            first.wait(10)
-        finally:
-            first.kill()
-        assert done() < n, "the backlog was drained before a kill left a transaction open"
-        if open_transaction(broker, topics):
-            break
-    else:
-        pytest.fail("no kill left a transaction open")
+    # Kill when a transaction is open on the output partitions, until one is left open.
+    probe = TransactionProbe(broker, topics)
+    try:
+        for _ in range(10):
+            before = done()
+            first = serve()
+            try:
+                assert wait_for(lambda: done() > before + 1_000, timeout_s=90, interval_s=0.05), "no progress"
+                left_open = kill_inside_a_transaction(first, probe)
+            finally:
+                first.kill()
+            assert done() < n, "the backlog was drained before a kill left a transaction open"
+            if left_open:
+                break
+        else:
+            pytest.fail("no kill left a transaction open")
+    finally:
+        probe.close()
     second = serve()
     try:
         # The dead instance's transaction ends when its successor starts, not at the transaction
@@ -215,19 +218,45 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     assert len({decode(m.value()).event_id for m in read_all(broker, topics.actions)}) == n
 
 
-def open_transaction(broker, topics) -> bool:
-    """Whether a transaction is open on one of the output partitions (committed end < log end)."""
-    from confluent_kafka import Consumer, TopicPartition
+class TransactionProbe:
+    """Whether a transaction is open on one of the output partitions (read_committed end < log
+    end), asked as often as a test needs with the same two clients."""
 
-    ends = {}
-    for level in ("read_committed", "read_uncommitted"):
-        c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe", "isolation.level": level})
-        try:
-            ends[level] = [c.get_watermark_offsets(TopicPartition(t, p), timeout=10, cached=False)[1]
-                           for t in (topics.actions, topics.joined) for p in (0, 1)]
-        finally:
+    def __init__(self, broker, topics, partitions=(0, 1)) -> None:
+        from confluent_kafka import Consumer, TopicPartition
+
+        self.tps = [TopicPartition(t, p) for t in (topics.actions, topics.joined) for p in partitions]
+        self.clients = [Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe",
+                                  "isolation.level": level}) for level in ("read_committed", "read_uncommitted")]
+
+    def open(self) -> bool:
+        ends = [[c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps] for c in self.clients]
+        return any(a < b for a, b in zip(*ends))
+
+    def close(self) -> None:
+        for c in self.clients:
             c.close()
-    return any(a < b for a, b in zip(ends["read_committed"], ends["read_uncommitted"]))
+
+
+def open_transaction(broker, topics) -> bool:
+    probe = TransactionProbe(broker, topics)
+    try:
+        return probe.open()
+    finally:
+        probe.close()
+
+
+def kill_inside_a_transaction(proc, probe: TransactionProbe, timeout_s: float = 30) -> bool:
+    """SIGKILL ``proc`` at a moment the probe sees a transaction open, and say whether one is still
+    open after the kill (it may have committed between the look and the kill)."""
+    import signal
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and not probe.open():
+        pass
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    return probe.open()
 
 
 def _stream(n: int, seed: int) -> list[tuple[str, object]]:
@@ -317,3 +346,138 @@ def test_twenty_stops_at_random_moments_and_a_group_that_churns_while_idle(broke
     got, want = _models(snaps), _models(tmp_path / "ref")
     assert got.keys() == want.keys() and got
     engine_states_equal({"models": got, "pending": [], "watermark_ms": 0}, {"models": want, "pending": [], "watermark_ms": 0})
+
+
+TAKEOVER_CONFIG = """
+[worker]
+group_id = "{group}"
+snapshot_dir = "{snaps}"
+idle_tick_ms = 1000000000
+
+[topics]
+contexts = "{contexts}"
+rewards = "{rewards}"
+actions = "{actions}"
+joined = "{joined}"
+dead_letter = "{dead_letter}"
+
+[[models]]
+match = "m-*"
+policy = "oful"
+dim = 3
+reward_window_ms = 100
+default_reward = 0.0
+
+[kafka.producer]
+"transaction.timeout.ms" = 60000
+"""
+
+
+@pytest.mark.slow
+def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, topics, tmp_path):
+    """Two workers in a group drain a backlog; one is SIGKILLed inside a transaction, so that the
+    other takes over its partition while that transaction is still open on the output logs (the
+    embedded broker then reports their read_committed end as the start of the open transaction,
+    or 0). The survivor's recovery waits for the transaction to end instead of reading the logs
+    short; the killed worker comes back with its instance id, which aborts it. The group ends with
+    every context decided once and, to the bit, the models of one worker that was never stopped,
+    with the same dead letters."""
+    import collections
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from streambandit.stream.worker_config import Topics
+
+    from .helpers import committed_offsets, engine_states_equal
+
+    def serve(group, instance, out_topics, snaps):
+        cfg = tmp_path / f"{group}-{instance}.toml"
+        cfg.write_text(TAKEOVER_CONFIG.format(group=group, snaps=snaps, contexts=topics.contexts,
+                                              rewards=topics.rewards, actions=out_topics.actions,
+                                              joined=out_topics.joined, dead_letter=out_topics.dead_letter))
+        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
+                                 "--instance-id", instance, "--bootstrap-servers", broker.bootstrap_servers],
+                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{group}-{instance}.log", "a"),
+                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def done(group) -> int:
+        return sum(committed_offsets(broker, group, topics.contexts).values())
+
+    def held(group, instance) -> set[int]:
+        """The partitions the instance holds, by its log."""
+        out: set[int] = set()
+        for m in re.finditer(r"partition (assigned|revoked) partition=(\d+)",
+                             (tmp_path / f"{group}-{instance}.log").read_text()):
+            (out.add if m.group(1) == "assigned" else out.discard)(int(m.group(2)))
+        return out
+
+    def stop_all(*procs):
+        for proc in procs:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                proc.wait(60)
+            finally:
+                proc.kill()
+
+    rng, n = np.random.default_rng(5), 60_000
+    prod = producer(broker)
+    for i in range(n):  # 8 keys over both partitions; a reward for every other context, 7 ms later
+        key = f"m-{i % 8}"
+        send(prod, topics.contexts, Context(f"e{i}", key, 1_000 + i, ("a", "b"), rng.standard_normal((2, 3)) / 2))
+        if i % 2 == 0:
+            send(prod, topics.rewards, Reward(f"e{i}", key, 1_000 + i + 7, float(rng.random())))
+    prod.flush()
+
+    a = b = None
+    try:
+        for _attempt in range(6):  # until a kill leaves a transaction of the killed worker open
+            a = serve("g-two", "a", topics, tmp_path / "snaps")
+            b = serve("g-two", "b", topics, tmp_path / "snaps")
+            before = done("g-two")
+            assert wait_for(lambda: len(held("g-two", "a")) == len(held("g-two", "b")) == 1
+                            and done("g-two") > before + 2_000, timeout_s=90, interval_s=0.05), "no progress"
+            probe = TransactionProbe(broker, topics, partitions=held("g-two", "a"))
+            try:
+                left_open = kill_inside_a_transaction(a, probe)
+            finally:
+                probe.close()
+            assert done("g-two") < n, "the backlog was drained before a kill left a transaction open"
+            if left_open:
+                break
+            stop_all(b)
+        else:
+            pytest.fail("no kill left a transaction open")
+        # After the dead worker's session timeout (6 s) the survivor is assigned its partition and
+        # waits in recovery while the transaction stays open (the embedded broker does not time it
+        # out): it neither exits nor commits anything for that partition.
+        time.sleep(12)
+        assert b.poll() is None, "the survivor exited"
+        a = serve("g-two", "a", topics, tmp_path / "snaps")  # the same instance id: aborts it
+        assert wait_for(lambda: done("g-two") >= n, timeout_s=120), f"stuck at {done('g-two')} of {n}"
+    finally:
+        stop_all(*(p for p in (a, b) if p is not None))
+
+    # The same input, one worker never stopped, writing to output topics of its own.
+    tag = topics.actions.rsplit("-", 1)[1]
+    ref_topics = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=f"ref-actions-{tag}",
+                        joined=f"ref-joined-{tag}", dead_letter=f"ref-dead-letter-{tag}")
+    broker.create_topics([ref_topics.actions, ref_topics.joined, ref_topics.dead_letter], partitions=2)
+    ref = serve("g-ref", "ref", ref_topics, tmp_path / "ref")
+    try:
+        assert wait_for(lambda: done("g-ref") >= n, timeout_s=120), f"reference stuck at {done('g-ref')}"
+    finally:
+        stop_all(ref)
+
+    got, want = outputs(broker, topics, "g-two"), outputs(broker, ref_topics, "g-ref")
+    ids = [x.event_id for x in got["actions"]]
+    assert len(ids) == len(set(ids)) == n
+    assert collections.Counter(d.reason for d in got["dead_letter"]) == \
+        collections.Counter(d.reason for d in want["dead_letter"])
+    assert len(got["joined"]) == len(want["joined"])
+    models_got, models_want = _models(tmp_path / "snaps"), _models(tmp_path / "ref")
+    engine_states_equal({"models": models_got, "pending": [], "watermark_ms": 0},
+                        {"models": models_want, "pending": [], "watermark_ms": 0})
