@@ -25,6 +25,7 @@ MODEL_KEY_MISMATCH = "model_key_mismatch"  # a reward whose model key differs fr
 UPDATE_FAILED = "update_failed"  # the learner refused the update (its detail says why)
 KEY_MISMATCH = "key_mismatch"  # the message key differs from the record's model key (wrong partition)
 ID_TOO_LONG = "id_too_long"  # an event id, model key or chosen arm id longer than max_id_bytes (UTF-8)
+FOREIGN_TICK = "foreign_tick"  # a watermark tick on rewards not written by a worker of this group
 EVENT_TIME_AHEAD = "event_time_ahead"  # event time beyond the record's Kafka timestamp + max_event_time_ahead_ms
 
 ALL = tuple(v for k, v in dict(globals()).items() if k.isupper())

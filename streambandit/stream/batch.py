@@ -31,7 +31,7 @@ Output = tuple[str, int, bytes | None, bytes]  # (topic, partition, key, value)
 Emit = Callable[[list[Output]], None]
 
 # Records processed between hand-overs of their outputs: librdkafka sends them while the rest of
-# the batch is processed, instead of the commit waiting for all of them (bench_e2e part 4).
+# the batch is processed, instead of the commit waiting for all of them (e2e part 4).
 EMIT_EVERY = 256
 
 _TIMED = frozenset((Context, Reward, Tick))  # the decoded records that carry an event time
@@ -132,7 +132,7 @@ class BatchProcessor:
 
     def buffer(self, records: list[Any], now: int) -> None:
         """Decode the batch's records and buffer each in its partition's merger."""
-        # The whole batch is decoded in one compiled pass (bench_e2e part 2 compares it with
+        # The whole batch is decoded in one compiled pass (e2e part 2 compares it with
         # decoding one record at a time).
         values = [m.value() for m in records]
         partitions, sources = self.partitions, self.source_of
@@ -172,7 +172,7 @@ class BatchProcessor:
         reward on rewards keyed by its model key, goes straight to the engine; everything else
         takes ``_other``. Actions and joined records are encoded together, one compiled pass each
         per hand-over; each output topic's records keep their order, which is all the logs'
-        order depends on (bench_worker_path measures this loop by stage)."""
+        order depends on (bench.worker_path measures this loop by stage)."""
         out_buf = _Outputs(self.config.topics)
         released = 0
         for p, part in self.partitions.items():
@@ -215,6 +215,11 @@ class BatchProcessor:
         if ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
             return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
         if isinstance(ev, Tick):
+            if ev.group_id != self.config.group_id:
+                # Only this group's workers may move its watermark: a tick from a client, or from
+                # another group reading the same rewards topic, would close this group's windows.
+                return [Rejected(reasons.FOREIGN_TICK, f"a tick of group {ev.group_id!r}, not {self.config.group_id!r}",
+                                 ref)]
             return part.engine.on_tick(ev, ref)
         # A context or reward whose message key is not its model key, or that has none: it is on
         # whatever partition its key (or a random draw) chose, where its model's other records are
@@ -263,4 +268,4 @@ class BatchProcessor:
             return []
         part.last_tick_wall_ms = now
         self.metrics["ticks"] += 1
-        return [(self.config.topics.rewards, p, None, encode(Tick(part.engine.watermark_ms + idle)))]
+        return [(self.config.topics.rewards, p, None, encode(Tick(part.engine.watermark_ms + idle, self.config.group_id)))]

@@ -28,7 +28,7 @@ __all__ = ["recover_partition"]
 log = logging.getLogger("streambandit")
 
 _REFUSED_BEFORE_THE_ENGINE = frozenset((reasons.WRONG_TOPIC, reasons.KEY_MISMATCH, reasons.EVENT_TIME_AHEAD,
-                                        reasons.ID_TOO_LONG))
+                                        reasons.ID_TOO_LONG, reasons.FOREIGN_TICK))
 
 
 def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: LogReader,

@@ -2,7 +2,7 @@
 
 ``codec.decode`` spends nearly all of its time per version-2 context in fastavro's per-call
 overhead and in building Python objects field by field, and the worker decodes every input
-record (``python bench/bench_e2e.py``, part 2, measures both decoders). Here the values of a batch are laid end
+record (``python -m bench.e2e``, part 2, measures both decoders). Here the values of a batch are laid end
 to end and one numba pass parses the two layouts that make up the stream (context version 2 and
 reward version 1) into columns; Python then only makes the strings and the record objects.
 

@@ -2,7 +2,7 @@
 
 The worker writes an action per context and a joined record per update. One at a time
 (``codec.encode_action`` / ``encode_joined``) most of the cost is Python building a varint per
-long and a bytes object per field (``python bench/bench_e2e.py``, part 2). Here the batch's
+long and a bytes object per field (``python -m bench.e2e``, part 2). Here the batch's
 fields are gathered into columns (a list comprehension per field), one numba pass writes every
 record into one buffer, and the records are sliced out of it: the same bytes
 (tests/unit/test_batch_encode.py compares them with the one-at-a-time encoders, which stay the

@@ -103,7 +103,7 @@ def encode(event: Any) -> bytes:
         return write(2, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
                           "value": event.value})
     if isinstance(event, Tick):
-        return write(7, {"timestamp_ms": event.timestamp_ms})
+        return write(7, {"timestamp_ms": event.timestamp_ms, "group_id": event.group_id})
     if isinstance(event, DeadLetter):
         return write(5, {f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
     raise TypeError(f"cannot encode {type(event).__name__}")
@@ -180,7 +180,7 @@ def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLette
             raise DecodeError(reasons.NON_FINITE_REWARD, f"reward value {d['value']!r} is not finite")
         return Reward(d["event_id"], d["model_key"], d["timestamp_ms"], d["value"])
     if sid == 7:
-        return Tick(d["timestamp_ms"])
+        return Tick(d["timestamp_ms"], d["group_id"])
     if sid in (3, 4):
         d["features"] = features_from_bytes(d["features"])
         return (Action if sid == 3 else Joined)(**d)

@@ -35,6 +35,7 @@ class Reward:
 @dataclasses.dataclass(frozen=True, slots=True)
 class Tick:
     timestamp_ms: int
+    group_id: str = ""  # the consumer group whose worker wrote it
 
 
 @dataclasses.dataclass(slots=True)

@@ -20,7 +20,9 @@ IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "s
 # The version this code writes, per schema id (header byte 2). Context version 2 carries all the
 # arms' features in one packed block (one frombuffer per record instead of one per arm); version 1
 # (``context.v1.avsc``: an array of {arm_id, features} records) is still read.
-VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2}
+# Tick version 2 adds the writer's group id; version 1 (``tick.v1.avsc``) resolves to it with an
+# empty group, which no worker applies.
+VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2, 7: 2}
 
 
 def _load(name: str) -> dict:
@@ -33,6 +35,7 @@ WRITERS: dict[tuple[int, int], dict] = {(_id, VERSIONS[_id]): READERS[_id] for _
 # read with their own schema, then converted by the decoder.
 LEGACY: dict[tuple[int, int], dict] = {(1, 1): _load("context.v1")}
 WRITERS.update(LEGACY)
+WRITERS[(7, 1)] = _load("tick.v1")
 
 
 def register_writer_schema(name: str, version: int, schema: dict) -> None:

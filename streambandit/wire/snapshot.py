@@ -151,7 +151,7 @@ class SnapshotModels(Mapping):
 
     Why not a dict: restoring many models from a dict of decoded states holds every decoded record
     at once, and the allocator keeps that peak resident after it is freed, several times what the
-    live models need (bench_memory measures memory after a restore). Decoding one record at a
+    live models need (bench.memory measures memory after a restore). Decoding one record at a
     time, each record's garbage is reused by the next. ``unpack_snapshot`` has already decoded
     every record once (to find them and to refuse a body that does not parse), so access does not
     fail on a snapshot that unpacked.

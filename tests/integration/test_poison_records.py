@@ -5,8 +5,9 @@ the worker never stops.
 - a 3 MB record of random bytes on contexts: its dead letter, holding it whole, was over the
   producer's size limit, so the transaction failed and was retried ~30 times a second, forever;
 - a valid context with a 1.2 MB event id: its action was over the limit, the same loop;
-- a context dated in the year 3000, and a watermark tick written by a client: the watermark jumped
-  there, every open decision got the default reward and every later reward was refused.
+- a context dated in the year 3000, and a watermark tick written by a client (with no group, or
+  naming the worker's group): the watermark jumped there, every open decision got the default
+  reward and every later reward was refused.
 """
 
 import hashlib
@@ -68,11 +69,13 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
         some_good("c", now + 200)
         context("year-3000", 32_503_680_000_000)
         some_good("d", now + 300)
-        prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1)))
+        prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1)))  # no group: foreign
         some_good("e", now + 400)
+        prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1, GROUP)))  # forged: too far ahead
+        some_good("f", now + 500)
         # The window closes in event time: rewards that came in their window were joined with
         # their value, not with the default a far-future watermark would have given them.
-        context("closer", now + 400 + 2 * WINDOW_MS)
+        context("closer", now + 500 + 2 * WINDOW_MS)
         prod.flush(30)
         assert wait_for(lambda: failure or w.metrics["joined"] >= len(good), timeout_s=90)
         assert not failure, failure
@@ -90,13 +93,15 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
     by_reason = {}
     for d in out["dead_letter"]:
         by_reason.setdefault(d.reason, []).append(d)
-    assert sorted(by_reason) == sorted([reasons.MALFORMED, reasons.ID_TOO_LONG, reasons.EVENT_TIME_AHEAD])
+    assert sorted(by_reason) == sorted([reasons.MALFORMED, reasons.ID_TOO_LONG, reasons.EVENT_TIME_AHEAD,
+                                        reasons.FOREIGN_TICK])
     [malformed] = by_reason[reasons.MALFORMED]
     assert huge.startswith(malformed.value) and len(malformed.value) < len(huge)
     assert hashlib.sha256(huge).hexdigest() in malformed.detail and "3000000 bytes" in malformed.detail
     [too_long] = by_reason[reasons.ID_TOO_LONG]
     assert "1200000 bytes" in too_long.detail
-    assert len(by_reason[reasons.EVENT_TIME_AHEAD]) == 2  # the year-3000 context and the tick
+    assert len(by_reason[reasons.EVENT_TIME_AHEAD]) == 2  # the year-3000 context and the forged tick
+    assert len(by_reason[reasons.FOREIGN_TICK]) == 1
 
 
 def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tmp_path, caplog):
