@@ -437,9 +437,12 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         for _attempt in range(6):  # until a kill leaves a transaction of the killed worker open
             a = serve("g-two", "a", topics, tmp_path / "snaps")
             b = serve("g-two", "b", topics, tmp_path / "snaps")
-            before = done("g-two")
-            assert wait_for(lambda: len(held("g-two", "a")) == len(held("g-two", "b")) == 1
-                            and done("g-two") > before + 2_000, timeout_s=90, interval_s=0.05), "no progress"
+            # The killed worker must have committed work on its partition since its last snapshot
+            # (taken when it was assigned it), or a recovery that read no log would lose nothing.
+            before = committed_offsets(broker, "g-two", topics.contexts)
+            assert wait_for(lambda: len(held("g-two", "a")) == len(held("g-two", "b")) == 1 and all(
+                committed_offsets(broker, "g-two", topics.contexts)[p] > before[p] + 3_000 for p in held("g-two", "a")),
+                timeout_s=90, interval_s=0.05), "no progress"
             probe = TransactionProbe(broker, topics, partitions=held("g-two", "a"))
             try:
                 left_open = kill_inside_a_transaction(a, probe)
