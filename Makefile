@@ -50,7 +50,7 @@ integration: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q tests/integration
 
 bench: $(VENV)/.dev-installed
-	$(BIN)/python bench/bench_policies.py
+	$(BIN)/python -m bench.policies
 
 # A deliberate upgrade: the newest versions the ranges of pyproject.toml allow, in a separate
 # environment; the whole suite runs on them, and only if it passes is the lock rewritten.

@@ -1,7 +1,7 @@
 """BKB against exact GP-UCB on a fixed catalog: per-round time against t, dictionary size, regret.
 
-    python bench/bench_bkb.py            # full run (A = 1,000 arms, t up to 5,000, 3 problems; ~3 min)
-    python bench/bench_bkb.py --quick    # a smoke run with small sizes
+    python -m bench.bkb            # full run (A = 1,000 arms, t up to 5,000, 3 problems; ~3 min)
+    python -m bench.bkb --quick    # a smoke run with small sizes
 
 Calandriello et al., COLT 2019. The paper has no experiments section;
 this project's setup: A arms uniform in [0,1]^2, an RBF kernel with
@@ -22,21 +22,14 @@ Per-round times are medians over the WINDOW rounds before each checkpoint.
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import common  # noqa: E402
+import numpy as np
+from scipy.linalg import cholesky, solve_triangular
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-from scipy.linalg import cholesky, solve_triangular  # noqa: E402
-
-from streambandit import make_policy  # noqa: E402
-from streambandit.sim.gp_ucb import ExactGPUCB, kernel_diag, kernel_matrix  # noqa: E402
+from bench import harness
+from streambandit import make_policy
+from streambandit.sim.gp_ucb import ExactGPUCB, kernel_diag, kernel_matrix
 
 BW, XI, BUMPS = 0.2, 0.1, 10
 SEEDS = (0, 1, 2)
@@ -75,7 +68,7 @@ def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndar
         var = kernel_diag("rbf", arms) - np.einsum("ij,ij->j", g, g) - g_new**2
         times.append(time.perf_counter() - start)
         assert np.isfinite(var).all()
-    return common.median(times)
+    return harness.median(times)
 
 
 def run(n_arms: int, rounds: int, checkpoints: list[int], window: int, seed: int, textbook_repeats: int) -> dict:
@@ -128,10 +121,7 @@ def run(n_arms: int, rounds: int, checkpoints: list[int], window: int, seed: int
             "total_s": {k: float(v.sum()) for k, v in secs.items()}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
     if args.quick:
         n_arms, rounds, checkpoints, window, repeats = 300, 600, [100, 300, 600], 30, 2
     else:
@@ -140,20 +130,22 @@ def main() -> None:
     # Regret on more problems (different arms, f and noise), without the textbook timings.
     others = [run(n_arms, rounds, [rounds], window, seed=s, textbook_repeats=0) for s in SEEDS[1:]]
     bkb_defaults = make_policy("bkb", dim=2).config()
-    data = {"machine": common.machine(), "command": "python bench/bench_bkb.py" + (" --quick" if args.quick else ""),
-            "setup": {"arms": n_arms, "rounds": rounds, "bandwidth": BW, "noise_sd": XI, "lam": LAM, "bumps": BUMPS,
+    return {"setup": {"arms": n_arms, "rounds": rounds, "bandwidth": BW, "noise_sd": XI, "lam": LAM, "bumps": BUMPS,
                       "qbar": bkb_defaults["qbar"], "beta_rule": bkb_defaults["beta_rule"], "window": window},
             **result, "other_seeds": others}
 
-    m = data["machine"]
+
+def render(result: dict) -> str:
+    setup, others = result["setup"], result["other_seeds"]
+    n_arms, rounds, window = setup["arms"], setup["rounds"], setup["window"]
     lines = [
         "# BKB against exact GP-UCB",
         "",
-        f"Command: `{data['command']}` (BLAS pinned to one thread). Machine: {m['cpu']}, {m['cores']} cores, "
-        f"Python {m['python']}, numpy {m['numpy']}, scipy {m['scipy']}, commit {m['commit']}, {m['date']}.",
+        harness.provenance(result, f"scipy {result['machine']['scipy']}; BLAS pinned to one thread."),
         "",
-        f"Problem: A = {n_arms:,} fixed arms uniform in [0,1]^2, RBF bandwidth {BW}, f = {BUMPS} kernel bumps, noise "
-        f"sd {XI}, lam = {LAM:g}; bkb with qbar = {bkb_defaults['qbar']:g} and the {bkb_defaults['beta_rule']} beta "
+        f"Problem: A = {n_arms:,} fixed arms uniform in [0,1]^2, RBF bandwidth {setup['bandwidth']}, "
+        f"f = {setup['bumps']} kernel bumps, noise sd {setup['noise_sd']}, lam = {setup['lam']:g}; "
+        f"bkb with qbar = {setup['qbar']:g} and the {setup['beta_rule']} beta "
         f"(both learners), the same noise for both. Seed {result['seed']} (max f - min f = {result['f_range']:.2f}).",
         "",
         f"## Milliseconds per round (select over A arms + update), median of the {window} rounds before t",
@@ -181,7 +173,7 @@ def main() -> None:
         f"bkb state at t = {last['t']:,}: {last['bkb_state_bytes']:,} bytes (8 u d + 17 u + 8), derived cache "
         f"{last['bkb_cache_bytes']:,} bytes.",
         "",
-        f"## Regret at t = {rounds:,} on {len(SEEDS)} problems (seed = arms, f and noise)",
+        f"## Regret at t = {rounds:,} on {1 + len(others)} problems (seed = arms, f and noise)",
         "",
         f"Times are medians of the {window} rounds before t = {rounds:,}.",
         "",
@@ -201,8 +193,8 @@ def main() -> None:
         "form, and over the counter form only when u >> d_eff (e.g. arms that change with every context).",
         "",
     ]
-    common.write("bkb_quick" if args.quick else "bkb", data, "\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("bkb", __doc__, measure, render))

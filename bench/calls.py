@@ -1,11 +1,14 @@
 """Per-call costs on the worker's path that no other benchmark isolates (d = 20, K = 10, oful).
 
-    python bench/bench_calls.py             # ~30 s, writes bench/results/calls.{md,json}
-    PYTHONPATH=OLD_TREE python bench/bench_calls.py --print   # another checkout's figures, not written
+    python -m bench.calls             # ~30 s, writes bench/results/calls.{md,json}
+    cd OLD_TREE && PYTHONPATH=THIS_CHECKOUT python -m bench.calls --print   # another checkout's figures
+
+(The working directory comes first on ``python -m``'s path, so the package measured is the one in
+the directory the command runs from; the report names it.)
 
 - building a model for a new (or restored) model key, as the engine does (``ModelSpec.build``);
-- the decision rule without exploration (``decision.decide``, epsilon 0), against the two calls
-  it used to make (``scores`` then argmax) and against ``Policy.best`` alone;
+- the decision rule without exploration (``decision.decide``, epsilon 0), against ``scores``
+  then argmax and against ``Policy.best`` alone;
 - ``select`` + ``update`` one call at a time.
 
 Microseconds per call: the minimum over REPEATS timeit runs of NUMBER calls each (the minimum,
@@ -15,19 +18,15 @@ other work, not the call's).
 
 from __future__ import annotations
 
-import sys
+import argparse
 import timeit
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-
-from streambandit.decision import decide  # noqa: E402
-from streambandit.models_config import parse_models_config  # noqa: E402
+from bench import harness
+from streambandit.decision import decide
+from streambandit.models_config import parse_models_config
 
 D, K, NUMBER, REPEATS = 20, 10, 20_000, 7
 
@@ -37,7 +36,7 @@ def per_call_us(f) -> float:
     return 1e6 * min(timeit.repeat(f, number=NUMBER, repeat=REPEATS)) / NUMBER
 
 
-def main() -> None:
+def measure(args: argparse.Namespace) -> dict:
     spec = parse_models_config({"models": [{"match": "m-*", "policy": "oful", "dim": D, "reward_window_ms": 100,
                                             "default_reward": 0.0}]}).resolve("m-1")
     rng = np.random.default_rng(0)
@@ -64,31 +63,29 @@ def main() -> None:
         "best": per_call_us(lambda: model.best(arms)) if hasattr(model, "best") else float("nan"),
         "select_update": per_call_us(lambda: model.update(arms[model.select(arms)], 0.5)),
     }
-    res = {"machine": common.machine(), "d": D, "K": K, "number": NUMBER, "repeats": REPEATS, "us": us}
-    m = res["machine"]
-    md = "\n".join([
+    return {"d": D, "K": K, "number": NUMBER, "repeats": REPEATS, "us": us,
+            "package": str(Path(decide.__code__.co_filename).parents[1])}
+
+
+def render(res: dict) -> str:
+    us = res["us"]
+    return "\n".join([
         "# Per-call costs on the worker's path",
         "",
-        "Command: `python bench/bench_calls.py`. streambandit from "
-        f"{Path(decide.__code__.co_filename).parents[2]}. Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-        f"numpy {m['numpy']}, commit {m['commit']}, {m['date']}. `oful`, d = {D}, K = {K}; minimum over {REPEATS} "
-        f"runs of {NUMBER:,} calls.",
+        harness.provenance(res, f"streambandit from {res['package']}. `oful`, d = {res['d']}, K = {res['K']}; "
+                                f"minimum over {res['repeats']} runs of {res['number']:,} calls."),
         "",
         "| call | us |",
         "|---|---:|",
         f"| a new model (`ModelSpec.build`: what the engine does for a new model key, and recovery per model) | "
         f"{us['build']:.1f} |",
         f"| the decision without exploration (`decide`, epsilon 0) | {us['decide']:.2f} |",
-        f"| what it used to call: `scores` then argmax | {us['scores_argmax']:.2f} |",
-        f"| what it calls now: `Policy.best` (one compiled call) | {us['best']:.2f} |",
+        f"| `scores` then argmax, two calls | {us['scores_argmax']:.2f} |",
+        f"| `Policy.best` (one compiled call, what `decide` calls) | {us['best']:.2f} |",
         f"| `select` + `update`, one call each | {us['select_update']:.2f} |",
         "",
     ])
-    if "--print" in sys.argv:
-        print(md)
-    else:
-        common.write("calls", res, md)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("calls", __doc__, measure, render))

@@ -1,9 +1,10 @@
 """End to end on the embedded broker: the broker's ceiling, the worker's profile, throughput, latency.
 
-    python bench/bench_e2e.py --broker-per-run  # full run (~10 min), writes bench/results/e2e.{md,json}
-    python bench/bench_e2e.py --quick         # smoke run with small sizes (results not written)
-    python bench/bench_e2e.py --only ceiling  # one part: ceiling, codec, profile, throughput, hops, latency, floor
-    python bench/bench_e2e.py --only latency --only floor --max-rate 6767 --broker-per-run  # latency vs its floor
+    python -m bench.e2e --broker-per-run  # full run (~10 min), writes bench/results/e2e.{md,json}
+    python -m bench.e2e --quick         # smoke run with small sizes (printed, not written)
+    python -m bench.e2e --only ceiling  # one part (printed, not written): ceiling, codec, profile, throughput,
+                                        # hops, latency, floor, snapshot
+    python -m bench.e2e --only latency --only floor --max-rate 6767 --broker-per-run  # latency vs its floor
 
 1. Broker ceiling. What any worker could reach on this broker and machine, with nothing of ours in
    the loop: (a) a producer alone writing context-sized records (the bytes of real d = 20, K = 10
@@ -40,27 +41,24 @@ import time
 import uuid
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-common.pin_one_thread()
+from bench import harness, kafka_io, traffic
+from bench.passthrough_serve import event_id_span
+from bench.snapshot_pause import snapshot_pause
+from streambandit.models_config import parse_models_config
+from streambandit.stream.batch import EMIT_EVERY
+from streambandit.stream.broker import EmbeddedBroker
+from streambandit.stream.kafka_config import consumer_settings, producer_settings
+from streambandit.stream.worker_config import WorkerConfig
+from streambandit.wire import Context, Reward, encode, records
+from streambandit.wire import codec as wire_codec
+from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 
-import bench_worker as bw  # noqa: E402
-import numpy as np  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-from snapshot_pause import snapshot_pause  # noqa: E402
-
-from streambandit.stream.batch import EMIT_EVERY as _EMIT_EVERY  # noqa: E402
-from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
-from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
-from streambandit.stream.worker import WorkerConfig  # noqa: E402
-from streambandit.wire import Context, Reward, encode, records  # noqa: E402
-from streambandit.wire import codec as wire_codec  # noqa: E402
-from streambandit.wire.batch_decode import decode_batch  # noqa: E402
-from streambandit.wire.batch_encode import encode_actions, encode_joined_records  # noqa: E402
-
-D, K, PARTITIONS = bw.D, bw.K, bw.PARTITIONS
-FAST_FETCH = bw.FAST_FETCH
+D, K, PARTITIONS = traffic.D, traffic.K, traffic.PARTITIONS
+FAST_FETCH = kafka_io.FAST_FETCH
 
 
 def fresh(broker: EmbeddedBroker, names: list[str]) -> list[str]:
@@ -75,7 +73,7 @@ def fresh(broker: EmbeddedBroker, names: list[str]) -> list[str]:
 
 def sample_records(n: int) -> tuple[list[bytes], list[bytes], list[bytes], bytes]:
     """Encoded contexts, their keys, rewards for every third, and one action-sized output."""
-    events = bw.backlog(n)
+    events = traffic.backlog(n)
     ctx = [encode(c) for c, _ in events]
     keys = [c.model_key.encode() for c, _ in events]
     rew = [encode(r) for _, r in events if r is not None]
@@ -117,7 +115,7 @@ def producer_rate(broker: EmbeddedBroker, records: list[bytes], keys: list[bytes
 
 
 def preload(broker: EmbeddedBroker, n: int, ctx: list[bytes], keys: list[bytes], rew: list[bytes]) -> tuple[list[str], int]:
-    """Topics contexts/rewards/out holding n contexts and a reward for every third (as bench_worker)."""
+    """Topics contexts/rewards/out holding n contexts and a reward for every third (as traffic.backlog)."""
     topics = fresh(broker, ["c", "r", "a"])
     p = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
                   "enable.idempotence": True})
@@ -226,7 +224,7 @@ def codec(n: int = 20_000) -> dict:
 
     import fastavro
 
-    c = bw.backlog(1)[0][0]
+    c = traffic.backlog(1)[0][0]
     arrays = fastavro.parse_schema({"type": "record", "name": "CtxArrays", "fields": [
         {"name": "event_id", "type": "string"}, {"name": "model_key", "type": "string"},
         {"name": "timestamp_ms", "type": "long"},
@@ -258,7 +256,7 @@ def codec(n: int = 20_000) -> dict:
             t0 = time.perf_counter()
             f(records)
             times.append((time.perf_counter() - t0) / len(records) * 1e6)
-        return common.median(times)
+        return harness.median(times)
 
     v1, v2 = wire_codec.encode_context_v1(c), encode(c)
     action = records.Action(c.event_id, c.model_key, c.arm_ids[3], 3, 0.5, 1.0, 100, c.timestamp_ms, c.features[3], 0, 100)
@@ -267,10 +265,10 @@ def codec(n: int = 20_000) -> dict:
     fa_action = ({f: getattr(action, f) for f in action.__dataclass_fields__}
                  | {"features": wire_codec.features_to_bytes(action.features)})
     # What the worker does: a poll batch of 2,000 different contexts decoded in one pass (batch_decode.py).
-    batch = [encode(x) for x, _ in bw.backlog(2000)]
+    batch = [encode(x) for x, _ in traffic.backlog(2000)]
     # What the worker does with its outputs: a hand-over's worth (batch.EMIT_EVERY records) of
     # actions and of joined records, each encoded in one compiled pass (batch_encode.py).
-    ctxs = [x for x, _ in bw.backlog(_EMIT_EVERY)]
+    ctxs = [x for x, _ in traffic.backlog(EMIT_EVERY)]
     actions = [records.Action(x.event_id, x.model_key, x.arm_ids[i % 10], i % 10, 0.5, 1.0, 10_000 + i, x.timestamp_ms,
                          x.features[i % 10].copy(), 0, 50_000 + i) for i, x in enumerate(ctxs)]
     joins = [records.Joined(a.event_id, a.model_key, a.features, 1.0, i % 3 == 0, 1.0, a.decision_timestamp_ms,
@@ -295,13 +293,12 @@ def codec(n: int = 20_000) -> dict:
 
 def _worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **settings):
     """A worker (in this process) assigned both partitions of fresh topics holding ``events``."""
-    from streambandit.models_config import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
-    from streambandit.stream.worker import Worker, WorkerConfig
+    from streambandit.stream.worker import Worker
 
-    t = bw.fresh_topics(broker)
-    n_records = sum(bw.produce(broker, t, events).values())
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(bw.models(policy, 100)),
+    t = kafka_io.fresh_topics(broker)
+    n_records = sum(kafka_io.produce(broker, t, events).values())
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(traffic.models(policy, 100)),
                        topics=t, group_id=f"e2e-{t.contexts}", snapshot_interval_s=1e9, snapshot_every_updates=10**9,
                        kafka={"consumer": FAST_FETCH}, **settings)
     snaps = tempfile.mkdtemp()
@@ -314,10 +311,8 @@ def _worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **sett
 
 def _warm(policy: str) -> None:
     """Compile the learner's kernels (numba) before anything is timed."""
-    from streambandit.models_config import parse_models_config
-
-    m = parse_models_config(bw.models(policy)).resolve("placement-0").build()
-    ctx = bw.backlog(2)[0][0]
+    m = parse_models_config(traffic.models(policy)).resolve("placement-0").build()
+    ctx = traffic.backlog(2)[0][0]
     for _ in range(3):
         m.update(ctx.features[m.select(ctx.features)], 1.0)
 
@@ -376,7 +371,7 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
 
 def profile(broker: EmbeddedBroker, policy: str, n: int) -> dict:
     _warm(policy)
-    events = bw.backlog(n)
+    events = traffic.backlog(n)
     w, n_records = _worker_on_backlog(broker, policy, events)
     pr = cProfile.Profile()
     start = time.perf_counter()
@@ -427,9 +422,8 @@ class GCPauses:
 
 
 def drain(broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = True, **settings) -> dict:
-    """One worker draining ``events``. ``freeze=False``: the worker as it was before it froze its
-    long-lived objects (``freeze_long_lived`` off, everything frozen before unfrozen), for the
-    comparison in the same run."""
+    """One worker draining ``events``. ``freeze=False``: the worker without ``freeze_long_lived``
+    (and everything frozen before unfrozen), for the comparison in the same run."""
     import streambandit.stream.worker as worker_module
 
     real_freeze = worker_module.freeze_long_lived
@@ -466,12 +460,19 @@ def drain(broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = T
 
 def bare(policy: str, events: list) -> float:
     """Events per second of the learner alone (same decisions and updates, no Kafka)."""
+    spec = parse_models_config(traffic.models(policy)).resolve(traffic.MODEL_KEYS[0])
+    learners = {key: spec.build() for key in traffic.MODEL_KEYS}
+    start = time.perf_counter()
+    for ctx, rew in events:
+        p = learners[ctx.model_key]
+        i = p.select(ctx.features)
+        p.update(ctx.features[i], 1.0 if rew is not None else 0.0)
     n_events = len(events) + sum(r is not None for _, r in events)
-    return n_events / len(events) * bw.bare_learner(policy, events)
+    return n_events / (time.perf_counter() - start)
 
 
 def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) -> dict:
-    events = bw.backlog(n)
+    events = traffic.backlog(n)
     ctx, keys, rew, action = sample_records(2000)
     out: dict = {p: {"worker": [], "bare_learner_events_per_s": []} for p in policies}
     out["passthrough"], out["oful_no_freeze"], out["oful_batch_2000"] = [], [], []
@@ -482,7 +483,7 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
         out["passthrough"].append(passthrough(broker, topics, total, action)["events_per_s"])
         if "oful" in policies:  # the worker without its gc.freeze, for the ratio in the same run
             out["oful_no_freeze"].append(drain(broker, "oful", events, freeze=False))
-            # batch_max_records at its default before commit (this session's): the commit's share
+            # batch_max_records 2,000 against the default: what fewer, larger transactions save
             out["oful_batch_2000"].append(drain(broker, "oful", events, batch_max_records=2000))
         for p in policies:
             out[p]["worker"].append(drain(broker, p, events))
@@ -495,34 +496,6 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
 
 # -- 5. latency ----------------------------------------------------------------------------------
 
-
-SERVE = """
-[kafka.consumer]
-"fetch.wait.max.ms" = {fetch_wait}
-
-[kafka.producer]
-"linger.ms" = {linger}
-
-[worker]
-group_id = "{group}"
-snapshot_interval_s = 30
-merge_wait_ms = {merge_wait}
-poll_timeout_ms = {poll_timeout}
-
-[topics]
-contexts = "{contexts}"
-rewards = "{rewards}"
-actions = "{actions}"
-joined = "{joined}"
-dead_letter = "{dead_letter}"
-
-[[models]]
-match = "placement-*"
-policy = "{policy}"
-dim = {dim}
-reward_window_ms = 2000
-default_reward = 0.0
-"""
 
 FRACTIONS = tuple(float(x) for x in os.environ.get("E2E_FRACS", "0.1,0.5,0.9").split(","))
 # fetch_wait: fetch.wait.max.ms of every consumer (worker and application); linger: linger.ms of
@@ -546,7 +519,7 @@ FLOOR_SETS = {"defaults": {"fetch_wait": 10, "linger": 5, "poll_timeout": 50},
 
 def _event_id(action: bytes) -> str:
     """The event id of an action record without a full decode: the first field after the header."""
-    start, end = common.event_id_span(action)
+    start, end = event_id_span(action)
     return action[start:end].decode()
 
 
@@ -608,22 +581,25 @@ def latency_run(broker: EmbeddedBroker, policy: str, rate: float, seconds: float
     ``serve`` subprocess, or with ``floor`` to the bare pass-through as a subprocess
     (bench/passthrough_serve.py; ``merge_wait`` does not apply to it); latency = context produced
     -> action read by a read_committed consumer. The same load generator for both."""
-    t = bw.fresh_topics(broker)
+    t = kafka_io.fresh_topics(broker)
     group = f"{'floor' if floor else 'lat'}-{t.contexts}"
     if floor:
-        cmd = [sys.executable, str(Path(__file__).resolve().parent / "passthrough_serve.py"),
+        cmd = [sys.executable, "-m", "bench.passthrough_serve",
                "--bootstrap-servers", broker.bootstrap_servers, "--contexts", t.contexts, "--rewards", t.rewards,
                "--actions", t.actions, "--group", group, "--fetch-wait", str(knobs["fetch_wait"]),
                "--linger", str(knobs["linger"]), "--poll-timeout", str(knobs["poll_timeout"])]
     else:
         cfg = workdir / f"{group}.toml"
-        cfg.write_text(SERVE.format(group=group, policy=policy, dim=D, **vars(t), **knobs))
+        cfg.write_text(kafka_io.worker_toml(
+            group, t, traffic.models_toml(policy), consumer={"fetch.wait.max.ms": knobs["fetch_wait"]},
+            producer={"linger.ms": knobs["linger"]},
+            worker={"merge_wait_ms": knobs["merge_wait"], "poll_timeout_ms": knobs["poll_timeout"]}))
         cmd = [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
                "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group)]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:
-        bw.wait_for_line(proc, r"partition assigned", PARTITIONS)
+        kafka_io.wait_for_line(proc, r"partition assigned", PARTITIONS)
         proc.stderr.close()  # the log is not read any more (an unread pipe would block the worker)
         return _offer(broker, t, rate, seconds, knobs, proc.pid)
     finally:
@@ -645,7 +621,7 @@ def _offer(broker: EmbeddedBroker, t, rate: float, seconds: float, knobs: dict, 
                      "fetch.wait.max.ms": knobs["fetch_wait"]})
     cons.assign([TopicPartition(t.actions, p, 0) for p in range(PARTITIONS)])
     cons.consume(100, 1.0)
-    pool = bw.backlog(64)
+    pool = traffic.backlog(64)
     sent: dict[str, float] = {}
     lat: list[float] = []
     rewards: list[tuple[float, bytes, bytes]] = []
@@ -745,7 +721,7 @@ def floor(broker: EmbeddedBroker, max_rate: float, seconds: float, repeats: int,
 
 
 def _summary(v: dict) -> dict:
-    med = common.median
+    med = harness.median
     runs = v["runs"]
     return {"fraction": v["fraction"], "offered": runs[0]["offered_per_s"],
             **{k: med([x[f"{k}_ms"] for x in runs]) for k in ("p50", "p99", "p999")},
@@ -788,19 +764,17 @@ def _floor_pairs(res: dict) -> list[tuple[str, str, dict, dict]]:
     return out
 
 
-def report(res: dict) -> str:
-    med = common.median
-    m = res["machine"]
-    cmd = "python bench/bench_e2e.py" + (" --broker-per-run" if res.get("broker_per_run") else "")
+def render(res: dict) -> str:
+    med = harness.median
+    batch_max, partitions = res["batch_max_records"], res["partitions"]
     lines = [
         "# End to end on the embedded broker",
         "",
-        f"Command: `{cmd}` (~10 min). Machine: {m['cpu']}, {m['cores']} cores shared by the broker, the worker, "
-        f"librdkafka's threads and the load generator (and, during this run, other jobs: figures are medians and "
-        f"the comparisons are ratios within one run), Python {m['python']}, numpy {m['numpy']}, commit {m['commit']}, "
-        f"{m['date']}. Broker: embedded Tansu (in-memory). d = {D}, K = {K}, {PARTITIONS} partitions, 4 model keys, "
-        "a reward for every third context; events = input records (contexts + rewards). Transactions on, "
-        "read_committed everywhere.",
+        harness.provenance(res, "The cores are shared by the broker, the worker, librdkafka's threads and the load "
+                           "generator (and other jobs: figures are medians and the comparisons are ratios within one "
+                           f"run). Broker: embedded Tansu (in-memory). d = {res['d']}, K = {res['K']}, {partitions} "
+                           "partitions, 4 model keys, a reward for every third context; events = input records "
+                           "(contexts + rewards). Transactions on, read_committed everywhere."),
         "",
     ]
     if "ceiling" in res:
@@ -812,7 +786,7 @@ def report(res: dict) -> str:
             f"rewards of {c['reward_bytes']} bytes, outputs of {c['action_bytes']} bytes; median of {len(runs)} runs)",
             "",
             "Nothing of streambandit in the loop: raw bytes, no decode, no merge, no learner. The pass-through consumes "
-            f"up to {WorkerConfig.batch_max_records:,} fetched records (the worker's "
+            f"up to {batch_max:,} fetched records (the worker's "
             "`batch_max_records`), produces one action-sized record per input and commits them with the input "
             "offsets in one transaction, as `Worker.step` does.",
             "",
@@ -851,7 +825,7 @@ def report(res: dict) -> str:
             f"Encode per event: action {c['encode_us']['action']:.1f} us (fastavro: {c['encode_us']['action_fastavro']:.1f} us), "
             f"joined {c['encode_us']['joined']:.1f} us; a context (the application's side) "
             f"{c['encode_us']['context_v2']:.1f} us. "
-            + (f"What the worker does, a hand-over of {_EMIT_EVERY} records in one compiled pass (`batch_encode`): action "
+            + (f"What the worker does, a hand-over of {res['emit_every']} records in one compiled pass (`batch_encode`): action "
                f"{c['encode_us']['action_batch']:.2f} us, joined {c['encode_us']['joined_batch']:.2f} us per record."
                if "action_batch" in c["encode_us"] else ""),
             "",
@@ -878,8 +852,7 @@ def report(res: dict) -> str:
             "",
             "Median of the runs; the pass-through (part 1's loop) ran on the same backlog in the same runs. Both are "
             "timed from the first poll that returns records: before it they only wait for the first fetch after the "
-            "assignment, a start-up cost (its own column). The column after it times the drain from its first poll, "
-            "as the runs before commit 214f319 did.",
+            "assignment, a start-up cost (its own column). The column after it times the drain from its first poll.",
             "",
             "| policy | events / s | contexts / s | events per CPU s of the worker thread | events per transaction | "
             "first fetch ms | events / s with the first fetch | pass-through events / s | bare learner events / s |",
@@ -912,15 +885,15 @@ def report(res: dict) -> str:
             lines.append("")
         if tp.get("oful_batch_2000"):
             lines += [
-                "`batch_max_records` (`oful`, medians of the same runs): the default, and 2,000 (the default before "
-                "commit 94723fa). Each transaction's commit waits for ~3 serial broker round trips (the outputs' "
-                "acknowledgements, the offsets, the end of the transaction), so fewer, larger transactions spend "
-                "less of a backlog's drain committing:",
+                "`batch_max_records` (`oful`, medians of the same runs): the default, and 2,000. Each transaction's "
+                "commit waits for ~3 serial broker round trips (the outputs' acknowledgements, the offsets, the end "
+                "of the transaction), so the size of a transaction sets how much of a backlog's drain is spent "
+                "committing:",
                 "",
                 "| batch_max_records | events / s | events per CPU s | events per transaction |",
                 "|---:|---:|---:|---:|",
             ]
-            for label, w in ((f"{WorkerConfig.batch_max_records:,} (default)", tp["oful"]["worker"]),
+            for label, w in ((f"{batch_max:,} (default)", tp["oful"]["worker"]),
                              ("2,000", tp["oful_batch_2000"])):
                 lines.append(f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
                              f"{med([x['events_per_cpu_s'] for x in w]):,.0f} | "
@@ -968,7 +941,7 @@ def report(res: dict) -> str:
         lines += [
             "## 5b. The floor: part 5's load on the bare transactional pass-through",
             "",
-            f"Part 1's loop (consume what is fetched, up to {WorkerConfig.batch_max_records:,} "
+            f"Part 1's loop (consume what is fetched, up to {batch_max:,} "
             "records, waiting up to poll_timeout for the first; "
             "one action-sized output per input; send offsets; commit), as a subprocess of its own "
             "(`bench/passthrough_serve.py`) in place of the worker, offered the same load by the same load "
@@ -1002,7 +975,7 @@ def report(res: dict) -> str:
             "## 6. A snapshot's pause at the latency runs' load",
             "",
             f"One partition's engine as the worker holds it at half the live maximum ({sp['contexts_per_s']:,.0f} "
-            f"contexts/s over {PARTITIONS} partitions, reward window {sp['window_ms']:,} ms, 4 models): "
+            f"contexts/s over {partitions} partitions, reward window {sp['window_ms']:,} ms, 4 models): "
             f"{sp['pending']:,} open decisions and {sp['recent']:,} recently joined ids. The worker snapshots a "
             "partition inside its loop (`engine.snapshot()` then `pack_snapshot`, before the store's write), so this "
             f"is a pause of every decision of that partition. Median of {sp['repeats']} runs.",
@@ -1011,136 +984,12 @@ def report(res: dict) -> str:
             "|---:|---:|---:|---:|",
             f"| {sp['snapshot_ms']:.1f} | {sp['pack_ms']:.1f} | {sp['snapshot_ms'] + sp['pack_ms']:.1f} | {sp['bytes']:,} |",
             "",
-            f"At that rate `snapshot_every_updates` = 10,000 (the default before commit 392fa09) triggered a "
-            f"snapshot of each partition every {10_000 / (sp['contexts_per_s'] / PARTITIONS):.1f} s; the default "
-            f"100,000 (or `snapshot_interval_s`, 30 s) every {min(100_000 / (sp['contexts_per_s'] / PARTITIONS), 30):.0f} s. "
-            "The latency runs' measured seconds (part 5) hold no snapshot at the new default.",
+            f"At that rate the default triggers (`snapshot_every_updates` {res['snapshot_every_updates']:,}, "
+            f"`snapshot_interval_s` {res['snapshot_interval_s']:g}) snapshot each partition every "
+            f"{min(res['snapshot_every_updates'] / (sp['contexts_per_s'] / partitions), res['snapshot_interval_s']):.0f} s.",
             "",
         ]
-    lines += targets(res)
     return "\n".join(lines) + "\n"
-
-
-def targets(res: dict) -> list[str]:
-    """The issue's targets against this run, and, where missed, what the profile and the floor say."""
-    out = _throughput_target(res) + _latency_target(res)
-    if not out:
-        return []
-    return ["## Targets (d = 20, K = 10, one worker, transactions on)", ""] + out + [""]
-
-
-def _throughput_target(res: dict) -> list[str]:
-    med = common.median
-    if "throughput" not in res or "profile" not in res:
-        return []
-    w = res["throughput"]["oful"]["worker"]
-    ev_s, ev_cpu = med([x["events_per_s"] for x in w]), med([x["events_per_cpu_s"] for x in w])
-    pt = med(res["throughput"]["passthrough"])
-    bare_ev = med(res["throughput"]["oful"]["bare_learner_events_per_s"])
-    codec_us = res.get("codec", {})
-    # Per event: three contexts and one reward (decode), an action and a joined record per context.
-    dec = codec_us["decode_us"]["v2_batch"] if codec_us else float("nan")
-    kind = "_batch" if codec_us and "action_batch" in codec_us["encode_us"] else ""  # what the worker runs
-    enc = 3 * (codec_us["encode_us"]["action" + kind] + codec_us["encode_us"]["joined" + kind]) / 4 if codec_us else float("nan")
-    rest = 1e6 / ev_cpu - dec - enc - 1e6 / bare_ev
-    prof = res["profile"]["oful"]
-    share = {k: prof["share"][k] for k in ("engine", "encode")} if "share" in prof else {}
-    where = (f" (part 3: engine {share['engine']:.0%}, encode {share['encode']:.0%} of the profile)" if share else "")
-    rates = {p: med([x["events_per_s"] for x in v["worker"]]) for p, v in res["throughput"].items()
-             if isinstance(v, dict) and "worker" in v}
-    met = min(rates.values()) >= 50_000
-    each = ", ".join(f"`{p}` {r:,.0f}" for p, r in rates.items())
-    if met:
-        return [
-            f"- **50,000 events/s end to end: met** ({each} events/s, medians of part 4's runs; the `oful` worker "
-            f"{ev_cpu:,.0f} per CPU second of its thread, i.e. {1e6 / ev_cpu:.0f} us of CPU per event). The bare "
-            f"pass-through moves {pt:,.0f} events/s on the same broker in the same runs; the learner alone takes "
-            f"{1e6 / bare_ev:.1f} us per event, decoding {dec:.1f} us per record and encoding the outputs {enc:.1f} us per "
-            f"event (part 2); the rest, ~{rest:.0f} us, is the per-record Python of the worker loop, the merge, the engine "
-            f"and the Kafka client's calls{where}. The margin is thin on this shared two-core machine (the runs' spread "
-            "is in e2e.json); what would widen it: an engine whose per-record state lives in compiled tables (pending "
-            "decisions, deadlines, recent event ids), or one worker process per partition.",
-        ]
-    return [
-        f"- **50,000 events/s end to end: not met** ({each} events/s). The `oful` worker drains {ev_s:,.0f} "
-        f"events/s ({ev_cpu:,.0f} per CPU second of its thread, i.e. {1e6 / ev_cpu:.0f} us of CPU per event). The "
-        f"broker is not the limit: the bare pass-through moves {pt:,.0f} events/s on the same broker in the same run. "
-        f"Nor is the learner: alone it takes {1e6 / bare_ev:.1f} us per event. Measured without a profiler, decoding "
-        f"takes {dec:.1f} us per record (one compiled pass per poll batch, part 2) and encoding the outputs {enc:.1f} us "
-        f"per event (in bulk, part 2); the rest, ~{rest:.0f} us, is per-record Python: the worker loop, the merge, the "
-        f"engine's records and dicts (pending decisions, deadlines, recent ids, counters), the learners' calls from "
-        f"Python and the Kafka client's per-record calls{where}. 50,000 events/s means 20 us per event for all of "
-        "it, on a core that also runs librdkafka's threads and shares the machine with the broker. What is left to "
-        "build: an engine whose per-record state lives in arrays and compiled code rather than in Python objects "
-        "(pending decisions, deadlines and recent event ids in compiled hash tables keyed by the id's bytes, "
-        "contexts decided straight from the batch decoder's columns), so that only the Kafka client's calls stay "
-        "per record in Python (the pass-through's cost); or one worker process per partition (the design's unit "
-        "of ownership) to use more cores.",
-    ]
-
-
-def _latency_target(res: dict) -> list[str]:
-    """p99 at half the maximum rate: streambandit's best knob set, the floor (bare pass-through)
-    at the same rate, their ratio with the same Kafka settings, and what merge_wait 0 changes."""
-    lat = {k: _summary(v) for k, v in res.get("latency", {}).items() if k != "live_max"}
-    flo = {k: _summary(v) for k, v in res.get("floor", {}).items()}
-    half = {k: q for k, q in lat.items() if q["fraction"] == 0.5}
-    fhalf = {k: q for k, q in flo.items() if q["fraction"] == 0.5}
-    if not half and not fhalf:
-        return []
-    parts = []
-    if half:
-        best = min(half, key=lambda k: half[k]["p99"])
-        b = half[best]
-        met = b["p99"] < 10
-        head = f"- **p99 decision latency under 10 ms at half the maximum rate: {'met' if met else 'not met'}** " \
-               f"(best knob set {best.rsplit('@', 1)[0]}: p50 {b['p50']:.1f} ms, p99 {b['p99']:.1f} ms at " \
-               f"{b['offered']:,.0f} contexts/s"
-        if "defaults@0.5" in half and best != "defaults@0.5":
-            head += f"; defaults p99 {half['defaults@0.5']['p99']:.1f} ms"
-        parts.append(head + ").")
-    else:
-        parts.append("- **p99 decision latency under 10 ms at half the maximum rate** (floor only in this run).")
-    if fhalf:
-        fb_key = min(fhalf, key=lambda k: fhalf[k]["p99"])
-        fb = fhalf[fb_key]
-        floor_txt = (f"The floor, the bare transactional pass-through with nothing of streambandit in the loop, offered "
-                     f"the same load by the same generator (part 5b), has at best (knob set {fb_key.rsplit('@', 1)[0]}) "
-                     f"p50 {fb['p50']:.1f} ms, p99 {fb['p99']:.1f} ms, p99.9 {fb['p999']:.1f} ms at "
-                     f"{fb['offered']:,.0f} contexts/s, with the broker at {fb['broker_cpu']:.0%} of a core")
-        if fb["p99"] > 10:
-            parts.append(floor_txt + ": **the target is out of reach on this broker and machine**, whatever the "
-                         "worker does; every other knob set of the floor is slower still (table 5b).")
-        else:
-            parts.append(floor_txt + ": the broker leaves room under 10 ms, and what is above the floor is ours.")
-        pairs = [(k, fk, q, f) for k, fk, q, f in _floor_pairs(res) if q["fraction"] == 0.5]
-        if pairs:
-            parts.append("With the same Kafka settings at that load streambandit is " + "; ".join(
-                f"{k.rsplit('@', 1)[0]} {q['p50'] / f['p50']:.1f}x the floor's p50 and {q['p99'] / f['p99']:.1f}x "
-                f"its p99" for k, fk, q, f in pairs) + ".")
-    for twenty_label, zero_label, kafka in (("defaults", "merge-wait-0", "fetch_wait 10, linger 5"),
-                                            ("fast-kafka", "no-merge-wait", "fetch_wait 1, linger 0")):
-        cmp = []
-        for frac in sorted({q["fraction"] for q in lat.values()}):
-            zero, twenty = lat.get(f"{zero_label}@{frac}"), lat.get(f"{twenty_label}@{frac}")
-            if zero and twenty:
-                cmp.append(f"at {frac:.0%} p50 {twenty['p50']:.1f} -> {zero['p50']:.1f} ms, p99 {twenty['p99']:.1f} -> "
-                           f"{zero['p99']:.1f} ms")
-        if cmp:
-            parts.append(f"merge_wait 20 -> 0 with {kafka} ({twenty_label} -> {zero_label}): " + "; ".join(cmp) + ".")
-    if res.get("hops"):
-        hops_total = min(h["p50_ms"]["total"] for h in res["hops"])
-        parts.append(f"Unloaded, one record through the bare pass-through takes a median {hops_total:.1f} ms "
-                     "(part 5a): two fetch hops and a transaction commit of ~3 ms.")
-    busy = fhalf and fhalf[fb_key]["broker_cpu"] >= 0.7
-    parts.append("Under load the broker, the worker and the load generator share two cores" + (
-        f"; the broker itself used {fhalf[fb_key]['broker_cpu']:.0%} of a core to carry the floor's traffic at half "
-        "the rate: the floor's tail is the broker's and the shared machine's, with nothing of ours in the loop"
-        if busy else "") + ". Needed "
-                 "for the target: a broker that answers fetches as soon as data is there and does not saturate at "
-                 "these rates (Apache Kafka, with `fetch.min.bytes` = 1), a core for the worker, and the per-event "
-                 "cost above cut so that half the maximum rate leaves the worker mostly idle.")
-    return [" ".join(parts)]
 
 
 # -- main ----------------------------------------------------------------------------------------
@@ -1149,33 +998,29 @@ def _latency_target(res: dict) -> list[str]:
 PARTS = ("ceiling", "codec", "profile", "throughput", "hops", "latency", "floor", "snapshot")
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, results not written")
-    ap.add_argument("--only", choices=PARTS, action="append", help="run only these parts (results not written)")
-    ap.add_argument("--report-only", action="store_true", help="rewrite e2e.md from e2e.json, measure nothing")
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--only", choices=PARTS, action="append", help="run only these parts (printed, not written)")
     ap.add_argument("--max-rate", type=float, help="contexts/s that latency and floor take fractions of (latency: "
                     "no live-maximum probe; floor's default: this run's live maximum, else the one in e2e.json)")
     ap.add_argument("--seconds", type=float, help="measured seconds per latency / floor run (default 8, --quick 5)")
     ap.add_argument("--repeats", type=int, help="runs per rate and knob set of latency / floor (default 2, --quick 1)")
     ap.add_argument("--broker-per-run", action="store_true", help="each latency / floor run on a fresh broker")
-    args = ap.parse_args()
+
+
+def measure(args: argparse.Namespace) -> dict:
     global BROKER_PER_RUN
     BROKER_PER_RUN = args.broker_per_run
-    if args.report_only:
-        res = json.loads((common.RESULTS / "e2e.json").read_text())
-        (common.RESULTS / "e2e.md").write_text(report(res))
-        print(report(res))
-        return
+    if args.only:  # a partial result must not replace the whole one in bench/results/
+        args.print_only = True
     parts = args.only or PARTS
     repeats, n = (1, 6000) if args.quick else (3, 30_000)
     lat_s = args.seconds or (5.0 if args.quick else 8.0)
     lat_repeats = args.repeats or (1 if args.quick else 2)
     if os.environ.get("E2E_N"):
         n = int(os.environ["E2E_N"])
-    res: dict = {"machine": common.machine(), "d": D, "K": K, "partitions": PARTITIONS}
-    if BROKER_PER_RUN:
-        res["broker_per_run"] = True
+    res: dict = {"d": D, "K": K, "partitions": PARTITIONS, "batch_max_records": WorkerConfig.batch_max_records,
+                 "emit_every": EMIT_EVERY, "snapshot_every_updates": WorkerConfig.snapshot_every_updates,
+                 "snapshot_interval_s": WorkerConfig.snapshot_interval_s, "broker_per_run": BROKER_PER_RUN}
     policies = ("oful", "glb_omd")
     with EmbeddedBroker() as broker:
         if "ceiling" in parts:
@@ -1190,7 +1035,7 @@ def main() -> None:
             res["hops"] = [hops(broker, fetch_wait=fw, linger=lg) for fw, lg in ((10, 5), (10, 0), (5, 0), (1, 0))]
         if "latency" in parts:
             tp = res.get("throughput")
-            max_ctx = common.median([x["contexts_per_s"] for x in tp["oful"]["worker"]]) if tp else float(
+            max_ctx = harness.median([x["contexts_per_s"] for x in tp["oful"]["worker"]]) if tp else float(
                 os.environ.get("E2E_MAX_CONTEXTS", 8000))
             knob_sets = LATENCY_SETS
             if os.environ.get("E2E_KNOBS"):
@@ -1203,18 +1048,15 @@ def main() -> None:
             elif "latency" in res:
                 max_ctx, src = res["latency"]["live_max"]["answered_per_s"], "this run's live maximum"
             else:
-                max_ctx = json.loads((common.RESULTS / "e2e.json").read_text())["latency"]["live_max"]["answered_per_s"]
+                max_ctx = harness.load("e2e")["latency"]["live_max"]["answered_per_s"]
                 src = "the live maximum recorded in bench/results/e2e.json"
             knob_sets = json.loads(os.environ["E2E_FLOOR_KNOBS"]) if os.environ.get("E2E_FLOOR_KNOBS") else FLOOR_SETS
             res["floor_max"] = {"contexts_per_s": max_ctx, "from": src}
             res["floor"] = floor(broker, max_ctx, lat_s, lat_repeats, knob_sets)
         if "snapshot" in parts:
             res["snapshot"] = snapshot_pause(res.get("latency", {}).get("live_max", {}).get("answered_per_s", 11_000) / 2)
-    if args.quick or args.only:
-        print(json.dumps(res, indent=1, default=str)[:6000])
-    else:
-        common.write("e2e", res, report(res))
+    return res
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("e2e", __doc__, measure, render, add_arguments=_options))

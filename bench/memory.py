@@ -1,12 +1,13 @@
-"""Resident memory per live model (issue 7): RSS growth with 100,000 models next to ``state_nbytes()``.
+"""Resident memory per live model: RSS growth with 100,000 models next to ``state_nbytes()``.
 
-    python bench/bench_memory.py            # full run (~3 min), writes bench/results/memory.{md,json}
-    python bench/bench_memory.py --quick    # a smoke run with 5,000 models (results not written)
+    python -m bench.memory            # full run (~3 min), writes bench/results/memory.{md,json}
+    python -m bench.memory --quick    # a smoke run with 5,000 models (printed, not written)
 
-The package is imported from wherever ``streambandit`` resolves; to measure a clean commit while the
-working tree is being edited, export it and put it first on the path:
-``git archive HEAD streambandit | tar -x -C /tmp/sb_head; git rev-parse --short HEAD > /tmp/sb_head/COMMIT;
-PYTHONPATH=/tmp/sb_head python bench/bench_memory.py`` (the results record the package path and that commit).
+The package is imported from wherever ``streambandit`` resolves, and ``python -m`` puts the working
+directory first; to measure a clean commit while the working tree is being edited, export it and
+run from there: ``git archive HEAD streambandit | tar -x -C /tmp/sb_head; git rev-parse --short HEAD
+> /tmp/sb_head/COMMIT; cd /tmp/sb_head && PYTHONPATH=CHECKOUT python -m bench.memory`` (the results
+record the package path and that commit).
 
 Every case runs in a fresh subprocess (``--child``) so that one case's heap does not hide or inflate
 the next one's. A case measures the resident set (``/proc/self/statm``) after imports and a warm-up
@@ -53,14 +54,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-
-from streambandit.sim.ads import ad_hyper  # noqa: E402
+from bench import harness
+from streambandit.benchmarks.ownership import owned, owned_rows
+from streambandit.sim.ads import ad_hyper
 
 D, K = 20, 10
 N_FULL, N_QUICK, N_ATTRIBUTE = 100_000, 5_000, 2_000
@@ -218,9 +216,6 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
 
 # -- child: attribution under tracemalloc ----------------------------------------------------
 
-from streambandit.benchmarks.ownership import owned, owned_rows  # noqa: E402
-
-
 def split_model(p, other) -> dict:
     """Bytes of one live model by cause (sys.getsizeof over what it owns, and its row)."""
     parts = {"array_data": 0, "array_headers": 0, "row_scalars": 0, "config_dict": 0, "config_values": 0,
@@ -336,47 +331,40 @@ def child_attribute(policy: str, n: int) -> dict:
 
 
 def run_child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, __file__, "--child", *args], capture_output=True, text=True, check=False)
+    out = subprocess.run([sys.executable, "-m", "bench.memory", "--child", *args], capture_output=True, text=True,
+                         check=False)
     if out.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help=f"{N_QUICK:,} models, results not written")
-    ap.add_argument("--policies", default=",".join(POLICIES))
-    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
-    a = ap.parse_args()
-    if a.child:
-        kind, policy, *rest = a.child
-        if kind == "attribute":
-            res = child_attribute(policy, int(rest[0]))
-        elif kind == "restore":
-            res = child_restore(policy, int(rest[0]), rest[1])
-        else:
-            res = child_rss(policy, kind, int(rest[0]), *rest[1:])
-        print(json.dumps(res))
-        return
+def child(argv: list[str]) -> None:
+    kind, policy, *rest = argv
+    if kind == "attribute":
+        res = child_attribute(policy, int(rest[0]))
+    elif kind == "restore":
+        res = child_restore(policy, int(rest[0]), rest[1])
+    else:
+        res = child_rss(policy, kind, int(rest[0]), *rest[1:])
+    print(json.dumps(res))
+
+
+def measure(a: argparse.Namespace) -> dict:
     n = N_QUICK if a.quick else N_FULL
     policies = a.policies.split(",")
     t0 = time.perf_counter()
     import streambandit
 
     pkg = Path(streambandit.__file__).resolve().parent
-    command = "python bench/bench_memory.py" + (" --quick" if a.quick else "")
-    if pkg != Path(__file__).resolve().parents[1] / "streambandit":
-        command = f"PYTHONPATH={pkg.parent} {command}"
-    mach = common.machine()
+    source = {"streambandit": str(pkg)}
     if (pkg.parent / "COMMIT").exists():  # an exported package: its commit, not the working tree's HEAD
-        mach["commit"] = (pkg.parent / "COMMIT").read_text().strip()
+        source["commit"] = (pkg.parent / "COMMIT").read_text().strip()
     else:  # the working tree: say so when the measured package differs from that commit
         status = subprocess.run(["git", "status", "--porcelain", "--", str(pkg)], capture_output=True, text=True,
                                 check=False, cwd=pkg.parent)
-        mach["uncommitted"] = bool(status.stdout.strip())
-    res: dict = {"machine": mach, "streambandit": str(pkg), "d": D, "K": K, "n_models": n,
-                 "hyper": {p: HYPER[p] for p in policies},
-                 "command": command, "cases": {}}
+        source["uncommitted"] = bool(status.stdout.strip())
+    res: dict = {**source, "d": D, "K": K, "n_models": n, "n_attribute": N_ATTRIBUTE,
+                 "hyper": {p: HYPER[p] for p in policies}, "cases": {}}
     with tempfile.TemporaryDirectory() as tmp:
         for p in policies:
             c = res["cases"][p] = {}
@@ -390,48 +378,38 @@ def main() -> None:
                 print(f"{p} restore: {c['restore']['rss_growth'] / n:,.0f} B/model", file=sys.stderr)
             c["attribute"] = run_child(["attribute", p, str(N_ATTRIBUTE)])
     res["seconds"] = time.perf_counter() - t0
-    md = markdown(res)
-    if a.quick:
-        print(md)
+    return res
+
+
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated (default: %(default)s)")
+
+
+def render(res: dict) -> str:
+    n = res["n_models"]
+    if res.get("commit"):
+        source = f"the package exported from commit {res['commit']} ({res['streambandit']})"
     else:
-        common.write("memory", res, md)
-
-
-def export_note(res: dict) -> str:
-    if not res["command"].startswith("PYTHONPATH="):
-        return ""
-    return (f", the package exported from commit {res['machine']['commit']} with "
-            f"`git archive {res['machine']['commit']} streambandit | tar -x -C {Path(res['streambandit']).parent}` "
-            "(the working tree was being edited)")
-
-
-def markdown(res: dict) -> str:
-    m, n = res["machine"], res["n_models"]
+        source = f"the package at {res['streambandit']}" + (
+            ", with uncommitted changes" if res.get("uncommitted") else "")
     lines = [
         "# Resident memory per live model",
         "",
-        f"Command: `{res['command']}` ({res['seconds']:.0f} s){export_note(res)}. Machine: "
-        f"{m['cpu']}, {m['cores']} cores, Python "
-        f"{m['python']}, numpy {m['numpy']}, glibc malloc, commit {m['commit']}"
-        f"{' plus uncommitted changes to streambandit/' if m.get('uncommitted') else ''}, {m['date']}. d = {res['d']}, "
-        f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
-        "subprocess. RSS from /proc/self/statm after gc.collect(), growth over the same process after "
-        "imports and a one-model warm-up. RSS is not timing-sensitive: other jobs running on the machine "
-        "at the same time do not bias it.",
+        harness.provenance(res, f"{res['seconds']:.0f} s; {source}; glibc malloc. d = {res['d']}, "
+                           f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
+                           "subprocess. RSS from /proc/self/statm after gc.collect(), growth over the same process "
+                           "after imports and a one-model warm-up. RSS is not timing-sensitive: other jobs running on "
+                           "the machine at the same time do not bias it."),
         "",
-        "Issue 7 asks that the worker's resident size grow by no more than the learners' own state "
-        "(`state_nbytes()`) per model. Last column: RSS growth / state_nbytes.",
+        "Last column of the first table: RSS growth / the learner's own state (`state_nbytes()`).",
         "",
         "The compiled learners (oful, glb_omd; hvt_ucb too) keep each model's state as a row of chunked "
         "arrays shared by every model of one configuration (`streambandit/policies/rows.py`; chunks of up to "
         "1,024 rows made with `np.empty`, so rows not yet handed out are not resident): a model costs its "
         "documented state, its state scalars in the row (oful: `logdet` and `n_updates`, glb_omd: "
-        "`n_updates`; 8 B each), a 72-byte slotted instance and its models-dict entry. Before the row store "
-        "(commit 77698ed) each model kept three numpy arrays: 4,586 B (oful, 1.30x) and 7,655 B (glb_omd, "
-        "1.17x) per model in the engine, 826 / 855 B beyond the state when bare (three array headers, "
-        "352-368 B; per-model scalars and kernel argument tuples, 176-192 B; the instance, 72-80 B; a "
-        "malloc per array, ~140 B). What remains beyond the bare row is the engine's per-event bookkeeping "
-        "(last table), bounded by its limits rather than by the number of models.",
+        "`n_updates`; 8 B each), a 72-byte slotted instance and its models-dict entry. What remains beyond "
+        "the bare row is the engine's per-event bookkeeping (last table), bounded by its limits rather than "
+        "by the number of models.",
         "",
         "## RSS growth per model",
         "",
@@ -466,18 +444,14 @@ def markdown(res: dict) -> str:
     if any("restore" in c for c in res["cases"].values()):
         lines += [
             "",
-            "A restored engine is close to the live one. Before commit 04d990f it was the outlier (13.2 KB "
-            "per oful model, 19.0 KB per glb_omd model): the whole snapshot was decoded at once (Avro bytes and "
-            "record dicts of every array, then a copy of each), the live arrays were allocated among that garbage, "
-            "and the allocator kept the peak resident. `unpack_snapshot` now decodes the model records one at a "
-            "time when the restore asks for them (`events.SnapshotModels`), so each record's garbage is reused by "
-            "the next. With the row store a restored engine holds ~100 B per model more than the live one "
-            "(it was ~25 B with per-model arrays); after `malloc_trim(0)` the gap is ~50 B, so most of it is free "
-            "memory the allocator keeps from the decoding, not live objects.",
+            "`unpack_snapshot` decodes the model records one at a time as the restore asks for them "
+            "(`wire.snapshot.SnapshotModels`), so each record's garbage is reused by the next instead of the "
+            "whole decoded snapshot being resident at once; what a restored engine holds beyond the live one is "
+            "mostly free memory the allocator keeps from the decoding (compare the malloc_trim column).",
         ]
     lines += [
         "",
-        f"## Where the bytes go ({N_ATTRIBUTE:,} models under tracemalloc, sys.getsizeof over what each model owns)",
+        f"## Where the bytes go ({res['n_attribute']:,} models under tracemalloc, sys.getsizeof over what each model owns)",
         "",
         "Per model, bare learner: array data (= state_nbytes; for oful and glb_omd the state arrays of "
         "its row), numpy array headers (the ndarray object, 112 B each in numpy 2.4; none for a row-store "
@@ -523,11 +497,7 @@ def markdown(res: dict) -> str:
                      f"{e['recent_ids']:,.0f} | {e['pending']:,.0f} | {a['engine_traced_per_model']:,.0f} | "
                      f"{a['bare_traced_per_model']:,.0f} | "
                      f"{a['engine_traced_per_model'] - a['bare_traced_per_model']:,.0f} |")
-    lines += [
-        "",
-        "Snapshot bytes per model (Avro, zlib, from bench/results/worker.md): oful d = 20: 2,331; "
-        "glb_omd d = 20: 4,182.",
-    ]
+    lines += ["", "Snapshot bytes per model at d = 20 and 100: bench/results/recovery.md."]
     snaps = [(p, c["engine"], c["restore"]) for p, c in res["cases"].items()
              if "restore" in c and "pack_seconds" in c["engine"]]
     if snaps:
@@ -550,4 +520,7 @@ def markdown(res: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["--child"]:
+        child(sys.argv[2:])
+    else:
+        raise SystemExit(harness.main("memory", __doc__, measure, render, add_arguments=_options))

@@ -1,6 +1,6 @@
-"""The bare transactional pass-through as a process of its own (the latency floor of bench_e2e.py).
+"""The bare transactional pass-through as a process of its own (the latency floor of bench.e2e).
 
-    python bench/passthrough_serve.py --bootstrap-servers HOST:PORT --contexts C --rewards R \
+    python -m bench.passthrough_serve --bootstrap-servers HOST:PORT --contexts C --rewards R \
         --actions A --group G [--fetch-wait 10] [--linger 5] [--poll-timeout 50]
 
 Part 1's loop with ``Worker.step``'s polling, run the way ``streambandit serve`` runs the worker
@@ -22,28 +22,34 @@ from __future__ import annotations
 import argparse
 import signal
 import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-import common  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
-
-from streambandit.stream.kafka_config import consumer_settings, producer_settings  # noqa: E402
-from streambandit.stream.worker import WorkerConfig  # noqa: E402
-from streambandit.wire import (
-    encode,  # noqa: E402
-    records,  # noqa: E402
-)
+from bench import traffic
+from streambandit.stream.kafka_config import consumer_settings, producer_settings
+from streambandit.stream.worker_config import WorkerConfig
+from streambandit.wire import encode, records
 
 BATCH = WorkerConfig.batch_max_records  # up to what the worker takes per transaction
 
 
-def template() -> bytes:
-    """An action-sized record (the one part 1 of bench_e2e.py writes)."""
-    import bench_worker as bw
+def event_id_span(value: bytes) -> tuple[int, int]:
+    """Where the event id's UTF-8 bytes are in one of our records (contexts, actions, joined: the
+    3-byte header, then the id as an Avro string: zig-zag varint length, bytes), without a decode."""
+    n, shift, i = 0, 0, 3
+    while True:
+        b = value[i]
+        n |= (b & 0x7F) << shift
+        i += 1
+        if b < 0x80:
+            break
+        shift += 7
+    return i, i + ((n >> 1) ^ -(n & 1))
 
-    c0 = bw.backlog(1)[0][0]
+
+def template() -> bytes:
+    """An action-sized record (the one part 1 of bench.e2e writes)."""
+    c0 = traffic.backlog(1)[0][0]
     return encode(records.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
                             c0.features[0], 0, 12345))
 
@@ -61,7 +67,7 @@ def main() -> None:
     args = ap.parse_args()
 
     action = template()
-    head, tail = action[:3], action[common.event_id_span(action)[1]:]
+    head, tail = action[:3], action[event_id_span(action)[1]:]
     consumer = Consumer(consumer_settings(args.bootstrap_servers, args.group, {"fetch.wait.max.ms": args.fetch_wait}))
     producer = Producer(producer_settings(args.bootstrap_servers, f"{args.group}-tx", {"linger.ms": args.linger}))
     producer.init_transactions(30)
@@ -89,7 +95,7 @@ def main() -> None:
             if m.error():
                 continue
             v = m.value()
-            out = head + v[3:common.event_id_span(v)[1]] + tail if m.topic() == args.contexts else action
+            out = head + v[3:event_id_span(v)[1]] + tail if m.topic() == args.contexts else action
             producer.produce(args.actions, value=out, key=m.key(), partition=m.partition())
             nxt[(m.topic(), m.partition())] = m.offset() + 1
         producer.poll(0)

@@ -1,7 +1,7 @@
 """Microseconds per select + update of each learner, and per-update time against t.
 
-    python bench/bench_policies.py            # full run (~3 min), writes bench/results/policies.{md,json}
-    python bench/bench_policies.py --quick    # a smoke run with small sizes
+    python -m bench.policies            # full run (~3 min), writes bench/results/policies.{md,json}
+    python -m bench.policies --quick    # a smoke run with small sizes
 
 Three tables:
 1. select (K = 20 arms) + update, per policy at d = 10, 50, 200, median of REPEATS timed blocks,
@@ -12,18 +12,12 @@ Three tables:
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-
-from streambandit import make_policy  # noqa: E402
+from bench import harness
+from streambandit import make_policy
 
 POLICY_PARAMS = {
     "oful": {},
@@ -93,7 +87,7 @@ def per_round_table(dims, rounds, repeats):
             for name, p in learners.items():
                 rewards = bernoulli if name in LOGISTIC_POLICIES else linear
                 times[name].append(time_block(p, arms[block], rewards[block]))
-        med = {name: common.median(ts) * 1e6 for name, ts in times.items()}
+        med = {name: harness.median(ts) * 1e6 for name, ts in times.items()}
         for name in POLICY_PARAMS:
             rows.append({
                 "policy": name, "d": d, "K": K, "us_per_round": med[name],
@@ -120,26 +114,21 @@ def flat_in_t_table(checkpoints, block, d=20):
     return rows
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
     dims, rounds, repeats = ((10, 50), 200, 3) if args.quick else ((10, 50, 200), 1000, 7)
     checkpoints, block = ((1_000, 5_000), 200) if args.quick else ((1_000, 10_000, 100_000), 1000)
+    return {"K": K, "rounds": rounds, "repeats": repeats, "block": block, "checkpoints": list(checkpoints),
+            "per_round": per_round_table(dims, rounds, repeats), "flat_in_t": flat_in_t_table(checkpoints, block)}
 
-    per_round = per_round_table(dims, rounds, repeats)
-    flat = flat_in_t_table(checkpoints, block)
-    data = {"machine": common.machine(), "per_round": per_round, "flat_in_t": flat,
-            "command": "python bench/bench_policies.py" + (" --quick" if args.quick else "")}
 
-    m = data["machine"]
+def render(res: dict) -> str:
+    k, repeats, rounds, block, checkpoints = res["K"], res["repeats"], res["rounds"], res["block"], res["checkpoints"]
     lines = [
         "# Learners: select + update cost",
         "",
-        f"Command: `{data['command']}` (BLAS pinned to one thread). Machine: {m['cpu']}, {m['cores']} cores, "
-        f"Python {m['python']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}.",
+        harness.provenance(res, "BLAS pinned to one thread."),
         "",
-        f"## Microseconds per select (K = {K}) + update, median of {repeats} blocks of {rounds} rounds",
+        f"## Microseconds per select (K = {k}) + update, median of {repeats} blocks of {rounds} rounds",
         "",
         "The naive OFUL keeps V and calls `np.linalg.inv` every round; it is timed in the same run,",
         "interleaved block by block with the learners, and the last column is its time over ours.",
@@ -147,18 +136,17 @@ def main() -> None:
         "| policy | d | us / round | naive OFUL us / round | naive / ours |",
         "|---|---:|---:|---:|---:|",
     ]
-    for r in per_round:
+    for r in res["per_round"]:
         lines.append(f"| {r['policy']} | {r['d']} | {r['us_per_round']:.1f} | {r['naive_oful_us']:.1f} "
                      f"| {r['speedup_vs_naive']:.1f}x |")
-    lines += ["", f"## Per-round time against t (d = 20, K = {K}, blocks of {block} rounds starting at t)", "",
+    lines += ["", f"## Per-round time against t (d = 20, K = {k}, blocks of {block} rounds starting at t)", "",
               "| policy | " + " | ".join(f"t = {c:,}" for c in checkpoints) + " | last / first |",
               "|---|" + "---:|" * (len(checkpoints) + 1)]
-    for r in flat:
-        cells = " | ".join(f"{r['us_at_t'][c]:.1f} us" for c in checkpoints)
+    for r in res["flat_in_t"]:
+        cells = " | ".join(f"{r['us_at_t'][str(c)]:.1f} us" for c in checkpoints)
         lines.append(f"| {r['policy']} | {cells} | {r['ratio_last_first']:.2f} |")
-    lines.append("")
-    common.write("policies_quick" if args.quick else "policies", data, "\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("policies", __doc__, measure, render))

@@ -1,7 +1,7 @@
 """Regret of the one-pass GLM and heavy-tailed learners next to OFUL on the same rounds.
 
-    python bench/regret_vs_oful.py            # 10 seeds, writes bench/results/regret_vs_oful.{md,json}
-    python bench/regret_vs_oful.py --quick    # 2 seeds, shorter
+    python -m bench.regret_vs_oful            # 10 seeds, writes bench/results/regret_vs_oful.{md,json}
+    python -m bench.regret_vs_oful --quick    # 2 seeds, shorter
 
 Both papers claim an advantage over a linear learner in their setting; this measures whether our
 implementation shows it, with every learner at its default (theory or documented) radius and the
@@ -21,19 +21,13 @@ Setups (where the papers leave a choice open, ours is stated):
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-
-from streambandit import make_policy  # noqa: E402
-from streambandit.sim.environments import GLMEnvironment, random_unit_vector, unit_rows  # noqa: E402
-from streambandit.sim.runner import run_policy, run_uniform  # noqa: E402
+from bench import harness
+from streambandit import make_policy
+from streambandit.sim.environments import GLMEnvironment, random_unit_vector, unit_rows
+from streambandit.sim.runner import run_policy, run_uniform
 
 
 def logistic_setup(radius: float, instance: int):
@@ -62,7 +56,7 @@ def heavy_setup(noise: str, instance: int, rounds: int):
     return env, learners
 
 
-def measure(label, setup, rounds, seeds):
+def final_regrets(label, setup, rounds, seeds):
     finals = {}
     for seed in seeds:
         env, learners = setup(seed)
@@ -75,35 +69,32 @@ def measure(label, setup, rounds, seeds):
                                  "median": float(np.median(v)), "per_seed": v} for k, v in finals.items()}}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
     seeds = range(2) if args.quick else range(10)
     t_log, t_heavy = (1000, 3000) if args.quick else (5000, 18000)
-    rows = [
-        measure("logistic, S = 3", lambda s: logistic_setup(3.0, s), t_log, seeds),
-        measure("logistic, S = 5", lambda s: logistic_setup(5.0, s), t_log, seeds),
-        measure("Student-t (df 2.1) noise", lambda s: heavy_setup("student_t", s, t_heavy), t_heavy, seeds),
-        measure("Gaussian N(0,1) noise", lambda s: heavy_setup("gaussian", s, t_heavy), t_heavy, seeds),
-    ]
-    cmd = "python bench/regret_vs_oful.py" + (" --quick" if args.quick else "")
-    m = common.machine()
+    return {"rows": [
+        final_regrets("logistic, S = 3", lambda s: logistic_setup(3.0, s), t_log, seeds),
+        final_regrets("logistic, S = 5", lambda s: logistic_setup(5.0, s), t_log, seeds),
+        final_regrets("Student-t (df 2.1) noise", lambda s: heavy_setup("student_t", s, t_heavy), t_heavy, seeds),
+        final_regrets("Gaussian N(0,1) noise", lambda s: heavy_setup("gaussian", s, t_heavy), t_heavy, seeds),
+    ]}
+
+
+def render(res: dict) -> str:
+    n_seeds = len(res["rows"][0]["seeds"])
     lines = ["# Regret next to OFUL on the same rounds", "",
-             f"Command: `{cmd}`. Commit {m['commit']}, {m['date']}. Final cumulative pseudo-regret,",
-             f"mean +- sd (median) over {len(seeds)} seeds; each seed is a new problem instance and new noise.", "",
+             harness.provenance(res, "Final cumulative pseudo-regret, mean +- sd (median) over "
+                                     f"{n_seeds} seeds; each seed is a new problem instance and new noise."), "",
              "| setup | T | learner | final regret | uniform random |", "|---|---:|---|---:|---:|"]
-    for row in rows:
+    for row in res["rows"]:
         rnd = row["final_regret"]["uniform random"]["mean"]
         for name, f in row["final_regret"].items():
             if name == "uniform random":
                 continue
             lines.append(f"| {row['setup']} | {row['rounds']:,} | {name} | {f['mean']:.1f} +- {f['sd']:.1f} "
                          f"({f['median']:.1f}) | {rnd:.1f} |")
-    lines.append("")
-    common.write("regret_vs_oful_quick" if args.quick else "regret_vs_oful", {"machine": m, "command": cmd, "rows": rows},
-                 "\n".join(lines))
+    return "\n".join(lines) + "\n"
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("regret_vs_oful", __doc__, measure, render))

@@ -1,7 +1,7 @@
 """Rows per second of ``streambandit replay``: the runner in-process, and the command on an Avro log.
 
-    python bench/bench_replay.py            # full run (~2 min), writes bench/results/replay.{md,json}
-    python bench/bench_replay.py --quick    # a smoke run with small sizes (results not written)
+    python -m bench.replay            # full run (~2 min), writes bench/results/replay.{md,json}
+    python -m bench.replay --quick    # a smoke run with small sizes (results not written)
 
 The logs are simulated ad traffic (``streambandit.sim.ads``, d = 20, K = 10, 4 model keys) with
 0/1 clicks:
@@ -29,37 +29,28 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
+from bench import harness, traffic
+from streambandit.decision import decide
+from streambandit.models_config import parse_models_config
+from streambandit.replay.files import write_avro
+from streambandit.replay.logged import LoggedDecision
+from streambandit.replay.runner import replay
+from streambandit.sim.ads import AdTraffic
 
-import numpy as np  # noqa: E402
-
-from streambandit.decision import decide  # noqa: E402
-from streambandit.models_config import parse_models_config  # noqa: E402
-from streambandit.replay.files import write_avro  # noqa: E402
-from streambandit.replay.logged import LoggedDecision  # noqa: E402
-from streambandit.replay.runner import replay  # noqa: E402
-from streambandit.sim.ads import AdTraffic, ad_hyper  # noqa: E402
-
-D, K, KEYS, EPSILON, MAX_DELAY = 20, 10, 4, 0.1, 200
-HYPER = {p: ad_hyper(p) for p in ("oful", "glb_omd")}
+D, K, KEYS = traffic.D, traffic.K, traffic.MODEL_KEYS
+EPSILON, MAX_DELAY = 0.1, 200
 POLICIES = ("oful", "glb_omd")
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def toml(policy: str) -> str:
-    hyper = "".join(f"{k} = {v!r}\n".replace("'", '"') for k, v in HYPER[policy].items())
-    return (f'[kafka]\n"bootstrap.servers" = "localhost:9092"\n\n[[models]]\nmatch = "placement-*"\n'
-            f'policy = "{policy}"\ndim = {D}\nreward_window_ms = 2000\ndefault_reward = 0.0\nepsilon = {EPSILON}\n'
-            f"seed = 0\n[models.hyper]\n{hyper}")
+    return traffic.models_toml(policy, epsilon=EPSILON, seed=0)
 
 
 def config(policy: str):
-    return parse_models_config({"models": [{"match": "placement-*", "policy": policy, "dim": D,
-                                            "hyper": HYPER[policy], "reward_window_ms": 2000,
-                                            "default_reward": 0.0, "epsilon": EPSILON, "seed": 0}]})
+    return parse_models_config(traffic.models(policy, epsilon=EPSILON, seed=0))
 
 
 def own_log(policy: str, n: int, seed: int = 0) -> list[LoggedDecision]:
@@ -74,7 +65,7 @@ def own_log(policy: str, n: int, seed: int = 0) -> list[LoggedDecision]:
             _, _, rec = heapq.heappop(due)
             models[rec.model_key].update(rec.features[rec.action], rec.reward)
             log.append(rec)
-        key = f"placement-{int(rng.integers(KEYS))}"
+        key = KEYS[int(rng.integers(len(KEYS)))]
         spec = cfg.resolve(key)
         model = models.get(key) or models.setdefault(key, spec.build())
         req = traffic.request(rng)
@@ -95,7 +86,7 @@ def uniform_log(n: int, seed: int = 1) -> list[LoggedDecision]:
     for t in range(n):
         req = traffic.request(rng)
         a = int(rng.integers(K))
-        log.append(LoggedDecision(t, f"e{t}", f"placement-{int(rng.integers(KEYS))}", req.ad_ids, req.features, a,
+        log.append(LoggedDecision(t, f"e{t}", KEYS[int(rng.integers(len(KEYS)))], req.ad_ids, req.features, a,
                                   1.0 / K, float(traffic.click(rng, float(req.click_rates[a])))))
     return log
 
@@ -132,12 +123,9 @@ def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
     return {"rows_per_s": n / s, "seconds": s}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, results not written")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
     repeats, n = (1, 2000) if args.quick else (3, 20_000)
-    res: dict = {"machine": common.machine(), "d": D, "K": K, "model_keys": KEYS, "epsilon": EPSILON,
+    res: dict = {"d": D, "K": K, "model_keys": len(KEYS), "epsilon": EPSILON,
                  "max_delay_events": MAX_DELAY, "events": n, "repeats": repeats, "runs": {}}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -174,22 +162,16 @@ def main() -> None:
             row.pop("decisions", None)
         res["runs"] = runs
         res["command_fixed_seconds"] = startup
-    md = report(res)
-    if args.quick:
-        print(md)
-    else:
-        common.write("replay", res, md)
+    return res
 
 
-def report(res: dict) -> str:
-    med = common.median
-    m = res["machine"]
+def render(res: dict) -> str:
+    med = harness.median
     n = res["events"]
     lines = [
         "# `streambandit replay`: rows per second",
         "",
-        f"Command: `python bench/bench_replay.py` (BLAS pinned to one thread). Machine: {m['cpu']}, {m['cores']} cores, "
-        f"Python {m['python']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}.",
+        harness.provenance(res, "BLAS pinned to one thread."),
         "",
         f"Logs of {n:,} simulated ad requests (d = {res['d']}, K = {res['K']}, {res['model_keys']} model keys, 0/1 "
         f"clicks). *own*: the worker's own log for the target configuration (epsilon {res['epsilon']}, updates "
@@ -228,4 +210,4 @@ def report(res: dict) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("replay", __doc__, measure, render))

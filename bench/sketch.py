@@ -1,7 +1,7 @@
 """Microseconds per select + update and bytes per model of the sketched learners against OFUL.
 
-    python bench/bench_sketch.py            # full run (~3 min), writes bench/results/sketch.{md,json}
-    python bench/bench_sketch.py --quick    # a smoke run with small sizes (sketch_quick.{md,json})
+    python -m bench.sketch            # full run (~3 min), writes bench/results/sketch.{md,json}
+    python -m bench.sketch --quick    # a smoke run with small sizes (printed, not written)
 
 The stream is paper 002's synthetic one (Sec. 5): K = 20 arms drawn from N(0, I_d) and normalised,
 theta* a random unit vector, rewards x'theta* + N(0, 0.1^2). Every learner uses its defaults (the
@@ -19,19 +19,13 @@ Bytes per model are ``state_nbytes()`` (the arrays each model holds), at the end
 from __future__ import annotations
 
 import argparse
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+import numpy as np
 
-common.pin_one_thread()
-
-import numpy as np  # noqa: E402
-
-from streambandit import make_policy  # noqa: E402
-from streambandit.sketch.dyadic_block import max_blocks  # noqa: E402
+from bench import harness
+from streambandit import make_policy
+from streambandit.sketch.dyadic_block import max_blocks
 
 K = 20
 BETA = 0.1
@@ -87,7 +81,7 @@ def bench_dim(d: int, block: int, repeats: int) -> list[dict]:
                 times[name].append(t)
                 phase[name].append("exact" if before else "switch" if after else "sketching")
     rows = []
-    oful_us = common.median(times["oful"]) * 1e6
+    oful_us = harness.median(times["oful"]) * 1e6
     oful_bytes = learners["oful"].state_nbytes()
     for name, p in learners.items():
         sk = getattr(p, "sketch", None)
@@ -95,9 +89,9 @@ def bench_dim(d: int, block: int, repeats: int) -> list[dict]:
         exact = [t for t, ph in zip(times[name], phase[name]) if ph == "exact"]
         row = {
             "policy": name, "d": d, "K": K, "rounds": block * (repeats + 1), "block": block,
-            "us_per_round": common.median(times[name]) * 1e6,
-            "us_sketching": common.median(sketching) * 1e6 if sketching else None,
-            "us_exact": common.median(exact) * 1e6 if exact else None,
+            "us_per_round": harness.median(times[name]) * 1e6,
+            "us_sketching": harness.median(sketching) * 1e6 if sketching else None,
+            "us_exact": harness.median(exact) * 1e6 if exact else None,
             "bytes_end": p.state_nbytes(), "bytes_peak": peaks[name],
             "bytes_peak_sketching": None if name == "oful" else peaks_sketching[name] or None,
             "runs_us": [t * 1e6 for t in times[name]], "phases": phase[name],
@@ -127,25 +121,21 @@ def fmt_ratio(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run")
-    args = ap.parse_args()
+def measure(args: argparse.Namespace) -> dict:
     dims, block, repeats = ((100, 200), 50, 3) if args.quick else ((100, 500, 1000), 200, 9)
+    return {"rows": [r for d in dims for r in bench_dim(d, block, repeats)], "beta": BETA, "K": K,
+            "block": block, "repeats": repeats}
 
-    rows = [r for d in dims for r in bench_dim(d, block, repeats)]
-    cmd = "python bench/bench_sketch.py" + (" --quick" if args.quick else "")
-    data = {"machine": common.machine(), "rows": rows, "beta": BETA, "K": K, "command": cmd}
-    m = data["machine"]
+
+def render(res: dict) -> str:
     lines = [
         "# Sketched learners: select + update cost and memory per model",
         "",
-        f"Command: `{cmd}` (BLAS pinned to one thread). Machine: {m['cpu']}, {m['cores']} cores, "
-        f"Python {m['python']}, numpy {m['numpy']}, scipy {m['scipy']}, commit {m['commit']}, {m['date']}.",
+        harness.provenance(res, f"scipy {res['machine']['scipy']}; BLAS pinned to one thread."),
         "",
-        f"Paper 002's synthetic stream: K = {K} unit-norm N(0, I) arms per round, defaults of every learner"
-        f" (soful/cbscfd l = 50; dbs_linucb l0 = 50, epsilon = 8, robust FD), constant beta = {BETA}.",
-        f"Per d: {repeats} timed blocks of {block} rounds after one warm-up block, interleaved learner by",
+        f"Paper 002's synthetic stream: K = {res['K']} unit-norm N(0, I) arms per round, defaults of every learner"
+        f" (soful/cbscfd l = 50; dbs_linucb l0 = 50, epsilon = 8, robust FD), constant beta = {res['beta']}.",
+        f"Per d: {res['repeats']} timed blocks of {res['block']} rounds after one warm-up block, interleaved learner by",
         "learner; the figure is the median block. dbs_linucb's blocks are split into those spent sketching",
         "and those after its switch to exact updates (the block with the switch is in neither; Invariant 2: at most",
         "floor(log2(d/l0 + 1)) blocks; on this full-rank stream the cap arrives after about",
@@ -155,7 +145,7 @@ def main() -> None:
         "model at end | peak bytes while sketching | OFUL bytes / that peak | peak bytes | dbs state at end |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
-    for r in rows:
+    for r in res["rows"]:
         sketching, exact = r["us_sketching"], r["us_exact"]
         if r["policy"] == "oful":
             sketching, exact = None, r["us_per_round"]
@@ -171,8 +161,8 @@ def main() -> None:
             f"| {r['bytes_peak']:,} | {state} |")
     lines += ["", "\"OFUL time / ours\" compares with dbs_linucb's sketching blocks when it has any, else with all "
               "its blocks.", ""]
-    common.write("sketch_quick" if args.quick else "sketch", data, "\n".join(lines))
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("sketch", __doc__, measure, render))

@@ -1,37 +1,29 @@
-"""The pause a partition's snapshot makes in the worker's loop, at a given load (bench_e2e part 6).
+"""The pause a partition's snapshot makes in the worker's loop, at a given load (e2e part 6:
+``python -m bench.e2e --only snapshot``).
 
-    python bench/snapshot_pause.py [CONTEXTS_PER_S]     # default 7,458 (half e2e's live maximum)
-
-It uses only ``PartitionEngine`` and ``pack_snapshot``, so it also measures an older checkout:
-``PYTHONPATH=<worktree> python bench/snapshot_pause.py`` (results are printed, not written).
+It uses only ``PartitionEngine`` and ``pack_snapshot``, so it also measures an older checkout.
 """
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import bench_worker as bw  # noqa: E402
-import common  # noqa: E402
-
-PARTITIONS = bw.PARTITIONS
+from bench import harness, traffic
 
 
 def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 5) -> dict:
-    """The pause a snapshot of one partition makes at ``contexts_per_s`` (both partitions): an
+    """The pause a snapshot of one partition makes at ``contexts_per_s`` (all partitions): an
     engine fed a window's worth of contexts and more (so it holds the open decisions and the
-    recent ids a live one does), then snapshotted and packed as ``Worker._snapshot`` does."""
+    recent ids a live one does), then snapshotted and packed as the worker does."""
     from streambandit.models_config import parse_models_config
     from streambandit.stream.engine import PartitionEngine
     from streambandit.wire import InputRef, pack_snapshot
 
-    per_partition = contexts_per_s / PARTITIONS
+    per_partition = contexts_per_s / traffic.PARTITIONS
     n = int(per_partition * 10)  # ten seconds of one partition's contexts
-    eng = PartitionEngine(parse_models_config(bw.models("oful", window_ms)))
-    for i, (ctx, _) in enumerate(bw.backlog(n)):
-        ctx.timestamp_ms = bw.T0_MS + int(i * 1000 / per_partition)
+    eng = PartitionEngine(parse_models_config(traffic.models("oful", window_ms)))
+    for i, (ctx, _) in enumerate(traffic.backlog(n)):
+        ctx.timestamp_ms = traffic.T0_MS + int(i * 1000 / per_partition)
         eng.on_context(ctx, InputRef(0, 0, i))
     head = {"partition": 0, "created_ms": 0, "contexts_offset": n, "rewards_offset": 0, "actions_offset": 0,
             "joined_offset": 0, "dead_letter_offset": 0}
@@ -44,14 +36,8 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
         t2 = time.perf_counter()
         snap_ms.append((t1 - t0) * 1000)
         pack_ms.append((t2 - t1) * 1000)
-    out = {"contexts_per_s": contexts_per_s, "window_ms": window_ms, "pending": len(eng.pending), "recent": len(eng.recent),
-           "snapshot_ms": common.median(snap_ms), "pack_ms": common.median(pack_ms), "bytes": size, "repeats": repeats}
+    out = {"contexts_per_s": contexts_per_s, "window_ms": window_ms, "partitions": traffic.PARTITIONS,
+           "pending": len(eng.pending), "recent": len(eng.recent), "snapshot_ms": harness.median(snap_ms),
+           "pack_ms": harness.median(pack_ms), "bytes": size, "repeats": repeats}
     print(f"snapshot: {out}", flush=True)
     return out
-
-
-if __name__ == "__main__":
-    import streambandit
-
-    print(f"streambandit from {Path(streambandit.__file__).parent}")
-    snapshot_pause(float(sys.argv[1]) if len(sys.argv) > 1 else 7458.0)

@@ -1,7 +1,7 @@
 """The embedded broker's behaviours that docs/notes/tansu.md reports, measured again.
 
-    python bench/probe_tansu.py            # ~2 min, writes bench/results/tansu.md
-    python bench/probe_tansu.py --no-demo  # without the 60 s demo CPU sampling
+    python -m bench.tansu            # ~2 min, writes bench/results/tansu.{md,json}
+    python -m bench.tansu --no-demo  # without the 60 s demo CPU sampling
 
 1. Delivery delay of one record to an idle consumer, per ``fetch.wait.max.ms``.
 2. Reported high watermark after ten records in one non-transactional batch, and in a transaction.
@@ -22,14 +22,13 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
-from confluent_kafka import Consumer, Producer, TopicPartition  # noqa: E402
+from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.stream.broker import EmbeddedBroker  # noqa: E402
+from bench import harness
+from streambandit.stream.broker import EmbeddedBroker
 
 
-def fetch_delay(b: EmbeddedBroker) -> list[str]:
+def fetch_delay(b: EmbeddedBroker) -> list[dict]:
     b.create_topics(["probe-fetch"], partitions=1)
     p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 0})
     out = []
@@ -47,11 +46,11 @@ def fetch_delay(b: EmbeddedBroker) -> list[str]:
             c.consume(1, 5.0)
             lat.append((time.perf_counter() - t0) * 1000)
         c.close()
-        out.append(f"| {wait} | {statistics.median(lat):.0f} | {max(lat):.0f} |")
+        out.append({"fetch_wait_ms": wait, "median_ms": statistics.median(lat), "max_ms": max(lat)})
     return out
 
 
-def high_watermark(b: EmbeddedBroker) -> list[str]:
+def high_watermark(b: EmbeddedBroker) -> list[dict]:
     b.create_topics(["probe-batch", "probe-txn"], partitions=1)
     p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 50})
     for i in range(10):
@@ -72,12 +71,12 @@ def high_watermark(b: EmbeddedBroker) -> list[str]:
         while (m := c.poll(2)) is not None and not m.error():
             n += 1
         c.unassign()
-        out.append(f"| {how} | 10 | {hi} | {n} |")
+        out.append({"written": how, "records": 10, "high_watermark": hi, "read": n})
     c.close()
     return out
 
 
-def stop_time() -> list[str]:
+def stop_time() -> list[dict]:
     out = []
     for connected in (False, True):
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -91,16 +90,16 @@ def stop_time() -> list[str]:
             proc.send_signal(sig)
             try:
                 proc.wait(timeout=15)
-                out.append(f"| {sig.name} | {'yes' if connected else 'no'} | {time.monotonic() - t0:.2f} | "
-                           f"{proc.returncode} |")
+                out.append({"signal": sig.name, "connected": connected, "seconds": time.monotonic() - t0,
+                            "exit_code": proc.returncode})
             except subprocess.TimeoutExpired:
-                out.append(f"| {sig.name} | {'yes' if connected else 'no'} | > 15 | still running |")
+                out.append({"signal": sig.name, "connected": connected, "seconds": None, "exit_code": None})
             b.stop()
             del client
     return out
 
 
-def commit_time(b: EmbeddedBroker) -> list[str]:
+def commit_time(b: EmbeddedBroker) -> list[dict]:
     b.create_topics(["probe-in", "probe-a", "probe-j"], partitions=2)
     c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe-g", "enable.auto.commit": False})
     p = Producer({"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe-w", "linger.ms": 0})
@@ -119,7 +118,7 @@ def commit_time(b: EmbeddedBroker) -> list[str]:
                                           c.consumer_group_metadata(), 10)
             p.commit_transaction(10)
             ts.append((time.perf_counter() - t0) * 1000)
-        out.append(f"| {(block + 1) * 500} | {statistics.median(ts):.1f} |")
+        out.append({"transactions": (block + 1) * 500, "median_ms": statistics.median(ts)})
     c.close()
     return out
 
@@ -140,7 +139,7 @@ def _broker_pid(parent: int) -> int | None:
     return None
 
 
-def demo_cpu(seconds: int = 60) -> list[str]:
+def demo_cpu(seconds: int = 60) -> list[dict]:
     with open(os.devnull, "w") as null:
         demo = subprocess.Popen([sys.executable, "-m", "streambandit", "demo", "--duration", str(seconds),
                                  "--out", "/tmp/probe-demo"], stdout=null, stderr=null)
@@ -154,35 +153,48 @@ def demo_cpu(seconds: int = 60) -> list[str]:
             except OSError:
                 break
             dt = now[0] - last[0]
-            out.append(f"| {len(out) * 10 + 10} | {100 * (now[2] - last[2]) / dt:.0f}% | {100 * (now[1] - last[1]) / dt:.0f}% |")
+            out.append({"t_s": len(out) * 10 + 10, "broker": (now[2] - last[2]) / dt, "streambandit": (now[1] - last[1]) / dt})
             last = now
         demo.wait()
     return out
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--no-demo", action="store_true")
-    args = ap.parse_args()
-    m = common.machine()
+def measure(args: argparse.Namespace) -> dict:
     with EmbeddedBroker() as b:
-        fetch, hw, commit = fetch_delay(b), high_watermark(b), commit_time(b)
-    stops = stop_time()
-    lines = ["# The embedded broker (Tansu), probed", "",
-             f"Command: `python bench/probe_tansu.py`. Machine: {m['cpu']}, {m['cores']} cores, commit {m['commit']}, "
-             f"{m['date']}. Explained in docs/notes/tansu.md.", "",
-             "## Delivery delay of one record to an idle consumer (15 records each)", "",
-             "| fetch.wait.max.ms | median ms | max ms |", "|---:|---:|---:|", *fetch, "",
-             "## Reported high watermark (ListOffsets) against records delivered", "",
-             "| written | records | reported high watermark | records a consumer reads |", "|---|---:|---:|---:|", *hw, "",
-             "## Time to stop", "", "| signal | a client connected | seconds | exit code |", "|---|---|---:|---:|", *stops, "",
-             "## The worker's commit pattern (10 records over 2 topics x 2 partitions + offsets), median per 500",
-             "", "| transactions so far | ms per commit |", "|---:|---:|", *commit, ""]
+        res = {"fetch_delay": fetch_delay(b), "high_watermark": high_watermark(b), "commit": commit_time(b)}
+    res["stop"] = stop_time()
     if not args.no_demo:
-        lines += ["## CPU share over 10 s windows during a 60 s `streambandit demo` (500 requests/s)", "",
-                  "| t (s) | broker | streambandit |", "|---:|---:|---:|", *demo_cpu(), ""]
-    common.write("tansu", {"machine": m}, "\n".join(lines))
+        res["demo_cpu"] = demo_cpu(20 if args.quick else 60)
+    return res
+
+
+def render(res: dict) -> str:
+    stops = [f"| {r['signal']} | {'yes' if r['connected'] else 'no'} | "
+             + (f"{r['seconds']:.2f} | {r['exit_code']} |" if r["seconds"] is not None else "> 15 | still running |")
+             for r in res["stop"]]
+    lines = ["# The embedded broker (Tansu), probed", "",
+             harness.provenance(res, "Explained in docs/notes/tansu.md."), "",
+             "## Delivery delay of one record to an idle consumer (15 records each)", "",
+             "| fetch.wait.max.ms | median ms | max ms |", "|---:|---:|---:|",
+             *(f"| {r['fetch_wait_ms']} | {r['median_ms']:.0f} | {r['max_ms']:.0f} |" for r in res["fetch_delay"]), "",
+             "## Reported high watermark (ListOffsets) against records delivered", "",
+             "| written | records | reported high watermark | records a consumer reads |", "|---|---:|---:|---:|",
+             *(f"| {r['written']} | {r['records']} | {r['high_watermark']} | {r['read']} |" for r in res["high_watermark"]),
+             "", "## Time to stop", "", "| signal | a client connected | seconds | exit code |", "|---|---|---:|---:|",
+             *stops, "",
+             "## The worker's commit pattern (10 records over 2 topics x 2 partitions + offsets), median per 500",
+             "", "| transactions so far | ms per commit |", "|---:|---:|",
+             *(f"| {r['transactions']} | {r['median_ms']:.1f} |" for r in res["commit"]), ""]
+    if "demo_cpu" in res:
+        lines += ["## CPU share over 10 s windows during a `streambandit demo` (500 requests/s)", "",
+                  "| t (s) | broker | streambandit |", "|---:|---:|---:|",
+                  *(f"| {r['t_s']} | {r['broker']:.0%} | {r['streambandit']:.0%} |" for r in res["demo_cpu"]), ""]
+    return "\n".join(lines)
+
+
+def _options(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--no-demo", action="store_true", help="without the demo's CPU sampling")
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("tansu", __doc__, measure, render, add_arguments=_options))

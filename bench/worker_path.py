@@ -1,21 +1,20 @@
 """Where the worker's CPU goes per event, without a profiler and without a broker.
 
-    python bench/bench_worker_path.py            # ~1 min, writes bench/results/worker_path.{md,json}
-    python bench/bench_worker_path.py --quick    # a smoke run (results not written)
+    python -m bench.worker_path            # ~1 min, writes bench/results/worker_path.{md,json}
+    python -m bench.worker_path --quick    # a smoke run (printed, not written)
 
 The worker's own per-batch code (``BatchProcessor.buffer`` and ``release``, ``Transaction.emit``) runs
-on real ``confluent_kafka.Message`` objects holding the encoded backlog of bench_e2e part 4
-(d = 20, K = 10, 4 model keys, 2 partitions, a reward for every third context, epoch
-timestamps), in batches of ``WorkerConfig.batch_max_records`` as polled under a backlog. The
+on real ``confluent_kafka.Message`` objects holding the encoded ad-traffic backlog of
+bench/traffic.py (as e2e part 4 drains it), in batches of ``WorkerConfig.batch_max_records`` as polled under a backlog. The
 producer is a real librdkafka producer with no broker reachable (``produce`` queues; the queue is
 purged after each batch), so Kafka's network and the transaction round trips are left out: those
-are bench_e2e's.
+are bench.e2e's.
 
 Stages are measured by ablation, each level doing everything the one before does plus one
 stage, so the difference is that stage's cost in place (with the caches and allocator the
 whole path sees), in CPU time of this thread (``time.thread_time``), best of REPEATS fresh runs
 per level (the machine is shared: the best run is the one least disturbed). cProfile's shares
-(bench_e2e part 3) inflate stages made of many small calls; these do not.
+(e2e part 3) inflate stages made of many small calls; these do not.
 
 1. decode: ``decode_batch`` of the batch's values;
 2. buffer: 1 + the records made and pushed into the mergers (``BatchProcessor.buffer``);
@@ -30,27 +29,21 @@ from __future__ import annotations
 
 import argparse
 import collections
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import common  # noqa: E402
+from confluent_kafka import Message, Producer
 
-common.pin_one_thread()
-
-import bench_worker as bw  # noqa: E402
-from confluent_kafka import Message, Producer  # noqa: E402
-
-from streambandit.models_config import parse_models_config  # noqa: E402
-from streambandit.stream.batch import BatchProcessor, PartitionState  # noqa: E402
-from streambandit.stream.engine import PartitionEngine  # noqa: E402
-from streambandit.stream.merge import InputMerger  # noqa: E402
-from streambandit.stream.transaction import Transaction  # noqa: E402
-from streambandit.stream.worker import Topics, WorkerConfig, freeze_long_lived  # noqa: E402
-from streambandit.wire import encode  # noqa: E402
-from streambandit.wire.batch_decode import decode_batch  # noqa: E402
+from bench import harness, traffic
+from streambandit.models_config import parse_models_config
+from streambandit.stream.batch import BatchProcessor, PartitionState
+from streambandit.stream.engine import PartitionEngine
+from streambandit.stream.merge import InputMerger
+from streambandit.stream.transaction import Transaction
+from streambandit.stream.worker import freeze_long_lived
+from streambandit.stream.worker_config import Topics, WorkerConfig
+from streambandit.wire import encode
+from streambandit.wire.batch_decode import decode_batch
 
 STAGE_TEXT = {
     "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
@@ -70,8 +63,8 @@ def messages(n: int) -> list[list[Message]]:
     """The backlog as the consumer would hand it over: batches of Message objects, each record on
     the partition of its model key, offsets counted per topic-partition."""
     out, offsets = [], collections.Counter()
-    for ctx, rew in bw.backlog(n):
-        p = int(ctx.model_key.rsplit("-", 1)[1]) % bw.PARTITIONS
+    for ctx, rew in traffic.backlog(n):
+        p = int(ctx.model_key.rsplit("-", 1)[1]) % traffic.PARTITIONS
         for topic, ev in ((TOPICS.contexts, ctx), (TOPICS.rewards, rew)):
             if ev is not None:
                 out.append(Message(topic=topic, partition=p, offset=offsets[(topic, p)], key=ev.model_key.encode(),
@@ -82,10 +75,10 @@ def messages(n: int) -> list[list[Message]]:
 
 def processor(policy: str) -> BatchProcessor:
     """The worker's batch processor with both partitions assigned and fresh (no broker)."""
-    cfg = WorkerConfig(bootstrap_servers="unused", models=parse_models_config(bw.models(policy, 100)), topics=TOPICS,
+    cfg = WorkerConfig(bootstrap_servers="unused", models=parse_models_config(traffic.models(policy, 100)), topics=TOPICS,
                        merge_wait_ms=0)
     b = BatchProcessor(cfg, collections.Counter())
-    for p in range(bw.PARTITIONS):
+    for p in range(traffic.PARTITIONS):
         b.partitions[p] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
     return b
 
@@ -97,7 +90,7 @@ def _producer() -> Producer:
                      "queue.buffering.max.kbytes": 2_000_000})
 
 
-_NOT_BEHIND = {p: (False, False) for p in range(bw.PARTITIONS)}  # nothing held back for a fetch to come
+_NOT_BEHIND = {p: (False, False) for p in range(traffic.PARTITIONS)}  # nothing held back for a fetch to come
 
 
 def _engine_only(b: BatchProcessor, now: int) -> None:
@@ -145,7 +138,7 @@ def run(policy: str, batches: list[list[Message]], level: int) -> float:
     return cpu / n * 1e6
 
 
-def measure(policy: str, n: int, repeats: int) -> dict:
+def stages_of(policy: str, n: int, repeats: int) -> dict:
     batches = messages(n)
     run(policy, batches, 5)  # compile and warm
     best = {lvl: min(run(policy, batches, lvl) for _ in range(repeats)) for lvl in range(1, len(STAGES) + 1)}
@@ -158,42 +151,34 @@ def measure(policy: str, n: int, repeats: int) -> dict:
             "events_per_cpu_s": 1e6 / prev}
 
 
-def report(res: dict) -> str:
-    m = res["machine"]
+def measure(args: argparse.Namespace) -> dict:
+    n, repeats = (3000, 2) if args.quick else (30000, REPEATS)
+    return {"contexts": n, "repeats": repeats, "batch_max_records": BATCH, "stages": STAGE_TEXT,
+            "runs": [stages_of(p, n, repeats) for p in ("oful", "glb_omd")]}
+
+
+def render(res: dict) -> str:
+    stages = tuple(res["stages"])
     lines = [
         "# The worker's CPU per event, by stage (no broker, no profiler)",
         "",
-        f"Command: `python bench/bench_worker_path.py`. Machine: {m['cpu']}, {m['cores']} cores (shared), Python "
-        f"{m['python']}, numpy {m['numpy']}, commit {m['commit']}, {m['date']}. The worker's own batch code on real "
-        f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of bench_e2e part 4's backlog and their "
-        f"rewards, batches of {BATCH:,}), a producer with no broker; each level adds one stage, CPU time of the thread, "
-        f"best of {res['repeats']} fresh runs per level. Kafka's network and transactions are not in these figures "
-        "(bench_e2e part 4 has them).",
+        harness.provenance(res, "The worker's own batch code on real "
+                           f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of the ad-traffic backlog "
+                           f"(bench/traffic.py) and their rewards, batches of {res['batch_max_records']:,}), a producer "
+                           "with no broker; each level adds one stage, CPU time of the thread, best of "
+                           f"{res['repeats']} fresh runs per level. Kafka's network and transactions are not in these "
+                           "figures (e2e part 4 has them)."),
         "",
-        "| policy | " + " | ".join(STAGES) + " | total us / event | events per CPU s |",
-        "|---|" + "---:|" * (len(STAGES) + 2),
+        "| policy | " + " | ".join(stages) + " | total us / event | events per CPU s |",
+        "|---|" + "---:|" * (len(stages) + 2),
     ]
     for r in res["runs"]:
-        lines.append(f"| {r['policy']} | " + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in STAGES)
+        lines.append(f"| {r['policy']} | " + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in stages)
                      + f" | {r['total_us_per_event']:.2f} | {r['events_per_cpu_s']:,.0f} |")
     lines += ["", "Each stage is the difference between a level and the one before it:", ""]
-    lines += [f"- {name}: {what}" for name, what in STAGE_TEXT.items()]
+    lines += [f"- {name}: {what}" for name, what in res["stages"].items()]
     return "\n".join(lines) + "\n"
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--quick", action="store_true", help="small sizes, results not written")
-    args = ap.parse_args()
-    n, repeats = (3000, 2) if args.quick else (30000, REPEATS)
-    res = {"machine": common.machine(), "contexts": n, "repeats": repeats,
-           "runs": [measure(p, n, repeats) for p in ("oful", "glb_omd")]}
-    for r in res["runs"]:
-        print(f"{r['policy']}: " + ", ".join(f"{k} {v:.2f}" for k, v in r["us_per_event"].items())
-              + f" = {r['total_us_per_event']:.2f} us/event", flush=True)
-    if not args.quick:
-        common.write("worker_path", res, report(res))
-
-
 if __name__ == "__main__":
-    main()
+    raise SystemExit(harness.main("worker_path", __doc__, measure, render))

@@ -220,11 +220,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 _BENCHMARKS = {
     "peers": ("streambandit.benchmarks.inprocess", "learners in process against Vowpal Wabbit, MABWiser, River "
                                                    "and a naive numpy OFUL: us per decide + update, regret, memory"),
-    # These drive the embedded broker and write bench/results/; they run from a source checkout.
-    "e2e": ("bench/bench_e2e.py", "the worker end to end on the embedded broker: the broker's ceiling, "
-                                  "events/s, latency p50/p99/p99.9 at 10/50/90% of the maximum"),
-    "worker": ("bench/bench_worker.py", "worker throughput, latency at fixed rates, recovery time, snapshot size"),
-    "memory": ("bench/bench_memory.py", "resident bytes per model with 100,000 live models"),
+    # These are the checkout's own benchmarks (``python -m bench``): they write bench/results/ and
+    # run only from a source checkout, whose bench package is not installed with streambandit.
+    "e2e": ("bench.e2e", "the worker end to end on the embedded broker: the broker's ceiling, "
+                         "events/s, latency p50/p99/p99.9 at 10/50/90% of the maximum"),
+    "recovery": ("bench.recovery", "time to rebuild a partition after SIGKILL, snapshot bytes per model"),
+    "memory": ("bench.memory", "resident bytes per model with 100,000 live models"),
 }
 
 
@@ -239,13 +240,13 @@ def _bench(rest: list[str]) -> int:
 
     what = rest.pop(0) if rest and rest[0] in _BENCHMARKS else "peers"
     target = _BENCHMARKS[what][0]
-    if target.endswith(".py"):
-        script = Path(__file__).resolve().parents[1] / target
-        if not script.is_file():
-            print(f"streambandit bench {what}: {target} is not here; it runs from a source checkout of "
-                  f"streambandit (python {target})", file=sys.stderr)
+    if target.startswith("bench."):
+        checkout = Path(__file__).resolve().parents[1]
+        if not (checkout / "bench" / "__init__.py").is_file():
+            print(f"streambandit bench {what}: it runs from a source checkout of streambandit "
+                  f"(python -m {target}), and {checkout} is not one", file=sys.stderr)
             return 2
-        return subprocess.run([sys.executable, str(script), *rest], check=False).returncode
+        return subprocess.run([sys.executable, "-m", target, *rest], cwd=checkout, check=False).returncode
     module = importlib.import_module(target)
     return module.main(rest, command=" ".join(["streambandit bench", what, *rest]))
 

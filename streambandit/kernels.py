@@ -3,7 +3,7 @@
 Why: at small d the numpy per-call path spends most of its time per select + update in the
 interpreter and in a dozen small numpy calls, not in the O(K d^2) arithmetic. These kernels do
 the arithmetic in one compiled call, and ``*_play`` runs a whole stream of select + update steps
-in one call (``python bench/bench_policies.py`` compares them with a numpy OFUL).
+in one call (``python -m bench.policies`` compares them with a numpy OFUL).
 
 Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled
 with fastmath (so no reassociation and no fused multiply-add), and the one-event functions are the
@@ -108,7 +108,7 @@ def _dot(a, b):
 
 # Inlined into each caller at numba's IR level (same arithmetic, same order): called as a separate
 # compiled function, the copy loaded from numba's on-disk cache ran slower than a fresh compile of
-# the same source; inlined, both run alike (select_batch in `python bench/bench_peers.py`).
+# the same source; inlined, both run alike (select_batch in `python -m bench.peers`).
 @njit(cache=True, nogil=True, inline="always")
 def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with

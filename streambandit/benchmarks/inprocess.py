@@ -468,6 +468,16 @@ def build_parser() -> argparse.ArgumentParser:
         description="streambandit's learners against Vowpal Wabbit, MABWiser and River on the same synthetic stream "
                     "(us per decide + update, regret, peak memory, as ratios to streambandit oful). "
                     "The peers are optional: pip install 'streambandit[bench]'.")
+    add_stream_options(ap)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: n 2000, n-slow 200, 2 repeats, 1 for slow peers")
+    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
+    ap.add_argument("--md", type=Path, default=None, metavar="PATH", help="write the markdown report")
+    return ap
+
+
+def add_stream_options(ap: argparse.ArgumentParser) -> None:
+    """The options of the run itself (sizes, repeats, stream), shared with the checkout's
+    ``python -m bench.peers``, which writes its results in its own place."""
     ap.add_argument("--n", type=int, default=20_000, help="events in the stream (default 20000)")
     ap.add_argument("--n-slow", type=int, default=2_000,
                     help="events the slow peers (MABWiser, River) are timed on (default 2000)")
@@ -478,10 +488,6 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--noise-sd", type=float, default=0.1, help="sd of the Gaussian reward noise (default 0.1)")
     ap.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
     ap.add_argument("--only", default=None, help="comma-separated row keys (the reference oful_play always runs)")
-    ap.add_argument("--quick", action="store_true", help="a smoke run: n 2000, n-slow 200, 2 repeats, 1 for slow peers")
-    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
-    ap.add_argument("--md", type=Path, default=None, metavar="PATH", help="write the markdown report")
-    return ap
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""What one object alone keeps alive: the memory accounting of ``bench/bench_memory.py`` and of
+"""What one object alone keeps alive: the memory accounting of ``bench/memory.py`` and of
 ``tests/unit/test_memory_accounting.py``.
 
 A compiled learner keeps its state as a row of arrays shared by every model of its configuration

@@ -67,7 +67,7 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
 
 # Policies of one configuration share its config dict and the constants their constructors derive
 # from it (immutable values), instead of one copy per model: a worker holds one model per key, and
-# per-model copies add up (`python bench/bench_memory.py` accounts for every byte). Bounded, so that
+# per-model copies add up (`python -m bench.memory` accounts for every byte). Bounded, so that
 # building policies with ever new configurations (a parameter sweep) does not grow it for ever.
 # The compiled learners go further: their RowStore (rows.py) holds the configuration, its
 # constants and every model's state as rows of shared arrays.

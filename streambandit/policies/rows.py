@@ -3,7 +3,7 @@ model's state.
 
 Why: a worker holds one model per key. With three numpy arrays per model, each model costs
 hundreds of bytes beyond its state (array headers, a malloc per array, per-model scalars and
-argument tuples; ``python bench/bench_memory.py`` accounts for them). Here every model of one
+argument tuples; ``python -m bench.memory`` accounts for them). Here every model of one
 configuration is a row of a few
 arrays shared by all of them, so a model costs its row (the documented state, plus its two
 scalars) and a small slotted instance.

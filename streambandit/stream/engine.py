@@ -342,7 +342,7 @@ class PartitionEngine:
             "models": {key: m.state_dict() for key, m in self.models.items()},
             # The fields read directly: dataclasses.asdict deep-copies each (features included),
             # and a partition holds a window's worth of them (the snapshot is a pause of the
-            # worker's loop: bench_e2e part 6). Records are values, so sharing features is safe.
+            # worker's loop: e2e part 6). Records are values, so sharing features is safe.
             "pending": [{f: getattr(p.action, f) for f in _ACTION_FIELDS} | {"reward": p.reward, "n_rewards": p.n_rewards}
                         for p in self.pending.values()],
             "early": [dataclasses.asdict(r) | {"source": src} for held in self.early.values() for r, src in held],

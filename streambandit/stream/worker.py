@@ -49,7 +49,7 @@ def freeze_long_lived() -> None:
     A full collection walks every tracked object. At start that is every object the imports made
     (numba's above all), and Python starts one whenever enough objects have survived younger
     collections: in a worker draining a backlog, every few batches, each a pause in the middle
-    of a batch (bench_e2e part 4 measures the pauses with and without the freeze). Modules, the
+    of a batch (e2e part 4 measures the pauses with and without the freeze). Modules, the
     configuration and the models of a recovered partition live as long as the worker, so the
     worker freezes them after start-up and after each recovery; the collection before the freeze
     keeps garbage from being frozen with them. Frozen objects are still freed when their last

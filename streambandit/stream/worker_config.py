@@ -29,7 +29,7 @@ class WorkerConfig:
     group_id: str = "streambandit"
     topics: Topics = Topics()
     # Under a backlog each transaction's commit waits for a few serial broker round trips; a
-    # larger bound means fewer of them (a broker with longer round trips gains more; bench_e2e
+    # larger bound means fewer of them (a broker with longer round trips gains more; bench.e2e
     # part 4 drains with this and with 2,000). Under light load a batch is what one fetch
     # brought, so the bound adds no latency there.
     batch_max_records: int = 5000
@@ -37,13 +37,13 @@ class WorkerConfig:
     merge_wait_ms: int = 20  # how long a record waits for the other input's head (docs/design.md, merge order)
     idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
     snapshot_interval_s: float = 30.0
-    # A snapshot pauses the partition's loop (bench_e2e part 6 measures it at a steady load), and
-    # recovery re-applies the joined records after it (bench_worker measures recovery). Every
+    # A snapshot pauses the partition's loop (e2e part 6 measures it at a steady load), and
+    # recovery re-applies the joined records after it (bench.recovery measures it). Every
     # 10,000 updates a busy worker paused every few seconds; this bounds the replay instead, and
     # snapshot_interval_s keeps it lower at moderate rates.
     snapshot_every_updates: int = 100_000
     # At most this share of a partition's time goes to snapshotting it: a snapshot costs time in
-    # proportion to the partition's models (bench_memory measures it at 100,000 models), and the
+    # proportion to the partition's models (bench.memory measures it at 100,000 models), and the
     # two triggers above do not know that.
     snapshot_max_share: float = 0.1
     max_pending: int = 100_000

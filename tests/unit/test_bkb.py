@@ -207,7 +207,7 @@ def test_fixed_catalog_dictionary_tracks_d_eff_and_the_work_stays_flat():
     between d_eff and qbar * sum sigma~^2 (the bounds of its expectation, sum_i 1 - (1 - p_i)^n_i);
     from t = 125 to 500 m, hence the O((A + u) m^2) work of a round, grows far less than 4x, where
     textbook GP-UCB's t x t system grows 4x (16x the flops). Regret against exact GP-UCB and the
-    measured times are in bench/bench_bkb.py."""
+    measured times are in bench/bkb.py."""
     rng = np.random.default_rng(5)
     arms = rng.uniform(0, 1, (150, 2))
     f = kernel_matrix("rbf", 0.25, arms, rng.uniform(0, 1, (6, 2))) @ rng.standard_normal(6)

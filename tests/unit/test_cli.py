@@ -41,4 +41,4 @@ def test_bench_with_a_bad_option_is_a_clear_error():
 def test_bench_runs_the_checkout_benchmarks_by_name():
     out = run("bench", "memory", "--help")
     assert out.returncode == 0, out.stderr
-    assert "bench_memory.py" in out.stdout and "--quick" in out.stdout
+    assert "python -m bench.memory" in out.stdout and "--quick" in out.stdout

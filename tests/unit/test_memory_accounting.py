@@ -1,4 +1,4 @@
-"""Per-model memory accounting (issue 7; bench/bench_memory.py measures the resident size).
+"""Per-model memory accounting (issue 7; bench/memory.py measures the resident size).
 
 - ``state_nbytes()`` follows each learner's documented formula, and it counts every array a live
   model owns (no hidden per-model scratch arrays outside it).

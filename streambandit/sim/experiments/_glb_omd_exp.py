@@ -140,7 +140,7 @@ def _summary(link, tbl, stats, settings, rounds, n_seeds) -> str:
            else "more than 1.5x the refit baseline's at some S (NOT comparable)")
         + f". glb_omd beats OFUL at {len(beats_oful)} of {len(settings)} radii"
         + (f" ({', '.join(beats_oful)})" if beats_oful else "")
-        + ". The paper does not claim anything about OFUL; the earlier bench (bench/results/regret_vs_oful.md) found "
+        + ". The paper does not claim anything about OFUL; bench/results/regret_vs_oful.md finds "
         "OFUL ahead of glb_omd at default radii for logistic S = 3, 5. Nothing was tuned to agree; all learners "
         "use their theory radii.",
     ]

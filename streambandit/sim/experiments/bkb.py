@@ -2,7 +2,7 @@
 Scalable and No Regret"): BKB against exact GP-UCB on a fixed catalog of A arms.
 
 The paper has no experiments section; the setup is this project's (the same as
-bench/bench_bkb.py): A arms uniform in [0, 1]^2, an RBF kernel of bandwidth 0.2,
+bench/bkb.py): A arms uniform in [0, 1]^2, an RBF kernel of bandwidth 0.2,
 f a sum of 10 random kernel bumps (so f is in the RKHS), Gaussian noise xi = 0.1, lambda = xi^2,
 the practical beta rule (the authors' code) for both learners.
 
@@ -218,7 +218,7 @@ def _choices(s: _Size) -> list[str]:
     return [
         f"A = {s.n_arms} arms uniform in [0,1]^2 (fixed per seed); RBF kernel, bandwidth {BANDWIDTH}; "
         f"f = sum of {BUMPS} kernel bumps at uniform centres with N(0,1) weights (the paper has no experiments; "
-        "setup of bench/bench_bkb.py).",
+        "setup of bench/bkb.py).",
         f"Gaussian noise xi = {XI}, lambda = xi^2 = {LAM:g}, F = 1, delta = 0.1; the practical beta rule (authors' "
         "code) for both learners, with the exact sum of variances for GP-UCB.",
         f"BKB qbar = {QBAR} (the policy default; the reference code suggests 2-10, theory ~1e3).",

@@ -1,0 +1,23 @@
+"""``python -m bench``: the benchmarks, what each measures, and how long a full run takes."""
+
+import ast
+from pathlib import Path
+
+# Each benchmark writes bench/results/NAME.{json,md}; the other modules here are shared pieces.
+BENCHMARKS = ("policies", "sketch", "bkb", "regret_vs_oful", "calls", "peers", "replay", "worker_path", "memory",
+              "recovery", "tansu", "e2e")
+
+
+def summary(name: str) -> tuple[str, str]:
+    """The docstring's first line, and the comment of its full-run usage line (time, output)."""
+    doc = ast.get_docstring(ast.parse((Path(__file__).parent / f"{name}.py").read_text())) or ""
+    usage = next((line.split("#", 1)[1].strip() for line in doc.splitlines()
+                  if line.strip().startswith(f"python -m bench.{name} ") and "#" in line), "")
+    return doc.splitlines()[0], usage
+
+
+if __name__ == "__main__":
+    print("python -m bench.NAME [--quick | --print | --render] [-h]\n")
+    for name in BENCHMARKS:
+        first, usage = summary(name)
+        print(f"  {name:15} {first}\n  {'':15} {usage}")

@@ -1,0 +1,113 @@
+"""The benchmarks' side of the embedded broker: topics, a backlog produced, a ``streambandit
+serve`` subprocess with its configuration, its log read, its group's progress."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from bench import traffic
+from streambandit.stream.broker import EmbeddedBroker
+from streambandit.stream.worker_config import Topics
+from streambandit.wire import Context, Reward, encode
+
+# The embedded broker holds a fetch for the whole fetch.wait.max.ms even when data is there
+# (docs/notes/tansu.md), so every consumer of a benchmark shortens it.
+FAST_FETCH = {"fetch.wait.max.ms": 10}
+
+
+def fresh_topics(broker: EmbeddedBroker, partitions: int = traffic.PARTITIONS) -> Topics:
+    tag = uuid.uuid4().hex[:8]
+    t = Topics(contexts=f"c-{tag}", rewards=f"r-{tag}", actions=f"a-{tag}", joined=f"j-{tag}", dead_letter=f"d-{tag}")
+    broker.create_topics(t.all(), partitions=partitions)
+    return t
+
+
+def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Reward | None]]) -> dict:
+    """Produce the events; returns per (topic, partition) the offset after the last record, from
+    the delivery reports (the embedded broker reports too low a high watermark for batched,
+    non-transactional writes: docs/notes/tansu.md)."""
+    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
+                  "enable.idempotence": True})
+    ends: dict = {}
+
+    def delivered(err, msg) -> None:
+        if err is not None:
+            raise RuntimeError(f"produce failed: {err}")
+        key = (msg.topic(), msg.partition())
+        ends[key] = max(ends.get(key, 0), msg.offset() + 1)
+
+    n = 0
+    for ctx, rew in events:
+        p.produce(t.contexts, key=ctx.model_key.encode(), value=encode(ctx), on_delivery=delivered)
+        n += 1
+        if rew is not None:
+            p.produce(t.rewards, key=rew.model_key.encode(), value=encode(rew), on_delivery=delivered)
+            n += 1
+        if n % 5000 == 0:
+            p.poll(0)
+    p.flush()
+    return ends
+
+
+def worker_toml(group: str, t: Topics, models_toml: str, worker: dict | None = None,
+                consumer: dict | None = None, producer: dict | None = None) -> str:
+    """A ``streambandit serve`` configuration: group, topics, models, and the settings given."""
+    def table(name: str, values: dict) -> list[str]:
+        quote = name.startswith("kafka")  # librdkafka's dotted names are quoted TOML keys
+        return [f"[{name}]", *((f'"{k}"' if quote else k) + f" = {traffic.toml_value(v)}"
+                               for k, v in values.items()), ""]
+
+    lines = [*table("kafka.consumer", {**FAST_FETCH, **(consumer or {})}),
+             *(table("kafka.producer", producer) if producer else []),
+             *table("worker", {"group_id": group, "snapshot_interval_s": 30, **(worker or {})}),
+             *table("topics", {k: getattr(t, k) for k in ("contexts", "rewards", "actions", "joined", "dead_letter")})]
+    return "\n".join(lines) + models_toml
+
+
+def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -> subprocess.Popen:
+    """``streambandit serve`` as deployed, its log (-v) on a pipe for ``wait_for_line``."""
+    cfg = workdir / f"{group}.toml"
+    cfg.write_text(config_text)
+    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
+                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def wait_for_line(proc: subprocess.Popen, pattern: str, count: int, timeout_s: float = 120) -> list[re.Match]:
+    """Read the worker's log until ``pattern`` matched ``count`` times."""
+    found, deadline = [], time.monotonic() + timeout_s
+    while len(found) < count:
+        line = proc.stderr.readline()
+        if not line:
+            raise RuntimeError(f"the worker exited (code {proc.poll()}) before logging {pattern!r}")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {pattern!r} within {timeout_s} s")
+        m = re.search(pattern, line)
+        if m:
+            found.append(m)
+    return found
+
+
+def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
+    proc.send_signal(sig)
+    proc.communicate(timeout=60)
+
+
+def caught_up(broker: EmbeddedBroker, group: str, ends: dict) -> bool:
+    """Whether the group's committed offsets reached ``ends`` ((topic, partition) -> offset)."""
+    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    try:
+        got = c.committed([TopicPartition(topic, p) for topic, p in ends], timeout=10)
+        return all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in got)
+    finally:
+        c.close()
