@@ -97,6 +97,9 @@ class PartitionEngine:
         self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
         self._seq = 0
         self._trigger = (-1, -1)
+        # What this object did since it was built or restored, as a process's metrics count: not
+        # state. A restore starts them at zero (they are in a snapshot for diagnostics only), so
+        # a recovered engine never reports, as its own, counts that recovery then adds again.
         self.counters: collections.Counter[str] = collections.Counter()
         # Updates applied by this object (live or re-applied in recovery), for the worker's snapshot
         # trigger: the sum of the models' n_updates would be a walk over every model per batch.
@@ -353,7 +356,7 @@ class PartitionEngine:
 
     @classmethod
     def restore(cls, config: ModelsConfig, snap: dict[str, Any], **limits: int) -> "PartitionEngine":
-        """An engine in exactly the state ``snap`` was taken in."""
+        """An engine in exactly the state ``snap`` was taken in; its counters start at zero."""
         e = cls(config, **limits)
         for key, state in snap["models"].items():
             spec = config.resolve(key)
@@ -372,7 +375,6 @@ class PartitionEngine:
             e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
         e.recent = collections.OrderedDict((k, bool(v)) for k, v in snap["recent"])
         e.watermark_ms = snap["watermark_ms"]
-        e.counters = collections.Counter(snap["counters"])
         e._rebuild_deadlines()
         return e
 

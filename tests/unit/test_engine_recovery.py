@@ -188,3 +188,16 @@ def test_the_watermark_is_recovered_from_the_inputs_not_only_from_the_joins():
     assert [j.event_id for j in logs["joined"]] == ["e0", "e1"]
     assert_same_logs(logs, ref_logs)
     assert_same_models(engine, reference)
+
+
+def test_a_restored_engine_counts_from_zero():
+    """Counters are what an engine did since it was built or restored, as a process's metrics are:
+    restored from a snapshot they would count twice the decisions recovery then re-applies."""
+    e = PartitionEngine(CONFIG, **LIMITS)
+    for event in make_inputs(seed=3, n_contexts=50):
+        if isinstance(event, Context):
+            e.on_context(event, None)
+    assert e.counters["actions"] > 0
+    restored = PartitionEngine.restore(CONFIG, e.snapshot(), **LIMITS)
+    assert not restored.counters
+    assert restored.models.keys() == e.models.keys() and restored.pending.keys() == e.pending.keys()
