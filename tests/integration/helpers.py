@@ -179,3 +179,9 @@ class Tail:
 
     def close(self) -> None:
         self.c.close()
+
+
+def topics_toml(topics) -> str:
+    """The ``[topics]`` table of a worker configuration that names ``topics``."""
+    return "[topics]\n" + "".join(f'{name} = "{getattr(topics, name)}"\n'
+                                   for name in ("contexts", "rewards", "actions", "joined", "dead_letter"))

@@ -15,7 +15,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics
 from streambandit.wire import Context, Reward, encode
 
-from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked
+from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked, topics_toml
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -28,13 +28,7 @@ snapshot_interval_s = 0.5
 snapshot_every_updates = 50
 batch_max_records = 200
 
-[topics]
-contexts = "{contexts}"
-rewards = "{rewards}"
-actions = "{actions}"
-joined = "{joined}"
-dead_letter = "{dead_letter}"
-
+{topics}
 [[models]]
 match = "sum-*"
 policy = "glb_omd"
@@ -101,7 +95,7 @@ def start(broker, t, cfg_path, snap_dir, group, instance):
 
 def run_to_end(broker, t, tmp, group, kills, sent):
     cfg = tmp / f"{group}.toml"
-    cfg.write_text(CONFIG.format(group=group, **vars(t)))
+    cfg.write_text(CONFIG.format(group=group, topics=topics_toml(t)))
     snaps = tmp / f"snap-{group}"
     started = time.time()
     proc = start(broker, t, cfg, snaps, group, "w1")

@@ -19,7 +19,7 @@ from streambandit.replay.runner import replay
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.wire import Context, Reward, encode
 
-from .helpers import caught_up, outputs, producer, same_state, send_tracked, start_worker, wait_for
+from .helpers import caught_up, outputs, producer, same_state, send_tracked, start_worker, topics_toml, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -36,13 +36,7 @@ TOML = """
 [worker]
 group_id = "{group}"
 
-[topics]
-contexts = "{contexts}"
-rewards = "{rewards}"
-actions = "{actions}"
-joined = "{joined}"
-dead_letter = "{dead_letter}"
-
+{topics}
 [[models]]
 match = "explore-*"
 policy = "oful"
@@ -106,7 +100,7 @@ def test_replay_of_the_joined_log_reproduces_decisions_and_models(broker, topics
     # The worker's logs -> an Avro file (`streambandit export`) -> replay (the runner, and the command).
     assert len(list(read_logged_decisions(broker.bootstrap_servers, topics, group))) == N
     config = tmp_path / "worker.toml"
-    config.write_text(TOML.format(group=group, **vars(topics)))
+    config.write_text(TOML.format(group=group, topics=topics_toml(topics)))
     path = tmp_path / "log.avro"
     run_cli("export", "--config", config, "--bootstrap-servers", broker.bootstrap_servers, "--out", path)
     result = replay(read_avro(path), parse_models_config(MODELS))

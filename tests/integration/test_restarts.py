@@ -16,7 +16,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward, decode
 
-from .helpers import outputs, producer, run_in_thread, send, wait_for
+from .helpers import outputs, producer, run_in_thread, send, topics_toml, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -130,14 +130,9 @@ SERVE_CONFIG = """
 [worker]
 group_id = "{group}"
 snapshot_dir = "{snaps}"
+{worker}
 
-[topics]
-contexts = "{contexts}"
-rewards = "{rewards}"
-actions = "{actions}"
-joined = "{joined}"
-dead_letter = "{dead_letter}"
-
+{topics}
 [[models]]
 match = "m-*"
 policy = "oful"
@@ -164,9 +159,7 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     from .helpers import committed_offsets, read_all
 
     cfg = tmp_path / "worker.toml"
-    cfg.write_text(SERVE_CONFIG.format(group="g-kill", snaps=tmp_path / "snaps", contexts=topics.contexts,
-                                       rewards=topics.rewards, actions=topics.actions, joined=topics.joined,
-                                       dead_letter=topics.dead_letter))
+    cfg.write_text(SERVE_CONFIG.format(group="g-kill", snaps=tmp_path / "snaps", worker="", topics=topics_toml(topics)))
     prod, rng, n = producer(broker), np.random.default_rng(2), 100_000
     for i in range(n):
         send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
@@ -348,31 +341,6 @@ def test_twenty_stops_at_random_moments_and_a_group_that_churns_while_idle(broke
     engine_states_equal({"models": got, "pending": [], "watermark_ms": 0}, {"models": want, "pending": [], "watermark_ms": 0})
 
 
-TAKEOVER_CONFIG = """
-[worker]
-group_id = "{group}"
-snapshot_dir = "{snaps}"
-idle_tick_ms = 1000000000
-
-[topics]
-contexts = "{contexts}"
-rewards = "{rewards}"
-actions = "{actions}"
-joined = "{joined}"
-dead_letter = "{dead_letter}"
-
-[[models]]
-match = "m-*"
-policy = "oful"
-dim = 3
-reward_window_ms = 100
-default_reward = 0.0
-
-[kafka.producer]
-"transaction.timeout.ms" = 60000
-"""
-
-
 @pytest.mark.slow
 def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, topics, tmp_path):
     """Two workers in a group drain a backlog; one is SIGKILLed inside a transaction, so that the
@@ -394,9 +362,10 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
 
     def serve(group, instance, out_topics, snaps):
         cfg = tmp_path / f"{group}-{instance}.toml"
-        cfg.write_text(TAKEOVER_CONFIG.format(group=group, snaps=snaps, contexts=topics.contexts,
-                                              rewards=topics.rewards, actions=out_topics.actions,
-                                              joined=out_topics.joined, dead_letter=out_topics.dead_letter))
+        out = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=out_topics.actions,
+                     joined=out_topics.joined, dead_letter=out_topics.dead_letter)
+        cfg.write_text(SERVE_CONFIG.format(group=group, snaps=snaps, worker="idle_tick_ms = 1000000000",
+                                           topics=topics_toml(out)))
         return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
                                  "--instance-id", instance, "--bootstrap-servers", broker.bootstrap_servers],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{group}-{instance}.log", "a"),
