@@ -3,6 +3,7 @@ serve`` subprocess with its configuration, its log read, its group's progress.""
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -85,11 +86,14 @@ def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -
 
 def wait_for_line(proc: subprocess.Popen, pattern: str, count: int, timeout_s: float = 120) -> list[re.Match]:
     """Read the worker's log until ``pattern`` matched ``count`` times."""
-    found, deadline = [], time.monotonic() + timeout_s
+    found, deadline, tail = [], time.monotonic() + timeout_s, collections.deque(maxlen=20)
     while len(found) < count:
         line = proc.stderr.readline()
         if not line:
-            raise RuntimeError(f"the worker exited (code {proc.poll()}) before logging {pattern!r}")
+            proc.wait(10)
+            raise RuntimeError(f"the worker exited (code {proc.returncode}) before logging {pattern!r}; its last "
+                               f"lines:\n{''.join(tail)}")
+        tail.append(line)
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {pattern!r} within {timeout_s} s")
         m = re.search(pattern, line)

@@ -1,12 +1,14 @@
 """Where partition snapshots are kept: a directory (the embedded demo) or a compacted topic.
 
-Both keep the latest two snapshots per partition, so that a corrupt latest one falls back to the
+A worker reads and writes only its own consumer group's snapshots (``scoped``): two groups with
+different configurations may share the input topics, the snapshot topic or the directory, and
+never load each other's state. Both keep the latest two snapshots per partition, so that a corrupt latest one falls back to the
 previous (and, when both are unusable, recovery replays the joined log from the start: never a
 silently fresh model).
 
 ``TopicStore`` layout (one compacted topic, co-partitioned with the inputs): snapshot ``p`` lives
 in partition ``p`` of the topic, in two alternating slots. A save writes the chunks of one slot,
-keys ``p{p}/s{slot}/{i}``, each value a fixed little-endian header (magic, format version,
+keys ``{group}/p{p}/s{slot}/{i}`` (the group percent-encoded), each value a fixed little-endian header (magic, format version,
 generation, chunk index, chunk count, CRC32 of the whole snapshot) followed by at most
 ``max_chunk_bytes`` of it, then tombstones the slot's chunks beyond the new count. A reader keeps
 the last value of each key (what compaction keeps too), and a slot counts only when all its
@@ -16,6 +18,7 @@ slot incomplete, and the other slot, untouched by that save, is still there.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import os
@@ -24,6 +27,7 @@ import struct
 import zlib
 from pathlib import Path
 from typing import Any, Iterator, Protocol
+from urllib.parse import quote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
@@ -44,14 +48,29 @@ class SnapshotStore(Protocol):
     def candidates(self, partition: int) -> list[bytes]:
         """Stored snapshots of a partition, newest first."""
         ...
+    def scoped(self, group: str) -> "SnapshotStore":
+        """The same store, holding only ``group``'s snapshots."""
+        ...
+
+
+def _scope_name(group: str) -> str:
+    """A group id as one path segment or key prefix: percent-encoded, so no group's prefix
+    can be another's ("a/b" and "a" differ, and neither can climb out of a directory)."""
+    if not group:
+        raise ValueError("a snapshot scope needs a non-empty group id")
+    return quote(group, safe="")
 
 
 class DirectoryStore:
-    """``DIR/p<partition>.snap`` (latest) and ``.prev``; writes are atomic (write, fsync, rename)."""
+    """``DIR/p<partition>.snap`` (latest) and ``.prev``; writes are atomic (write, fsync, rename).
+    A worker's store is ``scoped`` to its group: ``DIR/<group>/p<partition>.snap``."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.path.mkdir(parents=True, exist_ok=True)
+
+    def scoped(self, group: str) -> "DirectoryStore":
+        return DirectoryStore(self.path / _scope_name(group))
 
     def _file(self, partition: int, suffix: str) -> Path:
         return self.path / f"p{partition}.{suffix}"
@@ -86,12 +105,13 @@ _CHUNK = struct.Struct("<2sBQIII")
 _CHUNK_MAGIC = b"SC"
 _CHUNK_VERSION = 1
 _SLOTS = 2
-_KEY = re.compile(rb"p(\d+)/s(\d+)/(\d+)")
+_KEY = re.compile(rb"(?:([^/]+)/)?p(\d+)/s(\d+)/(\d+)")
 
 
-def chunk_key(partition: int, slot: int, index: int) -> bytes:
-    """The record key of chunk ``index`` of ``slot`` of ``partition``'s snapshots."""
-    return f"p{partition}/s{slot}/{index}".encode()
+def chunk_key(partition: int, slot: int, index: int, scope: str = "") -> bytes:
+    """The record key of chunk ``index`` of ``slot`` of ``partition``'s snapshots, under the
+    group ``scope`` (as ``_scope_name`` writes it; empty: an unscoped store's)."""
+    return (f"{scope}/" if scope else "").encode() + f"p{partition}/s{slot}/{index}".encode()
 
 
 def pack_chunk(generation: int, index: int, count: int, crc: int, payload: bytes) -> bytes:
@@ -195,7 +215,15 @@ class TopicStore:
         })
         self._slots: dict[int, list[_Slot]] = {}
         self._warned: set[int] = set()
+        self._scope = ""
         self._check_compacted(bootstrap_servers, user)
+
+    def scoped(self, group: str) -> "TopicStore":
+        """This store's clients, reading and writing only ``group``'s snapshots."""
+        view = copy.copy(self)
+        view._scope = _scope_name(group)
+        view._slots = {}  # slot state is per scope: another group's slots are not this one's
+        return view
 
     def _partition_count(self) -> int:
         # All topics, not this one by name: a metadata request for one topic may auto-create it.
@@ -240,9 +268,9 @@ class TopicStore:
         latest: dict[tuple[int, int], bytes] = {}
         for msg in read_range(self._reader, self.topic, tp, lo, hi, timeout_s=self.timeout_s):
             m = _KEY.fullmatch(msg.key() or b"")
-            if m is None or int(m[1]) != partition or int(m[2]) >= _SLOTS:
-                continue  # another partition sharing this one, or not ours
-            k = (int(m[2]), int(m[3]))
+            if m is None or (m[1] or b"").decode() != self._scope or int(m[2]) != partition or int(m[3]) >= _SLOTS:
+                continue  # another group's, another partition sharing this one, or not ours
+            k = (int(m[3]), int(m[4]))
             if msg.value() is None:
                 latest.pop(k, None)
             else:
@@ -280,13 +308,13 @@ class TopicStore:
                 errors.append(err)
 
         for i in range(count):
-            self._produce(tp, chunk_key(partition, slot, i), pack_chunk(generation, i, count, crc, data[i * size:(i + 1) * size]),
-                          delivered)
+            self._produce(tp, chunk_key(partition, slot, i, self._scope),
+                          pack_chunk(generation, i, count, crc, data[i * size:(i + 1) * size]), delivered)
         # Chunks of an earlier, larger save into this slot: ignored by readers (the count says so),
         # and tombstoned so that compaction removes them.
         stale = sorted(i for i in slots[slot].indices if i >= count)
         for i in stale:
-            self._produce(tp, chunk_key(partition, slot, i), None, delivered)
+            self._produce(tp, chunk_key(partition, slot, i, self._scope), None, delivered)
         left = self._producer.flush(self.timeout_s)
         if left or errors:
             raise SnapshotStoreError(f"snapshot of partition {partition} not stored in {self.topic!r}: "

@@ -84,7 +84,8 @@ class Worker:
 
     def __init__(self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None) -> None:
         self.config = config
-        self.store = store
+        # Only this group's snapshots: another group on the same topics and store has other models.
+        self.store = store.scoped(config.group_id)
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         c = config
         self.metrics: collections.Counter[str] = collections.Counter()

@@ -124,7 +124,7 @@ def run_to_end(broker, t, tmp, group, kills, sent):
     # input's record arrived (docs/design.md, invariant 5): rule it out, so a mismatch below means a recovery bug.
     metrics = dict(kv.split("=", 1) for kv in out.decode().split() if "=" in kv)
     assert metrics.get("merge_out_of_order", "0") == "0", "a record was merged out of order: the wait was too short"
-    store = DirectoryStore(snaps)
+    store = DirectoryStore(snaps).scoped(group)
     return {p: load_latest(store, p) for p in (0, 1)}
 
 

@@ -52,7 +52,7 @@ def run(broker, tmp_path_factory):
     finally:
         w.stop()
         t.join(30)
-    store = DirectoryStore(snaps)
+    store = DirectoryStore(snaps).scoped(f"g-{tag}")
     models = {k: s for p in (0, 1) if (snap := load_latest(store, p)) for k, s in snap["engine"]["models"].items()}
     return outputs(broker, topics, f"g-{tag}"), models
 

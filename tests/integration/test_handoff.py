@@ -187,4 +187,4 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     # And the same state to the last bit, read back from each run's snapshot topic.
     with TopicStore(broker.bootstrap_servers, snaps) as s, TopicStore(broker.bootstrap_servers, ref_snaps) as r:
         for p in (0, 1):
-            engine_states_equal(load_latest(s, p)["engine"], load_latest(r, p)["engine"])
+            engine_states_equal(load_latest(s.scoped(group), p)["engine"], load_latest(r.scoped(ref_group), p)["engine"])

@@ -65,14 +65,15 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     w.transaction.producer = _FailingCommit(w.transaction.producer, fail_at=10**9)
     t, errors = run_in_thread(w)
     assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60)
-    before = {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)}
+    ours = store.scoped("g-interrupted")
+    before = {p: [s["created_ms"] for s in usable_snapshots(ours, p)] for p in (0, 1)}
     w.transaction.producer._left = 1  # the next commit fails
     # Far ahead in event time: the idle ticks in between moved the watermark on by the wall time.
     _send_batch(prod, topics, rng, 100, 100, t0_ms=10**9)
     t.join(60)
     assert not t.is_alive() and errors and "fatal producer error" in str(errors[0])
     # Nothing was snapshotted on the way out: the snapshots are the ones taken before.
-    assert {p: [s["created_ms"] for s in usable_snapshots(store, p)] for p in (0, 1)} == before
+    assert {p: [s["created_ms"] for s in usable_snapshots(ours, p)] for p in (0, 1)} == before
     # The dead worker's Kafka clients go now, while the broker answers (the error's traceback
     # holds the worker; destroyed after the broker stopped, they would log lost connections).
     errors.clear()

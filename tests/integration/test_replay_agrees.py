@@ -94,7 +94,7 @@ def test_replay_of_the_joined_log_reproduces_decisions_and_models(broker, topics
         t.join(30)
     live = outputs(broker, topics, group)
     assert len(live["joined"]) == N and not live["dead_letter"]
-    store = DirectoryStore(tmp_path / "snaps")
+    store = DirectoryStore(tmp_path / "snaps").scoped(group)
     live_models = {k: s for p in (0, 1) for k, s in load_latest(store, p)["engine"]["models"].items()}
 
     # The worker's logs -> an Avro file (`streambandit export`) -> replay (the runner, and the command).

@@ -93,8 +93,9 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
     prod.flush()
     assert wait_for(lambda: w.metrics["joined"] == 40, timeout_s=60)
     stop(w, t)
-    p = next(q for q in (0, 1) if (s := load_latest(DirectoryStore(snaps), q)) and s["engine"]["models"])
-    want = load_latest(DirectoryStore(snaps), p)["engine"]
+    store = DirectoryStore(snaps).scoped("g2")
+    p = next(q for q in (0, 1) if (s := load_latest(store, q)) and s["engine"]["models"])
+    want = load_latest(store, p)["engine"]
     # Only the logs hold the updates: the snapshots are gone.
     for f in snaps.rglob("*"):
         if f.is_file():
@@ -271,9 +272,9 @@ def _send_all(prod, topics, events) -> None:
     prod.flush()
 
 
-def _models(snaps) -> dict:
-    """The models in the newest snapshot of each partition."""
-    store = DirectoryStore(snaps)
+def _models(snaps, group: str) -> dict:
+    """The models in ``group``'s newest snapshot of each partition."""
+    store = DirectoryStore(snaps).scoped(group)
     return {key: state for p in (0, 1) if (s := load_latest(store, p)) for key, state in s["engine"]["models"].items()}
 
 
@@ -336,7 +337,7 @@ def test_twenty_stops_at_random_moments_and_a_group_that_churns_while_idle(broke
     ids = [a.event_id for a in out["actions"]]
     assert sorted(ids) == sorted([f"e{i}" for i in range(400)] + [f"closer-{k}" for k in range(4)])
     assert len(set(ids)) == len(ids)
-    got, want = _models(snaps), _models(tmp_path / "ref")
+    got, want = _models(snaps, "g-cycles"), _models(tmp_path / "ref", "g-reference")
     assert got.keys() == want.keys() and got
     engine_states_equal({"models": got, "pending": [], "watermark_ms": 0}, {"models": want, "pending": [], "watermark_ms": 0})
 
@@ -450,6 +451,6 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
     assert collections.Counter(d.reason for d in got["dead_letter"]) == \
         collections.Counter(d.reason for d in want["dead_letter"])
     assert len(got["joined"]) == len(want["joined"])
-    models_got, models_want = _models(tmp_path / "snaps"), _models(tmp_path / "ref")
+    models_got, models_want = _models(tmp_path / "snaps", "g-two"), _models(tmp_path / "ref", "g-ref")
     engine_states_equal({"models": models_got, "pending": [], "watermark_ms": 0},
                         {"models": models_want, "pending": [], "watermark_ms": 0})

@@ -37,7 +37,7 @@ def run(broker, topics, snap_dir, group, config, until):
 
 
 def model_states(snap_dir):
-    store = DirectoryStore(snap_dir)
+    store = DirectoryStore(snap_dir).scoped("g")
     return {key: state for p in (0, 1) if (s := load_latest(store, p)) for key, state in s["engine"]["models"].items()}
 
 
@@ -61,7 +61,7 @@ def learned(broker, topics, tmp_path):
 def test_a_corrupt_latest_snapshot_falls_back_to_the_previous_one(broker, topics, learned):
     snaps, before = learned
     for p in (0, 1):  # damage the latest snapshot of each partition (a flipped byte fails the CRC)
-        f = snaps / f"p{p}.snap"
+        f = snaps / "g" / f"p{p}.snap"
         data = bytearray(f.read_bytes())
         data[-1] ^= 0xFF
         f.write_bytes(bytes(data))
