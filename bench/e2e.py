@@ -595,7 +595,7 @@ def latency_run(broker: EmbeddedBroker, policy: str, rate: float, seconds: float
             producer={"linger.ms": knobs["linger"]},
             worker={"merge_wait_ms": knobs["merge_wait"], "poll_timeout_ms": knobs["poll_timeout"]}))
         cmd = [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-               "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group)]
+               "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group), "--processes", "1"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
     try:

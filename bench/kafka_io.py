@@ -79,7 +79,8 @@ def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -
     cfg = workdir / f"{group}.toml"
     cfg.write_text(config_text)
     return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group)],
+                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group),
+                             "--processes", "1"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

@@ -65,6 +65,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s")
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    instance = args.instance_id or socket.gethostname()
+    processes = args.processes if args.processes is not None else len(os.sched_getaffinity(0))
     # A command-line choice replaces the file's, whichever kind of store either names.
     topic = args.snapshot_topic or (None if args.snapshot_dir else snaps.topic)
     directory = args.snapshot_dir or (None if args.snapshot_topic else snaps.dir)
@@ -79,8 +81,12 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     else:
         raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
                          "or pass --snapshot-topic or --snapshot-dir")
+    if processes != 1:  # the store was opened to check it; each worker process opens its own
+        if isinstance(store, TopicStore):
+            store.close()
+        return _supervise(args, instance, processes)
     try:
-        worker = Worker(config, store, instance_id=args.instance_id or socket.gethostname())
+        worker = Worker(config, store, instance_id=instance)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
         worker.run(max_seconds=args.duration)
@@ -89,6 +95,30 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             store.close()
     print(" ".join(f"{k}={v}" for k, v in sorted(worker.metrics.items())), flush=True)
     return 0
+
+
+def _supervise(args: argparse.Namespace, instance: str, processes: int) -> int:
+    """``serve --processes N``: N workers, each a ``serve --processes 1`` child with the instance
+    id ``<instance>-<i>`` (stream/supervisor.py), until SIGTERM/SIGINT or ``--duration``."""
+    import signal
+
+    from streambandit.stream.supervisor import Supervisor
+
+    if processes < 1:
+        raise ValueError(f"--processes must be >= 1, got {processes}")
+    same = [a for name, value in (("--config", args.config), ("--bootstrap-servers", args.bootstrap_servers),
+                                  ("--snapshot-topic", args.snapshot_topic), ("--snapshot-dir", args.snapshot_dir))
+            if value for a in (name, str(value))] + (["-v"] if args.verbose else [])
+
+    def command(i: int) -> list[str]:
+        return [sys.executable, "-m", "streambandit", "serve", *same, "--processes", "1", "--instance-id", f"{instance}-{i}"]
+
+    supervisor = Supervisor(command, processes)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: supervisor.stop())
+    code = supervisor.run(max_seconds=args.duration)
+    print(f"processes={processes} restarts={supervisor.restarts}", flush=True)
+    return code
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -277,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--instance-id", default=None,
                        help="this worker's id, unique among the group's live workers and kept across its restarts "
                             "(default: the host name; start several workers on one host with an id each)")
+    serve.add_argument("--processes", type=int, default=None,
+                       help="workers to run, each a process of its own with the instance id <instance id>-<i>, "
+                            "restarted when one fails (default: the CPUs this process may use; 1 runs the worker "
+                            "in this process)")
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
     serve.add_argument("-v", "--verbose", action="store_true")
     serve.set_defaults(func=_cmd_serve)

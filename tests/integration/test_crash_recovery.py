@@ -87,7 +87,7 @@ def produce_input(broker, t, n=1500, seed=0):
 def start(broker, t, cfg_path, snap_dir, group, instance):
     return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg_path),
                              "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(snap_dir),
-                             "--instance-id", instance], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             "--instance-id", instance, "--processes", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

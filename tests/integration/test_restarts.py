@@ -168,7 +168,7 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
 
     def serve():
         return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg),
-                                 "--bootstrap-servers", broker.bootstrap_servers],
+                                 "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
@@ -368,7 +368,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         cfg.write_text(SERVE_CONFIG.format(group=group, snaps=snaps, worker="idle_tick_ms = 1000000000",
                                            topics=topics_toml(out)))
         return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                                 "--instance-id", instance, "--bootstrap-servers", broker.bootstrap_servers],
+                                 "--instance-id", instance, "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{group}-{instance}.log", "a"),
                                 env={**os.environ, "PYTHONUNBUFFERED": "1"})
 

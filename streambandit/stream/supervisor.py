@@ -1,0 +1,140 @@
+"""Several workers from one command: ``streambandit serve --processes N``.
+
+A worker is one Python process on one core, so a machine's cores need as many workers. The
+supervisor starts N children, each ``streambandit serve`` with ``--processes 1`` and an instance id
+of its own (``<instance id>-<i>``: its transactional id, stable across restarts, so a restarted
+child fences its dead predecessor exactly as a restarted pod does). It restarts a child that
+exits with an error, after a backoff that doubles while the child keeps failing within
+``STABLE_S`` of its start; a child that exits with 2 (a configuration the worker refused) is not
+restarted, and stops the others. SIGTERM or SIGINT is passed to every child, which stops cleanly
+(snapshot, leave the group); the supervisor returns when all have exited.
+
+A child dies with its supervisor (``PR_SET_PDEATHSIG`` on Linux): a supervisor killed outright
+leaves no orphan worker behind holding partitions and a transactional id.
+
+The pure part, the restart rule, is :class:`RestartPolicy`; :class:`Supervisor` does the processes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import logging
+import signal
+import subprocess
+import sys
+import time
+from typing import Callable, Sequence
+
+__all__ = ["RestartPolicy", "Supervisor", "STABLE_S", "CONFIG_ERROR"]
+
+log = logging.getLogger("streambandit")
+
+STABLE_S = 60.0  # a child that ran this long before failing starts again without delay
+CONFIG_ERROR = 2  # the exit code of a refused configuration: restarting would refuse it again
+
+
+@dataclasses.dataclass
+class RestartPolicy:
+    """When a failed child starts again: at once if it had run ``STABLE_S``, else after a delay
+    that doubles with each quick failure, from ``first_s`` up to ``max_s``."""
+
+    first_s: float = 1.0
+    max_s: float = 30.0
+    stable_s: float = STABLE_S
+    _delay: float = 0.0
+
+    def after_failure(self, ran_s: float) -> float:
+        """The delay before restarting a child that failed after running ``ran_s`` seconds."""
+        if ran_s >= self.stable_s:
+            self._delay = 0.0
+            return 0.0
+        self._delay = min(self.max_s, max(self.first_s, 2 * self._delay))
+        return self._delay
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass  # not Linux: a killed supervisor may leave its children running
+
+
+@dataclasses.dataclass
+class _Child:
+    index: int
+    proc: subprocess.Popen | None = None
+    started: float = 0.0
+    restart_at: float | None = None
+    policy: RestartPolicy = dataclasses.field(default_factory=RestartPolicy)
+
+
+class Supervisor:
+    """Runs ``command(i)`` for i in range(n) as child processes (see the module docstring)."""
+
+    def __init__(self, command: Callable[[int], Sequence[str]], n: int, *, poll_s: float = 0.2,
+                 policy: Callable[[], RestartPolicy] = RestartPolicy) -> None:
+        if n < 1:
+            raise ValueError(f"--processes must be >= 1, got {n}")
+        self.command = command
+        self.children = [_Child(i, policy=policy()) for i in range(n)]
+        self.poll_s = poll_s
+        self.restarts = 0
+        self._stopping = False
+        self._code = 0
+
+    def _start(self, child: _Child) -> None:
+        child.proc = subprocess.Popen(list(self.command(child.index)),
+                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        child.started, child.restart_at = time.monotonic(), None
+        log.info("worker process started index=%d pid=%d", child.index, child.proc.pid)
+
+    def stop(self) -> None:
+        """Stop every child cleanly (SIGTERM); :meth:`run` returns when all have exited."""
+        self._stopping = True
+        for child in self.children:
+            if child.proc is not None and child.proc.poll() is None:
+                child.proc.send_signal(signal.SIGTERM)
+
+    def run(self, max_seconds: float | None = None) -> int:
+        """Until every child has exited after :meth:`stop` (or ``max_seconds``); the exit code:
+        0, or the configuration error that stopped them."""
+        deadline = None if max_seconds is None else time.monotonic() + max_seconds
+        for child in self.children:
+            self._start(child)
+        while True:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline and not self._stopping:
+                self.stop()
+            running = 0
+            for child in self.children:
+                code = child.proc.poll() if child.proc is not None else None
+                if code is None and child.proc is not None:
+                    running += 1
+                    continue
+                if child.proc is not None:  # exited since the last look
+                    self._exited(child, code, now)
+                if child.restart_at is not None and now >= child.restart_at and not self._stopping:
+                    self.restarts += 1
+                    self._start(child)
+                    running += 1
+            if self._stopping and running == 0:
+                return self._code
+            time.sleep(self.poll_s)
+
+    def _exited(self, child: _Child, code: int, now: float) -> None:
+        ran = now - child.started
+        child.proc = None
+        if self._stopping:
+            if code not in (0, -signal.SIGTERM):
+                log.warning("worker process exited while stopping index=%d code=%d", child.index, code)
+            return
+        if code == CONFIG_ERROR:
+            log.error("worker process refused its configuration index=%d code=%d; stopping all", child.index, code)
+            self._code = CONFIG_ERROR
+            self.stop()
+            return
+        delay = child.policy.after_failure(ran) if code != 0 else 0.0
+        child.restart_at = now + delay
+        log.error("worker process exited index=%d code=%d after %.1f s; restarting in %.1f s",
+                  child.index, code, ran, delay)

@@ -1,0 +1,73 @@
+"""``streambandit serve --processes 2`` on the real embedded broker: two workers from one
+command share the group's partitions; a worker process killed outright is restarted under its own
+instance id (so it fences its dead predecessor) and the group drains the backlog; SIGTERM stops
+both cleanly, and every context has exactly one committed action."""
+
+import os
+import re
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from streambandit.wire import Context, decode
+
+from .helpers import committed_offsets, producer, read_all, send, topics_toml, wait_for
+
+pytestmark = pytest.mark.integration
+
+CONFIG = """
+[worker]
+group_id = "g-processes"
+snapshot_dir = "{snaps}"
+
+{topics}
+[[models]]
+match = "m-*"
+policy = "oful"
+dim = 3
+reward_window_ms = 100
+default_reward = 0.0
+"""
+
+
+def test_two_worker_processes_from_one_command_survive_a_killed_one(broker, topics, tmp_path):
+    n = 40_000
+    prod, rng = producer(broker), np.random.default_rng(11)
+    for i in range(n):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
+    prod.flush()
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text(CONFIG.format(snaps=tmp_path / "snaps", topics=topics_toml(topics)))
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
+                             "--processes", "2", "--instance-id", "box", "--bootstrap-servers", broker.bootstrap_servers],
+                            stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+    def done() -> int:
+        return sum(committed_offsets(broker, "g-processes", topics.contexts).values())
+
+    def pids() -> dict[int, int]:  # worker index -> the pid of its latest process
+        return {int(m[1]): int(m[2]) for m in re.finditer(r"worker process started index=(\d+) pid=(\d+)", log.read_text())}
+
+    try:
+        assert wait_for(lambda: log.read_text().count("partition assigned") >= 2 and done() > 2_000, timeout_s=90), \
+            log.read_text()[-3000:]
+        first = pids()
+        os.kill(first[0], signal.SIGKILL)
+        assert wait_for(lambda: pids().get(0) not in (None, first[0]), timeout_s=30), log.read_text()[-3000:]
+        assert wait_for(lambda: done() >= n, timeout_s=120), f"stuck at {done()} of {n}"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            out, _ = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+    assert proc.returncode == 0, log.read_text()[-3000:]
+    assert "processes=2 restarts=1" in out
+    assert sum(line.startswith("actions=") for line in out.splitlines()) == 2  # each worker process's metrics at exit
+    ids = [decode(m.value()).event_id for m in read_all(broker, topics.actions)]
+    assert len(ids) == len(set(ids)) == n
