@@ -91,8 +91,6 @@ def start(broker, t, cfg_path, snap_dir, group, instance):
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
-
-
 def run_to_end(broker, t, tmp, group, kills, sent):
     cfg = tmp / f"{group}.toml"
     cfg.write_text(CONFIG.format(group=group, topics=topics_toml(t)))
@@ -107,7 +105,7 @@ def run_to_end(broker, t, tmp, group, kills, sent):
         proc = start(broker, t, cfg, snaps, group, "w1")
 
     def owns_all_partitions():  # the worker snapshots each partition as soon as it has recovered it
-        files = [snaps / f"p{p}.snap" for p in (0, 1)]
+        files = [DirectoryStore(snaps).scoped(group).path / f"p{p}.snap" for p in (0, 1)]
         return all(f.exists() and f.stat().st_mtime > started for f in files)
 
     deadline = time.monotonic() + 240
