@@ -185,3 +185,28 @@ def topics_toml(topics) -> str:
     """The ``[topics]`` table of a worker configuration that names ``topics``."""
     return "[topics]\n" + "".join(f'{name} = "{getattr(topics, name)}"\n'
                                    for name in ("contexts", "rewards", "actions", "joined", "dead_letter"))
+
+
+SERVE_CONFIG = """
+[worker]
+group_id = "{group}"
+snapshot_dir = "{snaps}"
+{worker}
+
+{topics}
+[[models]]
+match = "m-*"
+policy = "oful"
+dim = 3
+reward_window_ms = 100
+default_reward = 0.0
+
+[kafka.producer]
+"transaction.timeout.ms" = 60000
+"""
+
+
+def serve_config(group: str, snaps, topics, worker: str = "") -> str:
+    """A ``streambandit serve`` configuration for the tests that run the command: OFUL on the
+    ``m-*`` models of ``topics``, snapshots in ``snaps``, ``worker`` added to the [worker] table."""
+    return SERVE_CONFIG.format(group=group, snaps=snaps, worker=worker, topics=topics_toml(topics))

@@ -16,7 +16,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward, decode
 
-from .helpers import outputs, producer, run_in_thread, send, topics_toml, wait_for
+from .helpers import outputs, producer, run_in_thread, send, serve_config, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -127,25 +127,6 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
         np.testing.assert_array_equal(got["models"][key]["theta"], want["models"][key]["theta"])
 
 
-SERVE_CONFIG = """
-[worker]
-group_id = "{group}"
-snapshot_dir = "{snaps}"
-{worker}
-
-{topics}
-[[models]]
-match = "m-*"
-policy = "oful"
-dim = 3
-reward_window_ms = 100
-default_reward = 0.0
-
-[kafka.producer]
-"transaction.timeout.ms" = 60000
-"""
-
-
 @pytest.mark.slow
 def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broker, topics, tmp_path):
     """``streambandit serve`` without --instance-id, SIGKILLed while it drains a backlog (inside a
@@ -160,7 +141,7 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     from .helpers import committed_offsets, read_all
 
     cfg = tmp_path / "worker.toml"
-    cfg.write_text(SERVE_CONFIG.format(group="g-kill", snaps=tmp_path / "snaps", worker="", topics=topics_toml(topics)))
+    cfg.write_text(serve_config("g-kill", tmp_path / "snaps", topics))
     prod, rng, n = producer(broker), np.random.default_rng(2), 100_000
     for i in range(n):
         send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
@@ -365,8 +346,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         cfg = tmp_path / f"{group}-{instance}.toml"
         out = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=out_topics.actions,
                      joined=out_topics.joined, dead_letter=out_topics.dead_letter)
-        cfg.write_text(SERVE_CONFIG.format(group=group, snaps=snaps, worker="idle_tick_ms = 1000000000",
-                                           topics=topics_toml(out)))
+        cfg.write_text(serve_config(group, snaps, out, worker="idle_tick_ms = 1000000000"))
         return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
                                  "--instance-id", instance, "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
                                 stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{group}-{instance}.log", "a"),
