@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+from collections.abc import Iterable
 from typing import Any
 
 from streambandit.decision import decide
@@ -104,6 +105,9 @@ class PartitionEngine:
         # Updates applied by this object (live or re-applied in recovery), for the worker's snapshot
         # trigger: the sum of the models' n_updates would be a walk over every model per batch.
         self.updates = 0
+        # Keys of the models created or updated since the last take_changed(): what an increment
+        # snapshot holds (its size follows the rate of change, not the number of models).
+        self.changed: set[str] = set()
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -132,6 +136,7 @@ class PartitionEngine:
         if model is None:
             model = self.models[key] = spec.build()
             self._specs[key] = spec
+            self.changed.add(key)
         try:
             d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
         except ValueError as exc:
@@ -295,6 +300,7 @@ class PartitionEngine:
             self._remember(event_id, observed)
             return [self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)]
         self.updates += 1
+        self.changed.add(a.model_key)
         recent = self.recent  # _remember, inlined on this path
         recent[event_id] = observed
         if len(recent) > self.max_recent:
@@ -337,12 +343,20 @@ class PartitionEngine:
 
     # -- snapshot, restore and recovery (docs/design.md, invariant 3) -------------------------
 
-    def snapshot(self) -> dict[str, Any]:
-        """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts).
+    def take_changed(self) -> set[str]:
+        """The keys of the models created or updated since the last call (or since this engine
+        was built or restored), and a fresh start for the next."""
+        changed, self.changed = self.changed, set()
+        return changed
+
+    def snapshot(self, models: Iterable[str] | None = None) -> dict[str, Any]:
+        """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts);
+        with ``models``, only those models (an increment: stream/chains.py lays it over its base).
 
         Must be taken between records (the worker takes it at a transaction boundary)."""
+        keys = self.models.keys() if models is None else models
         return {
-            "models": {key: m.state_dict() for key, m in self.models.items()},
+            "models": {key: self.models[key].state_dict() for key in keys},
             # The fields read directly: dataclasses.asdict deep-copies each (features included),
             # and a partition holds a window's worth of them (the snapshot is a pause of the
             # worker's loop: e2e part 6). Records are values, so sharing features is safe.
@@ -410,6 +424,7 @@ class PartitionEngine:
                                     f"of model {j.model_key!r}, but replay reached version {model.n_updates}")
             model.update(j.features, j.reward)
             self.updates += 1
+            self.changed.add(j.model_key)
             self.pending.pop(j.event_id, None)
             self._remember(j.event_id, j.reward_observed)
             self.watermark_ms = max(self.watermark_ms, j.join_timestamp_ms)
@@ -419,6 +434,7 @@ class PartitionEngine:
         for a in actions:
             if a.model_key not in self.models:
                 self.models[a.model_key] = self._spec(a.model_key).build()
+                self.changed.add(a.model_key)
             if a.event_id not in self.recent:
                 self.pending[a.event_id] = _Pending(a, a.decision_timestamp_ms + self._window(a.model_key))
         # Early rewards held at the snapshot, then the rewards consumed since, in offset order.

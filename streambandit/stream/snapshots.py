@@ -33,6 +33,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.errors import StreambanditError
+from streambandit.stream.chains import compose
 from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import read_range
 from streambandit.wire import SnapshotError, unpack_snapshot
@@ -44,9 +45,21 @@ log = logging.getLogger("streambandit")
 
 
 class SnapshotStore(Protocol):
-    def save(self, partition: int, data: bytes) -> None: ...
+    #: Whether the store keeps increments (stream/chains.py); a store that does not gets bases only.
+    supports_increments: bool
+
+    def save(self, partition: int, data: bytes) -> None:
+        """Store a base snapshot of ``partition``; the store keeps it and the one before it,
+        with the increments of both, and may drop older ones."""
+        ...
     def candidates(self, partition: int) -> list[bytes]:
-        """Stored snapshots of a partition, newest first."""
+        """Stored base snapshots of a partition, newest first."""
+        ...
+    def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
+        """Store increment ``seq`` of ``chain`` (the base it continues)."""
+        ...
+    def increments(self, partition: int, chain: int) -> list[bytes]:
+        """The stored increments of ``chain``, in no particular order."""
         ...
     def scoped(self, group: str) -> "SnapshotStore":
         """The same store, holding only ``group``'s snapshots."""
@@ -62,8 +75,11 @@ def _scope_name(group: str) -> str:
 
 
 class DirectoryStore:
-    """``DIR/p<partition>.snap`` (latest) and ``.prev``; writes are atomic (write, fsync, rename).
-    A worker's store is ``scoped`` to its group: ``DIR/<group>/p<partition>.snap``."""
+    """``DIR/p<partition>.snap`` (latest base) and ``.prev``, increments in
+    ``DIR/p<partition>.inc/<chain>-<seq>``; writes are atomic (write, fsync, rename). A worker's
+    store is ``scoped`` to its group: ``DIR/<group>/p<partition>.snap``."""
+
+    supports_increments = True
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -77,13 +93,26 @@ class DirectoryStore:
 
     def save(self, partition: int, data: bytes) -> None:
         latest, prev, tmp = (self._file(partition, s) for s in ("snap", "prev", "tmp"))
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        if latest.exists():
-            os.replace(latest, prev)
-        os.replace(tmp, latest)
+        _write_atomically(tmp, latest, data, keep=prev)
+        # Increments older than the base now kept as the previous one belong to bases no longer
+        # kept (a rename keeps a file's mtime; each increment is written after its base).
+        if prev.exists():
+            cutoff = prev.stat().st_mtime_ns
+            for f in self._increment_dir(partition).glob("*-*"):
+                if f.stat().st_mtime_ns < cutoff:
+                    f.unlink(missing_ok=True)
+
+    def _increment_dir(self, partition: int) -> Path:
+        return self.path / f"p{partition}.inc"
+
+    def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
+        d = self._increment_dir(partition)
+        d.mkdir(exist_ok=True)
+        _write_atomically(d / f"{chain}-{seq}.tmp", d / f"{chain}-{seq}", data)
+
+    def increments(self, partition: int, chain: int) -> list[bytes]:
+        d = self._increment_dir(partition)
+        return [f.read_bytes() for f in sorted(d.glob(f"{chain}-*")) if not f.name.endswith(".tmp")] if d.exists() else []
 
     def candidates(self, partition: int) -> list[bytes]:
         out = []
@@ -92,6 +121,18 @@ class DirectoryStore:
             if f.exists():
                 out.append(f.read_bytes())
         return out
+
+
+def _write_atomically(tmp: Path, path: Path, data: bytes, keep: Path | None = None) -> None:
+    """``path`` holds ``data`` whole or not at all, also after a crash; its previous content
+    moves to ``keep`` when given."""
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    if keep is not None and path.exists():
+        os.replace(path, keep)
+    os.replace(tmp, path)
 
 
 class SnapshotStoreError(StreambanditError, RuntimeError):
@@ -184,7 +225,11 @@ class TopicStore:
     A store remembers, per partition, which slot holds the newest usable snapshot, and reads it
     afresh in ``candidates`` (called at every assignment, before the new owner's first save), so
     a partition moving between workers continues the generation count of its previous owner.
+
+    It keeps bases only (no increments): every snapshot a worker writes to it is whole.
     """
+
+    supports_increments = False
 
     def __init__(self, bootstrap_servers: str, topic: str, *, kafka: dict[str, Any] | None = None,
                  max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, timeout_s: float = 30.0) -> None:
@@ -324,6 +369,12 @@ class TopicStore:
         log.debug("snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
                   partition, self.topic, slot, generation, count, len(stale), len(data))
 
+    def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
+        raise SnapshotStoreError("a snapshot topic keeps whole snapshots only (supports_increments is False)")
+
+    def increments(self, partition: int, chain: int) -> list[bytes]:
+        return []
+
     def _produce(self, tp: int, key: bytes, value: bytes | None, on_delivery: Any) -> None:
         while True:
             try:
@@ -373,18 +424,26 @@ def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *
 
 
 def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[dict]:
-    """The snapshots of ``partition`` that pass their checksum, newest first. A damaged one is
-    reported (logged) and skipped."""
+    """The snapshots of ``partition`` that pass their checksum, newest first, each base with the
+    increments of its chain laid over it (stream/chains.py). A damaged one is reported (logged)
+    and skipped; a damaged increment ends its chain there."""
     for i, data in enumerate(store.candidates(partition)):
         try:
             snap = unpack_snapshot(data)
         except SnapshotError as exc:
             log.error("snapshot unusable partition=%d candidate=%d error=%s; trying an older one", partition, i, exc)
             continue
-        if snap["partition"] != partition:
-            log.error("snapshot for partition=%d is labelled partition=%d; skipped", partition, snap["partition"])
+        if snap["partition"] != partition or snap["seq"] != 0:
+            log.error("snapshot for partition=%d is labelled partition=%d seq=%d; skipped", partition, snap["partition"],
+                      snap["seq"])
             continue
-        yield snap
+        increments = []
+        for data in store.increments(partition, snap["chain"]) if snap["chain"] else []:
+            try:
+                increments.append(unpack_snapshot(data))
+            except SnapshotError as exc:
+                log.error("snapshot increment unusable partition=%d chain=%d error=%s", partition, snap["chain"], exc)
+        yield compose(snap, increments)
 
 
 def load_latest(store: SnapshotStore, partition: int) -> dict | None:

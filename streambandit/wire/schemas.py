@@ -21,8 +21,9 @@ IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "s
 # arms' features in one packed block (one frombuffer per record instead of one per arm); version 1
 # (``context.v1.avsc``: an array of {arm_id, features} records) is still read.
 # Tick version 2 adds the writer's group id; version 1 (``tick.v1.avsc``) resolves to it with an
-# empty group, which no worker applies.
-VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2, 7: 2}
+# empty group, which no worker applies. Snapshot version 2 adds ``chain`` and ``seq`` (a base or an
+# increment); version 1 (``snapshot.v1.avsc``) resolves to a base of chain 0.
+VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2, 6: 2, 7: 2}
 
 
 def _load(name: str) -> dict:
@@ -36,6 +37,7 @@ WRITERS: dict[tuple[int, int], dict] = {(_id, VERSIONS[_id]): READERS[_id] for _
 LEGACY: dict[tuple[int, int], dict] = {(1, 1): _load("context.v1")}
 WRITERS.update(LEGACY)
 WRITERS[(7, 1)] = _load("tick.v1")
+WRITERS[(6, 1)] = _load("snapshot.v1")
 
 
 def register_writer_schema(name: str, version: int, schema: dict) -> None:

@@ -1,6 +1,10 @@
 """A partition's snapshot as bytes, and back: the worker's positions and the engine's state
 (models, open decisions, early rewards, recently joined ids, watermark, counters).
 
+A snapshot is a base (every model; ``seq`` 0) or an increment on a base (``seq`` k > 0, the same
+``chain``): only the models changed since the previous snapshot of the chain, everything else
+whole. ``compose`` lays a chain's increments over its base.
+
 Format: the record header (magic, schema id 6, version), a flags byte (bit 0: zlib-compressed
 body), a CRC32 of the body (little-endian), then the Avro body (``schemas/snapshot.avsc``). A
 checksum mismatch or a body that does not parse is a :class:`SnapshotError`. The models, the
@@ -35,6 +39,9 @@ class SnapshotError(StreambanditError, ValueError):
 
 _SNAPSHOT_ID = 6
 _COMPRESS_ABOVE = 4096
+# The worker's header fields: the partition, when, and where in every topic this state stands.
+_POSITIONS = ("partition", "created_ms", "contexts_offset", "rewards_offset", "actions_offset", "joined_offset",
+              "dead_letter_offset")
 
 
 def state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
@@ -104,8 +111,8 @@ def pack_snapshot(snap: dict[str, Any]) -> bytes:
         early.append({"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
                       "value": e["value"], "source_partition": src.partition, "source_offset": src.offset,
                       "key": src.key, "raw": src.value, "source_timestamp_ms": src.timestamp_ms})
-    head = {k: snap[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
-                                 "actions_offset", "joined_offset", "dead_letter_offset")}
+    head = {k: snap[k] for k in _POSITIONS}
+    head["chain"], head["seq"] = snap.get("chain", 0), snap.get("seq", 0)  # a base of no chain unless told
     head["watermark_ms"] = eng["watermark_ms"]
     # The record's fields back to back: those before ``models``, the models, then pending, early,
     # recent and counters (the reader splits the schema the same way, _SNAPSHOT_PARTS). Models,
@@ -227,7 +234,6 @@ def unpack_snapshot(data: bytes) -> dict[str, Any]:
         "watermark_ms": d["watermark_ms"],
         "counters": dict(d["counters"]),
     }
-    out = {k: d[k] for k in ("partition", "created_ms", "contexts_offset", "rewards_offset",
-                             "actions_offset", "joined_offset", "dead_letter_offset")}
+    out = {k: d[k] for k in (*_POSITIONS, "chain", "seq")}
     out["engine"] = engine
     return out

@@ -183,7 +183,7 @@ def engine_with_state(n=300):
 def test_snapshot_round_trip_restores_the_engine_exactly(n):
     cfg, e = engine_with_state(n)
     snap = {"partition": 2, "created_ms": 1, "contexts_offset": n, "rewards_offset": 2 * n, "actions_offset": 5,
-            "joined_offset": 6, "dead_letter_offset": 7, "engine": e.snapshot()}
+            "joined_offset": 6, "dead_letter_offset": 7, "chain": 12_345, "seq": 3, "engine": e.snapshot()}
     data = pack_snapshot(snap)
     assert (data[3] & 1) == (1 if n == 2000 else 0)
     back = unpack_snapshot(data)
