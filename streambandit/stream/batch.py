@@ -18,6 +18,7 @@ import time
 from typing import Any, Callable
 
 from streambandit import reasons
+from streambandit.stream.chains import ChainPosition
 from streambandit.stream.engine import PartitionEngine, Rejected
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.worker_config import Topics, WorkerConfig
@@ -54,6 +55,8 @@ class PartitionState:
     snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
     last_input_wall_ms: int = dataclasses.field(default_factory=now_ms)
     last_tick_wall_ms: int = 0
+    # Where the partition's stored snapshots stand (stream/chains.py); None: the next is a base.
+    chain: ChainPosition | None = None
 
     @property
     def settled(self) -> bool:

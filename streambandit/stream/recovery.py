@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from streambandit import reasons
 from streambandit.stream.batch import PartitionState
+from streambandit.stream.chains import ChainPosition
 from streambandit.stream.engine import PartitionEngine, RecoveryError
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.logs import LogReader, committed_view
@@ -116,4 +117,5 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
     engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
     metrics["recovered_joined"] += len(joined)
     return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),
-                          committed_offset=dict(committed))
+                          committed_offset=dict(committed),
+                          chain=ChainPosition(snap["chain"], snap["seq"]) if snap is not None and snap["chain"] else None)

@@ -27,16 +27,17 @@ from typing import Any
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
+from streambandit.stream.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import LogReader
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.recovery import recover_partition
+from streambandit.stream.snapshot_writer import SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
 from streambandit.stream.worker_config import Topics, WorkerConfig, snapshot_due
-from streambandit.wire import pack_snapshot
 
 __all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived", "snapshot_due"]
 
@@ -86,9 +87,10 @@ class Worker:
         self.config = config
         # Only this group's snapshots: another group on the same topics and store has other models.
         self.store = store.scoped(config.group_id)
+        self.metrics: collections.Counter[str] = collections.Counter()
+        self.writer = SnapshotWriter(self.store, self.metrics)
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         c = config
-        self.metrics: collections.Counter[str] = collections.Counter()
         self.batch = BatchProcessor(config, self.metrics)
         self.partitions: dict[int, PartitionState] = self.batch.partitions  # the same dict
         self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka))
@@ -132,9 +134,10 @@ class Worker:
 
     def close(self) -> None:
         for p in list(self.partitions):
-            self._snapshot_if_settled(p, "stop")
+            self._snapshot_if_settled(p, "stop", final=True)
         self.partitions.clear()
         try:
+            self.writer.close()
             self.consumer.close()
         finally:
             self.reader.close()
@@ -271,7 +274,8 @@ class Worker:
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
 
     def _recover(self, p: int) -> PartitionState:
-        return recover_partition(p, self.config, self.store, self.reader, lambda: self._committed(p), self.metrics)
+        self.writer.wait(p)  # the stored chain includes what this worker handed over for p
+        return recover_partition(p, self.config, self.writer.reads, self.reader, lambda: self._committed(p), self.metrics)
 
     def _rebuild_all(self) -> None:
         """After an aborted transaction: every partition from what did commit, and the consumer
@@ -289,46 +293,64 @@ class Worker:
 
     def _maybe_snapshot(self) -> None:
         now = time.monotonic()
+        for p in self.writer.take_failures():
+            if p in self.partitions:
+                self.partitions[p].chain = None  # its changes are in no stored snapshot: a base next
         for p, part in self.partitions.items():
-            if part.settled and snapshot_due(part.engine.updates - part.updates_at_snapshot,
-                                             now - part.snapshot_wall, part.snapshot_took_s, self.config):
+            # Not while the previous one is still being written: its changes go into the next.
+            if part.settled and not self.writer.busy(p) and snapshot_due(
+                    part.engine.updates - part.updates_at_snapshot, now - part.snapshot_wall, part.snapshot_took_s,
+                    self.config):
                 self._snapshot(p)
 
-    def _snapshot_if_settled(self, p: int, why: str) -> None:
-        """Snapshot partition ``p`` if everything it processed is committed. Otherwise (stopped in
-        the middle of a batch, or after batches with no output) its state is ahead of the
-        committed offsets, a snapshot of it would not fit them, and the next owner recovers from
-        the last snapshot and the logs, reading those records again."""
+    def _snapshot_if_settled(self, p: int, why: str, final: bool = False) -> None:
+        """Snapshot partition ``p`` if everything it processed is committed, and with ``final``
+        wait until it is stored (a revocation, a stop). Otherwise (stopped in the middle of a
+        batch, or after batches with no output) its state is ahead of the committed offsets, a
+        snapshot of it would not fit them, and the next owner recovers from the last snapshot and
+        the logs, reading those records again."""
         part = self.partitions[p]
         if part.settled:
             self._snapshot(p)
+            if final:
+                self.writer.wait(p)
             return
         self.metrics["snapshots_skipped"] += 1
         log.info("%s: partition=%d not snapshotted; its input from %s on was processed but not committed and "
                  "is read again by its next owner", why, p, part.committed_offset)
 
     def _snapshot(self, p: int) -> None:
-        """Save partition ``p`` as of the last commit (call only between transactions)."""
+        """Hand partition ``p``'s state as of the last commit to the writer (call only between
+        transactions): a base, or an increment of the models changed since the last snapshot
+        (stream/chains.py). The loop pays for the copy only; packing and storing run on the
+        writer's thread (bench.snapshot_pause measures the pause)."""
         part = self.partitions[p]
         t = self.config.topics
         started = time.monotonic()
         # Where our outputs end: past every committed record of ours, so recovery reads the logs
         # from here. Settled first: our transaction is closed, but another producer's may be open.
         out_next = {topic: self.reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
-        data = pack_snapshot({
-            "partition": p, "created_ms": now_ms(),
+        engine = part.engine
+        kind = "base"
+        if self.store.supports_increments:
+            kind = plan_snapshot(part.chain, len(engine.changed), len(engine.models), self.config.snapshot_base_every)
+        changed = engine.take_changed()
+        if kind == "base":
+            part.chain = ChainPosition(next_chain_id(now_ms(), part.chain.chain if part.chain else 0), 0)
+            models = None
+        else:
+            part.chain = ChainPosition(part.chain.chain, part.chain.seq + 1)
+            models = sorted(changed)
+        self.writer.submit(p, {
+            "partition": p, "created_ms": now_ms(), "chain": part.chain.chain, "seq": part.chain.seq,
             "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
             "actions_offset": out_next[t.actions], "joined_offset": out_next[t.joined],
-            "dead_letter_offset": out_next[t.dead_letter], "engine": part.engine.snapshot(),
+            "dead_letter_offset": out_next[t.dead_letter], "engine": engine.snapshot(models),
         })
-        self.store.save(p, data)
-        part.updates_at_snapshot = part.engine.updates
+        part.updates_at_snapshot = engine.updates
         part.snapshot_wall = time.monotonic()
         part.snapshot_took_s = part.snapshot_wall - started
-        self.metrics["snapshots"] += 1
-        self.metrics["snapshot_bytes"] = len(data)
-        log.info("snapshot partition=%d bytes=%d models=%d pending=%d", p, len(data), len(part.engine.models),
-                 len(part.engine.pending))
+        self.metrics["snapshot_pause_ms"] = int(part.snapshot_took_s * 1000)
 
     # -- rebalance -----------------------------------------------------------------------------
 
@@ -336,9 +358,11 @@ class Worker:
         for p in sorted({tp.partition for tp in tps}):
             if p not in self.partitions:
                 started = time.monotonic()
-                self.partitions[p] = self._recover(p)
-                # Persist what recovery rebuilt: the next recovery replays less log.
-                self._snapshot(p)
+                self.partitions[p] = part = self._recover(p)
+                # Persist what recovery rebuilt (the models the log replay changed, or a base when
+                # no chain was usable): the next recovery replays less log.
+                if part.chain is None or part.engine.changed:
+                    self._snapshot(p)
                 self.metrics["recovery_ms"] = int((time.monotonic() - started) * 1000)
                 freeze_long_lived()
                 log.info("partition assigned partition=%d recovered_in_ms=%d", p, self.metrics["recovery_ms"])
@@ -348,6 +372,6 @@ class Worker:
         # next owner reads them again. What did commit is snapshotted for a fast handoff.
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
-                self._snapshot_if_settled(p, "revoked")
+                self._snapshot_if_settled(p, "revoked", final=True)
                 self.batch.remove(p)
                 log.info("partition revoked partition=%d", p)

@@ -46,6 +46,9 @@ class WorkerConfig:
     # proportion to the partition's models (bench.memory measures it at 100,000 models), and the
     # two triggers above do not know that.
     snapshot_max_share: float = 0.1
+    # A snapshot holds the models changed since the previous one (an increment) unless the chain
+    # has this many increments, which recovery reads and lays over their base (stream/chains.py).
+    snapshot_base_every: int = 32
     max_pending: int = 100_000
     max_early_rewards: int = 10_000
     max_recent: int = 100_000
@@ -65,6 +68,8 @@ class WorkerConfig:
     def __post_init__(self) -> None:
         if not 0.0 < self.snapshot_max_share <= 1.0:
             raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
+        if self.snapshot_base_every < 0:
+            raise ValueError(f"snapshot_base_every must be >= 0, got {self.snapshot_base_every!r}")
 
 
 def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:
