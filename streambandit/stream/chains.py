@@ -4,9 +4,10 @@ created or updated since the previous snapshot of the chain), and how they make 
 Why: a base of a partition with many models takes time and bytes in proportion to all of them,
 however few changed; an increment follows the rate of change. Recovery lays the increments over
 their base (:func:`compose`) and then reads the joined log from the last increment's positions,
-exactly as from one full snapshot: an increment holds each changed model's whole state, and every
-other part of the partition's state (positions, open decisions, early rewards, recent ids,
-watermark, counters) whole, so the composition is the state the last increment was taken in.
+exactly as from one full snapshot: an increment holds each changed model's whole state, the ids
+joined since the previous snapshot, and every other part of the partition's state (positions,
+open decisions, early rewards, watermark, counters) whole, so the composition is the state the
+last increment was taken in.
 
 Pure: no I/O. The stores keep the bytes (stream/snapshots.py), the worker decides when to write
 which (:func:`plan_snapshot`).
@@ -100,4 +101,7 @@ def compose(base: dict, increments: list[dict]) -> dict:
         return base
     engine = dict(last["engine"])
     engine["models"] = _Overlay([base["engine"]["models"], *(inc["engine"]["models"] for inc in used)])
+    # An increment's recent ids are those joined since the previous snapshot: in join order after
+    # the base's (restore keeps the newest max_recent of them, as the live engine did).
+    engine["recent"] = [r for snap in (base, *used) for r in snap["engine"]["recent"]]
     return {**last, "engine": engine}

@@ -25,6 +25,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import heapq
+import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -108,6 +109,10 @@ class PartitionEngine:
         # Keys of the models created or updated since the last take_changed(): what an increment
         # snapshot holds (its size follows the rate of change, not the number of models).
         self.changed: set[str] = set()
+        # Ids joined since the last take_changed() (counted at the take for the increment after
+        # it): an increment carries the tail of ``recent`` they make, not all of it.
+        self._recent_added = 0
+        self._recent_tail = 0
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -303,6 +308,7 @@ class PartitionEngine:
         self.changed.add(a.model_key)
         recent = self.recent  # _remember, inlined on this path
         recent[event_id] = observed
+        self._recent_added += 1
         if len(recent) > self.max_recent:
             recent.popitem(last=False)
         self.counters["joined_observed" if observed else "joined_default"] += 1
@@ -311,6 +317,7 @@ class PartitionEngine:
 
     def _remember(self, event_id: str, observed: bool) -> None:
         self.recent[event_id] = observed
+        self._recent_added += 1
         if len(self.recent) > self.max_recent:
             self.recent.popitem(last=False)
 
@@ -347,11 +354,14 @@ class PartitionEngine:
         """The keys of the models created or updated since the last call (or since this engine
         was built or restored), and a fresh start for the next."""
         changed, self.changed = self.changed, set()
+        self._recent_tail, self._recent_added = self._recent_added, 0
         return changed
 
     def snapshot(self, models: Iterable[str] | None = None) -> dict[str, Any]:
         """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts);
-        with ``models``, only those models (an increment: stream/chains.py lays it over its base).
+        with ``models``, an increment: only those models, and of the recent ids only those joined
+        before the last take_changed() and after the one before it (stream/chains.py lays it over
+        its base).
 
         Must be taken between records (the worker takes it at a transaction boundary)."""
         keys = self.models.keys() if models is None else models
@@ -363,10 +373,16 @@ class PartitionEngine:
             "pending": [{f: getattr(p.action, f) for f in _ACTION_FIELDS} | {"reward": p.reward, "n_rewards": p.n_rewards}
                         for p in self.pending.values()],
             "early": [dataclasses.asdict(r) | {"source": src} for held in self.early.values() for r, src in held],
-            "recent": list(self.recent.items()),
+            "recent": list(self.recent.items()) if models is None else self._recent_items_tail(),
             "watermark_ms": self.watermark_ms,
             "counters": dict(self.counters),
         }
+
+    def _recent_items_tail(self) -> list[tuple[str, bool]]:
+        n = min(self._recent_tail, len(self.recent))
+        tail = list(itertools.islice(reversed(self.recent.items()), n))
+        tail.reverse()
+        return tail
 
     @classmethod
     def restore(cls, config: ModelsConfig, snap: dict[str, Any], **limits: int) -> "PartitionEngine":
@@ -388,6 +404,8 @@ class PartitionEngine:
             reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
             e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
         e.recent = collections.OrderedDict((k, bool(v)) for k, v in snap["recent"])
+        while len(e.recent) > e.max_recent:  # a composed chain's recent ids: the oldest leave, as live
+            e.recent.popitem(last=False)
         e.watermark_ms = snap["watermark_ms"]
         e._rebuild_deadlines()
         return e

@@ -41,9 +41,9 @@ def take(engine, seq, chain, offset, models=None):
     return unpack_snapshot(pack_snapshot(snap))
 
 
-def restored_equal(a: dict, b: dict) -> None:
+def restored_equal(a: dict, b: dict, **limits) -> None:
     """Two snapshots restore to engines in the same state, to the bit."""
-    ea, eb = PartitionEngine.restore(CONFIG, a["engine"]), PartitionEngine.restore(CONFIG, b["engine"])
+    ea, eb = PartitionEngine.restore(CONFIG, a["engine"], **limits), PartitionEngine.restore(CONFIG, b["engine"], **limits)
     assert sorted(ea.models) == sorted(eb.models)
     for key in ea.models:
         sa, sb = ea.models[key].state_dict(), eb.models[key].state_dict()
@@ -80,6 +80,24 @@ def test_a_base_with_increments_is_the_full_snapshot_of_its_last_increment():
     stream_a.feed(engine, 300, KEYS)
     stream_b.feed(again, 300, KEYS)
     restored_equal(take(engine, 0, 1, 9), take(again, 0, 1, 9))
+
+
+def test_recent_ids_in_increments_are_those_joined_since_and_the_oldest_leave_as_live():
+    engine, stream = PartitionEngine(CONFIG, max_recent=120), Stream(6)
+    stream.feed(engine, 100, KEYS)
+    engine.take_changed()
+    base = take(engine, 0, 1, 1)
+    increments = []
+    for seq in (1, 2, 3):
+        stream.feed(engine, 70, KEYS)  # more joins than max_recent over the chain: the oldest are evicted
+        increments.append(take(engine, seq, 1, 1 + seq, sorted(engine.take_changed())))
+        assert 0 < len(increments[-1]["engine"]["recent"]) <= 70
+    assert len(engine.recent) == 120
+    composed = compose(base, increments)
+    assert len(composed["engine"]["recent"]) > 120
+    restored_equal(composed, take(engine, 0, 0, 4), max_recent=120)
+    assert list(PartitionEngine.restore(CONFIG, composed["engine"], max_recent=120).recent.items()) == \
+        list(engine.recent.items())
 
 
 def test_an_increment_holds_the_models_changed_since_the_previous_one_only():
