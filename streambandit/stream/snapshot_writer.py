@@ -49,6 +49,11 @@ class SnapshotWriter:
     def __init__(self, store: SnapshotStore, metrics: collections.Counter) -> None:
         self.store = store
         self.metrics = metrics  # this thread owns the snapshot_* write counters
+        # Present from the start: the thread then only changes values, never the dict's size,
+        # so the loop may iterate the metrics (a report, the exit line) while it runs.
+        for key in ("snapshots", "snapshot_bases", "snapshot_increments", "snapshot_failures", "snapshot_bytes",
+                    "snapshot_write_ms"):
+            metrics.setdefault(key, 0)
         self.lock = threading.Lock()
         self.reads = LockedReads(store, self.lock)
         self._queue: queue.Queue[tuple[int, dict] | None] = queue.Queue()

@@ -61,18 +61,22 @@ def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(brok
                            group_id=group, topics=out_topics[group], idle_tick_ms=10**9)
         return Worker(cfg, store())
 
+    def run_until(workers, done, timeout_s):
+        """Run ``workers`` in threads until ``done()``, then stop them; returns whether it came."""
+        threads = {g: run_in_thread(w) for g, w in workers.items()}
+        try:
+            return wait_for(lambda: done() or any(f for _, f in threads.values()), timeout_s=timeout_s) and done()
+        finally:
+            for w in workers.values():
+                w.stop()
+            for t, _ in threads.values():
+                t.join(30)
+            assert not any(f for _, f in threads.values()), [f for _, f in threads.values()]
+
     # Both groups side by side to the end of the stream, then stopped (each snapshots its partitions).
     first = {g: worker(g) for g in CONFIGS}
-    threads = {g: run_in_thread(w) for g, w in first.items()}
-    try:
-        assert wait_for(lambda: all(w.metrics["joined"] >= N or f for w, (_, f) in zip(first.values(), threads.values())),
-                        timeout_s=90), {g: w.metrics["joined"] for g, w in first.items()}
-    finally:
-        for w in first.values():
-            w.stop()
-        for t, _ in threads.values():
-            t.join(30)
-    assert not any(f for _, f in threads.values()), [f for _, f in threads.values()]
+    assert run_until(first, lambda: all(w.metrics["joined"] >= N for w in first.values()), 90), \
+        {g: w.metrics["joined"] for g, w in first.items()}
     saved = {g: {p: load_latest(store().scoped(g), p) for p in (0, 1)} for g in CONFIGS}
     for g, snaps in saved.items():  # each group's own learner in its own snapshots
         policies = {m["policy"] if "policy" in m else None for s in snaps.values() for m in s["engine"]["models"].values()}
@@ -82,15 +86,7 @@ def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(brok
     # Restarted, each group recovers from its own latest snapshot: no fallback, nothing replayed,
     # the same models to the bit.
     again = {g: worker(g) for g in CONFIGS}
-    threads = {g: run_in_thread(w) for g, w in again.items()}
-    try:
-        assert wait_for(lambda: all(len(w.partitions) == 2 for w in again.values()), timeout_s=60)
-    finally:
-        for w in again.values():
-            w.stop()
-        for t, _ in threads.values():
-            t.join(30)
-    assert not any(f for _, f in threads.values()), [f for _, f in threads.values()]
+    assert run_until(again, lambda: all(len(w.partitions) == 2 for w in again.values()), 60)
     for g, w in again.items():
         assert w.metrics["snapshot_fallbacks"] == 0 and w.metrics["recovered_joined"] == 0, (g, dict(w.metrics))
         for p in (0, 1):
