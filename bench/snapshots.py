@@ -1,15 +1,16 @@
 """Snapshots of one partition with many models: the loop's pause and the bytes, base and increments.
 
-    python -m bench.snapshots            # ~5 min: 100,000 models, oful and glb_omd, d = 20
+    python -m bench.snapshots            # ~10 min: 100,000 models, oful and glb_omd, d = 20
     python -m bench.snapshots --quick    # 10,000 models, printed only
 
-The worker takes a snapshot in two halves (stream/worker.py, stream/snapshot_writer.py): on the
-loop, the copy of the state (``PartitionEngine.snapshot``: every model for a base, the changed ones
-for an increment); on the writer's thread, the packing (Avro, zlib) and the store's write. This
-measures both halves for a base and for increments of 100, 1,000 and 10,000 changed models, the
-bytes written, and the longest step of a loop that keeps deciding and updating while the writer
-works (one context and its reward per step; the writer's packing shares the GIL with it), against
-the same loop with no snapshot in flight.
+The worker takes a snapshot in one of two ways (stream/worker.py, stream/snapshot_writer.py):
+copied on the loop (``PartitionEngine.snapshot``: every model for a base, the changed ones for an
+increment), then packed (Avro, zlib) and written by the writer's thread; or, for a snapshot of
+``snapshot_fork_models`` models or more, by a forked child that copies, packs and writes while the
+loop goes on. This measures both ways for a base and for increments of 100, 1,000 and 10,000
+changed models: the loop's pause, the time to write, the bytes, and the longest step of a loop
+that keeps deciding and updating meanwhile (one context and its reward per step), against the
+same loop with no snapshot in flight.
 """
 
 from __future__ import annotations
@@ -63,6 +64,33 @@ def _longest_step(engine, pool, serial: int, busy, min_steps: int = 200) -> tupl
     return longest * 1000, steps, serial
 
 
+def _one_snapshot(engine, writer, metrics, pool, serial: int, how: str, chain: int, seq: int,
+                  keys: list[str] | None) -> tuple[dict, int]:
+    """One snapshot (``keys`` None: a base) taken ``how`` ("loop": copied on the loop and packed
+    by the writer's thread; "fork": by a forked child), while the loop keeps stepping."""
+    t1 = time.perf_counter()
+    if how == "loop":
+        writer.submit(0, _head(chain, seq) | {"engine": engine.snapshot(keys)})
+    else:
+        writer.submit_forked(0, _head(chain, seq), engine, keys)
+    pause = (time.perf_counter() - t1) * 1000
+    longest, _, serial = _longest_step(engine, pool, serial, lambda: writer.busy(0))
+    writer.wait()
+    assert not writer.take_failures()
+    return {"pause_ms": pause, "write_ms": metrics["snapshot_write_ms"], "bytes": metrics["snapshot_bytes"],
+            "longest_ms": longest}, serial
+
+
+def _row(policy: str, kind: str, models: int, how: str, runs: list[dict]) -> dict:
+    row = {"policy": policy, "snapshot": kind, "models": models, "taken_by": how,
+           "loop_pause_ms": harness.median([r["pause_ms"] for r in runs]),
+           "write_ms": harness.median([r["write_ms"] for r in runs]),
+           "bytes": harness.median([r["bytes"] for r in runs]),
+           "longest_step_while_writing_ms": max(r["longest_ms"] for r in runs)}
+    print(f"{policy}: {row}", flush=True)
+    return row
+
+
 def one_policy(policy: str, n: int, repeats: int) -> dict:
     from streambandit.stream.snapshot_writer import SnapshotWriter
     from streambandit.stream.snapshots import DirectoryStore
@@ -76,58 +104,36 @@ def one_policy(policy: str, n: int, repeats: int) -> dict:
     freeze_long_lived()  # as the worker does after a recovery: the models leave the collector's walks
     print(f"{policy}: {n:,} models built in {time.perf_counter() - t0:.0f} s", flush=True)
     metrics: collections.Counter = collections.Counter()
-    out: dict = {"policy": policy, "models": n, "dim": D}
+    out: dict = {"policy": policy, "models": n, "dim": D, "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         writer = SnapshotWriter(DirectoryStore(tmp), metrics)
         serial = 0
         # The loop with nothing in flight: what a step costs anyway (a GC, a kernel's first call).
         quiet, _, serial = _longest_step(engine, pool, serial, lambda: False, min_steps=2000)
         out["longest_step_quiet_ms"] = quiet
-        # A base: every model copied on the loop, then packed and written by the writer.
-        copies, writes, sizes, during = [], [], [], []
-        for r in range(repeats):
-            t1 = time.perf_counter()
-            snap = _head(r + 1, 0) | {"engine": engine.snapshot()}
-            copies.append((time.perf_counter() - t1) * 1000)
-            engine.take_changed()
-            writer.submit(0, snap)
-            del snap
-            longest, _, serial = _longest_step(engine, pool, serial, lambda: writer.busy(0))
-            during.append(longest)
-            writer.wait()
-            writes.append(metrics["snapshot_write_ms"])
-            sizes.append(metrics["snapshot_bytes"])
-        out["base"] = {"loop_copy_ms": harness.median(copies), "write_ms": harness.median(writes),
-                       "bytes": harness.median(sizes), "longest_step_while_writing_ms": max(during)}
-        print(f"{policy}: base {out['base']}", flush=True)
-        out["increments"] = []
-        chain, seq = repeats, 0
+        chain = 0
+        for how in ("loop", "fork"):
+            runs = []
+            for _ in range(repeats):
+                chain += 1
+                run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, chain, 0, None)
+                runs.append(run)
+                engine.take_changed()
+            out["rows"].append(_row(policy, "base", n, how, runs))
         for changed in CHANGED:
             if changed > n // 2:
                 continue  # half the models or more: the worker writes a base (stream/chains.py)
-            copies, writes, sizes, during = [], [], [], []
-            for r in range(repeats):
-                start = (r * changed) % n
-                serial = _update(engine, [(start + j) % n for j in range(changed)], pool, serial)
-                t1 = time.perf_counter()
-                keys = sorted(engine.take_changed())
-                seq += 1
-                snap = _head(chain, seq) | {"engine": engine.snapshot(keys)}
-                copies.append((time.perf_counter() - t1) * 1000)
-                writer.submit(0, snap)
-                del snap
-                longest, _, serial = _longest_step(engine, pool, serial, lambda: writer.busy(0))
-                during.append(longest)
-                writer.wait()
-                engine.take_changed()  # the steps' models: not part of the next measured increment
-                writes.append(metrics["snapshot_write_ms"])
-                sizes.append(metrics["snapshot_bytes"])
-                assert len(keys) >= changed
-            row = {"changed": changed, "loop_copy_ms": harness.median(copies), "write_ms": harness.median(writes),
-                   "bytes": harness.median(sizes), "bytes_per_changed": harness.median(sizes) / changed,
-                   "longest_step_while_writing_ms": max(during)}
-            print(f"{policy}: increment {row}", flush=True)
-            out["increments"].append(row)
+            for how in ("loop", "fork"):
+                runs = []
+                for r in range(repeats):
+                    start = (r * changed) % n
+                    serial = _update(engine, [(start + j) % n for j in range(changed)], pool, serial)
+                    keys = sorted(engine.take_changed())
+                    assert len(keys) >= changed
+                    run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, chain, r + 1, keys)
+                    runs.append(run)
+                    engine.take_changed()  # the steps' models: not part of the next measured increment
+                out["rows"].append(_row(policy, "increment", changed, how, runs))
         writer.close()
     return out
 
@@ -147,25 +153,24 @@ def render(res: dict) -> str:
     lines = ["# Snapshots: the loop's pause and the bytes, base and increments", "",
              harness.provenance(res, f"One partition with {res['models']:,} models (d = {D}); medians of "
                                      f"{res['repeats']} snapshots, the longest step the worst of them."), "",
-             "On the loop: the copy of the state (every model for a base, the changed ones for an increment). "
-             "On the writer's thread: packing and writing to a directory store. *Longest step*: the slowest "
-             "decision-and-update of a loop that keeps running while the writer works (the writer's packing "
-             "shares the GIL with it); *quiet*: the same loop with nothing in flight.", "",
-             "| policy | snapshot | models in it | loop pause (copy), ms | writer, ms | bytes | bytes per model "
+             "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread (the "
+             "worker's way below `snapshot_fork_models` models); `fork`: the loop forks and the child copies, "
+             "packs and writes. *Loop pause*: the copy, or the fork. *Longest step*: the slowest "
+             "decision-and-update of a loop that keeps running while the snapshot is written (on the thread, "
+             "the packing shares the GIL with it; in the child, the loop's writes copy pages); *quiet*: the "
+             "same loop with nothing in flight.", "",
+             "| policy | snapshot | models in it | taken by | loop pause, ms | writing, ms | bytes | bytes per model "
              "| longest step while writing, ms | longest step quiet, ms |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for p in res["policies"]:
-        b = p["base"]
-        lines.append(f"| {p['policy']} | base | {p['models']:,} | {b['loop_copy_ms']:,.0f} | {b['write_ms']:,.0f} | "
-                     f"{b['bytes']:,.0f} | {b['bytes'] / p['models']:,.0f} | {b['longest_step_while_writing_ms']:.1f} | "
-                     f"{p['longest_step_quiet_ms']:.1f} |")
-        for r in p["increments"]:
-            lines.append(f"| {p['policy']} | increment | {r['changed']:,} | {r['loop_copy_ms']:,.1f} | "
-                         f"{r['write_ms']:,.0f} | {r['bytes']:,.0f} | {r['bytes_per_changed']:,.0f} | "
-                         f"{r['longest_step_while_writing_ms']:.1f} | {p['longest_step_quiet_ms']:.1f} |")
-    lines += ["", "An increment's bytes and loop pause follow the models changed, not the models held; a base's "
-              "copy is a pause in proportion to all of them (the worker writes one every `snapshot_base_every` "
-              "increments, when half the models changed, and when a partition has no chain to continue).", ""]
+        for r in p["rows"]:
+            lines.append(f"| {p['policy']} | {r['snapshot']} | {r['models']:,} | {r['taken_by']} | "
+                         f"{r['loop_pause_ms']:,.1f} | {r['write_ms']:,.0f} | {r['bytes']:,.0f} | "
+                         f"{r['bytes'] / r['models']:,.0f} | {r['longest_step_while_writing_ms']:.1f} | "
+                         f"{p['longest_step_quiet_ms']:.1f} |")
+    lines += ["", "An increment's bytes follow the models changed, not the models held. Copied on the loop, a "
+              "snapshot's pause grows with the models in it; forked, with the worker's memory (page tables), "
+              "whatever the snapshot holds.", ""]
     return "\n".join(lines)
 
 

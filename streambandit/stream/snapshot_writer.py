@@ -5,6 +5,12 @@ models' arrays, the other parts as values nothing changes later) and hands it ov
 packs it (Avro, zlib) and saves it to the store, while the loop goes on deciding. zlib and the
 stores' file and network writes release the GIL, so the two overlap on two cores.
 
+A snapshot of many models is not copied on the loop at all (``submit_forked``): the loop forks,
+and the child, holding the parent's memory as it was at the fork (copy-on-write), takes the
+snapshot, packs it, writes it to the store and exits; this thread waits for it and reports. The
+loop pays for the fork (page tables, in proportion to the process's memory) instead of a copy in
+proportion to the models (bench.snapshots measures both). Redis's BGSAVE does the same.
+
 At most one snapshot per partition is in flight (``busy``): the loop skips a due snapshot while
 the previous one is still being written (its changed models stay in the next one), so memory
 holds at most one hand-over per partition. A revocation or a stop waits only for what is in
@@ -15,8 +21,13 @@ new chain with a base, since the failed snapshot's changes are in no stored one.
 from __future__ import annotations
 
 import collections
+import ctypes
+import gc
 import logging
+import os
 import queue
+import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -24,7 +35,15 @@ from typing import Any
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.wire import pack_snapshot
 
-__all__ = ["SnapshotWriter", "LockedReads"]
+__all__ = ["SnapshotWriter", "LockedReads", "CAN_FORK"]
+
+# Linux only: the child must die with its parent (prctl PR_SET_PDEATHSIG), or a worker killed
+# while a child writes would leave it to overwrite the snapshots of the partition's next owner.
+CAN_FORK = sys.platform.startswith("linux")
+_PR_SET_PDEATHSIG = 1
+# Looked up here, not in the child: loading a library takes the loader's lock, which another
+# thread may hold at the fork.
+_prctl = ctypes.CDLL(None, use_errno=True).prctl if CAN_FORK else None
 
 log = logging.getLogger("streambandit")
 
@@ -54,9 +73,10 @@ class SnapshotWriter:
         for key in ("snapshots", "snapshot_bases", "snapshot_increments", "snapshot_failures", "snapshot_bytes",
                     "snapshot_write_ms"):
             metrics.setdefault(key, 0)
+        metrics.setdefault("snapshot_forks", 0)
         self.lock = threading.Lock()
         self.reads = LockedReads(store, self.lock)
-        self._queue: queue.Queue[tuple[int, dict] | None] = queue.Queue()
+        self._queue: queue.Queue[tuple[int, dict, tuple[int, int] | None] | None] = queue.Queue()
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._done = threading.Condition()
         self._failures: dict[int, str] = {}
@@ -67,7 +87,27 @@ class SnapshotWriter:
         """Pack and store ``snap`` (a base when ``snap["seq"]`` is 0, else an increment)."""
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, snap))
+        self._queue.put((partition, snap, None))
+
+    def submit_forked(self, partition: int, head: dict[str, Any], engine: Any, models: list[str] | None) -> None:
+        """Store ``head`` with ``engine.snapshot(models)`` (``models`` None: a base) as they are
+        now, taken, packed and stored by a forked child; the store must be ``fork_safe``.
+
+        Waits first for what is in flight for ``partition``: the child writes to the store at
+        once, and must not overtake an earlier snapshot of the same partition."""
+        if not CAN_FORK or not getattr(self.store, "fork_safe", False):
+            raise ValueError("snapshots are forked on Linux, into a fork-safe store (a directory) only")
+        self.wait(partition)
+        read_end, write_end = os.pipe()
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns
+            _child_writes(write_end, parent, self.store, partition, head, engine, models)
+        os.close(write_end)
+        self.metrics["snapshot_forks"] += 1
+        with self._done:
+            self._in_flight[partition] += 1
+        self._queue.put((partition, head, (pid, read_end)))
 
     def busy(self, partition: int) -> bool:
         with self._done:
@@ -95,15 +135,20 @@ class SnapshotWriter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            partition, snap = item
+            partition, snap, child = item
             started = time.monotonic()
+            kind = "increment" if snap["seq"] else "base"
             try:
-                data = pack_snapshot(snap)
-                with self.lock:
-                    if snap["seq"] == 0:
-                        self.store.save(partition, data)
-                    else:
-                        self.store.save_increment(partition, snap["chain"], snap["seq"], data)
+                if child is None:
+                    data = pack_snapshot(snap)
+                    with self.lock:
+                        if snap["seq"] == 0:
+                            self.store.save(partition, data)
+                        else:
+                            self.store.save_increment(partition, snap["chain"], snap["seq"], data)
+                    size, models, pending = len(data), len(snap["engine"]["models"]), len(snap["engine"]["pending"])
+                else:
+                    size, models, pending = _wait_for_child(*child)
             except Exception as exc:  # noqa: BLE001 (reported to the loop, which starts a new chain)
                 log.error("snapshot not stored partition=%d chain=%d seq=%d error=%s", partition, snap["chain"],
                           snap["seq"], exc)
@@ -113,13 +158,65 @@ class SnapshotWriter:
             else:
                 self.metrics["snapshots"] += 1
                 self.metrics["snapshot_increments" if snap["seq"] else "snapshot_bases"] += 1
-                self.metrics["snapshot_bytes"] = len(data)
+                self.metrics["snapshot_bytes"] = size
                 self.metrics["snapshot_write_ms"] = int((time.monotonic() - started) * 1000)
-                log.info("snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d", partition,
-                         "increment" if snap["seq"] else "base", snap["chain"], snap["seq"], len(data),
-                         len(snap["engine"]["models"]), len(snap["engine"]["pending"]))
+                log.info("snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s", partition, kind,
+                         snap["chain"], snap["seq"], size, models, pending, "" if child is None else " forked")
             finally:
                 del snap, item
                 with self._done:
                     self._in_flight[partition] -= 1
                     self._done.notify_all()
+
+
+class ChildFailed(RuntimeError):
+    """A forked snapshot child exited without storing its snapshot."""
+
+
+def _wait_for_child(pid: int, read_end: int) -> tuple[int, int, int]:
+    """The child's report (bytes, models, pending) once it exited, or ChildFailed with its error."""
+    chunks = []
+    try:
+        while chunk := os.read(read_end, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(read_end)
+    _, status = os.waitpid(pid, 0)
+    report = b"".join(chunks).decode("utf-8", "replace")
+    if os.waitstatus_to_exitcode(status) != 0 or not report.startswith("ok "):
+        raise ChildFailed(f"snapshot child exited with {os.waitstatus_to_exitcode(status)}: {report or 'no report'}")
+    size, models, pending = map(int, report.split()[1:4])
+    return size, models, pending
+
+
+def _child_writes(write_end: int, parent: int, store: SnapshotStore, partition: int, head: dict[str, Any],
+                  engine: Any, models: list[str] | None) -> None:
+    """In the forked child: snapshot, pack, store, report on ``write_end``, exit. Nothing here
+    may return into the worker's code (os._exit in every case), take a lock another thread held
+    at the fork (no logging, no store lock: the parent waits for this partition's writes before
+    forking and reads it only after this child exited), or touch the Kafka clients."""
+    code = 1
+    try:
+        # Stop and interrupt are the parent's to handle: it waits for this child. If the parent
+        # dies, so does the child, at once (also if it died before this line: the parent id).
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+        if os.getppid() != parent:
+            os._exit(1)
+        gc.disable()  # garbage is freed at exit; a collection would only copy pages
+        snap = head | {"engine": engine.snapshot(models)}
+        data = pack_snapshot(snap)
+        if snap["seq"] == 0:
+            store.save(partition, data)
+        else:
+            store.save_increment(partition, snap["chain"], snap["seq"], data)
+        os.write(write_end, f"ok {len(data)} {len(snap['engine']['models'])} {len(snap['engine']['pending'])}".encode())
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 (reported to the parent through the pipe)
+        try:
+            os.write(write_end, f"{type(exc).__name__}: {exc}".encode("utf-8", "replace")[:4000])
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)

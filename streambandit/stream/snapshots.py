@@ -47,6 +47,9 @@ log = logging.getLogger("streambandit")
 class SnapshotStore(Protocol):
     #: Whether the store keeps increments (stream/chains.py); a store that does not gets bases only.
     supports_increments: bool
+    #: Whether a forked child may save to it (its saves use nothing but files): the writer then
+    #: takes large snapshots in a child (stream/snapshot_writer.py). False: copied on the loop.
+    fork_safe: bool
 
     def save(self, partition: int, data: bytes) -> None:
         """Store a base snapshot of ``partition``; the store keeps it and the one before it,
@@ -80,6 +83,7 @@ class DirectoryStore:
     store is ``scoped`` to its group: ``DIR/<group>/p<partition>.snap``."""
 
     supports_increments = True
+    fork_safe = True
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
@@ -230,6 +234,7 @@ class TopicStore:
     """
 
     supports_increments = False
+    fork_safe = False  # its saves go through a Kafka producer, whose threads a child has not
 
     def __init__(self, bootstrap_servers: str, topic: str, *, kafka: dict[str, Any] | None = None,
                  max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, timeout_s: float = 30.0) -> None:

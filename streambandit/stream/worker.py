@@ -33,7 +33,7 @@ from streambandit.stream.kafka_config import consumer_settings, producer_setting
 from streambandit.stream.logs import LogReader
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.recovery import recover_partition
-from streambandit.stream.snapshot_writer import SnapshotWriter
+from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
@@ -89,6 +89,7 @@ class Worker:
         self.store = store.scoped(config.group_id)
         self.metrics: collections.Counter[str] = collections.Counter()
         self.writer = SnapshotWriter(self.store, self.metrics)
+        self.fork_snapshots = CAN_FORK and self.store.fork_safe
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         c = config
         self.batch = BatchProcessor(config, self.metrics)
@@ -322,8 +323,9 @@ class Worker:
     def _snapshot(self, p: int) -> None:
         """Hand partition ``p``'s state as of the last commit to the writer (call only between
         transactions): a base, or an increment of the models changed since the last snapshot
-        (stream/chains.py). The loop pays for the copy only; packing and storing run on the
-        writer's thread (bench.snapshot_pause measures the pause)."""
+        (stream/chains.py). The loop pays for the copy of what goes in, or for a fork when that is
+        ``snapshot_fork_models`` or more; packing and storing run on the writer's thread or in
+        the forked child (bench.snapshots measures the pause)."""
         part = self.partitions[p]
         t = self.config.topics
         started = time.monotonic()
@@ -341,12 +343,15 @@ class Worker:
         else:
             part.chain = ChainPosition(part.chain.chain, part.chain.seq + 1)
             models = sorted(changed)
-        self.writer.submit(p, {
-            "partition": p, "created_ms": now_ms(), "chain": part.chain.chain, "seq": part.chain.seq,
-            "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
-            "actions_offset": out_next[t.actions], "joined_offset": out_next[t.joined],
-            "dead_letter_offset": out_next[t.dead_letter], "engine": engine.snapshot(models),
-        })
+        head = {"partition": p, "created_ms": now_ms(), "chain": part.chain.chain, "seq": part.chain.seq,
+                "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
+                "actions_offset": out_next[t.actions], "joined_offset": out_next[t.joined],
+                "dead_letter_offset": out_next[t.dead_letter]}
+        fork_at = self.config.snapshot_fork_models
+        if self.fork_snapshots and fork_at and len(engine.models if models is None else models) >= fork_at:
+            self.writer.submit_forked(p, head, engine, models)
+        else:
+            self.writer.submit(p, head | {"engine": engine.snapshot(models)})
         part.updates_at_snapshot = engine.updates
         part.snapshot_wall = time.monotonic()
         part.snapshot_took_s = part.snapshot_wall - started

@@ -49,6 +49,12 @@ class WorkerConfig:
     # A snapshot holds the models changed since the previous one (an increment) unless the chain
     # has this many increments, which recovery reads and lays over their base (stream/chains.py).
     snapshot_base_every: int = 32
+    # A snapshot of at least this many models is taken by a forked child (Linux, a directory
+    # store): the loop then pauses for the fork, in proportion to the worker's memory, not for a
+    # copy of the models (bench.snapshots measures both: at 100,000 models a fork costs about
+    # what copying 1,000 does). 0: never fork. While the child runs, the memory the loop changes
+    # is copied for the parent (copy-on-write): at most the worker's size again.
+    snapshot_fork_models: int = 1000
     max_pending: int = 100_000
     max_early_rewards: int = 10_000
     max_recent: int = 100_000
@@ -70,6 +76,8 @@ class WorkerConfig:
             raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
         if self.snapshot_base_every < 0:
             raise ValueError(f"snapshot_base_every must be >= 0, got {self.snapshot_base_every!r}")
+        if self.snapshot_fork_models < 0:
+            raise ValueError(f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}")
 
 
 def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:

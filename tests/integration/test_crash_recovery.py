@@ -30,6 +30,7 @@ snapshot_every_updates = 4  # few models change between snapshots: most are incr
 snapshot_base_every = 8
 snapshot_max_share = 1.0
 batch_max_records = 10  # a snapshot after nearly every small transaction
+snapshot_fork_models = 8  # bases and the larger increments taken by a forked child, the rest on the loop
 
 {topics}
 [[models]]
@@ -125,6 +126,9 @@ def run_to_end(broker, t, tmp, group, kills, sent):
     # input's record arrived (docs/design.md, invariant 5): rule it out, so a mismatch below means a recovery bug.
     metrics = dict(kv.split("=", 1) for kv in out.decode().split() if "=" in kv)
     assert metrics.get("merge_out_of_order", "0") == "0", "a record was merged out of order: the wait was too short"
+    text = "".join(log.read_text() for log in logs)
+    assert " base " in text and " increment " in text and " forked" in text, "both kinds, forked and not"
+    assert "not stored" not in text, "every snapshot write succeeded"
     store = DirectoryStore(snaps).scoped(group)
     return {p: load_latest(store, p) for p in (0, 1)}
 
