@@ -17,6 +17,10 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 
@@ -87,11 +91,18 @@ def _row(policy: str, kind: str, models: int, how: str, runs: list[dict]) -> dic
            "write_ms": harness.median([r["write_ms"] for r in runs]),
            "bytes": harness.median([r["bytes"] for r in runs]),
            "longest_step_while_writing_ms": max(r["longest_ms"] for r in runs)}
-    print(f"{policy}: {row}", flush=True)
+    print(f"{policy}: {row}", file=sys.stderr, flush=True)
     return row
 
 
-def one_policy(policy: str, n: int, repeats: int) -> dict:
+def _rss_mb() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
+    """One policy, snapshots taken one way, in a process of its own (``--child``): a fork's
+    pause follows the process's memory, which an earlier case's garbage would inflate."""
     from streambandit.stream.snapshot_writer import SnapshotWriter
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import freeze_long_lived
@@ -102,46 +113,47 @@ def one_policy(policy: str, n: int, repeats: int) -> dict:
     close_windows(engine)
     engine.take_changed()
     freeze_long_lived()  # as the worker does after a recovery: the models leave the collector's walks
-    print(f"{policy}: {n:,} models built in {time.perf_counter() - t0:.0f} s", flush=True)
+    print(f"{policy}, {how}: {n:,} models built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     metrics: collections.Counter = collections.Counter()
-    out: dict = {"policy": policy, "models": n, "dim": D, "rows": []}
+    out: dict = {"policy": policy, "taken_by": how, "models": n, "rss_mb": _rss_mb(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp:
         writer = SnapshotWriter(DirectoryStore(tmp), metrics)
         serial = 0
         # The loop with nothing in flight: what a step costs anyway (a GC, a kernel's first call).
         quiet, _, serial = _longest_step(engine, pool, serial, lambda: False, min_steps=2000)
         out["longest_step_quiet_ms"] = quiet
-        chain = 0
-        for how in ("loop", "fork"):
-            runs = []
-            for _ in range(repeats):
-                chain += 1
-                run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, chain, 0, None)
-                runs.append(run)
-                engine.take_changed()
-            out["rows"].append(_row(policy, "base", n, how, runs))
+        runs = []
+        for r in range(repeats):
+            run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, r + 1, 0, None)
+            runs.append(run)
+            engine.take_changed()
+        out["rows"].append(_row(policy, "base", n, how, runs))
         for changed in CHANGED:
             if changed > n // 2:
                 continue  # half the models or more: the worker writes a base (stream/chains.py)
-            for how in ("loop", "fork"):
-                runs = []
-                for r in range(repeats):
-                    start = (r * changed) % n
-                    serial = _update(engine, [(start + j) % n for j in range(changed)], pool, serial)
-                    keys = sorted(engine.take_changed())
-                    assert len(keys) >= changed
-                    run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, chain, r + 1, keys)
-                    runs.append(run)
-                    engine.take_changed()  # the steps' models: not part of the next measured increment
-                out["rows"].append(_row(policy, "increment", changed, how, runs))
+            runs = []
+            for r in range(repeats):
+                start = (r * changed) % n
+                serial = _update(engine, [(start + j) % n for j in range(changed)], pool, serial)
+                keys = sorted(engine.take_changed())
+                assert len(keys) >= changed
+                run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, repeats, r + 1, keys)
+                runs.append(run)
+                engine.take_changed()  # the steps' models: not part of the next measured increment
+            out["rows"].append(_row(policy, "increment", changed, how, runs))
         writer.close()
     return out
 
 
 def measure(a: argparse.Namespace) -> dict:
     n = 10_000 if a.quick else a.models
-    return {"models": n, "repeats": a.repeats,
-            "policies": [one_policy(p, n, a.repeats) for p in ("oful", "glb_omd")]}
+    cases = []
+    for policy in ("oful", "glb_omd"):
+        for how in ("loop", "fork"):
+            out = subprocess.run([sys.executable, "-m", "bench.snapshots", "--child", policy, how, str(n), str(a.repeats)],
+                                 stdout=subprocess.PIPE, text=True, check=True)
+            cases.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    return {"models": n, "repeats": a.repeats, "cases": cases}
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
@@ -158,16 +170,17 @@ def render(res: dict) -> str:
              "packs and writes. *Loop pause*: the copy, or the fork. *Longest step*: the slowest "
              "decision-and-update of a loop that keeps running while the snapshot is written (on the thread, "
              "the packing shares the GIL with it; in the child, the loop's writes copy pages); *quiet*: the "
-             "same loop with nothing in flight.", "",
+             "same loop with nothing in flight. *Worker memory*: the process's resident memory with the "
+             "models built, before the first snapshot (each policy and way runs in a process of its own).", "",
              "| policy | snapshot | models in it | taken by | loop pause, ms | writing, ms | bytes | bytes per model "
-             "| longest step while writing, ms | longest step quiet, ms |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
-    for p in res["policies"]:
+             "| longest step while writing, ms | longest step quiet, ms | worker memory, MB |",
+             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for p in res["cases"]:
         for r in p["rows"]:
             lines.append(f"| {p['policy']} | {r['snapshot']} | {r['models']:,} | {r['taken_by']} | "
                          f"{r['loop_pause_ms']:,.1f} | {r['write_ms']:,.0f} | {r['bytes']:,.0f} | "
                          f"{r['bytes'] / r['models']:,.0f} | {r['longest_step_while_writing_ms']:.1f} | "
-                         f"{p['longest_step_quiet_ms']:.1f} |")
+                         f"{p['longest_step_quiet_ms']:.1f} | {p['rss_mb']:,.0f} |")
     lines += ["", "An increment's bytes follow the models changed, not the models held. Copied on the loop, a "
               "snapshot's pause grows with the models in it; forked, with the worker's memory (page tables), "
               "whatever the snapshot holds.", ""]
@@ -175,4 +188,8 @@ def render(res: dict) -> str:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--child"]:
+        policy, how, n, repeats = sys.argv[2:6]
+        print(json.dumps(one_case(policy, how, int(n), int(repeats))))
+        raise SystemExit(0)
     raise SystemExit(harness.main("snapshots", __doc__, measure, render, _options))

@@ -129,6 +129,8 @@ class Worker:
         self.transaction.producer.init_transactions(30)
         self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
                                 on_revoke=_weakly(self._on_revoke), on_lost=_weakly(self._on_revoke))
+        log.info("worker started group=%s instance=%s transactional_id=%s contexts=%s rewards=%s", self.config.group_id,
+                 self.instance_id, self.transactional_id, self.config.topics.contexts, self.config.topics.rewards)
 
     def stop(self) -> None:
         self._stopping = True
