@@ -5,7 +5,7 @@ from pathlib import Path
 
 # Each benchmark writes bench/results/NAME.{json,md}; the other modules here are shared pieces.
 BENCHMARKS = ("policies", "sketch", "bkb", "regret_vs_oful", "calls", "peers", "replay", "worker_path", "memory",
-              "recovery", "snapshots", "tansu", "e2e")
+              "recovery", "snapshots", "scaling", "tansu", "e2e")
 
 
 def summary(name: str) -> tuple[str, str]:
