@@ -210,3 +210,46 @@ def serve_config(group: str, snaps, topics, worker: str = "") -> str:
     """A ``streambandit serve`` configuration for the tests that run the command: OFUL on the
     ``m-*`` models of ``topics``, snapshots in ``snaps``, ``worker`` added to the [worker] table."""
     return SERVE_CONFIG.format(group=group, snaps=snaps, worker=worker, topics=topics_toml(topics))
+
+
+def serve_process(broker, cfg_path, instance: str, log_path):
+    """``streambandit serve`` as one worker process with ``instance`` as its id, logging at INFO
+    to ``log_path`` (appended: a restarted instance continues its log)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg_path), "-v",
+                             "--instance-id", instance, "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
+                            stdout=subprocess.PIPE, stderr=open(log_path, "a"), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+def held_partitions(log_path) -> set[int]:
+    """The partitions a worker holds, by its log (the last start's, for a log appended to)."""
+    import re
+
+    out: set[int] = set()
+    for m in re.finditer(r"partition (assigned|revoked) partition=(\d+)|(worker started)", log_path.read_text()):
+        if m.group(3):
+            out.clear()
+        else:
+            (out.add if m.group(1) == "assigned" else out.discard)(int(m.group(2)))
+    return out
+
+
+def stop_processes(*procs, timeout_s: float = 60) -> list[str]:
+    """SIGTERM to every process still running, then wait for each (killed after ``timeout_s``);
+    the exit lines (stdout) of those that were running, in order."""
+    import signal
+
+    running = [p for p in procs if p is not None and p.poll() is None]
+    for proc in running:
+        proc.send_signal(signal.SIGTERM)
+    lines = []
+    for proc in running:
+        try:
+            out, _ = proc.communicate(timeout=timeout_s)
+            lines.append(out.decode() if out else "")
+        finally:
+            proc.kill()
+    return lines

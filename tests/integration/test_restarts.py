@@ -3,7 +3,6 @@ progress has no output of its own (a reward summed into an open window) starts a
 reward is applied exactly once; a recovery while a dead producer's transaction is open on the
 logs waits for it instead of reading too little."""
 
-import re
 import threading
 import time
 
@@ -333,45 +332,23 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
     every context decided once and, to the bit, the models of one worker that was never stopped,
     with the same dead letters."""
     import collections
-    import os
-    import signal
-    import subprocess
-    import sys
 
     from streambandit.stream.worker_config import Topics
 
-    from .helpers import committed_offsets, engine_states_equal
+    from .helpers import committed_offsets, engine_states_equal, held_partitions, serve_process, stop_processes
 
     def serve(group, instance, out_topics, snaps):
         cfg = tmp_path / f"{group}-{instance}.toml"
         out = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=out_topics.actions,
                      joined=out_topics.joined, dead_letter=out_topics.dead_letter)
         cfg.write_text(serve_config(group, snaps, out, worker="idle_tick_ms = 1000000000"))
-        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                                 "--instance-id", instance, "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
-                                stdout=subprocess.DEVNULL, stderr=open(tmp_path / f"{group}-{instance}.log", "a"),
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return serve_process(broker, cfg, instance, tmp_path / f"{group}-{instance}.log")
 
     def done(group) -> int:
         return sum(committed_offsets(broker, group, topics.contexts).values())
 
     def held(group, instance) -> set[int]:
-        """The partitions the instance holds, by its log."""
-        out: set[int] = set()
-        for m in re.finditer(r"partition (assigned|revoked) partition=(\d+)",
-                             (tmp_path / f"{group}-{instance}.log").read_text()):
-            (out.add if m.group(1) == "assigned" else out.discard)(int(m.group(2)))
-        return out
-
-    def stop_all(*procs):
-        for proc in procs:
-            if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
-        for proc in procs:
-            try:
-                proc.wait(60)
-            finally:
-                proc.kill()
+        return held_partitions(tmp_path / f"{group}-{instance}.log")
 
     rng, n = np.random.default_rng(5), 60_000
     prod = producer(broker)
@@ -401,7 +378,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
             assert done("g-two") < n, "the backlog was drained before a kill left a transaction open"
             if left_open:
                 break
-            stop_all(b)
+            stop_processes(b)
         else:
             pytest.fail("no kill left a transaction open")
         # After the dead worker's session timeout (6 s) the survivor is assigned its partition and
@@ -412,7 +389,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         a = serve("g-two", "a", topics, tmp_path / "snaps")  # the same instance id: aborts it
         assert wait_for(lambda: done("g-two") >= n, timeout_s=120), f"stuck at {done('g-two')} of {n}"
     finally:
-        stop_all(*(p for p in (a, b) if p is not None))
+        stop_processes(*(p for p in (a, b) if p is not None))
 
     # The same input, one worker never stopped, writing to output topics of its own.
     tag = topics.actions.rsplit("-", 1)[1]
@@ -423,7 +400,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
     try:
         assert wait_for(lambda: done("g-ref") >= n, timeout_s=120), f"reference stuck at {done('g-ref')}"
     finally:
-        stop_all(ref)
+        stop_processes(ref)
 
     got, want = outputs(broker, topics, "g-two"), outputs(broker, ref_topics, "g-ref")
     ids = [x.event_id for x in got["actions"]]
