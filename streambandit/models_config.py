@@ -25,6 +25,7 @@ from __future__ import annotations
 import dataclasses
 import fnmatch
 import math
+import re
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -66,13 +67,24 @@ class ModelsConfig:
 
     specs: tuple[ModelSpec, ...]
 
+    def __post_init__(self) -> None:
+        # Looked up for every event and every restored model: exact keys in a dict (the first
+        # entry of a key wins), patterns compiled once, as fnmatch.fnmatchcase would compile them.
+        exact: dict[str, ModelSpec] = {}
+        for spec in self.specs:
+            if not spec.is_pattern:
+                exact.setdefault(spec.match, spec)
+        patterns = tuple((re.compile(fnmatch.translate(s.match)).match, s) for s in self.specs if s.is_pattern)
+        object.__setattr__(self, "_exact", exact)
+        object.__setattr__(self, "_patterns", patterns)
+
     def resolve(self, model_key: str) -> ModelSpec | None:
         """The spec for ``model_key``: exact matches first, then patterns, each in file order."""
-        for spec in self.specs:
-            if not spec.is_pattern and spec.match == model_key:
-                return spec
-        for spec in self.specs:
-            if spec.is_pattern and fnmatch.fnmatchcase(model_key, spec.match):
+        spec = self._exact.get(model_key)
+        if spec is not None:
+            return spec
+        for match, spec in self._patterns:
+            if match(model_key):
                 return spec
         return None
 

@@ -241,13 +241,19 @@ class Policy(abc.ABC):
 
     def state_dict(self) -> dict[str, Any]:
         """The whole learner as ``str -> numpy array | Python scalar``; arrays are copies."""
-        state: dict[str, Any] = {"policy": self.name, "dim": self.dim}
-        for k, v in self._config.items():
-            state[f"config.{k}"] = v
+        state = self.state_header()
         for k in self._state_scalars:
             state[k] = getattr(self, k)
         for k in self._state_arrays:
             state[k] = self._state_array(k).copy()
+        return state
+
+    def state_header(self) -> dict[str, Any]:
+        """The entries of ``state_dict()`` fixed by the configuration: ``policy``, ``dim`` and
+        ``config.<hyper-parameter>``."""
+        state: dict[str, Any] = {"policy": self.name, "dim": self.dim}
+        for k, v in self._config.items():
+            state[f"config.{k}"] = v
         return state
 
     def _state_array(self, name: str) -> np.ndarray:

@@ -73,6 +73,7 @@ class LinearUCBPolicy(Policy):
 
     __slots__ = _SLOTS
     _columns: ClassVar[dict[str, int]]
+    _row_scalars: ClassVar[tuple[str, ...]] = ()  # the float state scalars, by column of the row's ``scalars``
     _radius_kind: ClassVar[int]
     _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
     _bad_reward_message: ClassVar[str] = f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
@@ -129,6 +130,66 @@ class LinearUCBPolicy(Policy):
     def _state_array(self, name: str) -> np.ndarray:
         # The row itself, not a pinned view: the callers copy it or read its shape at once.
         return self._chunk[self._columns[name]][self._i]
+
+    # -- many models' state at once (state_blocks.py) -----------------------------------------
+
+    @classmethod
+    def gather_block(cls, keys: list[str], models: list["LinearUCBPolicy"]) -> Any:
+        """The states of ``models`` (all of one store), named ``keys``, as a StateBlock: each
+        column copied out with one fancy index per chunk."""
+        from streambandit.policies.state_blocks import StateBlock
+
+        store = models[0]._store
+        columns = [np.empty((len(models), *a.shape), a.dtype) for a in store.initial]
+        for chunk, index, pos in rows.by_chunk([(m._chunk, m._i) for m in models]):
+            for column, out in zip(chunk, columns):
+                out[pos] = column[index]
+        scalars = {"n_updates": columns[COUNT]}
+        for j, name in enumerate(cls._row_scalars):
+            scalars[name] = np.ascontiguousarray(columns[SCALARS][:, j])
+        return StateBlock(models[0].state_header(), keys, {k: columns[c] for k, c in cls._columns.items()}, scalars)
+
+    def restore_block(self, block: Any) -> list["LinearUCBPolicy"]:
+        """New models of this one's configuration holding the states of ``block``, in its order.
+        The block is checked as ``load_state_dict`` checks one state (its first model's, with
+        the same errors), then column by column for every model."""
+        n = len(block.keys)
+        if n == 0:
+            return []
+        probe = type(self)(self.dim, **self.config())
+        probe.load_state_dict(block.state(0))  # header, entries, shapes, dtypes and scalar types
+        store = self._store
+        if store.initial[SCALARS].shape != (len(self._row_scalars),):
+            raise TypeError(f"{type(self).__name__}._row_scalars does not name every float scalar of its row")
+        expected = {k: store.initial[c] for k, c in self._columns.items()}
+        expected |= {"n_updates": store.initial[COUNT]}
+        expected |= {k: store.initial[SCALARS][j] for j, k in enumerate(self._row_scalars)}
+        given = block.arrays | block.scalars
+        if set(given) != set(expected):
+            raise ValueError(f"state block holds {sorted(given)}, expected {sorted(expected)}")
+        for k, a in given.items():
+            if a.shape[1:] != expected[k].shape or a.dtype != expected[k].dtype:
+                raise ValueError(f"state block column {k!r} has rows of shape {a.shape[1:]} {a.dtype}, "
+                                 f"expected {expected[k].shape} {expected[k].dtype}")
+        sources = [None] * len(store.initial)
+        for k, c in self._columns.items():
+            sources[c] = block.arrays[k]
+        sources[COUNT] = block.scalars["n_updates"]
+        slots = store.allocate_many(n)
+        for chunk, index, pos in rows.by_chunk(slots):
+            for c, column in enumerate(chunk):
+                if c == SCALARS:
+                    for j, k in enumerate(self._row_scalars):
+                        column[index, j] = block.scalars[k][pos]
+                else:
+                    column[index] = sources[c][pos]
+        cls, dim, config, new = type(self), self.dim, store.config, object.__new__
+        out = []
+        for chunk, i in slots:
+            m = new(cls)
+            m.dim, m._config, m._store, m._chunk, m._i = dim, config, store, chunk, i
+            out.append(m)
+        return out
 
     # -- decisions ----------------------------------------------------------------------------
 

@@ -40,6 +40,7 @@ class OFUL(LinearUCBPolicy):
     _state_arrays = ("vinv", "b", "theta")
     _state_scalars = ("n_updates", "logdet")
     _columns = {"theta": THETA, "vinv": INV, "b": OTHER}
+    _row_scalars = ("logdet",)
     _radius_kind = kernels.RADIUS_OFUL
     _play_kernel = kernels.oful_play
     __slots__ = ()

@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-__all__ = ["RowStore", "store_for", "pinned_view", "CHUNK_ROWS", "CHUNK_BYTES"]
+__all__ = ["RowStore", "store_for", "by_chunk", "pinned_view", "CHUNK_ROWS", "CHUNK_BYTES"]
 
 CHUNK_ROWS = 1024
 # At most this many bytes per chunk (fewer rows for a large d), so that one model of a large
@@ -97,6 +97,23 @@ class RowStore:
             column[i] = value
         return chunk, i
 
+    def allocate_many(self, n: int) -> list[tuple[Chunk, int]]:
+        """``n`` rows for new models, their contents left as they are: for a caller that writes
+        every column of every row at once (a restore, state_blocks.py)."""
+        out: list[tuple[Chunk, int]] = []
+        while self._free and len(out) < n:
+            out.append(self._free.pop())
+        with self._lock:
+            while len(out) < n:
+                if self._used == self.rows_per_chunk:
+                    self.chunks.append(tuple(np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial))
+                    self._used = 0
+                take = min(n - len(out), self.rows_per_chunk - self._used)
+                chunk = self.chunks[-1]
+                out.extend((chunk, i) for i in self.index[self._used:self._used + take])
+                self._used += take
+        return out
+
     def release(self, chunk: Chunk, i: int) -> None:
         """Give a dead model's row back (list.append is atomic under the GIL)."""
         self._free.append((chunk, i))
@@ -113,6 +130,21 @@ def store_for(key: tuple, build: Callable[[], RowStore]) -> RowStore:
     if store is None:
         store = _STORES.setdefault(key, build())
     return store
+
+
+def by_chunk(rows: list[tuple[Chunk, int]]) -> list[tuple[Chunk, np.ndarray, np.ndarray]]:
+    """``rows`` grouped by chunk: ``(chunk, indices in the chunk, positions in rows)`` each, so a
+    column of many rows is read or written with one fancy index per chunk."""
+    chunks: dict[int, Chunk] = {}  # id of the chunk's first column -> the chunk
+    number = np.empty(len(rows), np.int64)
+    index = np.empty(len(rows), np.intp)
+    for j, (c, i) in enumerate(rows):
+        number[j] = k = id(c[0])
+        chunks[k] = c
+        index[j] = i
+    order = np.argsort(number, kind="stable")
+    cuts = np.flatnonzero(np.diff(number[order])) + 1
+    return [(chunks[int(number[pos[0]])], index[pos], pos) for pos in np.split(order, cuts)] if len(rows) else []
 
 
 class _RowView:

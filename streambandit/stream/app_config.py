@@ -12,6 +12,7 @@ settings and the models.
     snapshot_interval_s = 30
     snapshot_every_updates = 100000
     snapshot_max_share = 0.1      # at most this share of the time spent snapshotting
+    snapshot_fork_models = 1000   # snapshots of this many models or more taken by a forked child
     merge_wait_ms = 20
     idle_tick_ms = 1000
 

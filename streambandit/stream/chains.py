@@ -60,19 +60,25 @@ class _Overlay(Mapping):
     the snapshots' own model mappings (wire/snapshot.py decodes a model when it is read)."""
 
     def __init__(self, layers: list[Mapping[str, Any]]) -> None:
-        self._where: dict[str, Mapping[str, Any]] = {}
-        for layer in layers:
-            for key in layer:
-                self._where[key] = layer
+        self.layers = layers  # what a restore reads, oldest first (policies/state_blocks.layers_of)
+        self._where: dict[str, Mapping[str, Any]] | None = None
+
+    def _index(self) -> dict[str, Mapping[str, Any]]:
+        if self._where is None:
+            self._where = {}
+            for layer in self.layers:
+                for key in layer:
+                    self._where[key] = layer
+        return self._where
 
     def __getitem__(self, key: str) -> Any:
-        return self._where[key][key]
+        return self._index()[key][key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._where)
+        return iter(self._index())
 
     def __len__(self) -> int:
-        return len(self._where)
+        return len(self._index())
 
 
 def compose(base: dict, increments: list[dict]) -> dict:

@@ -29,10 +29,13 @@ import itertools
 from collections.abc import Iterable
 from typing import Any
 
+import numpy as np
+
 from streambandit.decision import decide
 from streambandit.errors import StreambanditError
 from streambandit.models_config import ModelsConfig
 from streambandit.policies.base import Policy
+from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
     BAD_DIMENSION,
     DUPLICATE_ARM_ID,
@@ -366,7 +369,7 @@ class PartitionEngine:
         Must be taken between records (the worker takes it at a transaction boundary)."""
         keys = self.models.keys() if models is None else models
         return {
-            "models": {key: self.models[key].state_dict() for key in keys},
+            "models": model_states(self.models, keys),
             # The fields read directly: dataclasses.asdict deep-copies each (features included),
             # and a partition holds a window's worth of them (the snapshot is a pause of the
             # worker's loop: e2e part 6). Records are values, so sharing features is safe.
@@ -388,13 +391,13 @@ class PartitionEngine:
     def restore(cls, config: ModelsConfig, snap: dict[str, Any], **limits: int) -> "PartitionEngine":
         """An engine in exactly the state ``snap`` was taken in; its counters start at zero."""
         e = cls(config, **limits)
-        for key, state in snap["models"].items():
-            spec = config.resolve(key)
-            if spec is None:
-                raise ValueError(f"snapshot holds model {key!r} but the configuration has no entry for it")
-            model = spec.build()
-            model.load_state_dict(state)  # raises if the configuration changed incompatibly
-            e.models[key] = model
+        for layer in layers_of(snap["models"]):  # a chain's snapshots, oldest first: later ones win
+            for block in getattr(layer, "blocks", ()):
+                e._restore_block(block)
+            for key, state in getattr(layer, "records", layer).items():
+                model = e._spec_of_snapshot_model(key).build()
+                model.load_state_dict(state)  # raises if the configuration changed incompatibly
+                e.models[key] = model
         for p in snap["pending"]:
             fields = {k: v for k, v in p.items() if k not in ("reward", "n_rewards")}
             action = Action(**fields)
@@ -409,6 +412,34 @@ class PartitionEngine:
         e.watermark_ms = snap["watermark_ms"]
         e._rebuild_deadlines()
         return e
+
+    def _spec_of_snapshot_model(self, key: str) -> Any:
+        spec = self.config.resolve(key)
+        if spec is None:
+            raise ValueError(f"snapshot holds model {key!r} but the configuration has no entry for it")
+        return spec
+
+    def _restore_block(self, block: Any) -> None:
+        """The models of a StateBlock, a column at a time for each configuration its keys
+        resolve to now (one, unless the configuration moved keys between entries)."""
+        specs = [self._spec_of_snapshot_model(key) for key in block.keys]
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        if specs and all(spec is specs[0] for spec in specs):
+            groups[id(specs[0])] = (specs[0], [])
+        else:
+            for j, spec in enumerate(specs):
+                groups.setdefault(id(spec), (spec, []))[1].append(j)
+        for spec, rows in groups.values():
+            part = block if len(groups) == 1 else block.take(np.array(rows))
+            prototype = spec.build()
+            if not hasattr(prototype, "restore_block"):
+                for j, key in enumerate(part.keys):  # now a learner without blocks: one state each
+                    model = spec.build()
+                    model.load_state_dict(part.state(j))
+                    self.models[key] = model
+                continue
+            for key, model in zip(part.keys, prototype.restore_block(part)):
+                self.models[key] = model
 
     def recover_from_logs(
         self,

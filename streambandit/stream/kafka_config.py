@@ -29,10 +29,22 @@ def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
     return common | (user.get(client, {}) if client in ("consumer", "producer") else {})
 
 
-def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
+def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None = None,
+                      static_instance: str | None = None) -> dict[str, Any]:
+    """The group consumer's settings; with ``static_instance``, a static member of the group
+    under that id (KIP-345: a member that restarts within ``session.timeout.ms`` gets its
+    partitions back without a rebalance)."""
     s: dict[str, Any] = {"bootstrap.servers": bootstrap, **_GROUP_TIMING, "auto.offset.reset": "earliest",
                          "partition.assignment.strategy": "range"}
-    s.update(for_client("consumer", user))
+    user_settings = for_client("consumer", user)
+    if "group.instance.id" in user_settings:
+        # One configuration file serves every process of a group (serve --processes N, a
+        # StatefulSet): one id for all would have each new member fence the one before.
+        raise ValueError("group.instance.id cannot be set in the configuration: set [worker] static_membership = true, "
+                         "and each worker process uses its own instance id (--instance-id)")
+    s.update(user_settings)
+    if static_instance:
+        s["group.instance.id"] = static_instance
     s.update({
         "group.id": group_id,
         "enable.auto.commit": False,  # offsets commit inside the output transaction only

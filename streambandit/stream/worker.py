@@ -94,11 +94,12 @@ class Worker:
         c = config
         self.batch = BatchProcessor(config, self.metrics)
         self.partitions: dict[int, PartitionState] = self.batch.partitions  # the same dict
-        self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka))
-        delivery_errors: list = []
         # The transactional id: stable for a stable instance id, so that a restarted instance
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
+        self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka,
+                                                   self.transactional_id if c.static_membership else None))
+        delivery_errors: list = []
         producer = Producer(producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
                             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)})
         self.transaction = Transaction(producer, delivery_errors, self.transactional_id)

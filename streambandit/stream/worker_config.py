@@ -69,6 +69,11 @@ class WorkerConfig:
     # How long the worker may hold no partition while its inputs have lag, or see the group's
     # committed offsets behind its own commits, before it says so (stream/stall.py).
     stall_report_s: float = 60.0
+    # A static member of the group (KIP-345), its id the worker's transactional id: a worker that
+    # restarts within session.timeout.ms (raise it to cover a pod's restart) gets its partitions
+    # back without a rebalance, and one that stops does not give them up until then. The embedded
+    # broker rebalances only after that timeout even on a restart (docs/notes/tansu.md).
+    static_membership: bool = False
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
 
     def __post_init__(self) -> None:

@@ -22,8 +22,10 @@ IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "s
 # (``context.v1.avsc``: an array of {arm_id, features} records) is still read.
 # Tick version 2 adds the writer's group id; version 1 (``tick.v1.avsc``) resolves to it with an
 # empty group, which no worker applies. Snapshot version 2 adds ``chain`` and ``seq`` (a base or an
-# increment); version 1 (``snapshot.v1.avsc``) resolves to a base of chain 0.
-VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2, 6: 2, 7: 2}
+# increment); version 1 (``snapshot.v1.avsc``) resolves to a base of chain 0. Snapshot version 3
+# adds ``model_blocks``, columns of many models' states stored after the record (wire/snapshot.py);
+# version 2 (``snapshot.v2.avsc``) resolves to it with no blocks.
+VERSIONS = {_id: 1 for _id in IDS.values()} | {1: 2, 6: 3, 7: 2}
 
 
 def _load(name: str) -> dict:
@@ -38,6 +40,7 @@ LEGACY: dict[tuple[int, int], dict] = {(1, 1): _load("context.v1")}
 WRITERS.update(LEGACY)
 WRITERS[(7, 1)] = _load("tick.v1")
 WRITERS[(6, 1)] = _load("snapshot.v1")
+WRITERS[(6, 2)] = _load("snapshot.v2")
 
 
 def register_writer_schema(name: str, version: int, schema: dict) -> None:

@@ -5,12 +5,18 @@ A snapshot is a base (every model; ``seq`` 0) or an increment on a base (``seq``
 ``chain``): only the models changed since the previous snapshot of the chain, everything else
 whole. ``compose`` lays a chain's increments over its base.
 
-Format: the record header (magic, schema id 6, version), a flags byte (bit 0: zlib-compressed
-body), a CRC32 of the body (little-endian), then the Avro body (``schemas/snapshot.avsc``). A
-checksum mismatch or a body that does not parse is a :class:`SnapshotError`. The models, the
-pending decisions and the recent ids, most of a snapshot's bytes and time, are written by hand
-(avro.py, the bytes fastavro writes: tests/unit/test_events.py checks) and the models are decoded
-one at a time on access (:class:`SnapshotModels`).
+Format (version 3): the record header (magic, schema id 6, version), a flags byte (bit 0: the
+record is zlib-compressed), a CRC32 (little-endian) of every byte after it, the record's length
+(8 bytes, little-endian), the Avro record (``schemas/snapshot.avsc``), zero bytes up to a multiple
+of 8 from the start, then the buffers: the columns of the model blocks (policies/state_blocks.py),
+raw little-endian, each at the offset its ``BufferRef`` gives, 8-aligned. The buffers are not
+compressed: zlib saves about 40% of a float state's bytes but costs seconds per hundred thousand
+models to pack and to unpack, and unpacking is on the path of a moved partition's first decision
+(``python -m bench.snapshots``). Versions 1 and 2 (no length, no buffers: header, flags, CRC32,
+record) are still read. A checksum mismatch, a record that does not parse or a buffer outside the
+snapshot is a :class:`SnapshotError`. The per-model records, the pending decisions and the recent
+ids are written by hand (avro.py, the bytes fastavro writes: tests/unit/test_events.py checks) and
+the per-model records are decoded one at a time on access (:class:`SnapshotModels`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import fastavro
 import numpy as np
 
 from streambandit.errors import StreambanditError
+from streambandit.policies.state_blocks import ModelStates, StateBlock
 from streambandit.wire import avro
 from streambandit.wire.codec import action_body, features_from_bytes
 from streambandit.wire.records import InputRef
@@ -39,6 +46,8 @@ class SnapshotError(StreambanditError, ValueError):
 
 _SNAPSHOT_ID = 6
 _COMPRESS_ABOVE = 4096
+_RECORD_AT = 16  # header 3, flags 1, CRC32 4, the record's length 8
+_ALIGN = 8  # buffers start at multiples of 8 from the snapshot's first byte (aligned float64 reads)
 # The worker's header fields: the partition, when, and where in every topic this state stands.
 _POSITIONS = ("partition", "created_ms", "contexts_offset", "rewards_offset", "actions_offset", "joined_offset",
               "dead_letter_offset")
@@ -98,10 +107,52 @@ def _encode_pending(p: dict[str, Any]) -> bytes:
                      b"\x00" if reward is None else b"\x02" + avro.double(reward), avro.long(p["n_rewards"])))
 
 
+def _align(n: int) -> int:
+    return -(-n // _ALIGN) * _ALIGN
+
+
+class _Buffers:
+    """The buffers section being written: each column's bytes at an 8-aligned offset."""
+
+    def __init__(self) -> None:
+        self.parts: list[Any] = []
+        self.size = 0
+
+    def ref(self, name: str, column: np.ndarray) -> bytes:
+        """Add ``column``; its ``BufferRef``, encoded."""
+        le = _LE_DTYPE.get(column.dtype)
+        if le is None:
+            le = _LE_DTYPE[column.dtype] = column.dtype.newbyteorder("<").str
+        data = np.ascontiguousarray(column).astype(le, copy=False)
+        offset = self.size
+        self.parts.append(memoryview(data).cast("B"))
+        self.size += data.nbytes
+        if pad := _align(self.size) - self.size:
+            self.parts.append(bytes(pad))
+            self.size += pad
+        return b"".join((avro.string(name), avro.string(le), avro.array_block([avro.long(n) for n in column.shape]),
+                         avro.long(offset), avro.long(data.nbytes)))
+
+
+def _encode_block(block: StateBlock, buffers: _Buffers) -> bytes:
+    """One ``ModelBlock``, by hand (fastavro's bytes); its columns go to ``buffers``."""
+    return b"".join((
+        avro.array_block([avro.string(k) + _union_scalar(v) for k, v in block.header.items()]),
+        avro.array_block([avro.string(k) for k in block.keys]),
+        avro.array_block([buffers.ref(k, a) for k, a in block.arrays.items()]),
+        avro.array_block([buffers.ref(k, a) for k, a in block.scalars.items()]),
+    ))
+
+
 def pack_snapshot(snap: dict[str, Any]) -> bytes:
-    """Serialise a partition snapshot (the worker's header fields plus the engine's state)."""
+    """Serialise a partition snapshot (the worker's header fields plus the engine's state); the
+    engine's ``models`` a :class:`ModelStates` or any mapping of state dicts."""
     eng = snap["engine"]
-    models = avro.array_block([_encode_model(key, state) for key, state in eng["models"].items()])
+    states = eng["models"]
+    records = states.records if isinstance(states, ModelStates) else states
+    buffers = _Buffers()
+    blocks = avro.array_block([_encode_block(b, buffers) for b in getattr(states, "blocks", ())])
+    models = avro.array_block([_encode_model(key, state) for key, state in records.items()])
     pending = avro.array_block([_encode_pending(p) for p in eng["pending"]])
     # Recently joined ids (up to max_recent, 100,000 by default): {event_id, observed} each.
     recent = avro.array_block([avro.string(k) + (b"\x01" if v else b"\x00") for k, v in eng["recent"]])
@@ -121,17 +172,23 @@ def pack_snapshot(snap: dict[str, Any]) -> bytes:
     buf = io.BytesIO()
     fastavro.schemaless_writer(buf, head_schema, head)
     buf.write(models)
+    buf.write(blocks)
     buf.write(pending)
     fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["early"], {"early": early})
     buf.write(recent)
     fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["counters"], {"counters": {k: int(v) for k, v in eng["counters"].items()}})
-    body = buf.getvalue()
+    record = buf.getvalue()
     flags = 0
-    if len(body) > _COMPRESS_ABOVE:
-        # Level 1: a third faster than 6 on model state (float64 arrays) for 1% more bytes, and
-        # a snapshot's pack time is a pause of the worker's loop (bench/results/memory.md).
-        body, flags = zlib.compress(body, 1), 1
-    return avro.header(_SNAPSHOT_ID, VERSIONS[_SNAPSHOT_ID]) + bytes((flags,)) + struct.pack("<I", zlib.crc32(body)) + body
+    if len(record) > _COMPRESS_ABOVE:
+        # Level 1: a third faster than 6 on model state (float64 arrays) for 1% more bytes.
+        record, flags = zlib.compress(record, 1), 1
+    after_crc = [struct.pack("<Q", len(record)), record, bytes(_align(_RECORD_AT + len(record)) - _RECORD_AT - len(record)),
+                 *buffers.parts]
+    crc = 0
+    for part in after_crc:
+        crc = zlib.crc32(part, crc)
+    return b"".join((avro.header(_SNAPSHOT_ID, VERSIONS[_SNAPSHOT_ID]), bytes((flags,)), struct.pack("<I", crc),
+                     *after_crc))
 
 
 def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
@@ -181,9 +238,29 @@ class SnapshotModels(Mapping):
         return len(self._offsets)
 
 
+_COLUMN_KINDS = "fiu"  # the dtypes a column may have: numbers (never objects)
+
+
+def _column(ref: dict[str, Any], buffers: memoryview) -> np.ndarray:
+    """A block's column: a read-only view of the snapshot's buffers, checked against them."""
+    dtype = np.dtype(ref["dtype"])
+    shape = tuple(ref["shape"])
+    offset, length = ref["offset"], ref["length"]
+    if dtype.kind not in _COLUMN_KINDS or min(shape, default=0) < 0 or offset < 0 or offset + length > len(buffers) \
+            or length != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        raise ValueError(f"column {ref['name']!r} ({ref['dtype']}, shape {shape}) does not fit the buffers")
+    return np.frombuffer(buffers, dtype, length // dtype.itemsize, offset).reshape(shape)
+
+
+def _decode_blocks(blocks: list[dict[str, Any]], buffers: memoryview) -> list[StateBlock]:
+    return [StateBlock({s["name"]: s["value"] for s in b["header"]}, b["keys"],
+                       {r["name"]: _column(r, buffers) for r in b["arrays"]},
+                       {r["name"]: _column(r, buffers) for r in b["scalars"]}) for b in blocks]
+
+
 def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
-    """The snapshot datum with ``models`` as :class:`SnapshotModels` (current version), or fully
-    decoded with Avro's resolution (an older writer version)."""
+    """The snapshot datum with the per-model records as :class:`SnapshotModels` (current
+    version), or fully decoded with Avro's resolution (an older writer version)."""
     if version != VERSIONS[_SNAPSHOT_ID]:
         d = fastavro.schemaless_reader(io.BytesIO(body), WRITERS[(_SNAPSHOT_ID, version)], READERS[_SNAPSHOT_ID])
         d["models"] = {m["model_key"]: state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]}
@@ -213,18 +290,26 @@ def unpack_snapshot(data: bytes) -> dict[str, Any]:
         raise SnapshotError("not a streambandit snapshot (bad header)")
     if (_SNAPSHOT_ID, data[2]) not in WRITERS:
         raise SnapshotError(f"snapshot format version {data[2]} is not known to this reader")
-    flags, (crc,) = data[3], struct.unpack("<I", data[4:8])
-    body = bytes(data[8:])
-    if zlib.crc32(body) != crc:
+    version, flags, (crc,) = data[2], data[3], struct.unpack("<I", data[4:8])
+    view = memoryview(data)
+    if zlib.crc32(view[8:]) != crc:
         raise SnapshotError("snapshot checksum mismatch: the snapshot is corrupt")
     try:
+        if version >= 3:
+            (length,) = struct.unpack("<Q", data[8:_RECORD_AT])
+            body = bytes(view[_RECORD_AT:_RECORD_AT + length])
+            buffers = view[_align(_RECORD_AT + length):]
+        else:  # the record is all there is
+            body, buffers = bytes(view[8:]), view[:0]
         if flags & 1:
             body = zlib.decompress(body)
-        d = _decode_snapshot_body(body, data[2])
+        d = _decode_snapshot_body(body, version)
+        models = ModelStates(d["models"], _decode_blocks(d["model_blocks"], buffers))
+        models.check()
     except Exception as exc:  # a body that passed its checksum but does not parse: a writer bug
         raise SnapshotError(f"snapshot body does not decode: {exc}") from exc
     engine = {
-        "models": d["models"],
+        "models": models,
         "pending": [{**p, "features": features_from_bytes(p["features"])} for p in d["pending"]],
         "early": [{"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
                    "value": e["value"],

@@ -74,3 +74,25 @@ def test_what_lives_as_long_as_the_worker_is_out_of_the_collectors_walks(broker,
         w.stop()
         t.join(30)
         gc.unfreeze()  # the rest of the test session collects as usual
+
+
+def test_a_static_member_joins_under_its_transactional_id_and_serves(broker, topics, tmp_path):
+    """``static_membership``: the consumer is a static member (KIP-345) named by the worker's
+    transactional id, and the worker decides as any other. (That a restart within the session
+    timeout keeps the assignment is the broker's part; the embedded one rebalances anyway.)"""
+    prod = producer(broker)
+    rng = np.random.default_rng(1)
+    for i in range(20):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))))
+    prod.flush()
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
+                       group_id="g-static", topics=topics, static_membership=True)
+    w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"), instance_id="pod-0")
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        assert wait_for(lambda: len(outputs(broker, topics, "g-static")["actions"]) == 20, timeout_s=60)
+        assert "pod-0" in w.consumer.memberid()  # librdkafka names a static member after its instance id
+    finally:
+        w.stop()
+        t.join(30)

@@ -213,28 +213,44 @@ def test_a_corrupt_snapshot_is_detected():
         unpack_snapshot(bytes(data[:3]) + b"\x00")
 
 
-def _snapshot_bytes(e, body=None):
+def _snapshot_bytes(e, record=None, models=None):
+    """``e``'s snapshot as the worker packs it; with ``record``, that record (uncompressed) in
+    place of the packed one, with the packed buffers and a valid length and checksum."""
     import struct
     import zlib
+    state = e.snapshot()
+    if models is not None:
+        state["models"] = models
     data = pack_snapshot({"partition": 0, "created_ms": 1, "contexts_offset": 0, "rewards_offset": 0,
-                          "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0, "engine": e.snapshot()})
-    if body is None:
+                          "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0, "engine": state})
+    if record is None:
         return data
-    return data[:3] + b"\x00" + struct.pack("<I", zlib.crc32(body)) + body  # a valid checksum over ``body``
+    length = struct.unpack("<Q", data[8:16])[0]
+    buffers = data[-(-(16 + length) // 8) * 8:]
+    after = struct.pack("<Q", len(record)) + record + bytes(-(-(16 + len(record)) // 8) * 8 - 16 - len(record)) + buffers
+    return data[:3] + b"\x00" + struct.pack("<I", zlib.crc32(after)) + after
+
+
+def _record(data):
+    """The Avro record of a packed snapshot, decompressed."""
+    import struct
+    import zlib
+    length = struct.unpack("<Q", data[8:16])[0]
+    record = data[16:16 + length]
+    return zlib.decompress(record) if data[3] & 1 else record
 
 
 def test_snapshot_models_decode_one_at_a_time_and_equal_the_full_decode():
     import io
-    import zlib
 
     import fastavro
     _, e = engine_with_state(60)
-    data = _snapshot_bytes(e)
+    # One record per model (a learner's state_dict each), as for the learners without blocks.
+    data = _snapshot_bytes(e, models={k: m.state_dict() for k, m in e.models.items()})
     models = unpack_snapshot(data)["engine"]["models"]
-    assert not isinstance(models, dict) and len(models) == 3 and list(models) == list(e.models)
-    # the oracle: fastavro decoding the whole body with the whole schema
-    body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
-    full = fastavro.schemaless_reader(io.BytesIO(body), schemas.READERS[6], schemas.READERS[6])
+    assert not models.blocks and len(models) == 3 and list(models) == list(e.models)
+    # the oracle: fastavro decoding the whole record with the whole schema
+    full = fastavro.schemaless_reader(io.BytesIO(_record(data)), schemas.READERS[6], schemas.READERS[6])
     for m in full["models"]:
         want = snapshot.state_from_avro(m["arrays"], m["scalars"])
         got = models[m["model_key"]]
@@ -245,14 +261,17 @@ def test_snapshot_models_decode_one_at_a_time_and_equal_the_full_decode():
 
 def test_a_snapshot_body_that_passes_its_checksum_but_does_not_parse_is_refused_at_unpack():
     _, e = engine_with_state(20)
-    data = _snapshot_bytes(e)
-    import zlib
-    body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
+    records = {k: m.state_dict() for k, m in e.models.items()}
+    body = _record(_snapshot_bytes(e, models=records))
     for cut in (len(body) // 2, len(body) - 1):  # truncated inside a model record, and in the tail
         with pytest.raises(SnapshotError, match="does not decode"):
-            unpack_snapshot(_snapshot_bytes(e, body[:cut]))
+            unpack_snapshot(_snapshot_bytes(e, body[:cut], models=records))
     with pytest.raises(SnapshotError, match="does not decode"):
-        unpack_snapshot(_snapshot_bytes(e, body + b"\x00"))
+        unpack_snapshot(_snapshot_bytes(e, body + b"\x00", models=records))
+    body = _record(_snapshot_bytes(e))  # the models in a block
+    for cut in (len(body) // 2, len(body) - 1):
+        with pytest.raises(SnapshotError, match="does not decode"):
+            unpack_snapshot(_snapshot_bytes(e, body[:cut]))
 
 
 def test_decode_error_details_are_the_same_in_every_process():
@@ -316,8 +335,9 @@ def test_the_hand_written_snapshot_body_is_fastavros_byte_for_byte():
         head = {"partition": 1, "created_ms": 2, "contexts_offset": 3, "rewards_offset": 4, "actions_offset": 5,
                 "joined_offset": 6, "dead_letter_offset": 7}
         data = pack_snapshot(head | {"engine": s})
-        body = zlib.decompress(data[8:]) if data[3] & 1 else data[8:]
+        body = _record(data)
         assert struct.unpack("<I", data[4:8])[0] == zlib.crc32(data[8:])
+        assert len(data) == -(-(16 + struct.unpack("<Q", data[8:16])[0]) // 8) * 8  # no blocks, no buffers
         buf = io.BytesIO()
         pending = [{**{k: v for k, v in p.items() if k != "features"}, "features": codec.features_to_bytes(p["features"])}
                    for p in s["pending"]]

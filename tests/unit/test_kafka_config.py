@@ -27,3 +27,13 @@ def test_exactly_once_settings_are_forced():
 def test_an_unknown_sub_table_is_an_error():
     with pytest.raises(ValueError, match=r"sub-table\(s\) admin unknown"):
         consumer_settings("b:9092", "g", {"admin": {"x": 1}})
+
+
+def test_static_membership_uses_the_workers_own_instance_id():
+    assert "group.instance.id" not in consumer_settings("b:9092", "g", USER)
+    assert consumer_settings("b:9092", "g", USER, static_instance="g-w1")["group.instance.id"] == "g-w1"
+    # Not from the shared file: every process of the group would claim the same member id.
+    with pytest.raises(ValueError, match="static_membership"):
+        consumer_settings("b:9092", "g", {"consumer": {"group.instance.id": "x"}})
+    with pytest.raises(ValueError, match="static_membership"):
+        consumer_settings("b:9092", "g", {"group.instance.id": "x"})
