@@ -10,7 +10,8 @@ increment), then packed (Avro, zlib) and written by the writer's thread; or, for
 loop goes on. This measures both ways for a base and for increments of 100, 1,000 and 10,000
 changed models: the loop's pause, the time to write, the bytes, and the longest step of a loop
 that keeps deciding and updating meanwhile (one context and its reward per step), against the
-same loop with no snapshot in flight.
+same loop with no snapshot in flight. Last, the chain the forked snapshots left is loaded in a fresh
+process, as a moved partition's next owner loads it.
 """
 
 from __future__ import annotations
@@ -142,7 +143,30 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
                 engine.take_changed()  # the steps' models: not part of the next measured increment
             out["rows"].append(_row(policy, "increment", changed, how, runs))
         writer.close()
+        if how == "fork":  # the chain just written, as the next owner of the partition loads it
+            runs = [json.loads(subprocess.run([sys.executable, "-m", "bench.snapshots", "--restore", policy, tmp],
+                                              stdout=subprocess.PIPE, text=True, check=True).stdout.strip().splitlines()[-1])
+                    for _ in range(repeats)]
+            out["restore"] = {k: harness.median([r[k] for r in runs]) for k in runs[0]}
+            print(f"{policy}: restore {out['restore']}", file=sys.stderr, flush=True)
     return out
+
+
+def restore_case(policy: str, directory: str) -> dict:
+    """In a fresh process, as a partition's next owner: the newest chain of ``directory`` read,
+    checked, unpacked and composed (``usable_snapshots``), then ``PartitionEngine.restore``."""
+    from bench.memory import models_config
+    from streambandit.stream.engine import PartitionEngine
+    from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
+
+    config = models_config(policy)
+    t0 = time.perf_counter()
+    snap = next(usable_snapshots(DirectoryStore(directory), 0))
+    t1 = time.perf_counter()
+    engine = PartitionEngine.restore(config, snap["engine"])
+    t2 = time.perf_counter()
+    return {"load_ms": (t1 - t0) * 1000, "restore_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000,
+            "models": len(engine.models), "increments": snap["seq"]}
 
 
 def measure(a: argparse.Namespace) -> dict:
@@ -184,10 +208,28 @@ def render(res: dict) -> str:
     lines += ["", "An increment's bytes follow the models changed, not the models held. Copied on the loop, a "
               "snapshot's pause grows with the models in it; forked, with the worker's memory (page tables), "
               "whatever the snapshot holds.", ""]
+    restored = [p for p in res["cases"] if "restore" in p]
+    if restored:
+        lines += ["## Loading the partition elsewhere", "",
+                  "The chain the `fork` case left (its last base and the increments on it), loaded in a fresh "
+                  "process as the partition's next owner loads it: *load* reads the files, checks them and "
+                  "composes the chain (`usable_snapshots`), *restore* builds the engine "
+                  "(`PartitionEngine.restore`). The joined records written after the chain are re-applied after "
+                  "this (bench/results/recovery.md). Medians of as many loads as snapshots above.", "",
+                  "| policy | models | increments on the base | load, ms | restore, ms | total, ms |",
+                  "|---|---:|---:|---:|---:|---:|"]
+        for p in restored:
+            r = p["restore"]
+            lines.append(f"| {p['policy']} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
+                         f"{r['restore_ms']:,.0f} | {r['total_ms']:,.0f} |")
+        lines.append("")
     return "\n".join(lines)
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--restore"]:
+        print(json.dumps(restore_case(*sys.argv[2:4])))
+        raise SystemExit(0)
     if sys.argv[1:2] == ["--child"]:
         policy, how, n, repeats = sys.argv[2:6]
         print(json.dumps(one_case(policy, how, int(n), int(repeats))))
