@@ -30,7 +30,7 @@ import signal
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Iterator
 
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.wire import pack_snapshot
@@ -55,9 +55,14 @@ class LockedReads:
     def __init__(self, store: SnapshotStore, lock: threading.Lock) -> None:
         self._store, self._lock = store, lock
 
-    def candidates(self, partition: int) -> list[bytes]:
-        with self._lock:
-            return self._store.candidates(partition)
+    def candidates(self, partition: int) -> Iterator[bytes]:
+        it = iter(self._store.candidates(partition))
+        while True:  # the lock for each read, not while the caller unpacks what it read
+            with self._lock:
+                data = next(it, None)
+            if data is None:
+                return
+            yield data
 
     def increments(self, partition: int, chain: int) -> list[bytes]:
         with self._lock:

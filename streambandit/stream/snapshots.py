@@ -26,7 +26,7 @@ import re
 import struct
 import zlib
 from pathlib import Path
-from typing import Any, Iterator, Protocol
+from typing import Any, Iterable, Iterator, Protocol
 from urllib.parse import quote
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -55,8 +55,9 @@ class SnapshotStore(Protocol):
         """Store a base snapshot of ``partition``; the store keeps it and the one before it,
         with the increments of both, and may drop older ones."""
         ...
-    def candidates(self, partition: int) -> list[bytes]:
-        """Stored base snapshots of a partition, newest first."""
+    def candidates(self, partition: int) -> Iterable[bytes]:
+        """Stored base snapshots of a partition, newest first. A store may read each only when
+        it is asked for the next (a recovery stops at the first usable one)."""
         ...
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         """Store increment ``seq`` of ``chain`` (the base it continues)."""
@@ -118,13 +119,15 @@ class DirectoryStore:
         d = self._increment_dir(partition)
         return [f.read_bytes() for f in sorted(d.glob(f"{chain}-*")) if not f.name.endswith(".tmp")] if d.exists() else []
 
-    def candidates(self, partition: int) -> list[bytes]:
-        out = []
+    def candidates(self, partition: int) -> Iterator[bytes]:
+        # One at a time: a base can be hundreds of MB, and the previous one is read only when
+        # the newest is unusable.
         for suffix in ("snap", "prev"):
             f = self._file(partition, suffix)
-            if f.exists():
-                out.append(f.read_bytes())
-        return out
+            try:
+                yield f.read_bytes()
+            except FileNotFoundError:
+                continue
 
 
 def _write_atomically(tmp: Path, path: Path, data: bytes, keep: Path | None = None) -> None:
