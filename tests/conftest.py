@@ -6,7 +6,21 @@ multi-threaded BLAS also makes the many small eigh/solve calls of the learners ~
 Set before any test module imports numpy.
 """
 
+import faulthandler
 import os
+
+import pytest
 
 for _var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+
+# A test that hangs ends the run with every thread's stack instead of holding CI until its own
+# limit: the longest test (tests/integration/test_restarts.py, twenty stops) takes a few minutes.
+HANG_LIMIT_S = 600
+
+
+@pytest.fixture(autouse=True)
+def _hang_guard():
+    faulthandler.dump_traceback_later(HANG_LIMIT_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()

@@ -107,6 +107,9 @@ class Worker:
         open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
         self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka), open_timeout_s)
         self._stopping = False
+        # The group's name for this member, read in the loop's own thread at each assignment: the
+        # consumer is not called from another thread while the loop polls it.
+        self.member_id = ""
         self._stalls = StallWatch(c.stall_report_s)
         self._next_stall_check = 0.0
 
@@ -363,6 +366,7 @@ class Worker:
     # -- rebalance -----------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        self.member_id = consumer.memberid() or ""
         for p in sorted({tp.partition for tp in tps}):
             if p not in self.partitions:
                 started = time.monotonic()
