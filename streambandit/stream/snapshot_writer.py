@@ -26,6 +26,7 @@ import gc
 import logging
 import os
 import queue
+import select
 import signal
 import sys
 import threading
@@ -44,6 +45,9 @@ _PR_SET_PDEATHSIG = 1
 # Looked up here, not in the child: loading a library takes the loader's lock, which another
 # thread may hold at the fork.
 _prctl = ctypes.CDLL(None, use_errno=True).prctl if CAN_FORK else None
+
+# Far above a base of a million models (bench.snapshots: seconds per 100,000), far below forever.
+CHILD_LIMIT_S = 600.0
 
 log = logging.getLogger("streambandit")
 
@@ -178,11 +182,24 @@ class ChildFailed(RuntimeError):
     """A forked snapshot child exited without storing its snapshot."""
 
 
-def _wait_for_child(pid: int, read_end: int) -> tuple[int, int, int]:
-    """The child's report (bytes, models, pending) once it exited, or ChildFailed with its error."""
+def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None) -> tuple[int, int, int]:
+    """The child's report (bytes, models, pending) once it exited, or ChildFailed with its error.
+    A child still running after ``limit_s`` is killed and failed: a child stuck on a lock some
+    thread held at the fork must not keep its partition busy, and the worker's stop, for good."""
+    limit_s = CHILD_LIMIT_S if limit_s is None else limit_s
+    deadline = time.monotonic() + limit_s
     chunks = []
+    poller = select.poll()
+    poller.register(read_end, select.POLLIN | select.POLLHUP)
     try:
-        while chunk := os.read(read_end, 65536):
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not poller.poll(left * 1000):
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                raise ChildFailed(f"snapshot child killed: not done within {limit_s:.0f} s")
+            if not (chunk := os.read(read_end, 65536)):
+                break
             chunks.append(chunk)
     finally:
         os.close(read_end)

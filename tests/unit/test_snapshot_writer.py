@@ -12,7 +12,7 @@ import time
 import pytest
 
 from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
+from streambandit.stream.snapshot_writer import CAN_FORK, ChildFailed, SnapshotWriter, _wait_for_child
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.wire import pack_snapshot
 from tests.unit.test_chains import CONFIG, KEYS, Stream
@@ -145,3 +145,28 @@ def test_the_child_dies_with_its_parent_and_writes_nothing_after(tmp_path):
     finally:
         parent.kill()
         parent.wait()
+
+
+def test_a_child_that_never_finishes_is_killed_and_failed_at_the_limit():
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # stuck, as on a lock held at the fork, with the pipe still open
+        time.sleep(60)
+        os._exit(0)
+    os.close(write_end)
+    started = time.monotonic()
+    with pytest.raises(ChildFailed, match="not done within 1 s"):
+        _wait_for_child(pid, read_end, limit_s=1.0)
+    assert time.monotonic() - started < 10
+    with pytest.raises(ChildProcessError):  # killed and reaped: no zombie left
+        os.waitpid(pid, os.WNOHANG)
+
+
+def test_a_childs_report_is_read_to_its_end():
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, b"ok 123 4 5")
+        os._exit(0)
+    os.close(write_end)
+    assert _wait_for_child(pid, read_end, limit_s=30.0) == (123, 4, 5)
