@@ -444,10 +444,11 @@ def render(res: dict) -> str:
     if any("restore" in c for c in res["cases"].values()):
         lines += [
             "",
-            "`unpack_snapshot` decodes the model records one at a time as the restore asks for them "
-            "(`wire.snapshot.SnapshotModels`), so each record's garbage is reused by the next instead of the "
-            "whole decoded snapshot being resident at once; what a restored engine holds beyond the live one is "
-            "mostly free memory the allocator keeps from the decoding (compare the malloc_trim column).",
+            "The compiled learners' models are restored from the snapshot's state blocks, a column at a time "
+            "into the rows (`policies/state_blocks.py`); other learners' model records are decoded one at a "
+            "time as the restore asks for them (`wire.snapshot.SnapshotModels`). What a restored engine holds "
+            "beyond the live one is mostly free memory the allocator keeps from the restore (compare the "
+            "malloc_trim column).",
         ]
     lines += [
         "",
@@ -506,9 +507,8 @@ def render(res: dict) -> str:
             f"## A snapshot of the partition with {n:,} models",
             "",
             "The engine case's partition packed as `Worker._snapshot` packs it (`engine.snapshot()` then "
-            "`pack_snapshot`: Avro, zlib), and the restore case's unpack + `PartitionEngine.restore`. The worker "
-            "takes a snapshot inside its loop (after a commit, every `snapshot_every_updates` updates or "
-            "`snapshot_interval_s`), so the pack time is a pause of every decision of the partition's worker.",
+            "`pack_snapshot`), and the restore case's unpack + `PartitionEngine.restore`. Where the worker "
+            "takes it (on the loop, or in a forked child) and the loop's pause: `python -m bench.snapshots`.",
             "",
             "| policy | snapshot MB | pack s | us per model | unpack + restore s |",
             "|---|---:|---:|---:|---:|",
