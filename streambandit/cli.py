@@ -55,16 +55,26 @@ def _cmd_simulate_ads(args: argparse.Namespace) -> int:
 
 def _cmd_serve(args: argparse.Namespace) -> int:
     """A worker in a consumer group, until SIGTERM/SIGINT (then it snapshots and leaves cleanly)."""
+    import dataclasses
     import logging
     import signal
 
+    from streambandit.log_format import configure_logging
     from streambandit.stream.app_config import load_worker_config
+    from streambandit.stream.kafka_checks import check_client_settings, wait_for_brokers
     from streambandit.stream.snapshots import DirectoryStore, SnapshotStore, SnapshotStoreError, TopicStore
     from streambandit.stream.worker import Worker
 
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    if args.metrics_port is not None:
+        config = dataclasses.replace(config, metrics_port=args.metrics_port)
+    check_client_settings(config, source=f"{args.config} [kafka]")
+    if args.check_config:
+        models = ", ".join(f"{m.match} ({m.policy}, d={m.dim})" for m in config.models.specs)
+        print(f"{args.config}: valid. group {config.group_id}, topics {', '.join(config.topics.all())}, models {models}")
+        return 0
+    wait_for_brokers(config)  # one error line if none answers, before any store or worker process starts
     instance = args.instance_id or socket.gethostname()
     processes = args.processes if args.processes is not None else len(os.sched_getaffinity(0))
     # A command-line choice replaces the file's, whichever kind of store either names.
@@ -108,10 +118,12 @@ def _supervise(args: argparse.Namespace, instance: str, processes: int) -> int:
         raise ValueError(f"--processes must be >= 1, got {processes}")
     same = [a for name, value in (("--config", args.config), ("--bootstrap-servers", args.bootstrap_servers),
                                   ("--snapshot-topic", args.snapshot_topic), ("--snapshot-dir", args.snapshot_dir))
-            if value for a in (name, str(value))] + (["-v"] if args.verbose else [])
+            if value for a in (name, str(value))] + (["-v"] if args.verbose else []) + ["--log-format", args.log_format]
 
     def command(i: int) -> list[str]:
-        return [sys.executable, "-m", "streambandit", "serve", *same, "--processes", "1", "--instance-id", f"{instance}-{i}"]
+        port = [] if args.metrics_port is None else ["--metrics-port", str(args.metrics_port + i if args.metrics_port else 0)]
+        return [sys.executable, "-m", "streambandit", "serve", *same, *port, "--processes", "1", "--instance-id",
+                f"{instance}-{i}"]
 
     supervisor = Supervisor(command, processes)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -282,7 +294,10 @@ def _bench(rest: list[str]) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from streambandit import __version__
+
     parser = argparse.ArgumentParser(prog="streambandit", description="Streaming contextual bandits on Kafka.")
+    parser.add_argument("--version", action="version", version=f"streambandit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     sim = sub.add_parser("simulate-ads", help="in-process ad simulation with live click-through figures")
@@ -312,7 +327,14 @@ def build_parser() -> argparse.ArgumentParser:
                             "restarted when one fails (default: the CPUs this process may use; 1 runs the worker "
                             "in this process)")
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    serve.add_argument("-v", "--verbose", action="store_true")
+    serve.add_argument("--metrics-port", type=int, default=None,
+                       help="serve /metrics, /healthz and /ready on this port (overrides [worker] metrics_port; with "
+                            "--processes N, child i uses this port + i)")
+    serve.add_argument("--log-format", choices=("text", "json"), default="text",
+                       help="log lines on stderr as text (default) or JSON objects, one per line (containers)")
+    serve.add_argument("--check-config", action="store_true",
+                       help="validate the configuration (TOML, models, librdkafka settings) and exit")
+    serve.add_argument("-v", "--verbose", action="store_true", help="DEBUG log lines (the default is INFO)")
     serve.set_defaults(func=_cmd_serve)
 
     demo = sub.add_parser("demo", help="the main job: embedded broker, simulated ad server and a worker, live figures")

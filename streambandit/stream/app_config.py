@@ -50,6 +50,7 @@ class SnapshotSettings:
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
 
 
+_TABLES = {"kafka", "worker", "topics", "models"}
 _SNAPSHOT_KEYS = {"snapshot_topic": "topic", "snapshot_dir": "dir", "snapshot_max_chunk_bytes": "max_chunk_bytes"}
 _WORKER_KEYS = {f.name for f in dataclasses.fields(WorkerConfig)} - {"bootstrap_servers", "models", "topics", "kafka"}
 
@@ -68,6 +69,10 @@ def load_worker_config(path: str | Path, *, bootstrap_servers: str | None = None
 
 def parse_worker_config(raw: dict[str, Any], *, source: str = "<config>",
                         bootstrap_servers: str | None = None) -> tuple[WorkerConfig, SnapshotSettings]:
+    unknown_tables = sorted(set(raw) - _TABLES)
+    if unknown_tables:
+        raise ValueError(f"{source}: unknown table(s) or key(s) at the top level: {', '.join(unknown_tables)}; "
+                         f"known: {', '.join(sorted(_TABLES))}")
     kafka = dict(raw.get("kafka", {}))
     bootstrap = bootstrap_servers or kafka.pop("bootstrap.servers", None)
     kafka.pop("bootstrap.servers", None)

@@ -64,6 +64,18 @@ class PartitionState:
         return self.next_offset == self.committed_offset
 
 
+@dataclasses.dataclass
+class BatchTimes:
+    """Event times of a batch's outputs, for the histograms the worker fills after its commit."""
+
+    decided_ms: list[int] = dataclasses.field(default_factory=list)  # each action's decision time
+    reward_delays_ms: list[int] = dataclasses.field(default_factory=list)  # reward time - decision time
+
+    def clear(self) -> None:
+        self.decided_ms.clear()
+        self.reward_delays_ms.clear()
+
+
 class _Outputs:
     """A batch's outputs not yet handed over: actions and joined records as records (encoded
     together by ``take``), the rest (dead letters, ticks) already encoded."""
@@ -74,16 +86,21 @@ class _Outputs:
         self.joined: list[tuple[int, Joined]] = []
         self.others: list[Output] = []
 
-    def take(self, metrics: collections.Counter) -> list[Output]:
-        """Everything held, encoded, as (topic, partition, key, value); empties the buffer."""
+    def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
+        """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
+        event times of what it holds go to ``seen`` (the worker's latency histograms)."""
         t, actions, joined = self.topics, self.actions, self.joined
         out = self.others
         if actions:
             out += [(t.actions, p, a.model_key.encode(), v)
                     for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))]
+            seen.decided_ms += [a.decision_timestamp_ms for _, a in actions]
         if joined:
             out += [(t.joined, p, j.model_key.encode(), v)
                     for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))]
+            observed = [j.join_timestamp_ms - j.decision_timestamp_ms for _, j in joined if j.reward_observed]
+            seen.reward_delays_ms += observed
+            metrics["default_rewards"] += len(joined) - len(observed)
         metrics["actions"] += len(actions)
         metrics["joined"] += len(joined)
         self.actions, self.joined, self.others = [], [], []
@@ -96,6 +113,7 @@ class BatchProcessor:
     def __init__(self, config: WorkerConfig, metrics: collections.Counter) -> None:
         self.config = config
         self.metrics = metrics
+        self.times = BatchTimes()  # the worker empties it after each batch
         t = config.topics
         self.source_of = {t.contexts: CONTEXTS, t.rewards: REWARDS}
         self.partitions: dict[int, PartitionState] = {}
@@ -202,12 +220,12 @@ class BatchProcessor:
                 next_offset[src] = offset + 1
                 n += 1
                 if n % EMIT_EVERY == 0:
-                    emit(out_buf.take(self.metrics))
+                    emit(out_buf.take(self.metrics, self.times))
                     actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             self.metrics["records_in"] += n
             released += n
             out_buf.others += self._maybe_tick(p, part, now)
-        emit(out_buf.take(self.metrics))
+        emit(out_buf.take(self.metrics, self.times))
         return released
 
     def _other(self, part: PartitionState, ev: Any, ref: InputRef) -> list[Action | Joined | Rejected]:

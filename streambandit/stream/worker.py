@@ -24,11 +24,13 @@ import uuid
 import weakref
 from typing import Any
 
+import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.stream.errors import WorkerError
+from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
 from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import LogReader
 from streambandit.stream.merge import CONTEXTS, REWARDS
@@ -36,6 +38,7 @@ from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
+from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
 from streambandit.stream.worker_config import Topics, WorkerConfig, snapshot_due
 
@@ -84,6 +87,7 @@ class Worker:
     """
 
     def __init__(self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None) -> None:
+        check_client_settings(config)  # a bad librdkafka key or value: an error naming it, before any client
         self.config = config
         # Only this group's snapshots: another group on the same topics and store has other models.
         self.store = store.scoped(config.group_id)
@@ -97,49 +101,146 @@ class Worker:
         # The transactional id: stable for a stable instance id, so that a restarted instance
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
+        quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
         self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka,
-                                                   self.transactional_id if c.static_membership else None))
+                                                   self.transactional_id if c.static_membership else None) | quiet)
         delivery_errors: list = []
-        producer = Producer(producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
+        producer = Producer(producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka) | quiet
                             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)})
         self.transaction = Transaction(producer, delivery_errors, self.transactional_id)
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
-        self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka), open_timeout_s)
+        self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka) | quiet, open_timeout_s)
         self._stopping = False
         # The group's name for this member, read in the loop's own thread at each assignment: the
         # consumer is not called from another thread while the loop polls it.
         self.member_id = ""
+        # What an operator sees (stream/telemetry.py). The loop writes these; the HTTP thread
+        # reads the published Status and the two plain attributes below, nothing else.
+        self.histograms = {name: Histogram(bounds) for name, bounds in BUCKETS.items()}
+        self.status: Status | None = None
+        self.last_progress = time.monotonic()
+        self.recovering = False
+        self.started = False
+        self._next_publish = self._next_summary = 0.0
+        self._summary_base: collections.Counter[str] = collections.Counter()
+        self._summary_at = time.monotonic()
+        self.telemetry: TelemetryServer | None = None
+        if c.metrics_port is not None:
+            self.telemetry = TelemetryServer(c.metrics_host, c.metrics_port, lambda: self.status, self.health,
+                                             self.ready)
         self._stalls = StallWatch(c.stall_report_s)
         self._next_stall_check = 0.0
 
     # -- lifecycle -----------------------------------------------------------------------------
 
     def run(self, max_seconds: float | None = None) -> None:
-        self.start()
-        freeze_long_lived()
-        deadline = None if max_seconds is None else time.monotonic() + max_seconds
         try:
+            self.start()
+            freeze_long_lived()
+            deadline = None if max_seconds is None else time.monotonic() + max_seconds
             while not self._stopping and (deadline is None or time.monotonic() < deadline):
                 self.step()
                 self._check_stalls()
+                self._report()
         finally:
             self.close()
+
+    # -- what an operator sees -----------------------------------------------------------------
+
+    def health(self) -> tuple[bool, str]:
+        """Liveness: the loop (or a recovery) made progress within ``health_timeout_s``."""
+        quiet = time.monotonic() - self.last_progress
+        if quiet > self.config.health_timeout_s:
+            return False, f"stuck: no progress for {quiet:.0f} s (health_timeout_s {self.config.health_timeout_s:g})"
+        return True, "recovering" if self.recovering else "ok"
+
+    def ready(self) -> tuple[bool, str]:
+        """Readiness: partitions assigned and recovered, the loop serving them."""
+        if not self.started:
+            return False, "starting: joining the group"
+        if self._stopping:
+            return False, "stopping"
+        if self.recovering:
+            return False, "recovering partitions"
+        if not self.partitions:
+            return False, "no partitions assigned"
+        return True, f"serving {len(self.partitions)} partition(s)"
+
+    def _report(self, force: bool = False) -> None:
+        """Publish a Status for the metrics endpoint (about once a second) and log the periodic
+        summary line. Broker queries here are the consumer's cached watermarks only."""
+        now = time.monotonic()
+        self.last_progress = now
+        if force or now >= self._next_publish:
+            self._next_publish = now + 1.0
+            self.status = self._status(now)
+        every = self.config.log_summary_s
+        if every and now >= self._next_summary:
+            if self._next_summary:
+                self._log_summary(now)
+            self._next_summary = now + every
+
+    def _status(self, now: float) -> Status:
+        from streambandit import __version__
+
+        lag = []
+        topic_of = self.batch.topic_of
+        for p, part in list(self.partitions.items()):
+            for src in (CONTEXTS, REWARDS):
+                tp = TopicPartition(topic_of(src), p)
+                try:
+                    _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
+                except Exception:  # noqa: BLE001 (no cached figure yet: left out of this Status)
+                    continue
+                if hi >= 0:
+                    lag.append((tp.topic, p, max(hi - part.next_offset[src], 0)))
+        parts = list(self.partitions.items())
+        return Status(counters=dict(self.metrics), histograms={k: h.frozen() for k, h in self.histograms.items()},
+                      assigned=tuple(sorted(p for p, _ in parts)),
+                      models=sum(len(part.engine.models) for _, part in parts),
+                      open_decisions=sum(len(part.engine.pending) for _, part in parts), lag=tuple(lag),
+                      snapshot_age_s=tuple((p, now - part.snapshot_wall) for p, part in parts),
+                      info={"version": __version__, "group": self.config.group_id, "instance": self.instance_id})
+
+    def _log_summary(self, now: float) -> None:
+        m, base = self.metrics, self._summary_base
+        took = max(now - self._summary_at, 1e-9)
+        dead = sum(v for k, v in m.items() if k.startswith("dead_letter.")) - base["dead_letters"]
+        lag = sum(n for _, _, n in self.status.lag) if self.status else 0
+        log.info("summary partitions=%d records/s=%.0f decisions/s=%.0f joined/s=%.0f open_decisions=%d lag=%d "
+                 "dead_letters=%d aborts=%d", len(self.partitions), (m["records_in"] - base["records_in"]) / took,
+                 (m["actions"] - base["actions"]) / took, (m["joined"] - base["joined"]) / took,
+                 sum(len(part.engine.pending) for part in self.partitions.values()), lag, dead,
+                 m["transaction_aborts"] - base["transaction_aborts"])
+        self._summary_base = collections.Counter({k: m[k] for k in ("records_in", "actions", "joined",
+                                                                    "transaction_aborts")})
+        self._summary_base["dead_letters"] = dead + base["dead_letters"]
+        self._summary_at = now
 
     def start(self) -> None:
         """Check the topics, open the transactional producer and join the group: what ``run`` does
         before its loop (a caller driving ``step`` itself calls this first)."""
+        wait_for_brokers(self.config)
         self._check_topics()
         self.transaction.producer.init_transactions(30)
         self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
                                 on_revoke=_weakly(self._on_revoke), on_lost=_weakly(self._on_revoke))
-        log.info("worker started group=%s instance=%s transactional_id=%s contexts=%s rewards=%s", self.config.group_id,
-                 self.instance_id, self.transactional_id, self.config.topics.contexts, self.config.topics.rewards)
+        from streambandit import __version__
+
+        c, t = self.config, self.config.topics
+        self.started = True
+        log.info("worker started version=%s group=%s instance=%s transactional_id=%s brokers=%s contexts=%s rewards=%s "
+                 "actions=%s joined=%s dead_letter=%s models=%s metrics=%s", __version__, c.group_id, self.instance_id,
+                 self.transactional_id, c.bootstrap_servers, t.contexts, t.rewards, t.actions, t.joined, t.dead_letter,
+                 ",".join(f"{m.match}:{m.policy}/d={m.dim}" for m in c.models.specs),
+                 f"{c.metrics_host}:{self.telemetry.port}" if self.telemetry is not None else "off")
 
     def stop(self) -> None:
         self._stopping = True
 
     def close(self) -> None:
+        self._stopping = True
         for p in list(self.partitions):
             self._snapshot_if_settled(p, "stop", final=True)
         self.partitions.clear()
@@ -149,6 +250,8 @@ class Worker:
         finally:
             self.reader.close()
             self.transaction.producer.flush(10)
+            if self.telemetry is not None:
+                self.telemetry.close()
 
     def _check_topics(self) -> None:
         md = self.consumer.list_topics(timeout=10)
@@ -166,6 +269,7 @@ class Worker:
         """Poll, process and commit one batch (transaction.py has the argument); returns the
         number of input records taken."""
         msgs = self._poll_batch()
+        started = time.monotonic()
         records = []
         for msg in msgs:
             if msg.error():
@@ -186,14 +290,26 @@ class Worker:
                 # behind the worker's. Until then a restart reads these records again.
                 return len(msgs)
             offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
+            committing = time.monotonic()
             self.transaction.commit(offsets, self.consumer.consumer_group_metadata())
         except TransactionFailed as failure:
+            self.metrics["transaction_aborts"] += 1
+            self.batch.times.clear()
             self.transaction.abort(failure)  # raises when the producer cannot go on
             self._rebuild_all()
             return len(msgs)
         for part in self.partitions.values():
             part.committed_offset = dict(part.next_offset)
         self.metrics["transactions"] += 1
+        done = time.monotonic()
+        h, times = self.histograms, self.batch.times
+        h["commit"].observe([done - committing])
+        h["batch"].observe([done - started])
+        if times.decided_ms:  # event time to the commit that made the action readable
+            h["decision_latency"].observe((now_ms() - np.asarray(times.decided_ms, dtype=np.float64)) / 1000)
+        if times.reward_delays_ms:
+            h["reward_delay"].observe(np.asarray(times.reward_delays_ms, dtype=np.float64) / 1000)
+        times.clear()
         self._maybe_snapshot()
         return len(msgs)
 
@@ -289,8 +405,13 @@ class Worker:
         back at the committed offsets, so the aborted batch is read again."""
         assigned = list(self.partitions)
         self.partitions.clear()
-        for p in assigned:
-            self.partitions[p] = self._recover(p)
+        self.recovering = True
+        try:
+            for p in assigned:
+                self.partitions[p] = self._recover(p)
+                self.last_progress = time.monotonic()
+        finally:
+            self.recovering = False
         topic_of = self.batch.topic_of
         committed = self.consumer.committed([TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)], 30)
         for tp in committed:
@@ -367,21 +488,35 @@ class Worker:
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         self.member_id = consumer.memberid() or ""
-        for p in sorted({tp.partition for tp in tps}):
-            if p not in self.partitions:
+        self.metrics["assigns"] += 1
+        new = sorted({tp.partition for tp in tps} - set(self.partitions))
+        log.info("rebalance: assigned partitions=%s new=%s member=%s", sorted({tp.partition for tp in tps}), new,
+                 self.member_id)
+        self.recovering = True
+        try:
+            for p in new:
                 started = time.monotonic()
                 self.partitions[p] = part = self._recover(p)
                 # Persist what recovery rebuilt (the models the log replay changed, or a base when
                 # no chain was usable): the next recovery replays less log.
                 if part.chain is None or part.engine.changed:
                     self._snapshot(p)
-                self.metrics["recovery_ms"] = int((time.monotonic() - started) * 1000)
+                took = time.monotonic() - started
+                self.metrics["recovery_ms"] = int(took * 1000)
+                self.histograms["recovery"].observe([took])
+                self.last_progress = time.monotonic()
                 freeze_long_lived()
-                log.info("partition assigned partition=%d recovered_in_ms=%d", p, self.metrics["recovery_ms"])
+                log.info("partition assigned partition=%d recovered_in_ms=%d models=%d open_decisions=%d", p,
+                         self.metrics["recovery_ms"], len(part.engine.models), len(part.engine.pending))
+        finally:
+            self.recovering = False
+        self._report(force=True)
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Records fetched but not processed are dropped: their offsets were not committed, so the
         # next owner reads them again. What did commit is snapshotted for a fast handoff.
+        self.metrics["revokes"] += 1
+        log.info("rebalance: revoked partitions=%s", sorted({tp.partition for tp in tps}))
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
                 self._snapshot_if_settled(p, "revoked", final=True)

@@ -74,6 +74,18 @@ class WorkerConfig:
     # back without a rebalance, and one that stops does not give them up until then. The embedded
     # broker rebalances only after that timeout even on a restart (docs/notes/tansu.md).
     static_membership: bool = False
+    # The operator's view (stream/telemetry.py): /metrics, /healthz and /ready on this port
+    # (None: no endpoint; 0: any free port). /healthz fails when the loop made no progress for
+    # health_timeout_s: a poll returns within poll_timeout_ms and a recovery reports each
+    # partition, so only a stuck loop is that late.
+    metrics_port: int | None = None
+    metrics_host: str = "0.0.0.0"
+    health_timeout_s: float = 60.0
+    # A one-line summary of the worker's rates, lag and dead letters at INFO this often (0: never).
+    log_summary_s: float = 60.0
+    # How long the worker waits for a broker of bootstrap.servers to answer at start-up before it
+    # stops with one error line (a supervisor or Kubernetes restarts it, with their back-off).
+    broker_wait_s: float = 30.0
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
 
     def __post_init__(self) -> None:
@@ -81,6 +93,13 @@ class WorkerConfig:
             raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
         if self.snapshot_base_every < 0:
             raise ValueError(f"snapshot_base_every must be >= 0, got {self.snapshot_base_every!r}")
+        if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
+            raise ValueError(f"metrics_port must be a TCP port (0-65535), got {self.metrics_port!r}")
+        for name in ("health_timeout_s", "broker_wait_s"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.log_summary_s >= 0:
+            raise ValueError(f"log_summary_s must be >= 0 (0: no summary), got {self.log_summary_s!r}")
         if self.snapshot_fork_models < 0:
             raise ValueError(f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}")
 

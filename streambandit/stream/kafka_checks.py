@@ -1,0 +1,119 @@
+"""What is checked before the worker's Kafka clients start, and how librdkafka's own log lines
+reach the operator.
+
+- ``check_client_settings``: every client the worker makes is built once with its settings and
+  no broker address, so librdkafka itself judges every key and value (an unknown key, a bad
+  value) without connecting; the error names the key.
+- ``wait_for_brokers``: a metadata request, retried for ``broker_wait_s``; a cluster that does
+  not answer is one error line saying what, which setting and what to do, not a traceback after
+  hundreds of librdkafka lines.
+- ``kafka_logger``: librdkafka's lines through Python logging (``logger`` client setting), each
+  kind of line at most once a minute with a count of those held back: a broker that is down is
+  otherwise one line per client and reconnect back-off.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient
+
+from streambandit.stream.errors import WorkerError
+from streambandit.stream.kafka_config import consumer_settings, for_client, producer_settings, reader_settings
+from streambandit.stream.worker_config import WorkerConfig
+
+__all__ = ["check_client_settings", "wait_for_brokers", "kafka_logger", "RepeatFilter"]
+
+_SETTINGS_DOC = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
+
+
+class RepeatFilter(logging.Filter):
+    """Passes a kind of line (its text with numbers and client names blanked) at most once per
+    ``every_s``; the next one that passes says how many were held back."""
+
+    def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic) -> None:
+        super().__init__()
+        self.every_s, self._clock = every_s, clock
+        self._seen: dict[str, list[float]] = {}  # kind -> [last passed at, held back since]
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        kind = re.sub(r"#\w+-\d+|\d+", "#", record.getMessage())
+        now = self._clock()
+        seen = self._seen.get(kind)
+        if seen is not None and now - seen[0] < self.every_s:
+            seen[1] += 1
+            return False
+        if len(self._seen) > 1000:  # bounded, whatever the broker says
+            self._seen.clear()
+        held = 0 if seen is None else int(seen[1])
+        self._seen[kind] = [now, 0]
+        if held:
+            record.msg = f"{record.getMessage()} ({held} like it held back)"
+            record.args = ()
+        return True
+
+
+def kafka_logger() -> logging.Logger:
+    """The logger librdkafka's lines go to (``streambandit.kafka``), repeats held back."""
+    logger = logging.getLogger("streambandit.kafka")
+    if not any(isinstance(f, RepeatFilter) for f in logger.filters):
+        logger.addFilter(RepeatFilter())
+    return logger
+
+
+def _silent() -> logging.Logger:
+    logger = logging.getLogger("streambandit.kafka.check")
+    logger.propagate = False
+    logger.disabled = True
+    return logger
+
+
+def _kafka_message(exc: BaseException) -> str:
+    err = exc.args[0] if exc.args else exc
+    return err.str() if hasattr(err, "str") else str(err)
+
+
+def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None:
+    """Build each of the worker's clients with its settings and no broker: librdkafka refuses an
+    unknown key or a bad value here (ValueError naming it), before anything connects."""
+    c = config
+    clients = (("consumer", Consumer, consumer_settings(c.bootstrap_servers, c.group_id, c.kafka)),
+               ("producer", Producer, producer_settings(c.bootstrap_servers, "streambandit-check", c.kafka)),
+               ("consumer", Consumer, reader_settings(c.bootstrap_servers, c.kafka)))
+    for kind, make, settings in clients:
+        trial = {k: v for k, v in settings.items() if k != "bootstrap.servers"} | {"logger": _silent()}
+        try:
+            client = make(trial)
+        except (KafkaException, TypeError, ValueError) as exc:
+            raise ValueError(f"{source}: the {kind}'s settings are refused by librdkafka: {_kafka_message(exc)} "
+                             f"(the settings: {_SETTINGS_DOC})") from None
+        if kind == "consumer":
+            client.close()
+        del client
+
+
+def wait_for_brokers(config: WorkerConfig) -> None:
+    """Return once a broker of ``bootstrap.servers`` answers a metadata request; after
+    ``broker_wait_s`` without one, WorkerError with the last connection error."""
+    errors: list[str] = []
+    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers, **for_client("admin", config.kafka),
+                         "logger": _silent(), "error_cb": lambda err: errors.append(err.str())})
+    deadline = time.monotonic() + config.broker_wait_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            admin.list_topics(timeout=max(min(left, 5.0), 0.5))
+            return
+        except KafkaException as exc:
+            admin.poll(0)  # serves error_cb: why the connections failed
+            if time.monotonic() >= deadline:
+                why = errors[-1] if errors else _kafka_message(exc)
+                raise WorkerError(
+                    f"no Kafka broker answered at {config.bootstrap_servers} (bootstrap.servers, --bootstrap-servers) "
+                    f"within {config.broker_wait_s:g} s: {why}. Check the address, that the brokers run and are "
+                    f"reachable from here, and the [kafka] security settings; [worker] broker_wait_s sets the wait"
+                ) from None

@@ -1,0 +1,173 @@
+"""What an operator sees of a worker on the embedded broker: the metrics endpoint scraped while it
+works (every metric present, the counters moving), readiness false while a partition recovers
+and true after, and an unreachable broker or a misspelled librdkafka key as one error line and a
+non-zero exit within a bound."""
+
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from streambandit.models_config import parse_models_config
+from streambandit.stream.snapshots import DirectoryStore
+from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.wire import Context, Reward
+
+from .helpers import producer, send, topics_toml, wait_for
+
+pytestmark = pytest.mark.integration
+
+MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 500, "default_reward": 0.0}]}
+
+# Every metric the issue lists, by its Prometheus family name.
+FAMILIES = {
+    "streambandit_decisions", "streambandit_joined", "streambandit_default_rewards", "streambandit_dead_letters",
+    "streambandit_decision_latency_seconds", "streambandit_batch_seconds", "streambandit_reward_delay_seconds",
+    "streambandit_open_decisions", "streambandit_models", "streambandit_snapshot_last_write_seconds",
+    "streambandit_snapshot_last_bytes", "streambandit_snapshot_age_seconds", "streambandit_recovery_seconds",
+    "streambandit_transactions", "streambandit_commit_seconds", "streambandit_merge_forced",
+    "streambandit_merge_out_of_order", "streambandit_consumer_lag", "streambandit_assigned_partitions",
+    "streambandit_rebalances", "streambandit_records",
+}
+
+
+def get(port, path):
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def scrape(port):
+    status, text = get(port, "/metrics")
+    assert status == 200
+    values = {}
+    families = set()
+    for f in text_string_to_metric_families(text):
+        families.add(f.name)
+        for s in f.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return families, values
+
+
+def feed(prod, topics, start, n, rng):
+    for i in range(start, start + n):
+        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))))
+        if i % 2 == 0:
+            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", 1000 + 10 * i + 20, 1.0))
+    send(prod, topics.contexts, None, key=b"m-0", raw=b"not a record")
+    prod.flush()
+
+
+def start(broker, topics, tmp_path, group, store=None):
+    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
+                       topics=topics, metrics_port=0, metrics_host="127.0.0.1", idle_tick_ms=200, merge_wait_ms=500)
+    w = Worker(cfg, store or DirectoryStore(tmp_path / "snapshots"))
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    return w, t
+
+
+def test_the_metrics_endpoint_shows_every_metric_and_the_counters_move(broker, topics, tmp_path):
+    prod, rng = producer(broker), np.random.default_rng(0)
+    feed(prod, topics, 0, 100, rng)
+    w, t = start(broker, topics, tmp_path, "g-metrics")
+    port = w.telemetry.port
+    try:
+        assert wait_for(lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 100, timeout_s=60)
+        families, first = scrape(port)
+        assert FAMILIES <= families, FAMILIES - families
+        assert get(port, "/healthz")[0] == 200 and get(port, "/ready") == (200, "serving 2 partition(s)\n")
+        feed(prod, topics, 100, 100, rng)
+        assert wait_for(lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 200, timeout_s=60)
+        assert wait_for(lambda: scrape(port)[1].get(("streambandit_joined_total", ()), 0) >= 200, timeout_s=60)
+        _, second = scrape(port)
+    finally:
+        w.stop()
+        t.join(30)
+    moved = ["streambandit_decisions_total", "streambandit_joined_total", "streambandit_records_total",
+             "streambandit_decision_latency_seconds_count", "streambandit_batch_seconds_count",
+             "streambandit_commit_seconds_count", "streambandit_reward_delay_seconds_count"]
+    for name in moved:
+        assert second[(name, ())] > first.get((name, ()), 0), name
+    assert second[("streambandit_transactions_total", (("outcome", "commit"),))] > \
+        first[("streambandit_transactions_total", (("outcome", "commit"),))]
+    assert second[("streambandit_dead_letters_total", (("reason", "malformed"),))] == 2  # one per feed
+    assert second[("streambandit_default_rewards_total", ())] == 100  # every odd context: no reward
+    assert second[("streambandit_models", ())] == 4
+    assert second[("streambandit_assigned_partitions", ())] == 2
+    assert second[("streambandit_recovery_seconds_count", ())] == 2
+    assert second[("streambandit_rebalances_total", (("kind", "assign"),))] >= 1
+    lags = [v for (n, _), v in second.items() if n == "streambandit_consumer_lag"]
+    assert len(lags) == 4 and all(v >= 0 for v in lags)
+
+
+class HeldStore:
+    """A directory store whose reads wait for ``release``: a recovery that takes as long as the
+    test needs to look at it."""
+
+    def __init__(self, inner):
+        self.inner, self.release = inner, threading.Event()
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def scoped(self, group):
+        self.inner = self.inner.scoped(group)
+        return self
+
+    def candidates(self, partition):
+        self.release.wait(60)
+        return self.inner.candidates(partition)
+
+
+def test_ready_is_false_while_partitions_recover_and_true_after(broker, topics, tmp_path):
+    store = HeldStore(DirectoryStore(tmp_path / "snapshots"))
+    w, t = start(broker, topics, tmp_path, "g-ready", store=store)
+    port = w.telemetry.port
+    try:
+        assert wait_for(lambda: w.recovering, timeout_s=60)
+        assert get(port, "/ready") == (503, "recovering partitions\n")
+        assert get(port, "/healthz") == (200, "recovering\n")  # alive: recovering is progress
+        store.release.set()
+        assert wait_for(lambda: get(port, "/ready")[0] == 200, timeout_s=60)
+    finally:
+        store.release.set()
+        w.stop()
+        t.join(30)
+
+
+def serve(tmp_path, topics, bootstrap, kafka="", worker=""):
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(f'[kafka]\n"bootstrap.servers" = "{bootstrap}"\n{kafka}\n[worker]\ngroup_id = "g-x"\n'
+                   f'snapshot_dir = "{tmp_path / "snaps"}"\n{worker}\n{topics_toml(topics)}\n'
+                   '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+    started = time.monotonic()
+    out = subprocess.run([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--processes", "1"],
+                         capture_output=True, text=True, timeout=120)
+    return out, time.monotonic() - started
+
+
+def error_lines(stderr):
+    return [line for line in stderr.splitlines() if "error" in line.lower()]
+
+
+def test_an_unreachable_broker_is_one_error_line_and_an_exit_within_the_wait(tmp_path, topics):
+    out, took = serve(tmp_path, topics, "127.0.0.1:1", worker="broker_wait_s = 3")
+    assert out.returncode == 1 and took < 60
+    assert len(error_lines(out.stderr)) == 1, out.stderr
+    assert "no Kafka broker answered at 127.0.0.1:1" in out.stderr and "broker_wait_s" in out.stderr
+    assert "Traceback" not in out.stderr and "%3|" not in out.stderr and len(out.stderr.splitlines()) <= 2
+
+
+def test_a_misspelled_librdkafka_key_is_one_error_line_naming_it(broker, tmp_path, topics):
+    out, took = serve(tmp_path, topics, broker.bootstrap_servers, kafka='"linger.mss" = 5')
+    assert out.returncode == 2 and took < 60
+    assert out.stderr.count("\n") == 1 and "linger.mss" in out.stderr and "Traceback" not in out.stderr
