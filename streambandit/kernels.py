@@ -30,6 +30,8 @@ import math
 import numpy as np
 from numba import njit
 
+from streambandit.jit import CACHE
+
 __all__ = [
     "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",
     "ucb_argmax_batch_row", "sherman_morrison", "oful_update", "oful_update_row", "oful_beta", "oful_play",
@@ -72,7 +74,7 @@ _PROJECTION_STEPS = 60
 
 # -- elementary pieces ---------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _feature_row_ok(x):
     # abs(nan) <= bound is False: one comparison refuses NaN, infinities and huge values.
     for i in range(x.shape[0]):
@@ -81,12 +83,12 @@ def _feature_row_ok(x):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _reward_in_bound(r):
     return abs(r) <= MAX_ABS_REWARD
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def sym_matvec(m, x, out):
     """``out = m @ x`` for a symmetric ``m``, summed over j in order for every element."""
     d = x.shape[0]
@@ -98,7 +100,7 @@ def sym_matvec(m, x, out):
             out[i] += xj * m[j, i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _dot(a, b):
     s = 0.0
     for i in range(a.shape[0]):
@@ -109,7 +111,7 @@ def _dot(a, b):
 # Inlined into each caller at numba's IR level (same arithmetic, same order): called as a separate
 # compiled function, the copy loaded from numba's on-disk cache ran slower than a fresh compile of
 # the same source; inlined, both run alike (select_batch in `python -m bench.peers`).
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=CACHE, nogil=True, inline="always")
 def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with
     ``work`` (K, d) scratch. Returns False if a feature is NaN or infinite.
@@ -138,7 +140,7 @@ def _ucb_row(arms, theta, inv, beta, scores, work):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _argmax_first(scores):
     # Ties go to the lowest index, as numpy's argmax does (Policy.select's rule).
     best = 0
@@ -150,14 +152,14 @@ def _argmax_first(scores):
 
 # -- decisions -----------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_scores(arms, theta, inv, beta, out):
     """Fill ``out`` (K,) with the UCB scores of ``arms`` (K, d); OK or BAD_ARMS."""
     work = np.empty(arms.shape)
     return OK if _ucb_row(arms, theta, inv, beta, out, work) else BAD_ARMS
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_argmax(arms, theta, inv, beta):
     """Index of the highest UCB score among ``arms`` (K, d), or BAD_ARMS."""
     work = np.empty(arms.shape)
@@ -167,7 +169,7 @@ def ucb_argmax(arms, theta, inv, beta):
     return _argmax_first(scores)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_argmax_batch(arms, theta, inv, beta, chosen, scores):
     """Choices for B contexts (B, K, d) against one model state (no update in between) into
     ``chosen`` (B,), their scores into ``scores`` (B, K). Returns -1 - b for the first context b
@@ -180,7 +182,7 @@ def ucb_argmax_batch(arms, theta, inv, beta, chosen, scores):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _radius(kind, params, scalars, count, i):
     """beta of row i's next decision (the learner's own radius function, see RADIUS_OFUL)."""
     if kind == RADIUS_OFUL:
@@ -191,7 +193,7 @@ def _radius(kind, params, scalars, count, i):
     return hvt_ucb_beta(params[0], params[1], params[2], params[3], count[i])
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out):
     """``ucb_scores`` for the model in row i of a chunk (``other`` is the learner's third array,
     unused here: every row entry point takes the whole chunk)."""
@@ -200,7 +202,7 @@ def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out
     return OK if _ucb_row(arms, theta[i], inv[i], beta, out, work) else BAD_ARMS
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
     """``(index, score)`` of the highest UCB score among ``arms`` for the model in row i of a
     chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_ARMS if an arm is not finite."""
@@ -212,7 +214,7 @@ def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
     return k, scores[k]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def ucb_argmax_batch_row(arms, theta, inv, other, scalars, count, i, kind, params, chosen, scores):
     """``ucb_argmax_batch`` for the model in row i of a chunk."""
     return ucb_argmax_batch(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), chosen, scores)
@@ -220,7 +222,7 @@ def ucb_argmax_batch_row(arms, theta, inv, other, scalars, count, i, kind, param
 
 # -- updates -------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def sherman_morrison(inv, x, weight, v):
     """``inv <- (M + weight x x')^-1`` in place for ``inv = M^-1``, with ``v = M^-1 x`` given.
     ``(v_i v_j) c`` is the same product for (i, j) and (j, i), so a symmetric inv stays exactly
@@ -235,7 +237,7 @@ def sherman_morrison(inv, x, weight, v):
     return q
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def oful_update(vinv, b, theta, x, reward, work):
     """One OFUL step in place; returns ``log(1 + x'V^-1 x)``, the increase of log det V."""
     sym_matvec(vinv, x, work)  # v = V_t^-1 x
@@ -247,7 +249,7 @@ def oful_update(vinv, b, theta, x, reward, work):
     return math.log1p(q)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
     """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count: BAD_X
     (row untouched) when x has a non-finite feature, else OK."""
@@ -259,7 +261,7 @@ def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, logdet):
     """The radius of the next decision: a fixed one, or Abbasi-Yadkori et al. (2011) Theorem 2,
     ``R sqrt(2 log(1/delta) + log det V_t - d log lam) + sqrt(lam) S``, times beta_scale."""
@@ -268,7 +270,7 @@ def oful_beta(fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s, l
     return beta_scale * (noise_sd * math.sqrt(two_log_inv_delta + logdet) + sqrt_lam_s)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, params, chosen):
     """Select + update of the model in row i for every row of ``arms`` (n, K, d) with the chosen
     arm's entry of ``rewards`` (n, K), in order; choices into ``chosen``. Returns
@@ -301,7 +303,7 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
 
 # -- GLB-OMD -------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _sigmoid(z):
     # Stable for either sign of z.
     if z >= 0.0:
@@ -310,7 +312,7 @@ def _sigmoid(z):
     return e / (1.0 + e)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _mu(link, z):
     if link == LINK_LOGISTIC:
         return _sigmoid(z)
@@ -319,7 +321,7 @@ def _mu(link, z):
     return z
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _dmu(link, z):
     if link == LINK_LOGISTIC:
         return _sigmoid(z) * _sigmoid(-z)  # mu' = sigma(z) sigma(-z): no overflow for any z
@@ -328,7 +330,7 @@ def _dmu(link, z):
     return 1.0
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def reward_ok(link, r):
     """The link's range for a reward: [0, 1] logistic, >= 0 Poisson, any Gaussian, all within
     MAX_ABS_REWARD."""
@@ -341,14 +343,14 @@ def reward_ok(link, r):
     return True
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates):
     """beta_t of GLB-OMD eq. (5) (already a radius) with t = n_updates + 1, times beta_scale."""
     t = n_updates + 1
     return beta_scale * math.sqrt(beta_const + beta_log_coef * math.log(2.0 + beta_t_coef * t))
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
     """One GLB-OMD step (Algorithm 1) in place. Returns OK, or LINK_OVERFLOW with the model
     untouched. ``work`` is scratch of length d."""
@@ -388,7 +390,7 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
     """``glb_omd_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
     non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
@@ -401,7 +403,7 @@ def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
     return status
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i, params, chosen):
     """GLB-OMD select + update over a stream, like ``oful_play``; returns (steps done, status)."""
     n, k_arms, d = arms.shape
@@ -434,13 +436,13 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
 
 # -- Hvt-UCB -------------------------------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
     """beta_t of Hvt-UCB eq. (10), times beta_scale, with max(t, 1)^p."""
     return beta_scale * (beta_coef * max(t, 1) ** p + beta_const)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     """One Hvt-UCB step (Algorithm 1, lines 5-8) in place. ``params``: beta_scale, beta_coef,
     beta_const, p, tau0, sqrt_alpha, nu, sigma_min, alpha, huber (0/1), project (0/1), S."""
@@ -480,7 +482,7 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
         theta[i] = new[i]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
     """``hvt_ucb_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
     non-finite feature, else OK."""
@@ -491,7 +493,7 @@ def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i, params, chosen):
     """Hvt-UCB select (eq. 11, beta_{t-1}) + update over a stream; returns (steps done, status)."""
     n, k_arms, d = arms.shape
@@ -519,7 +521,7 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
 
 # -- the ellipsoid-norm projection ---------------------------------------------------------------
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def project_to_ball_in_norm(zeta, a, radius):
     """``argmin_{||theta||_2 <= radius} ||theta - zeta||_A`` for symmetric positive definite ``A``.
 

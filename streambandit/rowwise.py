@@ -18,10 +18,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streambandit.jit import CACHE
+
 __all__ = ["matmul", "matvec", "rowdot", "sq_distances"]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _matmul(a, b, out):
     n, kk = a.shape
     m = b.shape[1]
@@ -44,7 +46,7 @@ def _matmul(a, b, out):
                 row[j] += aik * bk[j]
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _matvec(a, v, out):
     n, kk = a.shape
     for i in range(n):
@@ -54,7 +56,7 @@ def _matvec(a, v, out):
         out[i] = s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _rowdot(a, b, out):
     n, kk = a.shape
     for i in range(n):
@@ -64,7 +66,7 @@ def _rowdot(a, b, out):
         out[i] = s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _sq_distances(a, bt, out):
     # bt is b transposed (d, m), so the inner loop runs over b's rows and vectorises.
     n, kk = a.shape

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streambandit.jit import CACHE
 from streambandit.wire import codec
 from streambandit.wire.avro import MAGIC
 from streambandit.wire.codec import DecodeError
@@ -32,7 +33,7 @@ _CONTEXT = 1
 _REWARD = 2
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _varint(buf, pos, end):
     """Avro long (zig-zag varint) at ``pos``; returns (value, next pos), next pos -1 if the
     varint is cut off by ``end`` or longer than a long's 10 bytes."""
@@ -52,7 +53,7 @@ def _varint(buf, pos, end):
     return 0, -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _string(buf, pos, end):
     """An Avro string or bytes at ``pos``: (start, stop) of its bytes, stop -1 if malformed."""
     n, pos = _varint(buf, pos, end)
@@ -61,7 +62,7 @@ def _string(buf, pos, end):
     return pos, pos + n
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, value):
     """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
     ``arms``.

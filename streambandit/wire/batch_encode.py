@@ -18,13 +18,14 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from streambandit.jit import CACHE
 from streambandit.wire.codec import ACTION_HEADER, JOINED_HEADER, encode_action, encode_joined
 from streambandit.wire.records import Action, Joined
 
 __all__ = ["encode_actions", "encode_joined_records"]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=CACHE, nogil=True, inline="always")
 def _put_long(out, pos, n):
     """Avro long: zig-zag, then base-128 varint."""
     z = np.uint64((n << 1) ^ (n >> 63))
@@ -36,7 +37,7 @@ def _put_long(out, pos, n):
     return pos + 1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=CACHE, nogil=True, inline="always")
 def _put_bits(out, pos, bits):
     """A double as 8 little-endian bytes, from its IEEE bits (int64)."""
     b = np.uint64(bits)
@@ -45,7 +46,7 @@ def _put_bits(out, pos, bits):
     return pos + 8
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=CACHE, nogil=True, inline="always")
 def _put_bytes(out, pos, src, start, stop):
     """Avro bytes / string: the length as a long, then the bytes ``src[start:stop]``."""
     pos = _put_long(out, pos, stop - start)
@@ -55,7 +56,7 @@ def _put_bytes(out, pos, src, start, stop):
     return pos
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=CACHE, nogil=True, inline="always")
 def _put_head(out, pos, header, strs, str_ends, i, s):
     """Record i's 3-byte header, then its strings (``strs`` from ``s`` to each ``str_ends[i, j]``);
     returns the position after them and where the next record's strings start."""
@@ -69,7 +70,7 @@ def _put_head(out, pos, header, strs, str_ends, i, s):
     return pos, s
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _encode_actions(header, strs, str_ends, ints, bits, feats, feat_ends, out, ends):
     """Record i: header, event_id / model_key / arm_id (``strs`` up to ``str_ends[i]``), arm_index,
     score and propensity (``bits[i]``), model_version, decision_timestamp_ms, features
@@ -90,7 +91,7 @@ def _encode_actions(header, strs, str_ends, ints, bits, feats, feat_ends, out, e
         ends[i] = pos
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=CACHE, nogil=True)
 def _encode_joined(header, strs, str_ends, ints, bits, feats, feat_ends, out, ends):
     """Record i: header, event_id / model_key, features, reward (``bits[i, 0]``), reward_observed
     (``ints[i, 0]``), propensity (``bits[i, 1]``), decision_timestamp_ms, join_timestamp_ms,
