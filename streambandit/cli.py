@@ -133,6 +133,24 @@ def _supervise(args: argparse.Namespace, instance: str, processes: int) -> int:
     return code
 
 
+def _cmd_topics(args: argparse.Namespace) -> int:
+    """Create or describe every topic a worker configuration names (snapshot topic included)."""
+    from streambandit.stream.app_config import load_worker_config
+    from streambandit.stream.topics_admin import create_topics, describe_topics
+
+    config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    if args.action == "create":
+        for topic, what in create_topics(config, snaps.topic, args.partitions, args.replication,
+                                         max_chunk_bytes=snaps.max_chunk_bytes):
+            print(f"{topic}: {what}")
+        return 0
+    rows, co_partitioned = describe_topics(config, snaps.topic)
+    for topic, n in rows:
+        print(f"{topic}: {'missing' if n is None else f'{n} partitions'}")
+    print("co-partitioned: " + ("yes" if co_partitioned else "NO (the worker needs every topic, with one partition count)"))
+    return 0 if co_partitioned else 1
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The whole loop on the embedded broker: a simulated ad server and a worker, live figures."""
     from pathlib import Path
@@ -366,6 +384,19 @@ def build_parser() -> argparse.ArgumentParser:
     simp.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the experiment's)")
     simp.add_argument("--out", default="out/simulate", help="where NAME.csv, NAME.png and NAME.md go")
     simp.set_defaults(func=_cmd_simulate)
+
+    top = sub.add_parser("topics", help="create or describe the topics a worker configuration names",
+                         description="create: every topic of [topics] with --partitions each, and [worker] "
+                                     "snapshot_topic compacted; existing ones are left as they are. describe: partition "
+                                     "counts and whether the topics are co-partitioned (exit 1 if not).")
+    top.add_argument("action", choices=("create", "describe"), help="create or describe")
+    top.add_argument("--config", required=True, help="the worker's TOML file")
+    top.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+                     help="overrides [kafka] bootstrap.servers (default: $STREAMBANDIT_BOOTSTRAP_SERVERS)")
+    top.add_argument("--partitions", type=int, default=8, help="partitions of each topic created (default 8)")
+    top.add_argument("--replication", type=int, default=-1,
+                     help="replication factor of the topics created (default: the cluster's default)")
+    top.set_defaults(func=_cmd_topics)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
     brk.add_argument("--port", type=int, default=9092)

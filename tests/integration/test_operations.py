@@ -171,3 +171,32 @@ def test_a_misspelled_librdkafka_key_is_one_error_line_naming_it(broker, tmp_pat
     out, took = serve(tmp_path, topics, broker.bootstrap_servers, kafka='"linger.mss" = 5')
     assert out.returncode == 2 and took < 60
     assert out.stderr.count("\n") == 1 and "linger.mss" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_topics_create_then_serve_starts_with_no_other_setup(broker, tmp_path):
+    import uuid
+
+    tag = uuid.uuid4().hex[:8]
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(f'[kafka]\n"bootstrap.servers" = "{broker.bootstrap_servers}"\n[worker]\ngroup_id = "g-{tag}"\n'
+                   f'snapshot_topic = "snaps-{tag}"\n[topics]\n'
+                   + "".join(f'{k} = "{k}-{tag}"\n' for k in ("contexts", "rewards", "actions", "joined", "dead_letter"))
+                   + '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+
+    def cli(*args, timeout=120):
+        return subprocess.run([sys.executable, "-m", "streambandit", *args], capture_output=True, text=True,
+                              timeout=timeout)
+
+    before = cli("topics", "describe", "--config", str(cfg))
+    assert before.returncode == 1 and f"contexts-{tag}: missing" in before.stdout
+    made = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
+    assert made.returncode == 0, made.stderr
+    assert made.stdout.count(": created") == 6 and f"snaps-{tag}: created (compacted)" in made.stdout
+    again = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
+    assert again.returncode == 0 and again.stdout.count(": exists") == 6
+    described = cli("topics", "describe", "--config", str(cfg))
+    assert described.returncode == 0 and "co-partitioned: yes" in described.stdout
+    assert described.stdout.count(": 2 partitions") == 6
+    served = cli("serve", "--config", str(cfg), "--processes", "1", "--duration", "15")
+    assert served.returncode == 0, served.stderr[-3000:]
+    assert "worker started" in served.stderr and "partition assigned" in served.stderr
