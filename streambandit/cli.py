@@ -94,7 +94,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if processes != 1:  # the store was opened to check it; each worker process opens its own
         if isinstance(store, TopicStore):
             store.close()
-        return _supervise(args, instance, processes)
+        return _supervise(args, instance, processes, config.metrics_port)
     try:
         worker = Worker(config, store, instance_id=instance)
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -107,9 +107,10 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, instance: str, processes: int) -> int:
+def _supervise(args: argparse.Namespace, instance: str, processes: int, metrics_port: int | None) -> int:
     """``serve --processes N``: N workers, each a ``serve --processes 1`` child with the instance
-    id ``<instance>-<i>`` (stream/supervisor.py), until SIGTERM/SIGINT or ``--duration``."""
+    id ``<instance>-<i>`` (stream/supervisor.py), until SIGTERM/SIGINT or ``--duration``. With a
+    metrics port P, child i serves on P + i (P = 0: each on a free port of its own)."""
     import signal
 
     from streambandit.stream.supervisor import Supervisor
@@ -121,7 +122,7 @@ def _supervise(args: argparse.Namespace, instance: str, processes: int) -> int:
             if value for a in (name, str(value))] + (["-v"] if args.verbose else []) + ["--log-format", args.log_format]
 
     def command(i: int) -> list[str]:
-        port = [] if args.metrics_port is None else ["--metrics-port", str(args.metrics_port + i if args.metrics_port else 0)]
+        port = [] if metrics_port is None else ["--metrics-port", str(metrics_port + i if metrics_port else 0)]
         return [sys.executable, "-m", "streambandit", "serve", *same, *port, "--processes", "1", "--instance-id",
                 f"{instance}-{i}"]
 
@@ -140,11 +141,11 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     if args.action == "create":
-        for topic, what in create_topics(config, snaps.topic, args.partitions, args.replication,
-                                         max_chunk_bytes=snaps.max_chunk_bytes):
+        for topic, what in create_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic,
+                                         args.partitions, args.replication, max_chunk_bytes=snaps.max_chunk_bytes):
             print(f"{topic}: {what}")
         return 0
-    rows, co_partitioned = describe_topics(config, snaps.topic)
+    rows, co_partitioned = describe_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic)
     for topic, n in rows:
         print(f"{topic}: {'missing' if n is None else f'{n} partitions'}")
     print("co-partitioned: " + ("yes" if co_partitioned else "NO (the worker needs every topic, with one partition count)"))
@@ -214,10 +215,31 @@ def _cmd_broker(args: argparse.Namespace) -> int:
         b.start()
         print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
               flush=True)
+        if args.create_topics:
+            _broker_topics(b.bootstrap_servers, args)
         return b.wait()
     except KeyboardInterrupt:
         b.stop()
         return 0
+
+
+def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
+    """``broker --create-topics``: the topics of ``--config`` (or the default names and the
+    snapshot topic ``streambandit-snapshots``), and the client settings this broker needs."""
+    from streambandit.stream.app_config import load_worker_config
+    from streambandit.stream.topics_admin import create_topics
+    from streambandit.stream.worker_config import Topics
+
+    topics, snapshot_topic = Topics(), "streambandit-snapshots"
+    if args.config:
+        config, snaps = load_worker_config(args.config, bootstrap_servers=bootstrap)
+        topics, snapshot_topic = config.topics, snaps.topic
+    for topic, what in create_topics(bootstrap, {}, topics, snapshot_topic, args.partitions):
+        print(f"{topic}: {what}", flush=True)
+    # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
+    # (docs/notes/tansu.md): the worker's configuration for it needs a small one.
+    print(f'client settings for this broker, in the worker\'s TOML:\n  [kafka]\n  "bootstrap.servers" = "{bootstrap}"\n'
+          f'  [kafka.consumer]\n  "fetch.wait.max.ms" = 10', flush=True)
 
 
 def _replay_source(args: argparse.Namespace, counts: dict):
@@ -320,11 +342,11 @@ def build_parser() -> argparse.ArgumentParser:
 
     sim = sub.add_parser("simulate-ads", help="in-process ad simulation with live click-through figures")
     sim.add_argument("--policy", default="glb_omd", help="policy name (default glb_omd)")
-    sim.add_argument("--dim", type=int, default=20)
-    sim.add_argument("--arms", type=int, default=10)
-    sim.add_argument("--requests", type=int, default=20_000)
+    sim.add_argument("--dim", type=int, default=20, help="feature dimension of an ad (default 20)")
+    sim.add_argument("--arms", type=int, default=10, help="candidate ads per request (default 10)")
+    sim.add_argument("--requests", type=int, default=20_000, help="requests to simulate (default 20,000)")
     sim.add_argument("--duration", type=float, default=60.0, help="seconds at most")
-    sim.add_argument("--seed", type=int, default=0)
+    sim.add_argument("--seed", type=int, default=0, help="seed of the simulated traffic and of the learner (default 0)")
     sim.add_argument("--beta-scale", type=float, default=None,
                      help="multiplier on the policy's confidence radius (glb_omd default here: 0.1; 1 = theory)")
     sim.set_defaults(func=_cmd_simulate_ads)
@@ -362,7 +384,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--dim", type=int, default=20, help="feature dimension of an ad (default 20)")
     demo.add_argument("--arms", type=int, default=10, help="candidate ads per request (default 10)")
     demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
-    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated ad server (default 0)")
     demo.add_argument("--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)")
     demo.set_defaults(func=_cmd_demo)
 
@@ -399,7 +421,12 @@ def build_parser() -> argparse.ArgumentParser:
     top.set_defaults(func=_cmd_topics)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
-    brk.add_argument("--port", type=int, default=9092)
+    brk.add_argument("--port", type=int, default=9092, help="the port to listen on, on 127.0.0.1 (default 9092)")
+    brk.add_argument("--create-topics", action="store_true",
+                     help="create the topics of --config (or the default names, and the snapshot topic "
+                          "streambandit-snapshots) and print the client settings this broker needs")
+    brk.add_argument("--config", default=None, help="with --create-topics: the worker's TOML file naming the topics")
+    brk.add_argument("--partitions", type=int, default=2, help="with --create-topics: partitions per topic (default 2)")
     brk.set_defaults(func=_cmd_broker)
 
     rep = sub.add_parser("replay", help="replay a decision log through the configured models: off-policy estimates")
@@ -419,6 +446,9 @@ def build_parser() -> argparse.ArgumentParser:
     ben.add_argument("rest", nargs=argparse.REMAINDER, metavar="[WHAT] ...",
                      help=f"which benchmark ({', '.join(_BENCHMARKS)}; default peers), then its own options")
     ben.set_defaults(func=_cmd_bench)
+    for choice in sub._choices_actions:  # each subcommand's --help opens with what it does
+        command = sub.choices[choice.dest]
+        command.description = command.description or f"{choice.help[0].upper()}{choice.help[1:]}."
     return parser
 
 

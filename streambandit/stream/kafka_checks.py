@@ -79,21 +79,34 @@ def _kafka_message(exc: BaseException) -> str:
 
 def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None:
     """Build each of the worker's clients with its settings and no broker: librdkafka refuses an
-    unknown key or a bad value here (ValueError naming it), before anything connects."""
+    unknown key or a bad value here (ValueError naming the key as the configuration spells it,
+    though librdkafka may name its alias), before anything connects."""
     c = config
     clients = (("consumer", Consumer, consumer_settings(c.bootstrap_servers, c.group_id, c.kafka)),
                ("producer", Producer, producer_settings(c.bootstrap_servers, "streambandit-check", c.kafka)),
                ("consumer", Consumer, reader_settings(c.bootstrap_servers, c.kafka)))
     for kind, make, settings in clients:
-        trial = {k: v for k, v in settings.items() if k != "bootstrap.servers"} | {"logger": _silent()}
-        try:
-            client = make(trial)
-        except (KafkaException, TypeError, ValueError) as exc:
-            raise ValueError(f"{source}: the {kind}'s settings are refused by librdkafka: {_kafka_message(exc)} "
-                             f"(the settings: {_SETTINGS_DOC})") from None
-        if kind == "consumer":
-            client.close()
-        del client
+        error = _refused(make, settings)
+        if error is None:
+            continue
+        # Which of the user's settings: each alone over the client's own.
+        own = {k: v for k, v in settings.items() if k not in for_client(kind, c.kafka)}
+        culprits = [k for k, v in for_client(kind, c.kafka).items() if _refused(make, own | {k: v}) is not None]
+        named = f"{', '.join(repr(k) for k in culprits)}: " if culprits else ""
+        raise ValueError(f"{source}: librdkafka refuses the {kind}'s setting {named}{error} "
+                         f"(the settings: {_SETTINGS_DOC})")
+
+
+def _refused(make: Any, settings: dict[str, Any]) -> str | None:
+    """librdkafka's complaint about ``settings`` (without the broker address), or None."""
+    trial = {k: v for k, v in settings.items() if k != "bootstrap.servers"} | {"logger": _silent()}
+    try:
+        client = make(trial)
+    except (KafkaException, TypeError, ValueError) as exc:
+        return _kafka_message(exc)
+    if isinstance(client, Consumer):
+        client.close()
+    return None
 
 
 def wait_for_brokers(config: WorkerConfig) -> None:

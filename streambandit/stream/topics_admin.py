@@ -3,30 +3,33 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streambandit.stream.kafka_config import for_client
 from streambandit.stream.snapshots import create_snapshot_topic
-from streambandit.stream.worker_config import WorkerConfig
+from streambandit.stream.worker_config import Topics
 
 __all__ = ["create_topics", "describe_topics"]
 
 
-def _admin(config: WorkerConfig) -> AdminClient:
-    return AdminClient({"bootstrap.servers": config.bootstrap_servers, **for_client("admin", config.kafka)})
+def _admin(bootstrap: str, kafka: dict[str, Any]) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap, **for_client("admin", kafka)})
 
 
-def create_topics(config: WorkerConfig, snapshot_topic: str | None, partitions: int, replication: int = -1,
-                  max_chunk_bytes: int | None = None, timeout_s: float = 30.0) -> list[tuple[str, str]]:
+def create_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapshot_topic: str | None, partitions: int,
+                  replication: int = -1, max_chunk_bytes: int | None = None,
+                  timeout_s: float = 30.0) -> list[tuple[str, str]]:
     """Create the inputs and outputs with ``partitions`` each (co-partitioned) and the snapshot
     topic compacted; (topic, "created" or "exists") for each. ``replication`` -1: the cluster's."""
     if partitions < 1:
         raise ValueError(f"--partitions must be >= 1, got {partitions}")
-    admin = _admin(config)
+    admin = _admin(bootstrap, kafka)
     done = []
     futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=replication)
-                                   for t in config.topics.all()], request_timeout=timeout_s)
+                                   for t in topics.all()], request_timeout=timeout_s)
     for topic, fut in futures.items():
         try:
             fut.result(timeout_s)
@@ -39,19 +42,19 @@ def create_topics(config: WorkerConfig, snapshot_topic: str | None, partitions: 
                 raise ValueError(f"could not create topic {topic!r}: {exc}") from None
     if snapshot_topic:
         extra = {} if max_chunk_bytes is None else {"max_chunk_bytes": max_chunk_bytes}
-        created = create_snapshot_topic(config.bootstrap_servers, snapshot_topic, partitions,
-                                        replication_factor=replication, kafka=for_client("admin", config.kafka),
+        created = create_snapshot_topic(bootstrap, snapshot_topic, partitions,
+                                        replication_factor=replication, kafka=for_client("admin", kafka),
                                         timeout_s=timeout_s, **extra)
         done.append((snapshot_topic, "created (compacted)" if created else "exists"))
     return done
 
 
-def describe_topics(config: WorkerConfig, snapshot_topic: str | None,
+def describe_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapshot_topic: str | None,
                     timeout_s: float = 10.0) -> tuple[list[tuple[str, int | None]], bool]:
-    """(topic, partition count or None when missing) for each topic the configuration names, and
-    whether they are co-partitioned (all present, one partition count)."""
-    md = _admin(config).list_topics(timeout=timeout_s)
-    names = config.topics.all() + ([snapshot_topic] if snapshot_topic else [])
+    """(topic, partition count or None when missing) for each of ``topics`` and the snapshot
+    topic, and whether they are co-partitioned (all present, one partition count)."""
+    md = _admin(bootstrap, kafka).list_topics(timeout=timeout_s)
+    names = topics.all() + ([snapshot_topic] if snapshot_topic else [])
     rows = [(t, len(md.topics[t].partitions) if t in md.topics and md.topics[t].error is None else None)
             for t in names]
     counts = {n for _, n in rows}

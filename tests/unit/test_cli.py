@@ -42,3 +42,36 @@ def test_bench_runs_the_checkout_benchmarks_by_name():
     out = run("bench", "memory", "--help")
     assert out.returncode == 0, out.stderr
     assert "python -m bench.memory" in out.stdout and "--quick" in out.stdout
+
+
+def test_every_subcommand_and_option_says_what_it_is_for():
+    import argparse
+
+    from streambandit.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    assert {"serve", "topics", "broker", "demo", "replay", "export", "simulate", "simulate-ads", "bench"} <= set(sub.choices)
+    for name, command in sub.choices.items():
+        assert command.description, name
+        for action in command._actions:
+            if not isinstance(action, argparse._HelpAction):
+                assert action.help, f"{name} {action.option_strings or action.dest}"
+
+
+def test_version():
+    from streambandit import __version__
+
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.strip() == f"streambandit {__version__}"
+
+
+def test_check_config_validates_and_exits(tmp_path):
+    cfg = tmp_path / "w.toml"
+    cfg.write_text('[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n[worker]\nsnapshot_dir = "s"\n'
+                   '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+    out = run("serve", "--config", str(cfg), "--check-config")
+    assert out.returncode == 0 and "valid" in out.stdout and "m-* (oful, d=3)" in out.stdout, out.stderr
+    cfg.write_text(cfg.read_text() + '[kafka.producer]\n"linger.ms" = "soon"\n')
+    out = run("serve", "--config", str(cfg), "--check-config")
+    assert out.returncode == 2 and "linger.ms" in out.stderr and out.stderr.count("\n") == 1
