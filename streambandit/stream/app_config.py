@@ -15,6 +15,12 @@ settings and the models.
     snapshot_fork_models = 1000   # snapshots of this many models or more taken by a forked child
     merge_wait_ms = 20
     idle_tick_ms = 1000
+    metrics_port = 9400           # /metrics, /healthz, /ready; unset: off (docs/operations.md)
+    metrics_host = "0.0.0.0"
+    health_timeout_s = 60         # /healthz fails after this long without progress
+    log_summary_s = 60            # a one-line summary this often (0: none)
+    broker_wait_s = 30            # at start, how long to wait for a broker to answer
+    static_membership = false     # KIP-345: group.instance.id from the transactional id
 
     [topics]                      # optional; these are the defaults
     contexts = "contexts"

@@ -14,10 +14,12 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import logging
 import time
 from typing import Any, Callable
 
 from streambandit import reasons
+from streambandit.log_format import RepeatFilter
 from streambandit.stream.chains import ChainPosition
 from streambandit.stream.engine import PartitionEngine, Rejected
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
@@ -36,6 +38,12 @@ Emit = Callable[[list[Output]], None]
 EMIT_EVERY = 256
 
 _TIMED = frozenset((Context, Reward, Tick))  # the decoded records that carry an event time
+
+log = logging.getLogger("streambandit")
+
+# A dead letter is a WARNING line, one per reason per interval with a count of the rest: a client
+# sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
+DEAD_LETTER_LOG_EVERY_S = 10.0
 
 
 def now_ms() -> int:
@@ -119,6 +127,7 @@ class BatchProcessor:
         self.partitions: dict[int, PartitionState] = {}
         # Merge counters of partitions no longer held (the metrics stay cumulative).
         self._merge_base = [0, 0]
+        self._dead_letter_lines = RepeatFilter(DEAD_LETTER_LOG_EVERY_S)
 
     def topic_of(self, source: int) -> str:
         return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
@@ -255,6 +264,11 @@ class BatchProcessor:
         t = self.config.topics
         self.metrics[f"dead_letter.{o.reason}"] += 1
         src = o.source
+        held = self._dead_letter_lines.admit(o.reason)
+        if held is not None:
+            log.warning("dead letter reason=%s partition=%d offset=%d detail=%s%s", o.reason, p,
+                        -1 if isinstance(src, Action) else src.offset, o.detail[:300],
+                        f" ({held} more with this reason held back)" if held else "")
         if isinstance(src, Action):  # update_failed: the decision itself is what could not be used
             dl = DeadLetter(o.reason, o.detail, t.actions, p, -1, src.model_key.encode(), encode(src), now_ms(),
                             trigger.source, trigger.offset)

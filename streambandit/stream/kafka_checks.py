@@ -15,46 +15,20 @@ reach the operator.
 from __future__ import annotations
 
 import logging
-import re
 import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from streambandit.log_format import RepeatFilter
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_config import consumer_settings, for_client, producer_settings, reader_settings
 from streambandit.stream.worker_config import WorkerConfig
 
-__all__ = ["check_client_settings", "wait_for_brokers", "kafka_logger", "RepeatFilter"]
+__all__ = ["check_client_settings", "wait_for_brokers", "kafka_logger"]
 
 _SETTINGS_DOC = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
-
-
-class RepeatFilter(logging.Filter):
-    """Passes a kind of line (its text with numbers and client names blanked) at most once per
-    ``every_s``; the next one that passes says how many were held back."""
-
-    def __init__(self, every_s: float = 60.0, clock: Any = time.monotonic) -> None:
-        super().__init__()
-        self.every_s, self._clock = every_s, clock
-        self._seen: dict[str, list[float]] = {}  # kind -> [last passed at, held back since]
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        kind = re.sub(r"#\w+-\d+|\d+", "#", record.getMessage())
-        now = self._clock()
-        seen = self._seen.get(kind)
-        if seen is not None and now - seen[0] < self.every_s:
-            seen[1] += 1
-            return False
-        if len(self._seen) > 1000:  # bounded, whatever the broker says
-            self._seen.clear()
-        held = 0 if seen is None else int(seen[1])
-        self._seen[kind] = [now, 0]
-        if held:
-            record.msg = f"{record.getMessage()} ({held} like it held back)"
-            record.args = ()
-        return True
 
 
 def kafka_logger() -> logging.Logger:

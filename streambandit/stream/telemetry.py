@@ -156,15 +156,17 @@ class _StatusCollector:
 
 def _counter(name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
              labels: tuple[str, ...] = ()) -> CounterMetricFamily:
-    m = CounterMetricFamily(f"streambandit_{name}", doc, labels=list(labels))
-    for values, v in samples:
-        m.add_metric(list(values), v)
-    return m
+    return _family(CounterMetricFamily, name, doc, samples, labels)
 
 
 def _gauge(name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
            labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
-    m = GaugeMetricFamily(f"streambandit_{name}", doc, labels=list(labels))
+    return _family(GaugeMetricFamily, name, doc, samples, labels)
+
+
+def _family(cls: Any, name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
+            labels: tuple[str, ...]) -> Any:
+    m = cls(f"streambandit_{name}", doc, labels=list(labels))
     for values, v in samples:
         m.add_metric(list(values), v)
     return m

@@ -1,5 +1,6 @@
-"""The configuration examples in deploy/ load with the real loader, and the topic script creates
-every topic they name, so the examples cannot drift from the code."""
+"""The examples in deploy/ cannot drift from the code: their configurations load with the real
+loader, compose creates the topics of the file its workers read, and the probes, the scrape
+annotation and the image's HEALTHCHECK point at the port the worker serves."""
 
 import re
 import textwrap
@@ -28,7 +29,43 @@ def test_example_configurations_load(name, text):
     assert config.models.resolve("ads-homepage").build().dim == 20
 
 
-def test_the_topic_script_creates_every_topic_the_example_uses():
-    config, snapshots = parse_worker_config(tomllib.loads((DEPLOY / "worker.toml").read_text()))
-    created = set(re.findall(r"^create (\S+)", (DEPLOY / "create-topics.sh").read_text(), flags=re.M))
-    assert created == set(config.topics.all()) | {snapshots.topic}
+def test_compose_creates_the_topics_of_the_configuration_its_workers_read():
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    created = re.search(r'command: \["topics", "create", "--config", "([^"]+)"', compose).group(1)
+    served = re.search(r'command: \["serve", "--config", "([^"]+)"', compose).group(1)
+    assert created == served == "/etc/streambandit/worker.toml"
+
+
+def test_probes_scrapes_and_healthcheck_use_the_port_the_worker_serves():
+    manifest = (DEPLOY / "k8s" / "streambandit.yaml").read_text()
+    port = re.search(r'"--metrics-port", "(\d+)"', manifest).group(1)
+    assert f"containerPort: {port}" in manifest and f'prometheus.io/port: "{port}"' in manifest
+    assert "httpGet: {path: /healthz, port: metrics}" in manifest
+    assert "httpGet: {path: /ready, port: metrics}" in manifest
+    docker = (DEPLOY / "Dockerfile").read_text()
+    cmd_port = re.search(r'CMD \[.*"--metrics-port", "(\d+)"', docker).group(1)
+    assert f"127.0.0.1:{cmd_port}/healthz" in docker and f"EXPOSE {cmd_port}" in docker
+    assert "USER 10001" in docker and "NUMBA_CACHE_DIR" in docker and "streambandit.warmup" in docker
+
+
+def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_serves():
+    import json
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from streambandit.stream.telemetry import render_metrics
+
+    from .test_telemetry import status
+
+    served = {f.name for f in text_string_to_metric_families(
+        render_metrics(status(**{"dead_letter.malformed": 1})).decode())}
+    dashboard = json.loads((DEPLOY / "grafana" / "streambandit.json").read_text())
+    exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
+    guide = (DEPLOY.parent / "docs" / "operations.md").read_text()
+    for where, text in (("dashboard", exprs), ("docs/operations.md", guide)):
+        named = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"streambandit_[a-z_]+", text)}
+        assert named - {"streambandit_"} <= served, (where, named - served)
+    # The guide's metric table lists every family served, by its name without the prefix.
+    table = {re.sub(r"_total$", "", m) for m in re.findall(r"^\| `([a-z_]+)", guide, flags=re.M)}
+    table |= {m for m in re.findall(r"`(snapshot_last_[a-z_]+)`", guide)}
+    assert {n.removeprefix("streambandit_") for n in served} <= table, served - {f"streambandit_{t}" for t in table}

@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streambandit.log_format import RepeatFilter
 from streambandit.models_config import parse_models_config
 from streambandit.stream.app_config import parse_worker_config
-from streambandit.stream.kafka_checks import RepeatFilter, check_client_settings
+from streambandit.stream.kafka_checks import check_client_settings
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, render_metrics
 from streambandit.stream.worker_config import WorkerConfig
 
@@ -109,3 +110,26 @@ def test_unknown_tables_and_librdkafka_keys_are_errors_naming_them():
 def test_operator_settings_are_bounded(bad):
     with pytest.raises(ValueError):
         WorkerConfig(bootstrap_servers="x:1", models=parse_models_config(MODELS), **bad)
+
+
+def test_dead_letters_are_warnings_held_back_to_one_per_reason_and_interval(caplog):
+    from streambandit.wire import Context, encode
+
+    from .test_ticks import processor, run
+
+    b, now = processor("g"), [0.0]
+    b._dead_letter_lines = RepeatFilter(10, clock=lambda: now[0])
+    bad = [("c", b"m1", b"not a record", 1_000 + i) for i in range(500)]
+    wrong_dim = encode(Context("e1", "m1", 1_000, ("a",), np.ones((1, 3))))
+    with caplog.at_level(logging.WARNING, logger="streambandit"):
+        out = run(b, bad + [("c", b"m1", wrong_dim, 2_000)])
+    assert sum(t == "d" for t, _ in out) == 501  # every one dead-lettered, whatever was logged
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("dead letter")]
+    assert len(lines) == 2, lines  # the first of each reason within the interval
+    assert lines[0].startswith("dead letter reason=malformed partition=0 offset=0 ")
+    assert "reason=bad_dimension" in lines[1], lines[1]
+    now[0] += 10
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="streambandit"):
+        run(b, [("c", b"m1", b"still not a record", 3_000)])
+    assert [r.getMessage().endswith("(499 more with this reason held back)") for r in caplog.records] == [True]
