@@ -1,7 +1,7 @@
 """What an operator sees of a worker on the embedded broker: the metrics endpoint scraped while it
 works (every metric present, the counters moving), readiness false while a partition recovers
-and true after, and an unreachable broker or a misspelled librdkafka key as one error line and a
-non-zero exit within a bound."""
+and true after, liveness false while the loop is wedged, and an unreachable broker or a
+misspelled librdkafka key as one error line and a non-zero exit within a bound."""
 
 import subprocess
 import sys
@@ -66,9 +66,10 @@ def feed(prod, topics, start, n, rng):
     prod.flush()
 
 
-def start(broker, topics, tmp_path, group, store=None):
+def start(broker, topics, tmp_path, group, store=None, **settings):
     cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
-                       topics=topics, metrics_port=0, metrics_host="127.0.0.1", idle_tick_ms=200, merge_wait_ms=500)
+                       topics=topics, metrics_port=0, metrics_host="127.0.0.1", idle_tick_ms=200, merge_wait_ms=500,
+                       **settings)
     w = Worker(cfg, store or DirectoryStore(tmp_path / "snapshots"))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -106,6 +107,8 @@ def test_the_metrics_endpoint_shows_every_metric_and_the_counters_move(broker, t
     late = second.get(("streambandit_dead_letters_total", (("reason", "late_reward"),)), 0)
     assert second[("streambandit_default_rewards_total", ())] == 100 + late
     assert second[("streambandit_models", ())] == 4
+    assert second[("streambandit_snapshots_total", (("kind", "base"),))] >= 2  # one per partition, after recovery
+    assert second[("streambandit_snapshot_last_bytes", ())] > 0 and second[("streambandit_snapshot_last_write_seconds", ())] > 0
     assert second[("streambandit_assigned_partitions", ())] == 2
     assert second[("streambandit_recovery_seconds_count", ())] == 2
     assert second[("streambandit_rebalances_total", (("kind", "assign"),))] >= 1
@@ -144,6 +147,24 @@ def test_ready_is_false_while_partitions_recover_and_true_after(broker, topics, 
         assert wait_for(lambda: get(port, "/ready")[0] == 200, timeout_s=60)
     finally:
         store.release.set()
+        w.stop()
+        t.join(30)
+
+
+def test_a_wedged_loop_fails_the_liveness_probe_and_a_moving_one_passes_again(broker, topics, tmp_path):
+    w, t = start(broker, topics, tmp_path, "g-wedged", health_timeout_s=2)
+    port, unwedge = w.telemetry.port, threading.Event()
+    try:
+        assert wait_for(lambda: get(port, "/ready")[0] == 200, timeout_s=60)
+        step = w.step
+        w.step = lambda: (unwedge.wait(60), step())  # the loop's next step blocks, as on a hung call
+        assert wait_for(lambda: get(port, "/healthz")[0] == 503, timeout_s=30)
+        code, body = get(port, "/healthz")
+        assert code == 503 and body.startswith("stuck: no progress for ") and "health_timeout_s 2" in body
+        unwedge.set()
+        assert wait_for(lambda: get(port, "/healthz") == (200, "ok\n"), timeout_s=30)
+    finally:
+        unwedge.set()
         w.stop()
         t.join(30)
 
