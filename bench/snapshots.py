@@ -82,7 +82,7 @@ def _one_snapshot(engine, writer, metrics, pool, serial: int, how: str, chain: i
     longest, _, serial = _longest_step(engine, pool, serial, lambda: writer.busy(0))
     writer.wait()
     assert not writer.take_failures()
-    return {"pause_ms": pause, "write_ms": metrics["snapshot_write_ms"], "bytes": metrics["snapshot_bytes"],
+    return {"pause_ms": pause, "write_ms": metrics["snapshot_write_us"] / 1000, "bytes": metrics["snapshot_bytes"],
             "longest_ms": longest}, serial
 
 

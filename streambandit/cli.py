@@ -273,6 +273,10 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     models = load_models_config(args.config)  # the [[models]] of the worker's TOML file
     if args.clip is not None and not args.clip > 0:
         raise ValueError(f"--clip must be > 0, got {args.clip}")
+    if args.reward_range and not args.reward_range[0] < args.reward_range[1]:
+        raise ValueError(f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}")
+    if args.bootstrap and args.bootstrap < 10:
+        raise ValueError(f"--bootstrap needs at least 10 replicates, got {args.bootstrap}")
     counts: dict[str, int] = {}
     decisions, source = _replay_source(args, counts)
     tty = sys.stderr.isatty()
@@ -287,7 +291,8 @@ def _cmd_replay(args: argparse.Namespace) -> int:
             line = f"replay: {n} events, {n / (now - start):.0f} events/s"
             print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
-    result = replay(decisions, models, clip=args.clip, progress=progress, counts=counts)
+    result = replay(decisions, models, clip=args.clip, progress=progress, counts=counts, skip_bad=args.skip_bad,
+                    reward_range=tuple(args.reward_range) if args.reward_range else None, bootstrap=args.bootstrap)
     if shown:
         elapsed = time.perf_counter() - start
         done = f"replay: {result.events} events in {elapsed:.1f} s, {result.events / elapsed:.0f} events/s"
@@ -435,6 +440,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--catalog", default=None, help="CSV of arm features (arm_id, f0, f1, ...) for CSV logs "
                                                      "without inline features")
     rep.add_argument("--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr")
+    rep.add_argument("--reward-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                     help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
+                          "score intervals (0/1 rewards get them without this)")
+    rep.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                     help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)")
     rep.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
     rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
                                                          "(default out/replay)")

@@ -23,17 +23,27 @@ model saw the event. With the importance weight ``w_i = pi_i[a_i] / p_i`` (optio
   learning"), ``mean(dm_i + w_i (r_i - q_i[a_i]))``: unbiased when the propensities are right,
   whatever the reward model, and low-variance when the model is good.
 
-Intervals (``confidence``, 95% by default) are normal approximations:
+Intervals (``confidence``, 95% by default) are, for rewards that are all 0/1 (or all at the two
+ends of a known ``reward_range``), score intervals that do not collapse when few rewards are 1
+(``intervals.py``: Wilson's for the weighted means replay, snips and the logging value over
+their effective sample size; its scaled form for ips; dr takes ips's interval, moved to dr's
+value, when its own terms have no spread, as when no reward is 1 and the reward model predicts
+0 everywhere). Otherwise, or for rewards of more than two values, normal approximations:
 
 - ips, dm, dr and the logging policy's value: ``mean +- z * s / sqrt(n)`` with ``s`` the sample
   standard deviation of the per-event terms (Welford's streaming update);
 - snips and replay (ratio estimators ``R = sum u / sum v``): the delta method,
   ``Var(R) ~= (S_uu - 2 R S_uv + R^2 S_vv) / (n vbar^2)`` with the sample (co)variances ``S`` of
   ``u = w r`` (resp. ``m r``) and ``v = w`` (resp. ``m``), also streamed (bivariate Welford);
-- dm's interval holds the reward model fixed: it reflects the sampling noise of the contexts,
-  neither the model's bias nor its estimation error, so it is too narrow whenever the model is
-  not (yet) right, and covers the truth less often than its level says (which is why
-  tests/unit/test_estimators.py tests DM for closeness, not coverage). Prefer dr's interval.
+- dm has **no interval**: a normal interval over its terms holds the reward model fixed, so it
+  reflects the sampling noise of the contexts, neither the model's bias nor its estimation
+  error, and covered the truth far less often than its level said. Its error is the model's,
+  which the log cannot bound; dr is the estimate with an interval that uses the model.
+
+With ``bootstrap=B`` every interval but dm's is instead the percentile interval of B Poisson
+bootstrap replicates of the stream (``intervals.PoissonBootstrap``): O(B) memory and time per
+event. A bootstrap, like every interval here, treats the target's probabilities as given: for a
+target that learns during the replay they are one learning path's (``runner.py``).
 
 With fewer than two events (matched events for replay) an interval is ``(-inf, inf)``; with
 none the value is NaN. Memory is O(1) per estimator, plus O(log n) points of :meth:`running`.
@@ -49,6 +59,7 @@ import numpy as np
 
 from streambandit.errors import StreambanditError
 from streambandit.linalg import sherman_morrison_update
+from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
 
 __all__ = ["Estimate", "RidgeRewardModel", "OffPolicyEvaluator", "EstimatorError", "ESTIMATORS"]
 
@@ -66,7 +77,10 @@ class Estimate:
     ``n``: events used (replay: matched events, those with a non-zero match weight);
     ``ess``: effective sample size of the weights, ``(sum w)^2 / sum w^2`` (replay: of the match
     weights, i.e. the matched count for a deterministic target; dm and the logging value: ``n``);
-    ``clipped``: events whose importance weight was clipped (0 when clipping is off).
+    ``clipped``: events whose importance weight was clipped (0 when clipping is off);
+    ``interval``: how the interval was made: ``normal``, ``delta`` (normal, by the delta method),
+    ``wilson``, ``score`` (scaled Wilson), ``score-shifted`` (dr on ips's score interval),
+    ``bootstrap``, or ``none`` (NaN bounds).
     """
 
     name: str
@@ -76,6 +90,7 @@ class Estimate:
     n: int
     ess: float
     clipped: int
+    interval: str = "normal"
 
 
 class RidgeRewardModel:
@@ -140,6 +155,7 @@ class _Mean:
         self.m2 += dx * (x - self.mean)
 
     def estimate(self, name: str, z: float, ess: float | None = None, clipped: int = 0) -> Estimate:
+        """The mean with its normal interval."""
         n = self.n
         if n == 0:
             return Estimate(name, math.nan, math.nan, math.nan, 0, 0.0, clipped)
@@ -192,7 +208,7 @@ class _Ratio:
             return Estimate(name, r, -math.inf, math.inf, n_used, self.ess, clipped)
         s = (self.suu - 2.0 * r * self.suv + r * r * self.svv) / (self.n - 1)
         half = z * math.sqrt(max(s, 0.0) / self.n) / self.mv
-        return Estimate(name, r, r - half, r + half, n_used, self.ess, clipped)
+        return Estimate(name, r, r - half, r + half, n_used, self.ess, clipped, "delta")
 
 
 class OffPolicyEvaluator:
@@ -205,9 +221,25 @@ class OffPolicyEvaluator:
     """
 
     def __init__(self, *, clip: float | None = None, confidence: float = 0.95,
-                 running_growth: float = 1.05) -> None:
+                 running_growth: float = 1.05, reward_range: tuple[float, float] | None = None,
+                 bootstrap: int = 0, seed: int = 0) -> None:
         if clip is not None and not clip > 0:
             raise EstimatorError(f"clip must be > 0 or None, got {clip!r}")
+        if reward_range is not None:
+            lo, hi = (float(v) for v in reward_range)
+            if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
+                raise EstimatorError(f"reward_range must be two finite numbers lo < hi, got {reward_range!r}")
+            reward_range = (lo, hi)
+        if bootstrap and bootstrap < 10:
+            raise EstimatorError(f"bootstrap needs at least 10 replicates (0: none), got {bootstrap!r}")
+        self.reward_range = reward_range
+        # Score intervals need the rewards' two values: the given range's ends, or 0 and 1 while
+        # every reward seen is one of them (click logs need no flag).
+        self._ends = reward_range or (0.0, 1.0)
+        self._two_valued = True
+        self._uniform = True  # every propensity 1/K: what the replay estimator assumes
+        self._su = self._su2 = self._sw = self._sw2 = 0.0  # sums of w r', w^2 r'^2, w, w^2 (ips score)
+        self._boot = PoissonBootstrap(bootstrap, seed) if bootstrap else None
         if not 0.0 < confidence < 1.0:
             raise EstimatorError(f"confidence must be in (0, 1), got {confidence!r}")
         if not running_growth > 1.0:
@@ -247,6 +279,9 @@ class OffPolicyEvaluator:
         r = float(reward)
         if not math.isfinite(r):
             raise EstimatorError(f"non-finite reward {reward!r}")
+        if self.reward_range is not None and not self.reward_range[0] <= r <= self.reward_range[1]:
+            raise EstimatorError(f"reward {reward!r} outside the reward range "
+                                 f"[{self.reward_range[0]:g}, {self.reward_range[1]:g}]")
         # min() is NaN when any entry is, and the sum is not finite when any entry is infinite
         if not (pi.min() >= 0.0 and abs(float(pi.sum()) - 1.0) <= 1e-6):
             raise EstimatorError(f"target_probs is not a probability vector: {pi!r}")
@@ -268,6 +303,18 @@ class OffPolicyEvaluator:
         self._dm.add(dm)
         self._dr.add(dm + w * (r - qa))  # Dudik et al. 2011
         self._logged.add(r)
+        lo, hi = self._ends
+        rs = (r - lo) / (hi - lo)  # r' in [0, 1] when the range holds
+        if r != lo and r != hi:
+            self._two_valued = False
+        if abs(p * k - 1.0) > 1e-9:
+            self._uniform = False
+        self._su += w * rs
+        self._su2 += w * w * rs * rs
+        self._sw += w
+        self._sw2 += w * w
+        if self._boot is not None:
+            self._boot.add({"mr": pa * r, "m": pa, "wr": w * r, "w": w, "dr": dm + w * (r - qa), "r": r})
         if self.n >= self._next:
             self._record()
             self._next = max(self.n + 1, int(self.n * self._growth))
@@ -281,13 +328,82 @@ class OffPolicyEvaluator:
 
     def _all(self) -> list[Estimate]:
         z = self._z
-        return [
+        out = [
             self._replay.estimate("replay", z, self._replay.nonzero),
             self._ips.estimate("ips", z, ess=self._snips.ess, clipped=self._clipped),
             self._snips.estimate("snips", z, self._snips.n, clipped=self._clipped),
-            self._dm.estimate("dm", z),
+            dataclasses.replace(self._dm.estimate("dm", z), ci_low=math.nan, ci_high=math.nan, interval="none"),
             self._dr.estimate("dr", z, ess=self._snips.ess, clipped=self._clipped),
         ]
+        if self._boot is not None:
+            return [self._bootstrapped(e) for e in out]
+        if self.scored:
+            return self._scored(out)
+        return out
+
+    @property
+    def scored(self) -> bool:
+        """Whether the intervals are score intervals: every reward at one of two known values."""
+        return self.n > 0 and self._two_valued
+
+    def _scored(self, out: list[Estimate]) -> list[Estimate]:
+        """Score intervals (module docstring) in place of the normal ones, on the scale of r."""
+        z, (lo, hi) = self._z, self._ends
+        span = hi - lo
+
+        def back(a: float, b: float) -> tuple[float, float]:
+            return lo + span * a, lo + span * b
+
+        e = {x.name: x for x in out}
+        fixed = dict(e)
+        for name, ratio in (("replay", self._replay), ("snips", self._snips)):
+            if math.isfinite(e[name].value) and ratio.sv2 > 0:
+                fixed[name] = dataclasses.replace(e[name], interval="wilson",
+                                                  **dict(zip(("ci_low", "ci_high"),
+                                                             back(*wilson((e[name].value - lo) / span, ratio.ess, z)))))
+        # ips of r = lo * mean(w) + span * ips of r'; the interval is the r' part's, moved by the
+        # first term (the weights' mean is taken as it is: it is 1 in expectation).
+        shift = lo * self._sw / self.n
+        k = self._su2 / self._su if self._su > 0 else (self._sw2 / self._sw if self._sw > 0 else 0.0)
+        if k > 0:
+            a, b = scaled_wilson(self._su / self.n, k, self.n, z)
+            fixed["ips"] = dataclasses.replace(e["ips"], ci_low=shift + span * a, ci_high=shift + span * b,
+                                               interval="score")
+            d = e["dr"]
+            if d.ci_high - d.ci_low == 0.0 or not math.isfinite(d.ci_high - d.ci_low):
+                ips = fixed["ips"]
+                fixed["dr"] = dataclasses.replace(d, ci_low=d.value - (ips.value - ips.ci_low),
+                                                  ci_high=d.value + (ips.ci_high - ips.value),
+                                                  interval="score-shifted")
+        return [fixed[x.name] for x in out]
+
+    def _bootstrapped(self, e: Estimate) -> Estimate:
+        b, c = self._boot, self.confidence
+        assert b is not None
+        if e.name == "dm" or not math.isfinite(e.value):
+            return e
+        lo, hi = {"replay": lambda: b.ratio("mr", "m", c), "snips": lambda: b.ratio("wr", "w", c),
+                  "ips": lambda: b.mean("wr", c), "dr": lambda: b.mean("dr", c),
+                  "logging": lambda: b.mean("r", c)}[e.name]()
+        return dataclasses.replace(e, ci_low=lo, ci_high=hi, interval="bootstrap")
+
+    def warnings(self, *, min_ess: float = 100.0, min_matched: int = 30) -> list[str]:
+        """What a reader of the estimates must know: too few effective or matched events, and
+        the replay estimator on a log that is not uniform."""
+        out = []
+        if self.n == 0:
+            return ["no events: nothing is estimated"]
+        if self._snips.ess < min_ess:
+            out.append(f"effective sample size {self._snips.ess:.1f} (of {self.n} events) is below {min_ess:g}: "
+                       "the importance-weighted estimates (ips, snips, dr) rest on few events and their "
+                       "intervals are approximate")
+        if self._replay.nonzero < min_matched:
+            out.append(f"only {self._replay.nonzero} events where the target could choose the logged action: "
+                       "replay's estimate and interval rest on them alone")
+        if not self._uniform:
+            out.append("the log is not uniform (its propensities are not 1/K): the replay estimator assumes it "
+                       "is and is biased here; read snips or dr")
+        return out
 
     def estimates(self) -> list[Estimate]:
         """The five estimates, in the order replay, ips, snips, dm, dr."""
@@ -302,5 +418,12 @@ class OffPolicyEvaluator:
 
     @property
     def logging_value(self) -> Estimate:
-        """The logging policy's own value: the mean logged reward, with its normal interval."""
-        return self._logged.estimate("logging", self._z)
+        """The logging policy's own value: the mean logged reward, with its interval."""
+        e = self._logged.estimate("logging", self._z)
+        if self._boot is not None:
+            return self._bootstrapped(e)
+        if self.scored:
+            lo, hi = self._ends
+            a, b = wilson((e.value - lo) / (hi - lo), self.n, self._z)
+            return dataclasses.replace(e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson")
+        return e

@@ -27,6 +27,7 @@ __all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "LOGGED_DECISI
 
 CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
 _OPTIONAL = ("features", "decision_version")
+_FIELD_LIMIT = 2**31 - 1  # the largest the csv module accepts on every platform
 _SCHEMA_PATH = SCHEMA_DIR / "logged_decision.avsc"
 LOGGED_DECISION_SCHEMA = fastavro.parse_schema(json.loads(_SCHEMA_PATH.read_text()))
 
@@ -108,7 +109,8 @@ def _parse_inline(text: str, k: int, where: str) -> np.ndarray:
     try:
         rows = [[float(v) for v in arm.split()] for arm in arms]
     except ValueError:
-        raise LogError(f"{where}: non-numeric value in features {text!r}", "features") from None
+        shown = text if len(text) <= 200 else text[:200] + f"... ({len(text)} characters)"
+        raise LogError(f"{where}: non-numeric value in features {shown!r}", "features") from None
     d = len(rows[0])
     if d == 0 or any(len(r) != d for r in rows):
         raise LogError(f"{where}: wrong feature count: arms have {[len(r) for r in rows]} values", "features")
@@ -160,7 +162,7 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str) -> 
     except ValueError:
         raise LogError(f"{where}: malformed decision_version {vtext!r}", "malformed") from None
     d = LoggedDecision(ts, event_id, row["model_key"].strip(), arm_ids, features, action, propensity, reward,
-                       version)
+                       version, where)
     return validate(d, where)
 
 
@@ -179,6 +181,9 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
     """
     cat = read_catalog(catalog) if isinstance(catalog, (str, os.PathLike)) else catalog
     where = str(path)
+    # Python's csv refuses a field over 131,072 characters by default; a row of a thousand arms'
+    # inline features is longer. Memory is the only limit on a row.
+    csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.DictReader(f, skipinitialspace=True)
         try:
@@ -249,7 +254,7 @@ def _from_record(r: dict, where: str) -> LoggedDecision:
                            "features")
         features = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(k, dim)
         d = LoggedDecision(int(r["timestamp_ms"]), r["event_id"], r["model_key"], arm_ids, features,
-                           int(r["action"]), r["propensity"], r["reward"], int(r.get("decision_version", -1)))
+                           int(r["action"]), r["propensity"], r["reward"], int(r.get("decision_version", -1)), where)
     except (KeyError, TypeError) as exc:
         raise LogError(f"{where}: malformed record ({exc!r})", "malformed") from None
     return validate(d, where)

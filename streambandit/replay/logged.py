@@ -15,7 +15,11 @@ import numpy as np
 
 from streambandit.errors import StreambanditError
 
-__all__ = ["LoggedDecision", "LogError", "validate"]
+__all__ = ["LoggedDecision", "LogError", "validate", "MIN_PROPENSITY"]
+
+# Below this a propensity's importance weight (1 / p, up to 1e12) swamps every estimate, and its
+# square overflows the sums the intervals need long before p reaches the smallest double.
+MIN_PROPENSITY = 1e-12
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -31,6 +35,13 @@ class LoggedDecision:
     propensity: float  # probability the logging policy chose `action`, in (0, 1]
     reward: float
     decision_version: int = -1  # the live model's update count when it decided (-1: unknown)
+    # Where the decision was read ("log.csv row 3 (line 4)"), for errors found after reading.
+    source: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def where(self) -> str:
+        """Its place in the log if known, else its event id: how an error names it."""
+        return f"{self.source} (event {self.event_id!r})" if self.source else f"event {self.event_id!r}"
 
 
 class LogError(StreambanditError, ValueError):
@@ -38,7 +49,8 @@ class LogError(StreambanditError, ValueError):
 
     The message starts with where the problem is (file and row or record number); ``reason`` is
     a short code (``propensity``, ``action``, ``features``, ``reward``, ``arms``, ``malformed``,
-    ``catalog``, ``file``) that readers use to count skipped rows by cause.
+    ``catalog``, ``file``, ``event_id``, ``model_key``, ``duplicate``) that readers and the
+    replay use to count skipped rows by cause.
     """
 
     def __init__(self, message: str, reason: str = "invalid") -> None:
@@ -49,10 +61,14 @@ class LogError(StreambanditError, ValueError):
 def validate(d: LoggedDecision, where: str) -> LoggedDecision:
     """Return ``d`` if it is usable, else raise :class:`LogError` with ``where`` in the message.
 
-    Checks: at least one arm; ``arm_ids`` and the feature rows agree in number; features a
-    finite 2-D float array; ``action`` an integer in ``[0, K)``; propensity present, not NaN,
-    in ``(0, 1]``; reward finite.
+    Checks: a non-empty event id and model key; at least one arm; ``arm_ids`` and the feature
+    rows agree in number; features a finite 2-D float array; ``action`` an integer in ``[0, K)``;
+    propensity present, not NaN, in ``[MIN_PROPENSITY, 1]``; reward finite.
     """
+    if not d.event_id:
+        raise LogError(f"{where}: empty event id", "event_id")
+    if not d.model_key:
+        raise LogError(f"{where}: empty model key", "model_key")
     k = len(d.arm_ids)
     if k == 0:
         raise LogError(f"{where}: empty arm list", "arms")
@@ -84,6 +100,9 @@ def validate(d: LoggedDecision, where: str) -> LoggedDecision:
         raise LogError(f"{where}: propensity is NaN", "propensity")
     if not 0.0 < p <= 1.0:
         raise LogError(f"{where}: propensity {p!r} is not in (0, 1]", "propensity")
+    if p < MIN_PROPENSITY:
+        raise LogError(f"{where}: propensity {p!r} is below {MIN_PROPENSITY:g}: its importance weight would swamp "
+                       "every estimate (a logging bug, or a probability logged as a log-probability?)", "propensity")
     try:
         r = float(d.reward)
     except (TypeError, ValueError):

@@ -17,10 +17,16 @@ _ABOUT = {
     "replay": "mean reward where the target chose the logged arm (Li et al. 2011; unbiased for uniform logs)",
     "ips": "inverse propensity scoring",
     "snips": "self-normalised IPS",
-    "dm": "direct method (ridge reward model fitted online)",
+    "dm": "direct method (ridge reward model fitted online; no interval: its error is the model's bias)",
     "dr": "doubly robust",
     "logging": "the logging policy's own mean reward",
 }
+
+
+_INTERVALS = ("wilson and score: for rewards at two values only (0/1, or the ends of --reward-range), score "
+              "intervals that stay informative when few rewards are 1; delta and normal: normal approximations; "
+              "bootstrap: percentiles of Poisson bootstrap replicates (--bootstrap). Each treats the target's "
+              "choices at each event as given (docs/replay_formats.md).")
 
 
 def _num(x: float) -> float | None:
@@ -30,7 +36,7 @@ def _num(x: float) -> float | None:
 
 def _estimate_json(e: Estimate) -> dict[str, Any]:
     return {"name": e.name, "value": _num(e.value), "ci_low": _num(e.ci_low), "ci_high": _num(e.ci_high),
-            "n": int(e.n), "ess": _num(e.ess), "clipped": int(e.clipped)}
+            "interval": e.interval, "n": int(e.n), "ess": _num(e.ess), "clipped": int(e.clipped)}
 
 
 def to_json(result: ReplayResult, *, source: str = "", config: str = "", clip: float | None = None,
@@ -50,6 +56,7 @@ def to_json(result: ReplayResult, *, source: str = "", config: str = "", clip: f
         "off_version": result.off_version,
         "models": {k: {"policy": result.policies[k], "n_updates": int(s.get("n_updates", 0))}
                    for k, s in sorted(result.models.items())},
+        "warnings": list(result.warnings),
         "seconds": round(result.seconds, 3),
         "events_per_s": round(result.events / result.seconds, 1) if result.seconds > 0 else None,
     }
@@ -76,11 +83,15 @@ def to_markdown(result: ReplayResult, *, source: str = "", confidence: float = 0
                   f"{f', {result.skipped} rows skipped' if result.skipped else ''}"
                   f"{f', {result.off_version} decisions off their logged version' if result.off_version else ''}.",
                   ""]
-    lines += [f"| estimator | value | {pct} interval | n | ESS | clipped | what |",
-              "|---|---:|---|---:|---:|---:|---|"]
+    lines += [f"| estimator | value | {pct} interval | interval kind | n | ESS | clipped | what |",
+              "|---|---:|---|---|---:|---:|---:|---|"]
     for e in [*result.estimates, result.logging_value]:
-        lines.append(f"| {e.name} | {_fmt(e.value)} | [{_fmt(e.ci_low)}, {_fmt(e.ci_high)}] | {e.n} | "
+        ci = "none" if e.interval == "none" else f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
+        lines.append(f"| {e.name} | {_fmt(e.value)} | {ci} | {e.interval} | {e.n} | "
                      f"{_ess(e.ess)} | {e.clipped} | {_ABOUT.get(e.name, '')} |")
+    lines += ["", "Intervals: " + _INTERVALS]
+    if result.warnings:
+        lines += ["", "Warnings:", *(f"- {w}" for w in result.warnings)]
     return "\n".join(lines) + "\n"
 
 

@@ -43,10 +43,18 @@ from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
 
-__all__ = ["ReplayResult", "replay", "DEFAULT_MAX_LAG", "PROGRESS_EVERY"]
+__all__ = ["ReplayResult", "replay", "DEFAULT_MAX_LAG", "PROGRESS_EVERY", "LEARNING_NOTE"]
 
 DEFAULT_MAX_LAG = 100_000  # logged updates of one model key held back waiting for earlier-version decisions
 PROGRESS_EVERY = 1000
+
+# The intervals treat the target's probabilities at each event as given. A target that learns
+# during the replay has probabilities that depend on this log's earlier events: what is estimated
+# is the value of this one learning path, and the spread of a learner's value over other logs
+# (other orders, other draws of the logging policy) is not in the interval.
+LEARNING_NOTE = ("the target learned during the replay (from the events where it chose the logged action): the "
+                 "estimates are the value of this one learning path through this log, and the intervals cover "
+                 "that value, not the learner's expected value on other logs of the same traffic")
 
 
 @dataclasses.dataclass
@@ -65,6 +73,7 @@ class ReplayResult:
     skipped: int = 0  # rows the reader skipped as bad (--skip-bad)
     skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+    warnings: list[str] = dataclasses.field(default_factory=list)  # what a reader of the estimates must know
 
     @property
     def match_rate(self) -> float:
@@ -103,10 +112,10 @@ class _Model:
 
 
 class _Replayer:
-    def __init__(self, models: ModelsConfig, clip: float | None, max_lag: int) -> None:
+    def __init__(self, models: ModelsConfig, max_lag: int, evaluator: OffPolicyEvaluator) -> None:
         self.config = models
         self.max_lag = max_lag
-        self.evaluator = OffPolicyEvaluator(clip=clip)
+        self.evaluator = evaluator
         self.models: dict[str, _Model] = {}
         self.decisions: dict[str, int] = {}
         self.matched = 0
@@ -114,11 +123,16 @@ class _Replayer:
         self.off_version = 0
         self._ready: dict[int, _Rec] = {}
         self._next_emit = 0
+        self._seen_ids: set[str] = set()  # ids of decisions held back, not yet in ``decisions``
 
     # -- per record ----------------------------------------------------------------------------
 
     def add(self, d: LoggedDecision) -> None:
         m = self._model(d)
+        if d.event_id in self.decisions or d.event_id in self._seen_ids:
+            raise LogError(f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
+                           "twice, or ids reused)", "duplicate")
+        self._seen_ids.add(d.event_id)
         rec = _Rec(self.events, d)
         self.events += 1
         v = d.decision_version
@@ -147,20 +161,27 @@ class _Replayer:
     # -- internals -----------------------------------------------------------------------------
 
     def _model(self, d: LoggedDecision) -> _Model:
+        """The target model of ``d``'s key, once ``d`` is known to fit it (nothing is created for
+        a decision that does not)."""
         m = self.models.get(d.model_key)
+        spec = m.spec if m is not None else self.config.resolve(d.model_key)
+        if spec is None:
+            raise LogError(f"{d.where}: no configuration matches model key {d.model_key!r}", "model_key")
+        if d.features.shape[1] != spec.dim:
+            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, model "
+                           f"{d.model_key!r} expects {spec.dim}", "features")
+        bounds = self.evaluator.reward_range
+        if bounds is not None and not bounds[0] <= d.reward <= bounds[1]:
+            raise LogError(f"{d.where}: reward {d.reward!r} outside --reward-range "
+                           f"[{bounds[0]:g}, {bounds[1]:g}]", "reward")
         if m is None:
-            spec = self.config.resolve(d.model_key)
-            if spec is None:
-                raise LogError(f"event {d.event_id!r}: no configuration matches model key {d.model_key!r}", "model_key")
-            m = self.models[d.model_key] = _Model(d.model_key, spec)
-        if d.features.shape[1] != m.spec.dim:
-            raise LogError(f"event {d.event_id!r}: features have dimension {d.features.shape[1]}, model "
-                           f"{d.model_key!r} expects {m.spec.dim}", "features")
+            m = _Model(d.model_key, spec)
         try:
             m.policy.validate_reward(d.reward)
         except ValueError as exc:
-            raise LogError(f"event {d.event_id!r}: reward {d.reward!r} not accepted by model {d.model_key!r} "
-                           f"({m.spec.policy}): {exc}", "reward") from None
+            raise LogError(f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
+                           f"({spec.policy}): {exc}", "reward") from None
+        self.models[d.model_key] = m
         return m
 
     def _advance(self, m: _Model, *, final: bool) -> None:
@@ -185,11 +206,12 @@ class _Replayer:
         try:
             scores = m.policy.scores(d.features)
         except ValueError as exc:
-            raise LogError(f"event {d.event_id!r}: {exc}", "features") from None
+            raise LogError(f"{d.where}: {exc}", "features") from None
         # The worker's rule on the same score vector the target distribution is computed from.
         dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed)
         rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon)
         self.decisions[d.event_id] = dec.index
+        self._seen_ids.discard(d.event_id)
 
     def _apply(self, m: _Model, rec: _Rec) -> None:
         """The logged update of ``rec``: the target learns if it chose the logged action; the
@@ -221,29 +243,50 @@ def replay(
     progress: Callable[[int], None] | None = None,
     max_lag: int = DEFAULT_MAX_LAG,
     counts: dict[str, int] | None = None,
+    skip_bad: bool = False,
+    reward_range: tuple[float, float] | None = None,
+    bootstrap: int = 0,
+    confidence: float = 0.95,
 ) -> ReplayResult:
     """Replay ``decisions`` (in log order) through the target configuration ``models``.
 
     ``progress(n)`` is called every :data:`PROGRESS_EVERY` events and at the end. ``counts``: the
     dict a reader of :mod:`streambandit.replay.files` filled while ``decisions`` was consumed
     (``skipped``, ``skipped_<reason>``); its skipped rows are reported in the result.
+    ``skip_bad``: a decision the target configuration cannot use (no model for its key, another
+    dimension, a reward its link or ``reward_range`` refuses, an event id seen before) is skipped
+    and counted in ``counts`` the same way, instead of raising :class:`LogError`.
+    ``reward_range``, ``bootstrap`` and ``confidence`` choose the intervals
+    (:class:`~streambandit.replay.estimators.OffPolicyEvaluator`).
     """
     if max_lag < 0:
         raise ValueError(f"max_lag must be >= 0, got {max_lag!r}")
     start = time.perf_counter()
-    r = _Replayer(models, clip, max_lag)
+    r = _Replayer(models, max_lag, OffPolicyEvaluator(clip=clip, reward_range=reward_range, bootstrap=bootstrap,
+                                                      confidence=confidence))
+    counts = {} if counts is None else counts
     for d in decisions:
-        r.add(d)
+        try:
+            r.add(d)
+        except LogError as err:  # raised before the decision changed any state
+            if not skip_bad:
+                raise
+            counts["skipped"] = counts.get("skipped", 0) + 1
+            counts[f"skipped_{err.reason}"] = counts.get(f"skipped_{err.reason}", 0) + 1
+            continue
         if progress is not None and r.events % PROGRESS_EVERY == 0:
             progress(r.events)
     r.finish()
     if progress is not None:
         progress(r.events)
     ev = r.evaluator
-    counts = counts or {}
     skipped = counts.get("skipped", 0)
     by_reason = {k[len("skipped_"):]: v for k, v in counts.items() if k.startswith("skipped_")}
+    warnings = ev.warnings()
+    if r.matched:
+        warnings.append(LEARNING_NOTE)
     return ReplayResult(
+        warnings=warnings,
         estimates=list(ev.estimates()),
         logging_value=ev.logging_value,
         events=r.events,

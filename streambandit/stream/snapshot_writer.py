@@ -80,7 +80,7 @@ class SnapshotWriter:
         # Present from the start: the thread then only changes values, never the dict's size,
         # so the loop may iterate the metrics (a report, the exit line) while it runs.
         for key in ("snapshots", "snapshot_bases", "snapshot_increments", "snapshot_failures", "snapshot_bytes",
-                    "snapshot_write_ms"):
+                    "snapshot_write_us"):
             metrics.setdefault(key, 0)
         metrics.setdefault("snapshot_forks", 0)
         self.lock = threading.Lock()
@@ -168,7 +168,7 @@ class SnapshotWriter:
                 self.metrics["snapshots"] += 1
                 self.metrics["snapshot_increments" if snap["seq"] else "snapshot_bases"] += 1
                 self.metrics["snapshot_bytes"] = size
-                self.metrics["snapshot_write_ms"] = int((time.monotonic() - started) * 1000)
+                self.metrics["snapshot_write_us"] = int((time.monotonic() - started) * 1e6)
                 log.info("snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s", partition, kind,
                          snap["chain"], snap["seq"], size, models, pending, "" if child is None else " forked")
             finally:

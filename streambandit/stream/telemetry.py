@@ -145,9 +145,9 @@ class _StatusCollector:
                      [((str(p),), a) for p, a in s.snapshot_age_s], labels=("partition",))
         yield _gauge("snapshot_last_bytes", "bytes of the last snapshot stored", [((), c.get("snapshot_bytes", 0))])
         yield _gauge("snapshot_last_write_seconds", "time to pack and store the last snapshot",
-                     [((), c.get("snapshot_write_ms", 0) / 1000)])
+                     [((), c.get("snapshot_write_us", 0) / 1e6)])
         yield _gauge("snapshot_last_pause_seconds", "the loop's pause for the last snapshot (a copy, or a fork)",
-                     [((), c.get("snapshot_pause_ms", 0) / 1000)])
+                     [((), c.get("snapshot_pause_us", 0) / 1e6)])
         info = GaugeMetricFamily("streambandit_worker_info", "the worker's version, group and instance",
                                  labels=sorted(s.info))
         info.add_metric([s.info[k] for k in sorted(s.info)], 1)

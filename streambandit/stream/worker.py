@@ -482,7 +482,7 @@ class Worker:
         part.updates_at_snapshot = engine.updates
         part.snapshot_wall = time.monotonic()
         part.snapshot_took_s = part.snapshot_wall - started
-        self.metrics["snapshot_pause_ms"] = int(part.snapshot_took_s * 1000)
+        self.metrics["snapshot_pause_us"] = int(part.snapshot_took_s * 1e6)
 
     # -- rebalance -----------------------------------------------------------------------------
 

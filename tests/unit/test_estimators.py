@@ -136,12 +136,12 @@ def test_a_big_run_is_inside_every_interval_and_dm_with_the_right_model_is_close
     v = true_value("eps", "linear")
     ev = evaluate(7, 20_000, logging="softmax", target="eps", reward="linear")
     est = by_name(ev)
-    for name in ("ips", "snips", "dm", "dr"):
+    for name in ("ips", "snips", "dr"):
         e = est[name]
         assert e.ci_low <= v <= e.ci_high, (name, e, v)
         assert e.n == 20_000 and e.clipped == 0
         assert e.ci_high - e.ci_low < 0.1, e  # the interval is informative
-    assert abs(est["dm"].value - v) < 0.03
+    assert abs(est["dm"].value - v) < 0.03 and est["dm"].interval == "none"  # close, with no interval claimed
     # DR with a good model has a smaller interval than IPS
     assert est["dr"].ci_high - est["dr"].ci_low < 0.7 * (est["ips"].ci_high - est["ips"].ci_low)
     # on non-uniform logs the replay estimator (which ignores propensities) is biased: it is only
@@ -319,8 +319,14 @@ def test_bad_events_are_refused(kwargs):
 def test_empty_and_single_event_estimates():
     ev = OffPolicyEvaluator()
     assert all(math.isnan(e.value) and e.n == 0 for e in ev.estimates())
-    ev.add(action=0, propensity=0.5, reward=1.0, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
-    for e in ev.estimates():
-        assert math.isfinite(e.value) and e.ci_low == -math.inf and e.ci_high == math.inf
+    ev.add(action=0, propensity=0.5, reward=0.7, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
+    for e in ev.estimates():  # one event of a reward that is not 0/1: nothing bounds the value
+        assert math.isfinite(e.value)
+        assert e.interval == "none" if e.name == "dm" else (e.ci_low, e.ci_high) == (-math.inf, math.inf), e
+    one = OffPolicyEvaluator()  # one 0/1 reward: the score intervals of one trial
+    one.add(action=0, propensity=0.5, reward=1.0, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
+    assert {e.name: e.interval for e in one.estimates()} == {"replay": "wilson", "ips": "score", "snips": "wilson",
+                                                               "dm": "none", "dr": "score-shifted"}
+    assert 0 < one.estimates()[0].ci_low < 1 == one.estimates()[0].ci_high
     with pytest.raises(EstimatorError):
         OffPolicyEvaluator(clip=0.0)
