@@ -91,9 +91,14 @@ def parse_worker_config(raw: dict[str, Any], *, source: str = "<config>",
         known = ", ".join(sorted(_WORKER_KEYS | set(_SNAPSHOT_KEYS)))
         raise ValueError(f"{source}: [worker] has unknown setting(s) {', '.join(unknown)}; known: {known}")
     topics = raw.get("topics", {})
+    known_topics = {f.name for f in dataclasses.fields(Topics)}
+    if not isinstance(topics, dict) or set(topics) - known_topics:
+        extra = sorted(set(topics) - known_topics) if isinstance(topics, dict) else ["(not a table)"]
+        raise ValueError(f"{source}: [topics] has unknown key(s) {', '.join(extra)}; "
+                         f"known: {', '.join(sorted(known_topics))}")
     try:
         topics_obj = Topics(**topics)
-    except TypeError as exc:
+    except (TypeError, ValueError) as exc:
         raise ValueError(f"{source}: [topics]: {exc}") from None
     cfg = WorkerConfig(bootstrap_servers=bootstrap, models=parse_models_config(raw, source=source), topics=topics_obj,
                        kafka=kafka, **worker)

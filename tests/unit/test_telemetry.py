@@ -96,6 +96,10 @@ def test_repeated_lines_pass_once_a_minute_with_a_count_of_those_held_back():
 def test_unknown_tables_and_librdkafka_keys_are_errors_naming_them():
     with pytest.raises(ValueError, match="top level: workr"):
         parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "workr": {}, **MODELS})
+    with pytest.raises(ValueError, match=r"\[worker\] has unknown setting\(s\) metrics_prot; known: .*metrics_port"):
+        parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "worker": {"metrics_prot": 1}, **MODELS})
+    with pytest.raises(ValueError, match=r"\[topics\] has unknown key\(s\) context; known: actions, contexts"):
+        parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "topics": {"context": "c"}, **MODELS})
     for kafka, named in (({"bootstrap.servrs": "x"}, "bootstrap.servrs"), ({"acks": "maybe"}, "acks"),
                          ({"consumer": {"session.timeout.ms": "soon"}}, "session.timeout.ms")):
         config = WorkerConfig(bootstrap_servers="127.0.0.1:1", models=parse_models_config(MODELS), kafka=kafka)
