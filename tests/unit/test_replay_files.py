@@ -209,12 +209,24 @@ def test_validate_directly():
         assert words in str(exc.value)
 
 
-def test_unreadable_csv_rows(tmp_path):
+def test_unreadable_csv_rows(tmp_path, monkeypatch):
+    # A row the csv module refuses (here a field over a field size limit lowered for the test;
+    # the reader's own limit is 2**31 - 1) is malformed, and the next row is still read.
     import csv
 
-    limit = csv.field_size_limit()
-    big = "1002,e3,m,a|b,b,0.5,1.0," + '"' + "1 " * (limit // 2 + 10) + '"'
+    from streambandit.replay import files
+
+    monkeypatch.setattr(files, "_FIELD_LIMIT", 1000)
+    saved = csv.field_size_limit(1000)  # the process-wide limit, whatever an earlier test set
+    big = "1002,e3,m,a|b,b,0.5,1.0," + '"' + "1 " * 600 + '"'
     log = _write(tmp_path, "log.csv", HEADER.strip() + ",features\n" + big + "\n" + GOOD[0] + ",1 2|3 4|5 6\n")
+    try:
+        _unreadable_rows(tmp_path, log)
+    finally:
+        csv.field_size_limit(saved)
+
+
+def _unreadable_rows(tmp_path, log):
     with pytest.raises(LogError, match="row 1 .*malformed row"):
         list(read_csv(log))
     counts: dict[str, int] = {}
