@@ -346,36 +346,32 @@ class OffPolicyEvaluator:
         """Whether the intervals are score intervals: every reward at one of two known values."""
         return self.n > 0 and self._two_valued
 
+    def _wilson(self, e: Estimate, n: float) -> Estimate:
+        """``e``, a weighted mean of rewards at the two ends, with Wilson's interval over ``n``."""
+        lo, hi = self._ends
+        a, b = wilson((e.value - lo) / (hi - lo), n, self._z)
+        return dataclasses.replace(e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson")
+
     def _scored(self, out: list[Estimate]) -> list[Estimate]:
         """Score intervals (module docstring) in place of the normal ones, on the scale of r."""
-        z, (lo, hi) = self._z, self._ends
-        span = hi - lo
-
-        def back(a: float, b: float) -> tuple[float, float]:
-            return lo + span * a, lo + span * b
-
+        lo, hi = self._ends
         e = {x.name: x for x in out}
-        fixed = dict(e)
         for name, ratio in (("replay", self._replay), ("snips", self._snips)):
             if math.isfinite(e[name].value) and ratio.sv2 > 0:
-                fixed[name] = dataclasses.replace(e[name], interval="wilson",
-                                                  **dict(zip(("ci_low", "ci_high"),
-                                                             back(*wilson((e[name].value - lo) / span, ratio.ess, z)))))
-        # ips of r = lo * mean(w) + span * ips of r'; the interval is the r' part's, moved by the
-        # first term (the weights' mean is taken as it is: it is 1 in expectation).
+                e[name] = self._wilson(e[name], ratio.ess)
+        # ips of r = lo * mean(w) + (hi - lo) * ips of r'; the interval is the r' part's, moved by
+        # the first term (the weights' mean is taken as it is: it is 1 in expectation).
         shift = lo * self._sw / self.n
         k = self._su2 / self._su if self._su > 0 else (self._sw2 / self._sw if self._sw > 0 else 0.0)
         if k > 0:
-            a, b = scaled_wilson(self._su / self.n, k, self.n, z)
-            fixed["ips"] = dataclasses.replace(e["ips"], ci_low=shift + span * a, ci_high=shift + span * b,
-                                               interval="score")
+            a, b = scaled_wilson(self._su / self.n, k, self.n, self._z)
+            ips = e["ips"] = dataclasses.replace(e["ips"], ci_low=shift + (hi - lo) * a, ci_high=shift + (hi - lo) * b,
+                                                 interval="score")
             d = e["dr"]
-            if d.ci_high - d.ci_low == 0.0 or not math.isfinite(d.ci_high - d.ci_low):
-                ips = fixed["ips"]
-                fixed["dr"] = dataclasses.replace(d, ci_low=d.value - (ips.value - ips.ci_low),
-                                                  ci_high=d.value + (ips.ci_high - ips.value),
-                                                  interval="score-shifted")
-        return [fixed[x.name] for x in out]
+            if not 0.0 < d.ci_high - d.ci_low < math.inf:  # no spread, or too few events: ips's, moved
+                e["dr"] = dataclasses.replace(d, ci_low=d.value - (ips.value - ips.ci_low),
+                                              ci_high=d.value + (ips.ci_high - ips.value), interval="score-shifted")
+        return [e[x.name] for x in out]
 
     def _bootstrapped(self, e: Estimate) -> Estimate:
         b, c = self._boot, self.confidence
@@ -422,8 +418,4 @@ class OffPolicyEvaluator:
         e = self._logged.estimate("logging", self._z)
         if self._boot is not None:
             return self._bootstrapped(e)
-        if self.scored:
-            lo, hi = self._ends
-            a, b = wilson((e.value - lo) / (hi - lo), self.n, self._z)
-            return dataclasses.replace(e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson")
-        return e
+        return self._wilson(e, self.n) if self.scored else e

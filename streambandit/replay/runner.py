@@ -123,16 +123,15 @@ class _Replayer:
         self.off_version = 0
         self._ready: dict[int, _Rec] = {}
         self._next_emit = 0
-        self._seen_ids: set[str] = set()  # ids of decisions held back, not yet in ``decisions``
 
     # -- per record ----------------------------------------------------------------------------
 
     def add(self, d: LoggedDecision) -> None:
         m = self._model(d)
-        if d.event_id in self.decisions or d.event_id in self._seen_ids:
+        if d.event_id in self.decisions:
             raise LogError(f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
                            "twice, or ids reused)", "duplicate")
-        self._seen_ids.add(d.event_id)
+        self.decisions[d.event_id] = -1  # known from now on; its choice is set when it is decided
         rec = _Rec(self.events, d)
         self.events += 1
         v = d.decision_version
@@ -211,7 +210,6 @@ class _Replayer:
         dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed)
         rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon)
         self.decisions[d.event_id] = dec.index
-        self._seen_ids.discard(d.event_id)
 
     def _apply(self, m: _Model, rec: _Rec) -> None:
         """The logged update of ``rec``: the target learns if it chose the logged action; the
