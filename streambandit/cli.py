@@ -275,8 +275,6 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise ValueError(f"--clip must be > 0, got {args.clip}")
     if args.reward_range and not args.reward_range[0] < args.reward_range[1]:
         raise ValueError(f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}")
-    if args.bootstrap and args.bootstrap < 10:
-        raise ValueError(f"--bootstrap needs at least 10 replicates, got {args.bootstrap}")
     counts: dict[str, int] = {}
     decisions, source = _replay_source(args, counts)
     tty = sys.stderr.isatty()

@@ -59,7 +59,7 @@ import numpy as np
 
 from streambandit.errors import StreambanditError
 from streambandit.linalg import sherman_morrison_update
-from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
+from streambandit.replay.intervals import MAX_REPLICATES, MIN_REPLICATES, PoissonBootstrap, scaled_wilson, wilson
 
 __all__ = ["Estimate", "RidgeRewardModel", "OffPolicyEvaluator", "EstimatorError", "ESTIMATORS"]
 
@@ -230,8 +230,9 @@ class OffPolicyEvaluator:
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
                 raise EstimatorError(f"reward_range must be two finite numbers lo < hi, got {reward_range!r}")
             reward_range = (lo, hi)
-        if bootstrap and bootstrap < 10:
-            raise EstimatorError(f"bootstrap needs at least 10 replicates (0: none), got {bootstrap!r}")
+        if bootstrap and not MIN_REPLICATES <= bootstrap <= MAX_REPLICATES:
+            raise EstimatorError(f"bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates (0: none), "
+                                 f"got {bootstrap!r}")
         self.reward_range = reward_range
         # Score intervals need the rewards' two values: the given range's ends, or 0 and 1 while
         # every reward seen is one of them (click logs need no flag).

@@ -33,7 +33,11 @@ import math
 
 import numpy as np
 
-__all__ = ["wilson", "scaled_wilson", "PoissonBootstrap"]
+__all__ = ["wilson", "scaled_wilson", "PoissonBootstrap", "MIN_REPLICATES", "MAX_REPLICATES"]
+
+# Percentile ends need a few replicates in each tail; past 10,000 the ends move by less than the
+# log's own noise, and each replicate costs 8 bytes per sum and a Poisson draw per event.
+MIN_REPLICATES, MAX_REPLICATES = 10, 10_000
 
 
 def wilson(p: float, n: float, z: float) -> tuple[float, float]:
@@ -63,8 +67,8 @@ class PoissonBootstrap:
     and of a mean over the replicates."""
 
     def __init__(self, replicates: int, seed: int = 0) -> None:
-        if replicates < 10:
-            raise ValueError(f"a bootstrap needs at least 10 replicates, got {replicates}")
+        if not MIN_REPLICATES <= replicates <= MAX_REPLICATES:
+            raise ValueError(f"a bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates, got {replicates}")
         self.replicates = int(replicates)
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0x0B007]))
         self._sums: dict[str, np.ndarray] = {}

@@ -113,8 +113,11 @@ def test_the_poisson_bootstrap_is_the_percentile_of_its_replicates():
     means = (counts * xs[:, None]).sum(0) / counts.sum(0)
     assert b.mean("x", 0.9) == pytest.approx(tuple(np.quantile(means, [0.05, 0.95])))
     assert b.ratio("x", "one", 0.9) == pytest.approx(b.mean("x", 0.9))
-    with pytest.raises(ValueError, match="at least 10"):
-        PoissonBootstrap(5)
+    for bad in (5, 10_001, 10**9):  # a hostile --bootstrap must not allocate gigabytes
+        with pytest.raises(ValueError, match="10 to 10000 replicates"):
+            PoissonBootstrap(bad)
+    with pytest.raises(EstimatorError, match="10 to 10000 replicates"):
+        OffPolicyEvaluator(bootstrap=10**9)
 
 
 def test_a_reward_range_scores_two_valued_rewards_and_refuses_a_reward_outside():
