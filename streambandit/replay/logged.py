@@ -37,6 +37,14 @@ class LoggedDecision:
     decision_version: int = -1  # the live model's update count when it decided (-1: unknown)
     # Where the decision was read ("log.csv row 3 (line 4)"), for errors found after reading.
     source: str = dataclasses.field(default="", compare=False)
+    # Slates: the 0-based position the logged arm was shown at (-1: not a slate), the propensity
+    # is then the probability of that arm at that position; rows of one slate share a slate id and
+    # are consecutive in the log, in position order (the cascade estimator reads them so).
+    position: int = -1
+    slate_id: str = ""
+    # External targets' probabilities for this row (name, (K,) over arm_ids, at ``position`` for
+    # a slate row): a policy from another system, given by what it would have done.
+    external: tuple[tuple[str, np.ndarray], ...] = dataclasses.field(default=(), compare=False)
 
     @property
     def where(self) -> str:
@@ -49,7 +57,7 @@ class LogError(StreambanditError, ValueError):
 
     The message starts with where the problem is (file and row or record number); ``reason`` is
     a short code (``propensity``, ``action``, ``features``, ``reward``, ``arms``, ``malformed``,
-    ``catalog``, ``file``, ``event_id``, ``model_key``, ``duplicate``) that readers and the
+    ``catalog``, ``file``, ``event_id``, ``model_key``, ``duplicate``, ``position``, ``target``) that readers and the
     replay use to count skipped rows by cause.
     """
 
@@ -63,7 +71,8 @@ def validate(d: LoggedDecision, where: str) -> LoggedDecision:
 
     Checks: a non-empty event id and model key; at least one arm; ``arm_ids`` and the feature
     rows agree in number; features a finite 2-D float array; ``action`` an integer in ``[0, K)``;
-    propensity present, not NaN, in ``[MIN_PROPENSITY, 1]``; reward finite.
+    propensity present, not NaN, in ``[MIN_PROPENSITY, 1]``; a position of -1 or in ``[0, K)``;
+    external targets' probabilities a probability vector over the arms; reward finite.
     """
     if not d.event_id:
         raise LogError(f"{where}: empty event id", "event_id")
@@ -103,6 +112,18 @@ def validate(d: LoggedDecision, where: str) -> LoggedDecision:
     if p < MIN_PROPENSITY:
         raise LogError(f"{where}: propensity {p!r} is below {MIN_PROPENSITY:g}: its importance weight would swamp "
                        "every estimate (a logging bug, or a probability logged as a log-probability?)", "propensity")
+    pos = d.position
+    if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not -1 <= pos < k:
+        raise LogError(f"{where}: position {pos!r} is not -1 (no slate) or a slot in [0, {k})", "position")
+    if d.slate_id and pos < 0:
+        raise LogError(f"{where}: a slate id without a position", "position")
+    for name, probs in d.external:
+        if not isinstance(probs, np.ndarray) or probs.shape != (k,) or not np.isfinite(probs).all():
+            raise LogError(f"{where}: target {name!r}: probabilities must be {k} finite numbers, one per arm",
+                           "target")
+        if probs.min() < 0.0 or abs(float(probs.sum()) - 1.0) > 1e-6:
+            raise LogError(f"{where}: target {name!r}: probabilities must be >= 0 and sum to 1 "
+                           f"(they sum to {float(probs.sum())!r})", "target")
     try:
         r = float(d.reward)
     except (TypeError, ValueError):
