@@ -38,14 +38,20 @@ def event_rng(model_key: str, event_id: str, seed: int) -> np.random.Generator:
     return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
 
 
-def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
+def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
+           position: int = 0) -> Decision:
     """Epsilon-greedy over a score vector.
 
     With probability ``epsilon`` the arm is drawn uniformly, otherwise it is the argmax (ties to
     the lowest index); the propensity of the chosen arm is ``(1 - epsilon) [i == greedy] +
     epsilon / K``. With ``epsilon <= 0`` no random number is drawn and the propensity is 1.
+
+    ``position`` k > 0 (a slot of a slate, for replay): the greedy arm is the k-th by score (ties
+    to the lower index) and the draw the same, so each slot is epsilon-greedy over the ranking:
+    a uniformly random permutation, chosen with probability ``epsilon``, puts each arm at slot k
+    with probability 1 / K, the draw's.
     """
-    greedy = int(scores.argmax())
+    greedy = int(scores.argmax()) if position == 0 else _ranked(scores, position)
     if epsilon <= 0.0:
         return Decision(greedy, float(scores[greedy]), 1.0, False)
     k = scores.shape[0]
@@ -54,6 +60,13 @@ def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str,
     index = int(rng.integers(k)) if explored else greedy
     propensity = (1.0 - epsilon) * (index == greedy) + epsilon / k
     return Decision(index, float(scores[index]), float(propensity), explored)
+
+
+def _ranked(scores: np.ndarray, position: int) -> int:
+    """The arm at ``position`` of the ranking by score, highest first, ties to the lower index."""
+    if not 0 <= position < scores.shape[0]:
+        raise ValueError(f"position {position} is not a slot of {scores.shape[0]} arms")
+    return int(np.argsort(-scores, kind="stable")[position])
 
 
 def decide(policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
@@ -66,10 +79,11 @@ def decide(policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, 
     return choose(policy.scores(arms), epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed)
 
 
-def action_probabilities(scores: np.ndarray, epsilon: float) -> np.ndarray:
-    """The probability of each arm under :func:`choose`: ``epsilon / K`` each, plus
-    ``1 - epsilon`` on the argmax (the distribution off-policy estimators weigh a target by)."""
+def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) -> np.ndarray:
+    """The probability of each arm under :func:`choose` (at ``position``): ``epsilon / K`` each,
+    plus ``1 - epsilon`` on the greedy arm (the distribution off-policy estimators weigh a target
+    by)."""
     k = scores.shape[0]
     probs = np.full(k, epsilon / k) if epsilon > 0.0 else np.zeros(k)
-    probs[int(scores.argmax())] += 1.0 - epsilon
+    probs[int(scores.argmax()) if position == 0 else _ranked(scores, position)] += 1.0 - epsilon
     return probs

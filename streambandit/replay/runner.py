@@ -24,6 +24,19 @@ log that does not start at the model's beginning) is made at the earliest versio
 and counted in ``ReplayResult.off_version``. Records with ``decision_version == -1`` (external
 logs) are decided and then learnt from at once.
 
+Targets (:class:`Target`). :func:`replay_targets` evaluates several targets in one pass over the
+log: each is a streambandit configuration that learns as above, the same frozen (``learn=False``:
+it decides from its starting state and never updates, e.g. models loaded from a worker's snapshot
+or from ``--save-state``), or an external policy given by its probabilities for each row (a
+column of the log, or a side file keyed by event id). A row that any target cannot use is an
+error, or with ``skip_bad`` skipped for every target, so that all targets are estimated on the
+same rows. Beside the pooled estimates each target has estimates per model key (the first
+:data:`MAX_KEY_ESTIMATES` keys).
+
+Slates: a row with a position is decided at that slot (:func:`~streambandit.decision.choose`
+with ``position``: the k-th arm by score, epsilon-greedy) and the evaluator weighs it per slot
+(``estimators.py``).
+
 Pure: numpy only, no Kafka client.
 """
 
@@ -33,6 +46,7 @@ import collections
 import dataclasses
 import math
 import time
+from collections.abc import Mapping
 from typing import Any, Callable, Iterable
 
 import numpy as np
@@ -43,10 +57,14 @@ from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
 
-__all__ = ["ReplayResult", "replay", "DEFAULT_MAX_LAG", "PROGRESS_EVERY", "LEARNING_NOTE"]
+__all__ = ["ReplayResult", "KeyEstimates", "Target", "replay", "replay_targets", "DEFAULT_MAX_LAG", "PROGRESS_EVERY",
+           "LEARNING_NOTE", "MAX_KEY_ESTIMATES"]
 
 DEFAULT_MAX_LAG = 100_000  # logged updates of one model key held back waiting for earlier-version decisions
 PROGRESS_EVERY = 1000
+# Per-key estimates cost an evaluator each; a log of millions of keys (one per user) gets them for
+# its first keys and the pooled estimate for all.
+MAX_KEY_ESTIMATES = 1000
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -74,6 +92,10 @@ class ReplayResult:
     skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     warnings: list[str] = dataclasses.field(default_factory=list)  # what a reader of the estimates must know
+    target: str = "target"  # the target's name
+    kind: str = "learning"  # learning | frozen | external
+    by_key: dict[str, "KeyEstimates"] = dataclasses.field(default_factory=dict)  # model key -> its estimates
+    keys_without_estimates: int = 0  # events of keys past MAX_KEY_ESTIMATES (in the pooled estimates only)
 
     @property
     def match_rate(self) -> float:
@@ -84,6 +106,74 @@ class ReplayResult:
             if e.name == name:
                 return e
         raise KeyError(name)
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyEstimates:
+    """One model key's share of a target's estimates."""
+
+    estimates: list[Estimate]
+    logging_value: Estimate
+    events: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """A policy to evaluate.
+
+    ``models``: a streambandit configuration (one model per key, built from its spec); None for
+    an external target, whose probabilities for each row are ``probs[event_id]`` (a side file)
+    or, without ``probs``, the row's own ``external`` entry of this name (a column of the log).
+    ``learn``: whether the models learn from the log (rejection sampling, module docstring).
+    ``states``: model key -> a state dict the key's model starts from (a snapshot's models, or a
+    file written by ``--save-state``); keys not in it start fresh.
+    """
+
+    name: str
+    models: ModelsConfig | None = None
+    learn: bool = True
+    states: Mapping[str, dict[str, Any]] | None = None
+    probs: Mapping[str, np.ndarray] | None = None
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ValueError("a target needs a name")
+        if self.models is None and self.states is not None:
+            raise ValueError(f"target {self.name!r}: an external target has no models to load states into")
+
+    @property
+    def kind(self) -> str:
+        return "external" if self.models is None else ("learning" if self.learn else "frozen")
+
+
+class _Evaluators:
+    """A target's pooled evaluator and one per model key, for the first MAX_KEY_ESTIMATES keys
+    (without a bootstrap: B replicates per key would multiply its cost by the keys)."""
+
+    def __init__(self, settings: dict[str, Any]) -> None:
+        self.settings = settings
+        self.pooled = OffPolicyEvaluator(**settings)
+        self.by_key: dict[str, OffPolicyEvaluator] = {}
+        self.untracked = 0
+
+    def add(self, key: str, **event: Any) -> None:
+        self.pooled.add(**event)
+        e = self.by_key.get(key)
+        if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
+            e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0})
+        if e is None:
+            self.untracked += 1
+        else:
+            e.add(**event)
+
+    def by_key_estimates(self) -> dict[str, KeyEstimates]:
+        return {k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()}
+
+
+def _row_event(d: LoggedDecision) -> dict[str, Any]:
+    """What the evaluator reads of a row besides the target's probabilities and predictions."""
+    return {"action": d.action, "propensity": d.propensity, "reward": d.reward, "slate_id": d.slate_id,
+            "position": d.position}
 
 
 class _Rec:
@@ -100,10 +190,12 @@ class _Rec:
 class _Model:
     """The target model of one key, its reward model, and the decisions and updates held back."""
 
-    def __init__(self, key: str, spec: ModelSpec) -> None:
+    def __init__(self, key: str, spec: ModelSpec, state: dict[str, Any] | None = None) -> None:
         self.key = key
         self.spec = spec
         self.policy: Policy = spec.build()
+        if state is not None:
+            self.policy.load_state_dict(state)  # raises if the state is of another configuration
         self.reward_model = RidgeRewardModel(spec.dim)
         self.applied = 0  # logged updates processed (applied to the target or rejected)
         self.seen = 0  # logged records seen (the next record's update index)
@@ -111,11 +203,16 @@ class _Model:
         self.updates: collections.deque[_Rec] = collections.deque()  # seen, not yet applied, log order
 
 
-class _Replayer:
-    def __init__(self, models: ModelsConfig, max_lag: int, evaluator: OffPolicyEvaluator) -> None:
-        self.config = models
+class _ModelReplayer:
+    """A streambandit configuration as the target: it decides (and learns) row by row."""
+
+    def __init__(self, target: Target, max_lag: int, evaluators: _Evaluators, reward_range) -> None:
+        assert target.models is not None
+        self.target = target
+        self.config = target.models
         self.max_lag = max_lag
-        self.evaluator = evaluator
+        self.evaluators = evaluators
+        self.reward_range = reward_range
         self.models: dict[str, _Model] = {}
         self.decisions: dict[str, int] = {}
         self.matched = 0
@@ -126,12 +223,33 @@ class _Replayer:
 
     # -- per record ----------------------------------------------------------------------------
 
-    def add(self, d: LoggedDecision) -> None:
-        m = self._model(d)
-        if d.event_id in self.decisions:
-            raise LogError(f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
-                           "twice, or ids reused)", "duplicate")
-        self.decisions[d.event_id] = -1  # known from now on; its choice is set when it is decided
+    def check(self, d: LoggedDecision) -> _Model:
+        """The target model of ``d``'s key, once ``d`` is known to fit it; nothing is kept for a
+        decision that does not (a LogError), so a row refused by another target leaves no trace."""
+        m = self.models.get(d.model_key)
+        spec = m.spec if m is not None else self.config.resolve(d.model_key)
+        if spec is None:
+            raise LogError(f"{d.where}: no configuration matches model key {d.model_key!r}", "model_key")
+        if d.features.shape[1] != spec.dim:
+            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, model "
+                           f"{d.model_key!r} expects {spec.dim}", "features")
+        if m is None:
+            states = self.target.states
+            try:
+                m = _Model(d.model_key, spec, states.get(d.model_key) if states is not None else None)
+            except ValueError as exc:  # a loaded state of another configuration: the whole target is wrong
+                raise ValueError(f"target {self.target.name!r}: the state of model {d.model_key!r} does not fit "
+                                 f"its configuration: {exc}") from None
+        try:
+            m.policy.validate_reward(d.reward)
+        except ValueError as exc:
+            raise LogError(f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
+                           f"({spec.policy}): {exc}", "reward") from None
+        return m
+
+    def add(self, d: LoggedDecision, m: _Model) -> None:
+        self.models[d.model_key] = m
+        self.decisions[d.event_id] = -1  # its choice is set when it is decided
         rec = _Rec(self.events, d)
         self.events += 1
         v = d.decision_version
@@ -159,30 +277,6 @@ class _Replayer:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _model(self, d: LoggedDecision) -> _Model:
-        """The target model of ``d``'s key, once ``d`` is known to fit it (nothing is created for
-        a decision that does not)."""
-        m = self.models.get(d.model_key)
-        spec = m.spec if m is not None else self.config.resolve(d.model_key)
-        if spec is None:
-            raise LogError(f"{d.where}: no configuration matches model key {d.model_key!r}", "model_key")
-        if d.features.shape[1] != spec.dim:
-            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, model "
-                           f"{d.model_key!r} expects {spec.dim}", "features")
-        bounds = self.evaluator.reward_range
-        if bounds is not None and not bounds[0] <= d.reward <= bounds[1]:
-            raise LogError(f"{d.where}: reward {d.reward!r} outside --reward-range "
-                           f"[{bounds[0]:g}, {bounds[1]:g}]", "reward")
-        if m is None:
-            m = _Model(d.model_key, spec)
-        try:
-            m.policy.validate_reward(d.reward)
-        except ValueError as exc:
-            raise LogError(f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
-                           f"({spec.policy}): {exc}", "reward") from None
-        self.models[d.model_key] = m
-        return m
-
     def _advance(self, m: _Model, *, final: bool) -> None:
         """Make the decisions due at the current version; apply held-back updates while more than
         ``max_lag`` are held (all of them when ``final``)."""
@@ -206,9 +300,11 @@ class _Replayer:
             scores = m.policy.scores(d.features)
         except ValueError as exc:
             raise LogError(f"{d.where}: {exc}", "features") from None
+        slot = max(d.position, 0)
         # The worker's rule on the same score vector the target distribution is computed from.
-        dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed)
-        rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon)
+        dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed,
+                     position=slot)
+        rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon, slot)
         self.decisions[d.event_id] = dec.index
 
     def _apply(self, m: _Model, rec: _Rec) -> None:
@@ -220,7 +316,8 @@ class _Replayer:
         x = d.features[d.action]
         rec.predicted = m.reward_model.predict(d.features)
         if rec.choice == d.action:
-            m.policy.update(x, d.reward)
+            if self.target.learn:
+                m.policy.update(x, d.reward)
             self.matched += 1
         m.reward_model.update(x, d.reward)
         m.applied += 1
@@ -228,9 +325,63 @@ class _Replayer:
         while self._next_emit in self._ready:
             r = self._ready.pop(self._next_emit)
             self._next_emit += 1
-            self.evaluator.add(action=r.d.action, propensity=r.d.propensity, reward=r.d.reward,
-                               target_probs=r.probs, predicted=r.predicted)
+            self.evaluators.add(r.d.model_key, target_probs=r.probs, predicted=r.predicted, **_row_event(r.d))
             r.probs = r.predicted = None
+
+    def result_fields(self) -> dict[str, Any]:
+        return {"models": {k: m.policy.state_dict() for k, m in self.models.items()},
+                "policies": {k: m.spec.policy for k, m in self.models.items()},
+                "decisions": self.decisions, "off_version": self.off_version}
+
+
+class _ExternalReplayer:
+    """A policy from another system as the target: its probabilities for each row are given.
+    Nothing learns but the per-key reward models of the direct and doubly robust estimators."""
+
+    def __init__(self, target: Target, evaluators: _Evaluators) -> None:
+        self.target = target
+        self.evaluators = evaluators
+        self.reward_models: dict[str, RidgeRewardModel] = {}
+        self.events = 0
+        self.matched = 0
+
+    def check(self, d: LoggedDecision) -> np.ndarray:
+        """The target's probabilities for ``d``'s arms (at its slot)."""
+        name, given = self.target.name, self.target.probs
+        if given is not None:
+            probs = given.get(d.event_id)
+            if probs is None:
+                raise LogError(f"{d.where}: target {name!r} has no probabilities for this event", "target")
+            k = len(d.arm_ids)
+            if probs.shape != (k,):
+                raise LogError(f"{d.where}: target {name!r} gives {probs.shape[0]} probabilities for {k} arms",
+                               "target")
+        else:
+            probs = next((p for n, p in d.external if n == name), None)
+            if probs is None:
+                raise LogError(f"{d.where}: no probabilities of target {name!r} in this row", "target")
+        model = self.reward_models.get(d.model_key)
+        if model is not None and model.dim != d.features.shape[1]:
+            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, earlier rows of model key "
+                           f"{d.model_key!r} had {model.dim}", "features")
+        return probs
+
+    def add(self, d: LoggedDecision, probs: np.ndarray) -> None:
+        model = self.reward_models.get(d.model_key)
+        if model is None:
+            model = self.reward_models[d.model_key] = RidgeRewardModel(d.features.shape[1])
+        predicted = model.predict(d.features)
+        model.update(d.features[d.action], d.reward)
+        self.events += 1
+        self.matched += bool(probs[d.action] > 0.0)
+        self.evaluators.add(d.model_key, target_probs=probs, predicted=predicted, **_row_event(d))
+
+    def finish(self) -> None:
+        pass
+
+    def result_fields(self) -> dict[str, Any]:
+        return {"models": {}, "policies": {k: "external" for k in self.reward_models}, "decisions": {},
+                "off_version": 0}
 
 
 def replay(
@@ -245,6 +396,8 @@ def replay(
     reward_range: tuple[float, float] | None = None,
     bootstrap: int = 0,
     confidence: float = 0.95,
+    learn: bool = True,
+    states: Mapping[str, dict[str, Any]] | None = None,
 ) -> ReplayResult:
     """Replay ``decisions`` (in log order) through the target configuration ``models``.
 
@@ -255,46 +408,95 @@ def replay(
     dimension, a reward its link or ``reward_range`` refuses, an event id seen before) is skipped
     and counted in ``counts`` the same way, instead of raising :class:`LogError`.
     ``reward_range``, ``bootstrap`` and ``confidence`` choose the intervals
-    (:class:`~streambandit.replay.estimators.OffPolicyEvaluator`).
+    (:class:`~streambandit.replay.estimators.OffPolicyEvaluator`); ``learn`` and ``states``: see
+    :class:`Target`.
     """
+    target = Target("target", models, learn=learn, states=states)
+    return replay_targets(decisions, [target], clip=clip, progress=progress, max_lag=max_lag, counts=counts,
+                          skip_bad=skip_bad, reward_range=reward_range, bootstrap=bootstrap,
+                          confidence=confidence)["target"]
+
+
+def replay_targets(
+    decisions: Iterable[LoggedDecision],
+    targets: list[Target],
+    *,
+    clip: float | None = None,
+    progress: Callable[[int], None] | None = None,
+    max_lag: int = DEFAULT_MAX_LAG,
+    counts: dict[str, int] | None = None,
+    skip_bad: bool = False,
+    reward_range: tuple[float, float] | None = None,
+    bootstrap: int = 0,
+    confidence: float = 0.95,
+) -> dict[str, ReplayResult]:
+    """:func:`replay` of several targets in one pass over ``decisions``: target name -> result,
+    in the order given. Every target sees the same rows (module docstring)."""
     if max_lag < 0:
         raise ValueError(f"max_lag must be >= 0, got {max_lag!r}")
+    names = [t.name for t in targets]
+    if not targets or len(set(names)) != len(names):
+        raise ValueError(f"replay needs at least one target, each with its own name; got {names}")
     start = time.perf_counter()
-    r = _Replayer(models, max_lag, OffPolicyEvaluator(clip=clip, reward_range=reward_range, bootstrap=bootstrap,
-                                                      confidence=confidence))
+    settings = {"clip": clip, "reward_range": reward_range, "bootstrap": bootstrap, "confidence": confidence}
+    OffPolicyEvaluator(**settings)  # refuses bad settings before the log is read
+    runs: list[_ModelReplayer | _ExternalReplayer] = [
+        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range) if t.models is not None
+        else _ExternalReplayer(t, _Evaluators(settings)) for t in targets]
+    seen: set[str] = set()
+    events = 0
     counts = {} if counts is None else counts
     for d in decisions:
         try:
-            r.add(d)
-        except LogError as err:  # raised before the decision changed any state
+            if d.event_id in seen:
+                raise LogError(f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
+                               "twice, or ids reused)", "duplicate")
+            if reward_range is not None and not reward_range[0] <= d.reward <= reward_range[1]:
+                raise LogError(f"{d.where}: reward {d.reward!r} outside --reward-range "
+                               f"[{reward_range[0]:g}, {reward_range[1]:g}]", "reward")
+            fits = [r.check(d) for r in runs]  # every target first: a row is used by all or by none
+        except LogError as err:
             if not skip_bad:
                 raise
             counts["skipped"] = counts.get("skipped", 0) + 1
             counts[f"skipped_{err.reason}"] = counts.get(f"skipped_{err.reason}", 0) + 1
             continue
-        if progress is not None and r.events % PROGRESS_EVERY == 0:
-            progress(r.events)
-    r.finish()
+        seen.add(d.event_id)
+        for r, fit in zip(runs, fits):
+            r.add(d, fit)
+        events += 1
+        if progress is not None and events % PROGRESS_EVERY == 0:
+            progress(events)
+    for r in runs:
+        r.finish()
     if progress is not None:
-        progress(r.events)
-    ev = r.evaluator
+        progress(events)
     skipped = counts.get("skipped", 0)
     by_reason = {k[len("skipped_"):]: v for k, v in counts.items() if k.startswith("skipped_")}
-    warnings = ev.warnings()
-    if r.matched:
-        warnings.append(LEARNING_NOTE)
-    return ReplayResult(
-        warnings=warnings,
-        estimates=list(ev.estimates()),
-        logging_value=ev.logging_value,
-        events=r.events,
-        matched=r.matched,
-        models={k: m.policy.state_dict() for k, m in r.models.items()},
-        policies={k: m.spec.policy for k, m in r.models.items()},
-        decisions=r.decisions,
-        running=ev.running(),
-        off_version=r.off_version,
-        skipped=int(skipped),
-        skipped_by_reason=dict(by_reason),
-        seconds=time.perf_counter() - start,
-    )
+    seconds = time.perf_counter() - start
+    results = {}
+    for t, r in zip(targets, runs):
+        ev = r.evaluators.pooled
+        warnings = ev.warnings()
+        if t.kind == "learning" and r.matched:
+            warnings.append(LEARNING_NOTE)
+        if r.evaluators.untracked:
+            warnings.append(f"estimates per model key for the first {MAX_KEY_ESTIMATES} keys only; "
+                            f"{r.evaluators.untracked} events of later keys are in the pooled estimates alone")
+        results[t.name] = ReplayResult(
+            warnings=warnings,
+            estimates=list(ev.estimates()),
+            logging_value=ev.logging_value,
+            events=r.events,
+            matched=r.matched,
+            running=ev.running(),
+            skipped=int(skipped),
+            skipped_by_reason=dict(by_reason),
+            seconds=seconds,
+            target=t.name,
+            kind=t.kind,
+            by_key=r.evaluators.by_key_estimates(),
+            keys_without_estimates=r.evaluators.untracked,
+            **r.result_fields(),
+        )
+    return results
