@@ -82,16 +82,16 @@ def combine(context: np.ndarray, items: np.ndarray, rule: str) -> np.ndarray:
 
 def _number(text: str) -> float | None:
     try:
-        v = float(text)
+        return float(text)
     except ValueError:
         return None
-    return v if math.isfinite(v) else None
 
 
 def encode_columns(names: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple[np.ndarray, list[str]]:
-    """A table of text values as numbers: a column whose every value is a finite number stays
-    one feature; any other column becomes one-hot features, one per distinct value (sorted),
-    named ``column=value``. Returns the (rows, features) matrix and the features' names."""
+    """A table of text values as numbers: a column whose every value is a number stays one
+    feature; any other column becomes one-hot features, one per distinct value (sorted), named
+    ``column=value``. Returns the (rows, features) matrix and the features' names. A numeric
+    column with a NaN or an infinity is a ValueError naming it (not a category)."""
     if not rows:
         return np.zeros((0, 0)), []
     cols, out_names = [], []
@@ -99,6 +99,8 @@ def encode_columns(names: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple
         values = [r[j].strip() for r in rows]
         numbers = [_number(v) for v in values]
         if all(v is not None for v in numbers):
+            if not all(math.isfinite(v) for v in numbers):  # type: ignore[arg-type]
+                raise ValueError(f"column {name!r} has a non-finite value")
             cols.append(np.array(numbers, dtype=np.float64)[:, None])
             out_names.append(name)
             continue

@@ -15,18 +15,23 @@ import csv
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
 
 import fastavro
 import numpy as np
 
+from streambandit.replay.featurize import COMBINE_RULES, encode_columns, hash_features
+from streambandit.replay.featurize import combine as combine_features
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 from streambandit.wire import features_to_bytes
 from streambandit.wire.schemas import SCHEMA_DIR
 
-__all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "LOGGED_DECISION_SCHEMA", "CSV_COLUMNS"]
+__all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "read_target_probs", "LOGGED_DECISION_SCHEMA",
+           "CSV_COLUMNS", "PROBS_PREFIX"]
 
 CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
-_OPTIONAL = ("features", "decision_version")
+_OPTIONAL = ("features", "decision_version", "context", "position", "slate_id")
+PROBS_PREFIX = "probs:"  # a column "probs:NAME" holds external target NAME's probabilities
 _FIELD_LIMIT = 2**31 - 1  # the largest the csv module accepts on every platform
 _SCHEMA_PATH = SCHEMA_DIR / "logged_decision.avsc"
 LOGGED_DECISION_SCHEMA = fastavro.parse_schema(json.loads(_SCHEMA_PATH.read_text()))
@@ -63,7 +68,9 @@ def _kept(parse: Callable[[], LoggedDecision], skip_bad: bool, counts: dict | No
 
 def read_catalog(path: PathLike) -> dict[str, np.ndarray]:
     """An arm catalog: CSV with a header ``arm_id, f0, f1, ...`` (the feature columns' names are
-    free, their order is the feature order), one row per arm. Any problem raises LogError."""
+    free, their order is the feature order), one row per arm. A column with any value that is
+    not a number is categorical: one-hot over its distinct values, sorted (``featurize``). Any
+    problem raises LogError."""
     try:
         return _read_catalog(path)
     except UnicodeDecodeError as exc:
@@ -74,13 +81,15 @@ def read_catalog(path: PathLike) -> dict[str, np.ndarray]:
 
 def _read_catalog(path: PathLike) -> dict[str, np.ndarray]:
     where = str(path)
-    catalog: dict[str, np.ndarray] = {}
+    arms: list[str] = []
+    rows: list[list[str]] = []
     with open(path, newline="", encoding="utf-8") as f:
         reader = csv.reader(f)
         header = next(reader, None)
         if not header or header[0].strip() != "arm_id" or len(header) < 2:
             raise LogError(f"{where}: a catalog needs a header 'arm_id, f0, f1, ...'", "catalog")
         d = len(header) - 1
+        seen: set[str] = set()
         for i, row in enumerate(reader, start=1):
             if not row:
                 continue
@@ -88,18 +97,20 @@ def _read_catalog(path: PathLike) -> dict[str, np.ndarray]:
             if len(row) != d + 1:
                 raise LogError(f"{at}: {len(row) - 1} features, the header has {d}", "catalog")
             arm = row[0].strip()
-            if not arm or arm in catalog:
+            if not arm or arm in seen:
                 raise LogError(f"{at}: empty or duplicate arm id {arm!r}", "catalog")
-            try:
-                x = np.array([float(v) for v in row[1:]], dtype=np.float64)
-            except ValueError:
-                raise LogError(f"{at}: non-numeric feature in {row[1:]}", "catalog") from None
-            if not np.isfinite(x).all():
-                raise LogError(f"{at}: non-finite feature", "catalog")
-            catalog[arm] = x
-    if not catalog:
+            if any(not v.strip() for v in row[1:]):
+                raise LogError(f"{at}: an empty feature value", "catalog")
+            seen.add(arm)
+            arms.append(arm)
+            rows.append(row[1:])
+    if not arms:
         raise LogError(f"{where}: the catalog has no arms", "catalog")
-    return catalog
+    try:
+        matrix, _ = encode_columns([h.strip() for h in header[1:]], rows)
+    except ValueError as exc:
+        raise LogError(f"{where}: {exc}", "catalog") from None
+    return {arm: matrix[j] for j, arm in enumerate(arms)}
 
 
 def _parse_inline(text: str, k: int, where: str) -> np.ndarray:
@@ -117,7 +128,41 @@ def _parse_inline(text: str, k: int, where: str) -> np.ndarray:
     return np.array(rows, dtype=np.float64)
 
 
-def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str) -> LoggedDecision:
+def _parse_probs(text: str, k: int, where: str, name: str) -> np.ndarray:
+    parts = text.split("|")
+    if len(parts) != k:
+        raise LogError(f"{where}: target {name!r}: {len(parts)} probabilities for {k} arms", "target")
+    try:
+        return np.array([float(v) for v in parts], dtype=np.float64)
+    except ValueError:
+        raise LogError(f"{where}: target {name!r}: non-numeric probability in {text[:200]!r}", "target") from None
+
+
+def _parse_context(text: str, hash_dim: int, where: str) -> np.ndarray:
+    """A row's context: numbers in order, then ``name=value`` tokens hashed into ``hash_dim``."""
+    numbers, named = [], []
+    for token in text.split():
+        try:
+            numbers.append(float(token))
+        except ValueError:
+            named.append((token, 1.0))
+    if named and hash_dim < 1:
+        raise LogError(f"{where}: categorical context {named[0][0]!r} needs --hash-dim", "features")
+    if not numbers and not named:
+        raise LogError(f"{where}: empty context", "features")
+    u = np.array(numbers, dtype=np.float64)
+    return np.concatenate([u, hash_features(named, hash_dim)]) if hash_dim else u
+
+
+class _Shape:
+    """How rows become decisions beyond the fixed columns (read_csv's options)."""
+
+    def __init__(self, rule: str, hash_dim: int, targets: list[str]) -> None:
+        self.rule, self.hash_dim, self.targets = rule, hash_dim, targets
+        self.context_dim: int | None = None  # every row's context has the first row's length
+
+
+def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, shape: _Shape) -> LoggedDecision:
     if None in row or any(v is None for v in row.values()):
         raise LogError(f"{where}: malformed row: wrong number of fields", "malformed")
     try:
@@ -147,38 +192,65 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str) -> 
     except ValueError:
         raise LogError(f"{where}: reward {row['reward']!r} is not a number", "reward") from None
     inline = (row.get("features") or "").strip()
+    context = (row.get("context") or "").strip()
     if inline:
+        if context:
+            raise LogError(f"{where}: both inline features and a context (a context goes with a catalog)", "features")
         features = _parse_inline(inline, len(arm_ids), where)
     elif catalog is not None:
         missing = [a for a in arm_ids if a not in catalog]
         if missing:
             raise LogError(f"{where}: unknown arm ids {missing} (not in the catalog)", "catalog")
         features = np.stack([catalog[a] for a in arm_ids])
+        if context:
+            u = _parse_context(context, shape.hash_dim, where)
+            if shape.context_dim is None:
+                shape.context_dim = u.shape[0]
+            elif u.shape[0] != shape.context_dim:
+                raise LogError(f"{where}: a context of {u.shape[0]} features, earlier rows had {shape.context_dim}",
+                               "features")
+            features = combine_features(u, features, shape.rule)
     else:
         raise LogError(f"{where}: no inline features and no catalog", "features")
+    ptext = (row.get("position") or "").strip()
+    try:
+        position = int(ptext) if ptext else -1
+    except ValueError:
+        raise LogError(f"{where}: position {ptext!r} is not an integer", "position") from None
+    external = tuple((name, _parse_probs(row[PROBS_PREFIX + name].strip(), len(arm_ids), where, name))
+                     for name in shape.targets if row[PROBS_PREFIX + name].strip())
     vtext = (row.get("decision_version") or "").strip()
     try:
         version = int(vtext) if vtext else -1
     except ValueError:
         raise LogError(f"{where}: malformed decision_version {vtext!r}", "malformed") from None
     d = LoggedDecision(ts, event_id, row["model_key"].strip(), arm_ids, features, action, propensity, reward,
-                       version, where)
+                       version, where, position, (row.get("slate_id") or "").strip(), external)
     return validate(d, where)
 
 
-def _csv_decision(row: dict | csv.Error, cat: dict[str, np.ndarray] | None, at: str) -> LoggedDecision:
+def _csv_decision(row: dict | csv.Error, cat: dict[str, np.ndarray] | None, at: str, shape: _Shape) -> LoggedDecision:
     if isinstance(row, csv.Error):
         raise LogError(f"{at}: malformed row ({row})", "malformed")
-    return _parse_row(row, cat, at)
+    return _parse_row(row, cat, at, shape)
 
 
 def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = None, *,
-             skip_bad: bool = False, counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+             skip_bad: bool = False, counts: dict[str, int] | None = None, combine: str = "outer",
+             hash_dim: int = 0) -> Iterator[LoggedDecision]:
     """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
 
     ``catalog``: a catalog file (see :func:`read_catalog`) or an already read ``{arm_id: (d,)}``
-    dict, used for rows with no inline ``features``. Rows are numbered from 1 after the header.
+    dict, used for rows with no inline ``features``. A row's ``context`` (numbers, and
+    ``name=value`` tokens hashed into ``hash_dim`` features) is combined with its arms' catalog
+    features by the rule ``combine`` (``featurize``). ``position`` and ``slate_id`` make a row a
+    slot of a slate; each ``probs:NAME`` column holds external target NAME's probabilities.
+    Rows are numbered from 1 after the header.
     """
+    if combine not in COMBINE_RULES:
+        raise ValueError(f"unknown combining rule {combine!r}; known: {', '.join(COMBINE_RULES)}")
+    if hash_dim < 0:
+        raise ValueError(f"hash_dim must be >= 0, got {hash_dim}")
     cat = read_catalog(catalog) if isinstance(catalog, (str, os.PathLike)) else catalog
     where = str(path)
     # Python's csv refuses a field over 131,072 characters by default; a row of a thousand arms'
@@ -199,6 +271,10 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
         reader.fieldnames = header
         if cat is None and "features" not in header:
             raise LogError(f"{where}: no 'features' column and no catalog", "file")
+        targets = [h[len(PROBS_PREFIX):] for h in header if h.startswith(PROBS_PREFIX)]
+        if any(not t for t in targets) or len(set(targets)) != len(targets):
+            raise LogError(f"{where}: each '{PROBS_PREFIX}NAME' column needs its own non-empty NAME", "file")
+        shape = _Shape(combine, hash_dim, targets)
         i = 0
         while True:
             i += 1
@@ -211,9 +287,45 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
             except UnicodeDecodeError as exc:
                 raise LogError(f"{where}: not UTF-8 text, near row {i} ({exc})", "file") from None
             at = f"{where} row {i} (line {reader.line_num})"
-            d = _kept(lambda: _csv_decision(row, cat, at), skip_bad, counts)
+            d = _kept(lambda: _csv_decision(row, cat, at, shape), skip_bad, counts)
             if d is not None:
                 yield d
+
+
+def read_target_probs(path: PathLike) -> dict[str, np.ndarray]:
+    """An external target's probabilities from a side file: CSV with the header
+    ``event_id,probs``, ``probs`` the target's probability of each of the event's arms, in the
+    log's arm order, separated by ``|`` (for a slate's row: at that row's slot). Every problem
+    (a duplicate event id, a value that is not a number, probabilities that are not a
+    distribution) raises LogError naming the row; the count of arms is checked against the log
+    when it is read."""
+    where = str(path)
+    out: dict[str, np.ndarray] = {}
+    csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.reader(f)
+            header = [h.strip() for h in next(reader, [])]
+            if header[:2] != ["event_id", "probs"]:
+                raise LogError(f"{where}: a target's probabilities need the header 'event_id,probs'", "file")
+            for i, row in enumerate(reader, start=1):
+                if not row:
+                    continue
+                at = f"{where} row {i} (line {reader.line_num})"
+                if len(row) != 2 or not row[0].strip():
+                    raise LogError(f"{at}: expected 'event_id,probs'", "malformed")
+                event_id = row[0].strip()
+                if event_id in out:
+                    raise LogError(f"{at}: duplicate event id {event_id!r}", "duplicate")
+                probs = _parse_probs(row[1].strip(), len(row[1].split("|")), at, Path(path).stem)
+                if not (np.isfinite(probs).all() and probs.min() >= 0 and abs(float(probs.sum()) - 1.0) <= 1e-6):
+                    raise LogError(f"{at}: the probabilities are not a distribution (>= 0, summing to 1)", "target")
+                out[event_id] = probs
+    except UnicodeDecodeError as exc:
+        raise LogError(f"{where}: not UTF-8 text ({exc})", "file") from None
+    except csv.Error as exc:
+        raise LogError(f"{where}: malformed CSV ({exc})", "file") from None
+    return out
 
 
 # -- Avro --------------------------------------------------------------------------------------

@@ -37,7 +37,8 @@ from streambandit.wire.codec import action_body, features_from_bytes
 from streambandit.wire.records import InputRef
 from streambandit.wire.schemas import READERS, VERSIONS, WRITERS
 
-__all__ = ["SnapshotError", "SnapshotModels", "pack_snapshot", "unpack_snapshot", "state_from_avro"]
+__all__ = ["SnapshotError", "SnapshotModels", "pack_snapshot", "unpack_snapshot", "state_from_avro", "state_to_avro",
+           "MODEL_STATE_SCHEMA"]
 
 
 class SnapshotError(StreambanditError, ValueError):
@@ -58,6 +59,20 @@ def state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
     for a in arrays:
         state[a["name"]] = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
     return state
+
+
+def state_to_avro(key: str, state: dict[str, Any]) -> dict[str, Any]:
+    """A model's state as the snapshot's ``ModelState`` record (the inverse of
+    :func:`state_from_avro`), for writers that go through fastavro (a file of model states)."""
+    arrays, scalars = [], []
+    for name, v in state.items():
+        if isinstance(v, np.ndarray):
+            le = v.dtype.newbyteorder("<").str
+            arrays.append({"name": name, "dtype": le, "shape": list(v.shape),
+                           "data": np.ascontiguousarray(v).astype(le, copy=False).tobytes()})
+        else:
+            scalars.append({"name": name, "value": v})
+    return {"model_key": key, "arrays": arrays, "scalars": scalars}
 
 
 _LE_DTYPE: dict[np.dtype, str] = {}  # dtype -> its little-endian name (ArrayState.dtype)
@@ -204,6 +219,7 @@ def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
 
 
 _SNAPSHOT_PARTS = _split_snapshot_schema(READERS[_SNAPSHOT_ID])
+MODEL_STATE_SCHEMA = _SNAPSHOT_PARTS[1]  # one model's state, as a snapshot holds it
 # Single fields of the snapshot record, each as a record of that one field (the same bytes), for
 # the parts of the tail pack_snapshot leaves to fastavro.
 _SNAPSHOT_FIELDS = {f["name"]: fastavro.parse_schema({"type": "record", "name": f"Snapshot_{f['name']}", "fields": [f]})

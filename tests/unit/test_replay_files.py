@@ -135,7 +135,9 @@ def test_whole_file_problems_always_raise(tmp_path):
     with pytest.raises(LogError, match="no catalog"):
         list(read_csv(_write(tmp_path, "b.csv", HEADER + GOOD[0] + "\n")))
     with pytest.raises(LogError, match="row 2"):
-        read_catalog(_write(tmp_path, "c.csv", "arm_id,f0\na,1\nb,oops\n"))
+        read_catalog(_write(tmp_path, "c.csv", "arm_id,f0\na,1\nb,\n"))
+    with pytest.raises(LogError, match="column 'f0' has a non-finite value"):
+        read_catalog(_write(tmp_path, "c.csv", "arm_id,f0\na,1\nb,nan\n"))
     with pytest.raises(LogError, match="header"):
         read_catalog(_write(tmp_path, "d.csv", "id,f0\na,1\n"))
 
