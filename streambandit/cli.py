@@ -242,11 +242,33 @@ def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
           f'  [kafka.consumer]\n  "fetch.wait.max.ms" = 10', flush=True)
 
 
-def _replay_source(args: argparse.Namespace, counts: dict):
+_LOG_FORMATS = ("csv", "avro", "obd", "dsjson")
+
+
+def _log_format(path, given: str | None) -> str:
+    if given:
+        return given
+    if path.is_dir():
+        return "obd"
+    suffixes = [x.lower() for x in path.suffixes]
+    if suffixes[-1:] == [".gz"]:
+        suffixes = suffixes[:-1]
+    suffix = suffixes[-1] if suffixes else ""
+    known = {".csv": "csv", ".avro": "avro", ".json": "dsjson", ".jsonl": "dsjson", ".dsjson": "dsjson"}
+    if suffix not in known:
+        raise ValueError(f"log {path}: unknown format {suffix or '(no extension)'!r}; expected .csv, .avro, "
+                         ".json/.dsjson (DSJSON) or an Open Bandit Dataset directory, or say --format")
+    return known[suffix]
+
+
+def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
     """The logged decisions ``streambandit replay`` reads, and a name for them in the report.
 
-    LOG is a ``.csv`` (inline features or ``--catalog``) or ``.avro`` file. Other sources (e.g. a
-    Kafka topic range) plug in here: return an iterable of LoggedDecision in log order."""
+    LOG is a ``.csv`` (inline features or ``--catalog``), ``.avro``, DSJSON (``.json``,
+    ``.dsjson``, ``.gz``) file or an Open Bandit Dataset directory (docs/replay_formats.md).
+    ``dim``: the targets' dimension, DSJSON's hashing dimension unless ``--hash-dim`` says.
+    Other sources (e.g. a Kafka topic range) plug in here: return an iterable of
+    LoggedDecision in log order."""
     from pathlib import Path
 
     from streambandit.replay import files
@@ -254,29 +276,66 @@ def _replay_source(args: argparse.Namespace, counts: dict):
     path = Path(args.log)
     if not path.exists():
         raise ValueError(f"log {path} does not exist")
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        return files.read_csv(path, args.catalog, skip_bad=args.skip_bad, counts=counts), str(path)
-    if suffix == ".avro":
-        if args.catalog:
-            raise ValueError("--catalog applies to CSV logs only (Avro logs carry their features)")
+    fmt = _log_format(path, args.format)
+    if args.catalog and fmt != "csv":
+        raise ValueError(f"--catalog applies to CSV logs only ({fmt} logs carry their arms' features)")
+    if fmt == "csv":
+        return files.read_csv(path, args.catalog, skip_bad=args.skip_bad, counts=counts, combine=args.combine,
+                              hash_dim=args.hash_dim or 0), str(path)
+    if fmt == "avro":
         return files.read_avro(path, skip_bad=args.skip_bad, counts=counts), str(path)
-    raise ValueError(f"log {path}: unknown format {suffix or '(no extension)'!r}; expected .csv or .avro")
+    if fmt == "obd":
+        from streambandit.replay.obd import read_obd
+
+        return read_obd(path, model_key=args.model_key or "obd", user_dim=args.user_dim, combine=args.combine,
+                        affinity=args.affinity, skip_bad=args.skip_bad, counts=counts), str(path)
+    from streambandit.replay.dsjson import read_dsjson
+
+    hash_dim = args.hash_dim or dim
+    if not hash_dim:
+        raise ValueError("a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)")
+    return read_dsjson(path, dim=hash_dim, model_key=args.model_key or "dsjson", skip_bad=args.skip_bad,
+                       counts=counts), str(path)
 
 
-def _cmd_replay(args: argparse.Namespace) -> int:
-    """Replay a decision log through the configured models: off-policy estimates and a report."""
+def _named(value: str, what: str) -> tuple[str, str]:
+    """``NAME=PATH``, or a bare PATH named by its file's stem."""
+    from pathlib import Path
+
+    name, sep, path = value.partition("=")
+    if not sep:
+        name, path = Path(value).stem, value
+    if not name or not path:
+        raise ValueError(f"{what} {value!r}: expected NAME=PATH or PATH")
+    return name, path
+
+
+def _replay_targets(args: argparse.Namespace):
+    """The targets of ``streambandit replay``: each --config, then each external target."""
     from streambandit.models_config import load_models_config
-    from streambandit.replay.report import to_markdown, write_report
-    from streambandit.replay.runner import replay
+    from streambandit.replay.files import read_target_probs
+    from streambandit.replay.runner import Target
+    from streambandit.replay.states import read_model_states
 
-    models = load_models_config(args.config)  # the [[models]] of the worker's TOML file
-    if args.clip is not None and not args.clip > 0:
-        raise ValueError(f"--clip must be > 0, got {args.clip}")
-    if args.reward_range and not args.reward_range[0] < args.reward_range[1]:
-        raise ValueError(f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}")
-    counts: dict[str, int] = {}
-    decisions, source = _replay_source(args, counts)
+    states = read_model_states(args.state) if args.state else None
+    targets = []
+    for value in args.config or []:
+        name, path = _named(value, "--config")
+        targets.append(Target(name, load_models_config(path), learn=not args.frozen, states=states))
+    for value in args.external or []:
+        name, sep, path = value.partition("=")
+        probs = read_target_probs(path) if sep else None  # no file: the log's probs:NAME column
+        targets.append(Target(name, probs=probs))
+    names = [t.name for t in targets]
+    dup = sorted({n for n in names if names.count(n) > 1})
+    if dup:
+        raise ValueError(f"targets named twice: {', '.join(dup)} (name them: --config NAME=PATH)")
+    return targets
+
+
+def _progress_printer(what: str):
+    """A progress callback printing events and rate to stderr (in place on a terminal, a line
+    every 5 s otherwise), and the closing line to print when it printed anything."""
     tty = sys.stderr.isatty()
     start = last = time.perf_counter()
     shown = False
@@ -286,17 +345,48 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         now = time.perf_counter()
         if now - last >= (1.0 if tty else 5.0):
             last, shown = now, True
-            line = f"replay: {n} events, {n / (now - start):.0f} events/s"
+            line = f"{what}: {n} events, {n / (now - start):.0f} events/s"
             print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
 
-    result = replay(decisions, models, clip=args.clip, progress=progress, counts=counts, skip_bad=args.skip_bad,
-                    reward_range=tuple(args.reward_range) if args.reward_range else None, bootstrap=args.bootstrap)
-    if shown:
-        elapsed = time.perf_counter() - start
-        done = f"replay: {result.events} events in {elapsed:.1f} s, {result.events / elapsed:.0f} events/s"
-        print(f"\r{done}" if tty else done, file=sys.stderr, flush=True)
-    written = write_report(result, args.out, source=source, config=str(args.config), clip=args.clip)
-    print(to_markdown(result, source=source), end="")
+    def done(n: int) -> None:
+        if shown:
+            elapsed = time.perf_counter() - start
+            line = f"{what}: {n} events in {elapsed:.1f} s, {n / elapsed:.0f} events/s"
+            print(f"\r{line}" if tty else line, file=sys.stderr, flush=True)
+
+    return progress, done
+
+
+def _cmd_replay(args: argparse.Namespace) -> int:
+    """Replay a decision log through the target policies: off-policy estimates and a report."""
+    from streambandit.replay.report import to_markdown, write_report
+    from streambandit.replay.runner import replay_targets
+    from streambandit.replay.states import write_model_states
+
+    if args.clip is not None and not args.clip > 0:
+        raise ValueError(f"--clip must be > 0, got {args.clip}")
+    if args.reward_range and not args.reward_range[0] < args.reward_range[1]:
+        raise ValueError(f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}")
+    targets = _replay_targets(args)
+    if not targets:
+        raise ValueError("nothing to evaluate: give a --config (the models) or an --external target")
+    learners = [t for t in targets if t.models is not None]
+    if args.save_state and len(learners) != 1:
+        raise ValueError(f"--save-state writes one target's models; there are {len(learners)} configured targets")
+    dims = {s.dim for t in learners for s in t.models.specs}
+    counts: dict[str, int] = {}
+    decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    progress, done = _progress_printer("replay")
+    results = replay_targets(decisions, targets, clip=args.clip, progress=progress, counts=counts,
+                             skip_bad=args.skip_bad, bootstrap=args.bootstrap,
+                             reward_range=tuple(args.reward_range) if args.reward_range else None)
+    done(next(iter(results.values())).events)
+    config = ", ".join(args.config or [])
+    written = write_report(results, args.out, source=source, config=config, clip=args.clip)
+    if args.save_state:
+        n = write_model_states(args.save_state, results[learners[0].name].models)
+        written.append(f"{args.save_state} ({n} models)")
+    print(to_markdown(results, source=source), end="")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
 
@@ -334,6 +424,32 @@ def _bench(rest: list[str]) -> int:
         return subprocess.run([sys.executable, "-m", target, *rest], cwd=checkout, check=False).returncode
     module = importlib.import_module(target)
     return module.main(rest, command=" ".join(["streambandit bench", what, *rest]))
+
+
+def _log_arguments(p: argparse.ArgumentParser) -> None:
+    """The options of ``replay`` and ``tune`` that say how the log is read and estimated."""
+    p.add_argument("log", help="the log: .csv or .avro of logged decisions, DSJSON (.json, .dsjson, .gz), or an "
+                               "Open Bandit Dataset directory (docs/replay_formats.md)")
+    p.add_argument("--format", choices=_LOG_FORMATS, default=None, help="the log's format (default: from its name)")
+    p.add_argument("--catalog", default=None, help="CSV of arm features (arm_id, f0, f1, ...; non-numeric columns "
+                                                   "one-hot) for CSV logs without inline features")
+    p.add_argument("--combine", choices=("outer", "concat"), default="outer",
+                   help="how a row's context (a CSV 'context' column, OBD's user features) and an arm's features "
+                        "make the arm's vector: outer = vec([1, u] c'), concat = [u, c] (default outer)")
+    p.add_argument("--hash-dim", type=int, default=None, metavar="N",
+                   help="buckets for hashed features: a CSV context's name=value tokens; DSJSON's features "
+                        "(default: the models' dimension)")
+    p.add_argument("--user-dim", type=int, default=16, metavar="N",
+                   help="OBD: buckets for the hashed user features (default 16)")
+    p.add_argument("--affinity", action="store_true", help="OBD: append each item's user-item affinity")
+    p.add_argument("--model-key", default=None, help="OBD and DSJSON: the model key of their rows (default obd, dsjson)")
+    p.add_argument("--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr")
+    p.add_argument("--reward-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
+                   help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
+                        "score intervals (0/1 rewards get them without this)")
+    p.add_argument("--bootstrap", type=int, default=0, metavar="B",
+                   help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)")
+    p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -432,18 +548,20 @@ def build_parser() -> argparse.ArgumentParser:
     brk.add_argument("--partitions", type=int, default=2, help="with --create-topics: partitions per topic (default 2)")
     brk.set_defaults(func=_cmd_broker)
 
-    rep = sub.add_parser("replay", help="replay a decision log through the configured models: off-policy estimates")
-    rep.add_argument("log", help="the log: a .csv (docs/replay_formats.md) or .avro file of logged decisions")
-    rep.add_argument("--config", required=True, help="the worker's TOML file (its [[models]] are the target policies)")
-    rep.add_argument("--catalog", default=None, help="CSV of arm features (arm_id, f0, f1, ...) for CSV logs "
-                                                     "without inline features")
-    rep.add_argument("--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr")
-    rep.add_argument("--reward-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
-                     help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
-                          "score intervals (0/1 rewards get them without this)")
-    rep.add_argument("--bootstrap", type=int, default=0, metavar="B",
-                     help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)")
-    rep.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
+    rep = sub.add_parser("replay", help="replay a decision log through target policies: off-policy estimates")
+    _log_arguments(rep)
+    rep.add_argument("--config", action="append", metavar="[NAME=]TOML",
+                     help="a target: a worker's TOML file whose [[models]] are the policies (repeat for several "
+                          "targets, evaluated in one pass; named by the file's stem unless NAME= says)")
+    rep.add_argument("--external", action="append", metavar="NAME[=FILE]",
+                     help="a target from another system, given by its probabilities for each row: a side file "
+                          "'event_id,probs' (FILE), or without =FILE the log's 'probs:NAME' column")
+    rep.add_argument("--frozen", action="store_true", help="the --config targets do not learn from the log")
+    rep.add_argument("--state", default=None, metavar="FILE",
+                     help="the --config targets' models start from these states: a file of --save-state, or a "
+                          "worker's base snapshot file (p<N>.snap)")
+    rep.add_argument("--save-state", default=None, metavar="FILE",
+                     help="write the (one) --config target's models after the replay, for --state")
     rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
                                                          "(default out/replay)")
     rep.set_defaults(func=_cmd_replay)

@@ -1,5 +1,9 @@
-"""The report of a replay: a Markdown table, a JSON document and (with matplotlib) a PNG of the
-running estimates with their final intervals and the logging policy's value."""
+"""The report of a replay: Markdown, a JSON document and (with matplotlib) a PNG of the running
+estimates with their final intervals and the logging policy's value.
+
+A replay of several targets reports them side by side (their snips, dr and, for slates, cascade
+estimates), then each target's full table and its estimates per model key (in the Markdown for
+the first :data:`KEYS_SHOWN` keys, in the JSON for every key that has them)."""
 
 from __future__ import annotations
 
@@ -11,7 +15,9 @@ from typing import Any
 from streambandit.replay.estimators import Estimate
 from streambandit.replay.runner import ReplayResult
 
-__all__ = ["to_json", "to_markdown", "plot", "write_report"]
+__all__ = ["to_json", "to_markdown", "plot", "write_report", "KEYS_SHOWN"]
+
+KEYS_SHOWN = 20
 
 _ABOUT = {
     "replay": "mean reward where the target chose the logged arm (Li et al. 2011; unbiased for uniform logs)",
@@ -19,6 +25,7 @@ _ABOUT = {
     "snips": "self-normalised IPS",
     "dm": "direct method (ridge reward model fitted online; no interval: its error is the model's bias)",
     "dr": "doubly robust",
+    "cascade": "cascade IPS over each slate's top slots (slates with ids only)",
     "logging": "the logging policy's own mean reward",
 }
 
@@ -39,26 +46,45 @@ def _estimate_json(e: Estimate) -> dict[str, Any]:
             "interval": e.interval, "n": int(e.n), "ess": _num(e.ess), "clipped": int(e.clipped)}
 
 
-def to_json(result: ReplayResult, *, source: str = "", config: str = "", clip: float | None = None,
-            confidence: float = 0.95) -> dict[str, Any]:
+def _target_json(r: ReplayResult) -> dict[str, Any]:
+    return {
+        "name": r.target,
+        "kind": r.kind,
+        "estimates": [_estimate_json(e) for e in r.estimates],
+        "logging": _estimate_json(r.logging_value),
+        "events": r.events,
+        "matched": r.matched,
+        "match_rate": _num(r.match_rate),
+        "off_version": r.off_version,
+        "models": {k: {"policy": r.policies[k], "n_updates": int(s.get("n_updates", 0))}
+                   for k, s in sorted(r.models.items())},
+        "by_key": {k: {"events": v.events, "estimates": [_estimate_json(e) for e in v.estimates],
+                       "logging": _estimate_json(v.logging_value)} for k, v in sorted(r.by_key.items())},
+        "keys_without_estimates": r.keys_without_estimates,
+        "warnings": list(r.warnings),
+    }
+
+
+def _results(result: ReplayResult | dict[str, ReplayResult]) -> list[ReplayResult]:
+    return list(result.values()) if isinstance(result, dict) else [result]
+
+
+def to_json(result: ReplayResult | dict[str, ReplayResult], *, source: str = "", config: str = "",
+            clip: float | None = None, confidence: float = 0.95) -> dict[str, Any]:
+    """The report as JSON: what was read, then every target (``targets``, in the given order)."""
+    results = _results(result)
+    first = results[0]
     return {
         "source": source,
         "config": config,
         "clip": clip,
         "confidence": confidence,
-        "estimates": [_estimate_json(e) for e in result.estimates],
-        "logging": _estimate_json(result.logging_value),
-        "events": result.events,
-        "matched": result.matched,
-        "match_rate": _num(result.match_rate),
-        "skipped": result.skipped,
-        "skipped_by_reason": dict(result.skipped_by_reason),
-        "off_version": result.off_version,
-        "models": {k: {"policy": result.policies[k], "n_updates": int(s.get("n_updates", 0))}
-                   for k, s in sorted(result.models.items())},
-        "warnings": list(result.warnings),
-        "seconds": round(result.seconds, 3),
-        "events_per_s": round(result.events / result.seconds, 1) if result.seconds > 0 else None,
+        "events": first.events,
+        "skipped": first.skipped,
+        "skipped_by_reason": dict(first.skipped_by_reason),
+        "targets": [_target_json(r) for r in results],
+        "seconds": round(first.seconds, 3),
+        "events_per_s": round(first.events / first.seconds, 1) if first.seconds > 0 else None,
     }
 
 
@@ -74,24 +100,71 @@ def _ess(x: float | None) -> str:
     return f"{x:.1f}" if x is not None and math.isfinite(x) else "n/a"
 
 
-def to_markdown(result: ReplayResult, *, source: str = "", confidence: float = 0.95) -> str:
+def _table(estimates: list[Estimate], logging: Estimate, pct: str) -> list[str]:
+    lines = [f"| estimator | value | {pct} interval | interval kind | n | ESS | clipped | what |",
+             "|---|---:|---|---|---:|---:|---:|---|"]
+    for e in [*estimates, logging]:
+        lines.append(f"| {e.name} | {_fmt(e.value)} | {_ci(e)} | {e.interval} | {e.n} | "
+                     f"{_ess(e.ess)} | {e.clipped} | {_ABOUT.get(e.name, '')} |")
+    return lines
+
+
+def _ci(e: Estimate) -> str:
+    return "none" if e.interval == "none" else f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
+
+
+_COMPARED = ("snips", "dr", "ips", "cascade")
+
+
+def _comparison(results: list[ReplayResult], pct: str) -> list[str]:
+    names = [n for n in _COMPARED if any(e.name == n for r in results for e in r.estimates)]
+    lines = [f"| target | kind | matched | {' | '.join(f'{n} [{pct}]' for n in names)} |",
+             "|---|---|---:|" + "---|" * len(names)]
+    for r in results:
+        cells = []
+        for n in names:
+            e = next((x for x in r.estimates if x.name == n), None)
+            cells.append("n/a" if e is None else f"{_fmt(e.value)} {_ci(e)}")
+        lines.append(f"| {r.target} | {r.kind} | {r.matched} | {' | '.join(cells)} |")
+    return lines
+
+
+def _by_key(r: ReplayResult) -> list[str]:
+    if len(r.by_key) < 2:
+        return []
+    keys = sorted(r.by_key, key=lambda k: -r.by_key[k].events)
+    lines = ["", f"Per model key ({len(keys)} keys{f', the {KEYS_SHOWN} with most events' if len(keys) > KEYS_SHOWN else ''}; "
+             "replay.json has them all):", "",
+             "| model key | events | snips | dr | logging |", "|---|---:|---|---|---|"]
+    for k in keys[:KEYS_SHOWN]:
+        v = r.by_key[k]
+        est = {e.name: e for e in v.estimates}
+        lines.append(f"| {k} | {v.events} | {_fmt(est['snips'].value)} {_ci(est['snips'])} | "
+                     f"{_fmt(est['dr'].value)} {_ci(est['dr'])} | {_fmt(v.logging_value.value)} |")
+    return lines
+
+
+def to_markdown(result: ReplayResult | dict[str, ReplayResult], *, source: str = "", confidence: float = 0.95) -> str:
+    results = _results(result)
+    first = results[0]
     pct = f"{confidence * 100:g}%"
     lines = []
     if source:
-        lines += [f"Replay of `{source}`: {result.events} events, {result.matched} matched "
-                  f"({100 * result.match_rate:.1f}%)"
-                  f"{f', {result.skipped} rows skipped' if result.skipped else ''}"
-                  f"{f', {result.off_version} decisions off their logged version' if result.off_version else ''}.",
-                  ""]
-    lines += [f"| estimator | value | {pct} interval | interval kind | n | ESS | clipped | what |",
-              "|---|---:|---|---|---:|---:|---:|---|"]
-    for e in [*result.estimates, result.logging_value]:
-        ci = "none" if e.interval == "none" else f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
-        lines.append(f"| {e.name} | {_fmt(e.value)} | {ci} | {e.interval} | {e.n} | "
-                     f"{_ess(e.ess)} | {e.clipped} | {_ABOUT.get(e.name, '')} |")
-    lines += ["", "Intervals: " + _INTERVALS]
-    if result.warnings:
-        lines += ["", "Warnings:", *(f"- {w}" for w in result.warnings)]
+        lines += [f"Replay of `{source}`: {first.events} events"
+                  f"{f', {first.skipped} rows skipped' if first.skipped else ''}"
+                  f"{f', {len(results)} targets' if len(results) > 1 else ''}.", ""]
+    if len(results) > 1:
+        lines += _comparison(results, pct) + [""]
+    for r in results:
+        if len(results) > 1 or r.target != "target":
+            lines += [f"### {r.target} ({r.kind})", ""]
+        lines.append(f"{r.matched} of {r.events} events matched ({100 * r.match_rate:.1f}%)"
+                     f"{f', {r.off_version} decisions off their logged version' if r.off_version else ''}.")
+        lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r)
+        if r.warnings:
+            lines += ["", "Warnings:", *(f"- {w}" for w in r.warnings)]
+        lines.append("")
+    lines += ["Intervals: " + _INTERVALS]
     return "\n".join(lines) + "\n"
 
 
@@ -137,9 +210,10 @@ def plot(result: ReplayResult, path: str | Path, *, title: str = "") -> bool:
     return True
 
 
-def write_report(result: ReplayResult, out_dir: str | Path, *, source: str = "", config: str = "",
-                 clip: float | None = None, confidence: float = 0.95) -> list[Path]:
-    """Write ``replay.md``, ``replay.json`` and (with matplotlib) ``replay.png``; the paths written."""
+def write_report(result: ReplayResult | dict[str, ReplayResult], out_dir: str | Path, *, source: str = "",
+                 config: str = "", clip: float | None = None, confidence: float = 0.95) -> list[Path]:
+    """Write ``replay.md``, ``replay.json`` and (with matplotlib) ``replay.png`` of the first
+    target's running estimates and, with several targets, ``targets.png``; the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, png = out / "replay.md", out / "replay.json", out / "replay.png"
@@ -147,6 +221,42 @@ def write_report(result: ReplayResult, out_dir: str | Path, *, source: str = "",
     js.write_text(json.dumps(to_json(result, source=source, config=config, clip=clip, confidence=confidence),
                              indent=2) + "\n")
     written = [md, js]
-    if plot(result, png, title=f"replay of {Path(source).name}" if source else ""):
+    results = _results(result)
+    if plot(results[0], png, title=f"replay of {Path(source).name}" if source else ""):
         written.append(png)
+    if len(results) > 1 and plot_targets(results, out / "targets.png"):
+        written.append(out / "targets.png")
     return written
+
+
+def plot_targets(results: list[ReplayResult], path: str | Path) -> bool:
+    """Each target's snips and dr with their intervals, side by side, and the logging policy's
+    value as a dashed line. False without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(results) + 2), 4.5))
+    for j, name in enumerate(("snips", "dr")):
+        for i, r in enumerate(results):
+            e = r.estimate(name)
+            if not math.isfinite(e.value):
+                continue
+            bounded = math.isfinite(e.ci_low) and math.isfinite(e.ci_high)
+            yerr = [[e.value - e.ci_low], [e.ci_high - e.value]] if bounded else None
+            ax.errorbar([i + (j - 0.5) * 0.25], [e.value], yerr=yerr, fmt="os"[j], capsize=4, color=f"C{j}",
+                        label=name if i == 0 else None)
+    lv = results[0].logging_value
+    if math.isfinite(lv.value):
+        ax.axhline(lv.value, color="k", ls="--", lw=1, label="logging policy")
+    ax.set_xticks(range(len(results)), [f"{r.target}\n({r.kind})" for r in results])
+    ax.set_ylabel("estimated value (mean reward)")
+    ax.set_title("targets on one log")
+    ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return True

@@ -106,7 +106,7 @@ def test_replay_of_the_joined_log_reproduces_decisions_and_models(broker, topics
     result = replay(read_avro(path), parse_models_config(MODELS))
     report = json.loads(run_cli("replay", path, "--config", config, "--out", tmp_path / "report") and
                         (tmp_path / "report" / "replay.json").read_text())
-    assert report["events"] == N and report["matched"] == N
+    assert report["events"] == N and report["targets"][0]["matched"] == N
 
     live_choice = {a.event_id: a.arm_index for a in live["actions"]}
     assert result.decisions == live_choice  # every decision, exploration draws included

@@ -193,12 +193,14 @@ def test_cli_writes_the_report(tmp_path, small_log):
     assert out.returncode == 0, out.stderr
     rep = tmp_path / "rep"
     data = json.loads((rep / "replay.json").read_text())
-    names = [e["name"] for e in data["estimates"]]
+    (target,) = data["targets"]
+    assert (target["name"], target["kind"]) == ("worker", "learning")  # named by the file's stem
+    names = [e["name"] for e in target["estimates"]]
     assert names == ["replay", "ips", "snips", "dm", "dr"]
-    for e in data["estimates"]:
+    for e in target["estimates"]:
         assert {"value", "ci_low", "ci_high", "n", "ess", "clipped"} <= e.keys()
-    assert data["events"] == 300 and 0 < data["matched"] < 300 and data["skipped"] == 0
-    assert "value" in data["logging"]
+    assert data["events"] == 300 and 0 < target["matched"] < 300 and data["skipped"] == 0
+    assert "value" in target["logging"]
     md = (rep / "replay.md").read_text()
     assert "| dr " in md or "| dr |" in md
     assert "dr" in out.stdout and "ips" in out.stdout
