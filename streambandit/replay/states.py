@@ -60,4 +60,4 @@ def read_model_states(path: str | os.PathLike) -> Mapping[str, dict[str, Any]]:
     if snap.get("seq", 0) != 0:
         raise ValueError(f"{path}: a snapshot increment (it holds only the models changed since its base); "
                          "give the base snapshot")
-    return snap["models"]
+    return snap["engine"]["models"]
