@@ -391,6 +391,61 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_tune(args: argparse.Namespace) -> int:
+    """Replay a log through a grid of settings; rank them; write the recommended [[models]]."""
+    import json
+    from pathlib import Path
+
+    from streambandit.models_config import dump_models_config, load_models_config
+    from streambandit.replay import tune
+    from streambandit.replay.report import plot_targets
+    from streambandit.replay.runner import replay_targets
+
+    base = load_models_config(args.config)
+    cands = tune.candidates(base, tune.parse_grid(args.grid))
+    dims = {s.dim for s in base.specs}
+    counts: dict[str, int] = {}
+    decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    progress, done = _progress_printer(f"tune ({len(cands)} candidates)")
+    results = replay_targets(decisions, tune.targets(cands), clip=args.clip, progress=progress, counts=counts,
+                             skip_bad=args.skip_bad, bootstrap=args.bootstrap,
+                             reward_range=tuple(args.reward_range) if args.reward_range else None)
+    done(next(iter(results.values())).events)
+    ranking = tune.rank(cands, results, args.estimator)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows = []
+    for i, (c, r) in enumerate(ranking.order, start=1):
+        e = r.estimate(args.estimator)
+        rows.append({"rank": i, "candidate": c.name, "settings": c.settings, "value": e.value, "ci_low": e.ci_low,
+                     "ci_high": e.ci_high, "ess": e.ess, "matched": r.matched})
+    best, first = ranking.best, ranking.order[0][1]
+    verdict = (f"best: {best.name} ({args.estimator} {first.estimate(args.estimator).value:.4f}), separated from every "
+               "other candidate" if ranking.separated else
+               f"the log cannot separate {best.name} from {', '.join(ranking.tied_with_best)}: their "
+               f"{args.estimator} intervals overlap (a longer log, or a wider grid step, may)")
+    md = [f"Tuning on `{source}`: {first.events} events, {len(cands)} candidates, ranked by {args.estimator}.", "",
+          f"| rank | candidate | {args.estimator} | 95% interval | ESS | matched |", "|---:|---|---:|---|---:|---:|"]
+    md += [f"| {r['rank']} | {r['candidate']} | {r['value']:.4f} | [{r['ci_low']:.4f}, {r['ci_high']:.4f}] | "
+           f"{r['ess']:.1f} | {r['matched']} |" for r in rows]
+    md += ["", verdict, "", "Each candidate learned during the replay: its estimate is the value of its learning path "
+           "through this log (docs/replay_formats.md)."]
+    (out / "tune.md").write_text("\n".join(md) + "\n")
+    (out / "tune.json").write_text(json.dumps({"source": source, "estimator": args.estimator, "events": first.events,
+                                               "separated": ranking.separated, "best": best.name,
+                                               "tied_with_best": ranking.tied_with_best,
+                                               "candidates": rows}, indent=2, default=str) + "\n")
+    header = [f"# streambandit tune {source}: the best of {len(cands)} candidates by {args.estimator}: {best.name}",
+              f"# {verdict}", "# Replace the [[models]] tables of the worker's configuration with these.", ""]
+    (out / "recommended.toml").write_text("\n".join(header) + dump_models_config(best.models))
+    written = [out / "tune.md", out / "tune.json", out / "recommended.toml"]
+    if plot_targets([r for _, r in ranking.order], out / "tune.png"):
+        written.append(out / "tune.png")
+    print("\n".join(md))
+    print("wrote " + ", ".join(str(p) for p in written))
+    return 0
+
+
 # `streambandit bench WHAT ...`: each benchmark parses its own options (`streambandit bench WHAT -h`).
 _BENCHMARKS = {
     "peers": ("streambandit.benchmarks.inprocess", "learners in process against Vowpal Wabbit, MABWiser, River "
@@ -565,6 +620,19 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
                                                          "(default out/replay)")
     rep.set_defaults(func=_cmd_replay)
+
+    tun = sub.add_parser("tune", help="replay a log through a grid of settings and recommend the best [[models]]")
+    _log_arguments(tun)
+    tun.add_argument("--config", required=True, help="the worker's TOML file: its [[models]] are the base the grid "
+                                                     "changes")
+    tun.add_argument("--grid", action="append", required=True, metavar="NAME=V1,V2,...",
+                     help="a setting and its values: a hyper-parameter (lam, beta_scale, link, ...) or policy, "
+                          "epsilon; repeat for more (every combination is a candidate, at most 64)")
+    tun.add_argument("--estimator", choices=("snips", "dr", "ips"), default="snips",
+                     help="the estimate candidates are ranked by (default snips)")
+    tun.add_argument("--out", default="out/tune", help="where tune.md, tune.json, recommended.toml, tune.png go "
+                                                       "(default out/tune)")
+    tun.set_defaults(func=_cmd_tune)
 
     ben = sub.add_parser("bench", help="throughput, latency and memory figures (`streambandit bench WHAT -h`)",
                          description="Benchmarks; results are printed as markdown. "

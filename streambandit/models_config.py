@@ -32,7 +32,7 @@ from typing import Any
 
 from streambandit.policies.base import POLICIES, Policy, make_policy
 
-__all__ = ["ModelSpec", "ModelsConfig", "AGGREGATIONS", "load_models_config", "parse_models_config"]
+__all__ = ["ModelSpec", "ModelsConfig", "AGGREGATIONS", "load_models_config", "parse_models_config", "dump_models_config"]
 
 AGGREGATIONS = ("first", "last", "sum")
 _GLOB_CHARS = set("*?[")
@@ -163,3 +163,36 @@ def parse_models_config(raw: dict[str, Any], source: str = "<config>") -> Models
             raise ValueError(f"{where}: {exc}") from exc
         specs.append(spec)
     return ModelsConfig(tuple(specs))
+
+
+def _toml_value(v: Any, where: str) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, float):
+        if not math.isfinite(v):
+            raise ValueError(f"{where}: {v!r} has no TOML form here")
+        return repr(v)  # the shortest text that reads back to the same double
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+    raise ValueError(f"{where}: a {type(v).__name__} has no TOML form here")
+
+
+def dump_models_config(config: ModelsConfig) -> str:
+    """The ``[[models]]`` tables of ``config`` as TOML text that :func:`parse_models_config`
+    reads back to an equal configuration."""
+    lines: list[str] = []
+    for spec in config.specs:
+        where = f"[[models]] {spec.match!r}"
+        lines.append("[[models]]")
+        for field in ("match", "policy", "dim", "reward_window_ms", "default_reward", "aggregation", "epsilon", "seed"):
+            lines.append(f"{field} = {_toml_value(getattr(spec, field), where)}")
+        if spec.hyper:
+            lines.append("[models.hyper]")
+            for key, value in spec.hyper.items():
+                if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
+                    raise ValueError(f"{where}: hyper-parameter name {key!r} is not a bare TOML key")
+                lines.append(f"{key} = {_toml_value(value, where)}")
+        lines.append("")
+    return "\n".join(lines)
