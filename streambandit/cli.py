@@ -376,6 +376,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
     decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer("replay")
     results = replay_targets(decisions, targets, clip=args.clip, progress=progress, counts=counts,
                              skip_bad=args.skip_bad, bootstrap=args.bootstrap,
@@ -406,6 +407,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     dims = {s.dim for s in base.specs}
     counts: dict[str, int] = {}
     decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer(f"tune ({len(cands)} candidates)")
     results = replay_targets(decisions, tune.targets(cands), clip=args.clip, progress=progress, counts=counts,
                              skip_bad=args.skip_bad, bootstrap=args.bootstrap,
@@ -505,6 +507,25 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--bootstrap", type=int, default=0, metavar="B",
                    help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)")
     p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
+    p.add_argument("--rows", default=None, metavar="START:STOP",
+                   help="use only the log's decisions START..STOP-1 (0-based, either end may be left out), e.g. "
+                        ":5000 to train and 5000: to evaluate on the rest")
+
+
+def _rows(spec: str | None, decisions):
+    """``decisions`` cut to ``--rows START:STOP``."""
+    import itertools
+
+    if spec is None:
+        return decisions
+    start, sep, stop = spec.partition(":")
+    try:
+        a, b = int(start) if start.strip() else 0, int(stop) if stop.strip() else None
+    except ValueError:
+        raise ValueError(f"--rows {spec!r}: expected START:STOP with integers") from None
+    if not sep or a < 0 or (b is not None and b < a):
+        raise ValueError(f"--rows {spec!r}: expected START:STOP with 0 <= START <= STOP")
+    return itertools.islice(decisions, a, b)
 
 
 def build_parser() -> argparse.ArgumentParser:

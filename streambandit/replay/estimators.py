@@ -289,6 +289,13 @@ class OffPolicyEvaluator:
         """One logged event. ``target_probs``: (K,) the target policy's action probabilities for
         it; ``predicted``: (K,) reward predictions made before the model saw this event;
         ``slate_id`` and ``position``: the slate and slot of a slate's row (module docstring)."""
+        self.add_terms(self.terms(action=action, propensity=propensity, reward=reward, target_probs=target_probs,
+                                  predicted=predicted), slate_id, position)
+
+    def terms(self, *, action: int, propensity: float, reward: float, target_probs: np.ndarray,
+              predicted: np.ndarray) -> tuple[float, float, float, int, float, float]:
+        """An event checked and reduced to what the estimators read, ``(pi[a], p, r, K, dm, q[a])``:
+        an evaluator of a subset of the events (one model key's) adds the same terms."""
         pi = np.asarray(target_probs, dtype=np.float64)
         q = np.asarray(predicted, dtype=np.float64)
         if pi.ndim != 1 or pi.shape[0] == 0 or q.shape != pi.shape:
@@ -312,8 +319,12 @@ class OffPolicyEvaluator:
         qa = float(q[action])
         if not (math.isfinite(dm) and math.isfinite(qa)):  # 0 * nan and 0 * inf are nan: all of q is checked
             raise EstimatorError(f"non-finite reward predictions: {q!r}")
+        return float(pi[action]), p, r, k, dm, qa
 
-        pa = float(pi[action])
+    def add_terms(self, terms: tuple[float, float, float, int, float, float], slate_id: str = "",
+                  position: int = -1) -> None:
+        """Add an event reduced by :meth:`terms` (of this evaluator or one with the same settings)."""
+        pa, p, r, k, dm, qa = terms
         # Li et al. 2011 replay, with the match indicator replaced by its expectation pi[a].
         self._replay.add(pa * r, pa)
         # Horvitz-Thompson importance weight, optionally clipped.

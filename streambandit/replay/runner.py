@@ -156,15 +156,16 @@ class _Evaluators:
         self.by_key: dict[str, OffPolicyEvaluator] = {}
         self.untracked = 0
 
-    def add(self, key: str, **event: Any) -> None:
-        self.pooled.add(**event)
+    def add(self, key: str, *, slate_id: str, position: int, **event: Any) -> None:
+        terms = self.pooled.terms(**event)  # checked once, added to both
+        self.pooled.add_terms(terms, slate_id, position)
         e = self.by_key.get(key)
         if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
             e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0})
         if e is None:
             self.untracked += 1
         else:
-            e.add(**event)
+            e.add_terms(terms, slate_id, position)
 
     def by_key_estimates(self) -> dict[str, KeyEstimates]:
         return {k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()}
