@@ -100,7 +100,7 @@ from typing import BinaryIO, NoReturn
 
 import numpy as np
 
-from streambandit.replay.featurize import hash_features
+from streambandit.replay.featurize import check_hash_dim, hash_features
 from streambandit.replay.files import PathLike, _kept
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
@@ -155,8 +155,7 @@ def parse_line(line: str, *, dim: int, model_key: str = "dsjson", interactions: 
 
 
 def _check_arguments(dim: int, model_key: str) -> None:
-    if isinstance(dim, bool) or not isinstance(dim, int) or dim < 1:
-        raise ValueError(f"dim must be an integer >= 1, got {dim!r}")
+    check_hash_dim(dim, "dim")
     if not model_key:
         raise ValueError("model_key must be a non-empty string")
 

@@ -29,9 +29,20 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["COMBINE_RULES", "combine", "combined_dim", "hash_slot", "hash_features", "encode_columns"]
+__all__ = ["COMBINE_RULES", "MAX_HASH_DIM", "check_hash_dim", "combine",
+           "combined_dim", "hash_slot", "hash_features", "encode_columns"]
 
 COMBINE_RULES = ("concat", "outer")
+# A bound on hashed dimensions: every arm of every row gets a vector of this many doubles, and a
+# learner's state grows with its square; a dimension above it is a typo, not a model.
+MAX_HASH_DIM = 1 << 16
+
+
+def check_hash_dim(dim: int, what: str, *, allow_zero: bool = False) -> None:
+    """A ValueError naming ``what`` unless ``dim`` is an integer in [1 (or 0), MAX_HASH_DIM]."""
+    low = 0 if allow_zero else 1
+    if isinstance(dim, bool) or not isinstance(dim, int) or not low <= dim <= MAX_HASH_DIM:
+        raise ValueError(f"{what} must be an integer in [{low}, {MAX_HASH_DIM}], got {dim!r}")
 
 
 @functools.lru_cache(maxsize=1 << 16)  # names repeat on every row: hash each once (bounded)

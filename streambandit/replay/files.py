@@ -20,7 +20,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 
-from streambandit.replay.featurize import COMBINE_RULES, encode_columns, hash_features
+from streambandit.replay.featurize import COMBINE_RULES, check_hash_dim, encode_columns, hash_features
 from streambandit.replay.featurize import combine as combine_features
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 from streambandit.wire import features_to_bytes
@@ -249,8 +249,7 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
     """
     if combine not in COMBINE_RULES:
         raise ValueError(f"unknown combining rule {combine!r}; known: {', '.join(COMBINE_RULES)}")
-    if hash_dim < 0:
-        raise ValueError(f"hash_dim must be >= 0, got {hash_dim}")
+    check_hash_dim(hash_dim, "hash_dim", allow_zero=True)
     cat = read_catalog(catalog) if isinstance(catalog, (str, os.PathLike)) else catalog
     where = str(path)
     # Python's csv refuses a field over 131,072 characters by default; a row of a thousand arms'

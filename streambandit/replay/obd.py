@@ -176,8 +176,7 @@ def _read_items(path: Path) -> _Items:
 
 
 def _check_args(user_dim: int, combine: str) -> None:
-    if isinstance(user_dim, bool) or not isinstance(user_dim, int) or user_dim < 1:
-        raise ValueError(f"user_dim must be an integer >= 1, got {user_dim!r}")
+    featurize.check_hash_dim(user_dim, "user_dim")
     featurize.combined_dim(user_dim, 1, combine)  # raises ValueError for an unknown rule
 
 

@@ -199,3 +199,18 @@ def test_a_target_decides_each_slot_by_its_ranking():
 
 def test_without_slate_ids_there_is_no_cascade_estimate():
     assert "cascade" not in [e.name for e in replay(uniform_log(20), config()).estimates]
+
+
+def test_a_hashing_dimension_past_the_bound_is_one_clear_error(tmp_path):
+    from streambandit.replay.dsjson import read_dsjson
+    from streambandit.replay.featurize import MAX_HASH_DIM
+    from streambandit.replay.files import read_csv
+    from streambandit.replay.obd import read_obd
+
+    huge = 10**9  # would allocate terabytes per row before any dimension check
+    with pytest.raises(ValueError, match=f"dim must be an integer in \\[1, {MAX_HASH_DIM}\\]"):
+        list(read_dsjson(tmp_path / "none.json", dim=huge))
+    with pytest.raises(ValueError, match="user_dim must be an integer"):
+        read_obd(tmp_path, user_dim=huge)
+    with pytest.raises(ValueError, match="hash_dim must be an integer"):
+        list(read_csv(tmp_path / "none.csv", hash_dim=huge))
