@@ -4,19 +4,21 @@ it, so a replay decides exactly as the live worker did.
 
 Randomness is drawn from a generator seeded by a hash of (model key, event id, configured seed)
 (docs/design.md, determinism): the same event always gets the same draw, in the live worker,
-after a crash and in replay, whatever else was processed in between.
+after a crash and in replay, whatever else was processed in between. The generator is numpy's
+PCG64 (:func:`event_rng`); :func:`choose` computes its two draws with the compiled equivalent in
+``event_draw.py``, which gives the same bits without building a generator per event.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 
 import numpy as np
 
+from streambandit.event_draw import event_seed, explore_draw
 from streambandit.policies.base import Policy
 
-__all__ = ["Decision", "event_rng", "decide", "choose", "action_probabilities"]
+__all__ = ["Decision", "event_rng", "decide", "choose", "choose_with_probabilities", "action_probabilities"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -30,12 +32,11 @@ class Decision:
 
 
 def event_rng(model_key: str, event_id: str, seed: int) -> np.random.Generator:
-    """A generator that depends only on (model key, event id, seed). blake2b, not ``hash()``,
-    because Python's string hash is salted per process."""
-    digest = hashlib.blake2b(
-        b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())), digest_size=16
-    ).digest()
-    return np.random.Generator(np.random.PCG64(int.from_bytes(digest, "little")))
+    """A generator that depends only on (model key, event id, seed): numpy's PCG64 seeded with
+    the event's 128-bit hash (``event_draw.event_seed``)."""
+    lo, hi = event_seed(model_key, event_id, seed)
+    mask = (1 << 64) - 1
+    return np.random.Generator(np.random.PCG64(((hi & mask) << 64) | (lo & mask)))
 
 
 def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
@@ -51,13 +52,29 @@ def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str,
     a uniformly random permutation, chosen with probability ``epsilon``, puts each arm at slot k
     with probability 1 / K, the draw's.
     """
-    greedy = int(scores.argmax()) if position == 0 else _ranked(scores, position)
+    return _choose(scores, _greedy(scores, position), epsilon, model_key, event_id, seed)
+
+
+def choose_with_probabilities(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
+                              position: int = 0) -> tuple[Decision, np.ndarray]:
+    """:func:`choose` and :func:`action_probabilities` of one score vector, ranked once (what a
+    replay needs of every event)."""
+    greedy = _greedy(scores, position)
+    return (_choose(scores, greedy, epsilon, model_key, event_id, seed),
+            _probabilities(scores.shape[0], greedy, epsilon))
+
+
+def _greedy(scores: np.ndarray, position: int) -> int:
+    return int(scores.argmax()) if position == 0 else _ranked(scores, position)
+
+
+def _choose(scores: np.ndarray, greedy: int, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
     if epsilon <= 0.0:
         return Decision(greedy, float(scores[greedy]), 1.0, False)
     k = scores.shape[0]
-    rng = event_rng(model_key, event_id, seed)
-    explored = bool(rng.random() < epsilon)
-    index = int(rng.integers(k)) if explored else greedy
+    # event_rng(...).random() < epsilon, then .integers(k): the same bits, compiled.
+    explored, drawn = explore_draw(*event_seed(model_key, event_id, seed), float(epsilon), k)
+    index = drawn if explored else greedy
     propensity = (1.0 - epsilon) * (index == greedy) + epsilon / k
     return Decision(index, float(scores[index]), float(propensity), explored)
 
@@ -83,7 +100,10 @@ def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) 
     """The probability of each arm under :func:`choose` (at ``position``): ``epsilon / K`` each,
     plus ``1 - epsilon`` on the greedy arm (the distribution off-policy estimators weigh a target
     by)."""
-    k = scores.shape[0]
+    return _probabilities(scores.shape[0], _greedy(scores, position), epsilon)
+
+
+def _probabilities(k: int, greedy: int, epsilon: float) -> np.ndarray:
     probs = np.full(k, epsilon / k) if epsilon > 0.0 else np.zeros(k)
-    probs[int(scores.argmax()) if position == 0 else _ranked(scores, position)] += 1.0 - epsilon
+    probs[greedy] += 1.0 - epsilon
     return probs

@@ -23,6 +23,7 @@ def compile_kernels() -> None:
     """Call every compiled kernel once: each learner's decisions, update and stream loop, the
     row-independent products, and the batch decoder and encoders of the worker's path."""
     from streambandit import POLICIES, make_policy
+    from streambandit.decision import choose
     from streambandit.wire import Action, Context, Joined, Reward, encode
     from streambandit.wire.batch_decode import decode_batch
     from streambandit.wire.batch_encode import encode_actions, encode_joined_records
@@ -35,6 +36,7 @@ def compile_kernels() -> None:
         p.select_batch(arms[None])
         p.update(arms[0], 1.0)  # 1.0 is in every link's range
         make_policy(name, dim=3).play(arms[None], np.ones((1, 3)))
+    choose(np.zeros(3), epsilon=1.0, model_key="m", event_id="e", seed=0)  # the exploration draw
     ctx = Context(event_id="e", model_key="m", timestamp_ms=1, arm_ids=("a", "b", "c"), features=arms)
     decode_batch([encode(ctx), encode(Reward(event_id="e", model_key="m", timestamp_ms=2, value=1.0)), b"x"])
     encode_actions([Action(event_id="e", model_key="m", arm_id="a", arm_index=0, score=0.0, propensity=1.0,

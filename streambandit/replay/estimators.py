@@ -67,7 +67,6 @@ none the value is NaN. Memory is O(1) per estimator, plus O(log n) points of :me
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import math
 from statistics import NormalDist
@@ -75,12 +74,13 @@ from statistics import NormalDist
 import numpy as np
 
 from streambandit.errors import StreambanditError
-from streambandit.linalg import sherman_morrison_update
+from streambandit.replay import sums
 from streambandit.replay.intervals import MAX_REPLICATES, MIN_REPLICATES, PoissonBootstrap, scaled_wilson, wilson
 
-__all__ = ["Estimate", "RidgeRewardModel", "OffPolicyEvaluator", "EstimatorError", "ESTIMATORS"]
+__all__ = ["Estimate", "RidgeRewardModel", "OffPolicyEvaluator", "EstimatorError", "ESTIMATORS", "raise_for_terms"]
 
 ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")  # and "cascade", for logs of slates
+_NO_SUMS = np.zeros(0)  # sums.add_row's "no second evaluator"
 
 
 class EstimatorError(StreambanditError, ValueError):
@@ -136,40 +136,43 @@ class RidgeRewardModel:
         """The coefficients; with an intercept, the last one is it."""
         return self._theta.copy()
 
-    def _z(self, f: np.ndarray) -> np.ndarray:
-        return np.concatenate([f, np.ones(f.shape[:-1] + (1,))], axis=-1) if self.intercept else f
-
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(K, d) -> (K,) predicted rewards."""
         f = np.asarray(features, dtype=np.float64)
         if f.ndim != 2 or f.shape[1] != self.dim:
             raise EstimatorError(f"features of shape {f.shape}, expected (K, {self.dim})")
-        return self._z(f) @ self._theta
+        out = np.empty(f.shape[0])
+        sums.ridge_predict(self._theta, f, self.intercept, out)
+        return out
 
     def update(self, x: np.ndarray, reward: float) -> None:
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.dim,):
             raise EstimatorError(f"x of shape {x.shape}, expected ({self.dim},)")
-        z = self._z(x)
-        sherman_morrison_update(self._inv, z)
-        self._b += float(reward) * z
-        self._theta = self._inv @ self._b
+        sums.ridge_update(self._inv, self._b, self._theta, x, float(reward), self.intercept)
         self.n += 1
 
 
 class _Mean:
-    """Welford's running mean and sum of squared deviations."""
+    """A running mean and sum of squared deviations (Welford), held at ``acc[o:o + 3]``
+    (sums.py: the evaluator keeps all its sums in one array, updated by one compiled call)."""
 
-    __slots__ = ("n", "mean", "m2")
+    __slots__ = ("acc", "o")
 
-    def __init__(self) -> None:
-        self.n, self.mean, self.m2 = 0, 0.0, 0.0
+    def __init__(self, acc: np.ndarray, o: int) -> None:
+        self.acc, self.o = acc, o
 
-    def add(self, x: float) -> None:
-        self.n += 1
-        dx = x - self.mean
-        self.mean += dx / self.n
-        self.m2 += dx * (x - self.mean)
+    @property
+    def n(self) -> int:
+        return int(self.acc[self.o])
+
+    @property
+    def mean(self) -> float:
+        return float(self.acc[self.o + 1])
+
+    @property
+    def m2(self) -> float:
+        return float(self.acc[self.o + 2])
 
     def estimate(self, name: str, z: float, ess: float | None = None, clipped: int = 0) -> Estimate:
         """The mean with its normal interval."""
@@ -185,30 +188,35 @@ class _Mean:
 
 
 class _Ratio:
-    """Streaming ratio ``sum u / sum v`` with a delta-method variance (bivariate Welford).
+    """A running ratio ``sum u / sum v`` with a delta-method variance (bivariate Welford), held at
+    ``acc[o:o + 9]`` (sums.RATIO_FIELDS): also ``sum v`` and ``sum v^2`` (for the effective
+    sample size) and the number of events with ``v != 0``. Without an array, its own."""
 
-    Also keeps ``sum v`` and ``sum v^2`` (for the effective sample size) and the number of
-    events with ``v != 0``.
-    """
+    __slots__ = ("acc", "o")
 
-    __slots__ = ("n", "mu", "mv", "suu", "svv", "suv", "sv", "sv2", "nonzero")
+    def __init__(self, acc: np.ndarray | None = None, o: int = 0) -> None:
+        self.acc = np.zeros(len(sums.RATIO_FIELDS)) if acc is None else acc
+        self.o = o
 
-    def __init__(self) -> None:
-        self.n = self.nonzero = 0
-        self.mu = self.mv = self.suu = self.svv = self.suv = self.sv = self.sv2 = 0.0
+    def __getattr__(self, name: str) -> float:
+        try:
+            return float(self.acc[self.o + sums.RATIO_FIELDS.index(name)])
+        except ValueError:
+            raise AttributeError(name) from None
+
+    @property
+    def n(self) -> int:
+        return int(self.acc[self.o])
+
+    @property
+    def nonzero(self) -> int:
+        return int(self.acc[self.o + 8])
 
     def add(self, u: float, v: float) -> None:
-        self.n += 1
-        du = u - self.mu
-        dv = v - self.mv
-        self.mu += du / self.n
-        self.mv += dv / self.n
-        self.suu += du * (u - self.mu)
-        self.svv += dv * (v - self.mv)
-        self.suv += du * (v - self.mv)
-        self.sv += v
-        self.sv2 += v * v
-        self.nonzero += v != 0.0
+        sums.ratio_add(self.acc, self.o, float(u), float(v))
+
+    def copy(self) -> _Ratio:
+        return _Ratio(self.acc[self.o:self.o + len(sums.RATIO_FIELDS)].copy())
 
     @property
     def ess(self) -> float:
@@ -226,6 +234,19 @@ class _Ratio:
         s = (self.suu - 2.0 * r * self.suv + r * r * self.svv) / (self.n - 1)
         half = z * math.sqrt(max(s, 0.0) / self.n) / self.mv
         return Estimate(name, r, r - half, r + half, n_used, self.ess, clipped, "delta")
+
+
+def raise_for_terms(status: int, action: int, p: float, r: float, pi: np.ndarray, q: np.ndarray) -> None:
+    """The EstimatorError of a status of ``sums.event_terms`` other than OK."""
+    if status == sums.TERMS_OK:
+        return
+    raise EstimatorError({
+        sums.TERMS_BAD_ACTION: f"action {action!r} is not in [0, {pi.shape[0]})",
+        sums.TERMS_BAD_PROPENSITY: f"propensity {p!r} is not in (0, 1]",
+        sums.TERMS_BAD_REWARD: f"non-finite reward {r!r}",
+        sums.TERMS_BAD_PROBS: f"target_probs is not a probability vector: {pi!r}",
+        sums.TERMS_BAD_PREDICTIONS: f"non-finite reward predictions: {q!r}",
+    }[status])
 
 
 class OffPolicyEvaluator:
@@ -254,9 +275,6 @@ class OffPolicyEvaluator:
         # Score intervals need the rewards' two values: the given range's ends, or 0 and 1 while
         # every reward seen is one of them (click logs need no flag).
         self._ends = reward_range or (0.0, 1.0)
-        self._two_valued = True
-        self._uniform = True  # every propensity 1/K: what the replay estimator assumes
-        self._su = self._su2 = self._sw = self._sw2 = 0.0  # sums of w r', w^2 r'^2, w, w^2 (ips score)
         self._boot = PoissonBootstrap(bootstrap, seed) if bootstrap else None
         if not 0.0 < confidence < 1.0:
             raise EstimatorError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -266,13 +284,16 @@ class OffPolicyEvaluator:
         self.confidence = float(confidence)
         self._z = NormalDist().inv_cdf(0.5 + confidence / 2.0)
         self._growth = float(running_growth)
-        self._replay = _Ratio()
-        self._snips = _Ratio()
-        self._ips = _Mean()
-        self._dm = _Mean()
-        self._dr = _Mean()
-        self._logged = _Mean()
-        self._clipped = 0
+        # Every sum of the five estimators and the logging value, and the flags: whether every
+        # reward seen is at one of the two ends (score intervals) and every propensity 1/K (what
+        # the replay estimator assumes). One array, one compiled call per event (sums.py).
+        self._acc = acc = sums.new_accumulator()
+        self._replay = _Ratio(acc, sums.REPLAY)
+        self._snips = _Ratio(acc, sums.SNIPS)
+        self._ips = _Mean(acc, sums.IPS)
+        self._dm = _Mean(acc, sums.DM)
+        self._dr = _Mean(acc, sums.DR)
+        self._logged = _Mean(acc, sums.LOGGED)
         self._cascade = _Ratio()  # per slate: u = sum_k W_k r_k, v = its rows
         self._slate: list[tuple[int, float, float]] = []  # the current slate's (position, w, r)
         self._slate_id = ""
@@ -283,6 +304,10 @@ class OffPolicyEvaluator:
     @property
     def n(self) -> int:
         return self._ips.n
+
+    @property
+    def _clipped(self) -> int:
+        return int(self._acc[sums.CLIPPED])
 
     def add(self, *, action: int, propensity: float, reward: float, target_probs: np.ndarray,
             predicted: np.ndarray, slate_id: str = "", position: int = -1) -> None:
@@ -300,53 +325,46 @@ class OffPolicyEvaluator:
         q = np.asarray(predicted, dtype=np.float64)
         if pi.ndim != 1 or pi.shape[0] == 0 or q.shape != pi.shape:
             raise EstimatorError(f"target_probs {pi.shape} and predicted {q.shape} must both be (K,) with K >= 1")
-        k = pi.shape[0]
-        if isinstance(action, bool) or not isinstance(action, (int, np.integer)) or not 0 <= action < k:
-            raise EstimatorError(f"action {action!r} is not in [0, {k})")
-        p = float(propensity)
-        if not 0.0 < p <= 1.0:  # also rejects NaN
-            raise EstimatorError(f"propensity {propensity!r} is not in (0, 1]")
-        r = float(reward)
-        if not math.isfinite(r):
-            raise EstimatorError(f"non-finite reward {reward!r}")
+        if isinstance(action, bool) or not isinstance(action, (int, np.integer)):
+            raise EstimatorError(f"action {action!r} is not an arm index")
+        p, r = float(propensity), float(reward)
         if self.reward_range is not None and not self.reward_range[0] <= r <= self.reward_range[1]:
             raise EstimatorError(f"reward {reward!r} outside the reward range "
                                  f"[{self.reward_range[0]:g}, {self.reward_range[1]:g}]")
-        # min() is NaN when any entry is, and the sum is not finite when any entry is infinite
-        if not (pi.min() >= 0.0 and abs(float(pi.sum()) - 1.0) <= 1e-6):
-            raise EstimatorError(f"target_probs is not a probability vector: {pi!r}")
-        dm = float(pi @ q)
-        qa = float(q[action])
-        if not (math.isfinite(dm) and math.isfinite(qa)):  # 0 * nan and 0 * inf are nan: all of q is checked
-            raise EstimatorError(f"non-finite reward predictions: {q!r}")
-        return float(pi[action]), p, r, k, dm, qa
+        status, pa, dm, qa = sums.event_terms(pi, q, int(action), p, r)
+        raise_for_terms(status, action, p, r, pi, q)
+        k = pi.shape[0]
+        return pa, p, r, k, dm, qa
 
     def add_terms(self, terms: tuple[float, float, float, int, float, float], slate_id: str = "",
                   position: int = -1) -> None:
         """Add an event reduced by :meth:`terms` (of this evaluator or one with the same settings)."""
         pa, p, r, k, dm, qa = terms
-        # Li et al. 2011 replay, with the match indicator replaced by its expectation pi[a].
-        self._replay.add(pa * r, pa)
-        # Horvitz-Thompson importance weight, optionally clipped.
-        w = pa / p
-        if self.clip is not None and w > self.clip:
-            w = self.clip
-            self._clipped += 1
-        self._ips.add(w * r)
-        self._snips.add(w * r, w)  # Swaminathan & Joachims 2015
-        self._dm.add(dm)
-        self._dr.add(dm + w * (r - qa))  # Dudik et al. 2011
-        self._logged.add(r)
         lo, hi = self._ends
-        rs = (r - lo) / (hi - lo)  # r' in [0, 1] when the range holds
-        if r != lo and r != hi:
-            self._two_valued = False
-        if abs(p * k - 1.0) > 1e-9:
-            self._uniform = False
-        self._su += w * rs
-        self._su2 += w * w * rs * rs
-        self._sw += w
-        self._sw2 += w * w
+        w = sums.add_event(self._acc, pa, p, r, k, dm, qa, self.clip or 0.0, lo, hi)
+        self._added(slate_id, position, pa, p, r, w, dm, qa)
+
+    def add_also_to(self, other: OffPolicyEvaluator | None, action: int, propensity: float, reward: float,
+                    target_probs: np.ndarray, predicted: np.ndarray, slate_id: str = "", position: int = -1) -> None:
+        """:meth:`add` of one event to this evaluator and to ``other`` (one of the same settings
+        that sees a subset of the events, such as one model key's; None: this one alone), checked
+        once, in one compiled call: a replay's path per row. ``target_probs`` and ``predicted``
+        are float64 arrays of the same length."""
+        lo, hi = self._ends
+        p, r = float(propensity), float(reward)
+        if self.reward_range is not None and not lo <= r <= hi:
+            raise EstimatorError(f"reward {reward!r} outside the reward range [{lo:g}, {hi:g}]")
+        status, w, pa, dm, qa = sums.add_row(self._acc, _NO_SUMS if other is None else other._acc, target_probs,
+                                             predicted, int(action), p, r, self.clip or 0.0, lo, hi)
+        raise_for_terms(status, action, p, r, target_probs, predicted)
+        self._added(slate_id, position, pa, p, r, w, dm, qa)
+        if other is not None:
+            other._added(slate_id, position, pa, p, r, w, dm, qa)
+
+    def _added(self, slate_id: str, position: int, pa: float, p: float, r: float, w: float, dm: float,
+               qa: float) -> None:
+        """What follows an event's sums (``add_terms``, or ``sums.add_row`` for a pooled and a
+        per-key evaluator at once): its slate, the bootstrap and the running estimates."""
         if slate_id:
             self._slate_row(slate_id, position, pa / p, r)
         elif self._slate:
@@ -398,7 +416,7 @@ class OffPolicyEvaluator:
         elif self.scored:
             out = self._scored(out)
         if self._slates:
-            cascade = copy.copy(self._cascade)
+            cascade = self._cascade.copy()
             self._end_slate(into=cascade)  # the slate still open counts as it stands
             out.append(cascade.estimate("cascade", z, self.n))
         return out
@@ -406,7 +424,7 @@ class OffPolicyEvaluator:
     @property
     def scored(self) -> bool:
         """Whether the intervals are score intervals: every reward at one of two known values."""
-        return self.n > 0 and self._two_valued
+        return self.n > 0 and self._acc[sums.TWO_VALUED] == 1.0
 
     def _wilson(self, e: Estimate, n: float) -> Estimate:
         """``e``, a weighted mean of rewards at the two ends, with Wilson's interval over ``n``."""
@@ -423,10 +441,11 @@ class OffPolicyEvaluator:
                 e[name] = self._wilson(e[name], ratio.ess)
         # ips of r = lo * mean(w) + (hi - lo) * ips of r'; the interval is the r' part's, moved by
         # the first term (the weights' mean is taken as it is: it is 1 in expectation).
-        shift = lo * self._sw / self.n
-        k = self._su2 / self._su if self._su > 0 else (self._sw2 / self._sw if self._sw > 0 else 0.0)
+        su, su2, sw, sw2 = (float(self._acc[i]) for i in (sums.SU, sums.SU2, sums.SW, sums.SW2))
+        shift = lo * sw / self.n
+        k = su2 / su if su > 0 else (sw2 / sw if sw > 0 else 0.0)
         if k > 0:
-            a, b = scaled_wilson(self._su / self.n, k, self.n, self._z)
+            a, b = scaled_wilson(su / self.n, k, self.n, self._z)
             ips = e["ips"] = dataclasses.replace(e["ips"], ci_low=shift + (hi - lo) * a, ci_high=shift + (hi - lo) * b,
                                                  interval="score")
             d = e["dr"]
@@ -458,7 +477,7 @@ class OffPolicyEvaluator:
         if self._replay.nonzero < min_matched:
             out.append(f"only {self._replay.nonzero} events where the target could choose the logged action: "
                        "replay's estimate and interval rest on them alone")
-        if not self._uniform:
+        if self._acc[sums.UNIFORM] != 1.0:
             out.append("the log is not uniform (its propensities are not 1/K): the replay estimator assumes it "
                        "is and is biased here; read snips or dr")
         return out

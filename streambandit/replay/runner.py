@@ -51,7 +51,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from streambandit.decision import action_probabilities, choose
+from streambandit.decision import choose_with_probabilities
 from streambandit.models_config import ModelsConfig, ModelSpec
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
@@ -156,25 +156,19 @@ class _Evaluators:
         self.by_key: dict[str, OffPolicyEvaluator] = {}
         self.untracked = 0
 
-    def add(self, key: str, *, slate_id: str, position: int, **event: Any) -> None:
-        terms = self.pooled.terms(**event)  # checked once, added to both
-        self.pooled.add_terms(terms, slate_id, position)
+    def add(self, d: LoggedDecision, probs: np.ndarray, predicted: np.ndarray) -> None:
+        """Row ``d`` with the target's probabilities and the reward model's predictions for it:
+        checked once and added to the pooled and the key's sums in one compiled call."""
+        key = d.model_key
         e = self.by_key.get(key)
         if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
             e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0})
+        self.pooled.add_also_to(e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position)
         if e is None:
             self.untracked += 1
-        else:
-            e.add_terms(terms, slate_id, position)
 
     def by_key_estimates(self) -> dict[str, KeyEstimates]:
         return {k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()}
-
-
-def _row_event(d: LoggedDecision) -> dict[str, Any]:
-    """What the evaluator reads of a row besides the target's probabilities and predictions."""
-    return {"action": d.action, "propensity": d.propensity, "reward": d.reward, "slate_id": d.slate_id,
-            "position": d.position}
 
 
 class _Rec:
@@ -303,9 +297,9 @@ class _ModelReplayer:
             raise LogError(f"{d.where}: {exc}", "features") from None
         slot = max(d.position, 0)
         # The worker's rule on the same score vector the target distribution is computed from.
-        dec = choose(scores, epsilon=spec.epsilon, model_key=d.model_key, event_id=d.event_id, seed=spec.seed,
-                     position=slot)
-        rec.choice, rec.probs = dec.index, action_probabilities(scores, spec.epsilon, slot)
+        dec, rec.probs = choose_with_probabilities(scores, epsilon=spec.epsilon, model_key=d.model_key,
+                                                   event_id=d.event_id, seed=spec.seed, position=slot)
+        rec.choice = dec.index
         self.decisions[d.event_id] = dec.index
 
     def _apply(self, m: _Model, rec: _Rec) -> None:
@@ -322,11 +316,16 @@ class _ModelReplayer:
             self.matched += 1
         m.reward_model.update(x, d.reward)
         m.applied += 1
+        if rec.seq == self._next_emit and not self._ready:  # in log order already (no versions held back)
+            self._next_emit += 1
+            self.evaluators.add(d, rec.probs, rec.predicted)
+            rec.probs = rec.predicted = None
+            return
         self._ready[rec.seq] = rec
         while self._next_emit in self._ready:
             r = self._ready.pop(self._next_emit)
             self._next_emit += 1
-            self.evaluators.add(r.d.model_key, target_probs=r.probs, predicted=r.predicted, **_row_event(r.d))
+            self.evaluators.add(r.d, r.probs, r.predicted)
             r.probs = r.predicted = None
 
     def result_fields(self) -> dict[str, Any]:
@@ -375,7 +374,7 @@ class _ExternalReplayer:
         model.update(d.features[d.action], d.reward)
         self.events += 1
         self.matched += bool(probs[d.action] > 0.0)
-        self.evaluators.add(d.model_key, target_probs=probs, predicted=predicted, **_row_event(d))
+        self.evaluators.add(d, probs, predicted)
 
     def finish(self) -> None:
         pass

@@ -24,7 +24,8 @@ PURE = [
     "streambandit.sim.runner", "streambandit.stream.engine", "streambandit.stream.merge",
     "streambandit.decision", "streambandit.models_config", "streambandit.stream.kafka_config",
     "streambandit.wire.codec", "streambandit.wire.snapshot", "streambandit.wire.batch_decode",
-    "streambandit.wire.batch_encode", "streambandit.rowwise", "streambandit.kernels", "streambandit.warmup",
+    "streambandit.wire.batch_encode", "streambandit.rowwise", "streambandit.kernels", "streambandit.event_draw",
+    "streambandit.warmup",
     "streambandit.stream.stall", "streambandit.stream.batch", "streambandit.stream.worker_config",
 ]
 

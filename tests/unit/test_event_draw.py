@@ -1,0 +1,61 @@
+"""The compiled exploration draw gives numpy's bits: the oracle is numpy's own PCG64 and Generator."""
+
+import numpy as np
+import pytest
+
+from streambandit.decision import choose, event_rng
+from streambandit.event_draw import event_seed, explore_draw, seed_state
+
+MASK = (1 << 64) - 1
+
+
+def _seeds(n: int, rs: np.random.Generator):
+    """128-bit seeds of every size: full, below 2^96 and 2^64 (high words 0), tiny, and the ends."""
+    yield from (0, 1, (1 << 128) - 1, 1 << 127, (1 << 64) - 1, 1 << 64)
+    for i in range(n):
+        words = [int(w) for w in rs.integers(0, 1 << 32, 4, dtype=np.uint64)]
+        seed = sum(w << (32 * j) for j, w in enumerate(words))
+        yield seed >> (32 * (i % 4))  # 128, 96, 64 and 32 significant bits in turn
+
+
+def _signed(x: int) -> int:
+    return x - (1 << 64) if x >= 1 << 63 else x
+
+
+def test_the_seeded_state_is_numpys_pcg64_state():
+    for seed in _seeds(2000, np.random.default_rng(0)):
+        s_hi, s_lo, i_hi, i_lo = seed_state(np.uint64(seed & MASK), np.uint64(seed >> 64))
+        want = np.random.PCG64(seed).state["state"]
+        assert (int(s_hi) << 64 | int(s_lo), int(i_hi) << 64 | int(i_lo)) == (want["state"], want["inc"]), seed
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 10, 80, 1000, 2**31 + 1, 2**32 - 1, 2**32])
+def test_the_draws_are_numpys_random_then_integers(k):
+    # k = 2^31 + 1 rejects about half of the 32-bit words, so the buffered high half is used.
+    rs = np.random.default_rng(k)
+    for seed in _seeds(600, rs):
+        epsilon = float(rs.choice([0.0, 1.0, rs.uniform()]))
+        gen = np.random.Generator(np.random.PCG64(seed))
+        explored = bool(gen.random() < epsilon)
+        index = int(gen.integers(k)) if explored else -1
+        assert explore_draw(_signed(seed & MASK), _signed(seed >> 64), epsilon, k) == (explored, index), seed
+
+
+def test_choose_explores_as_the_events_numpy_generator_does():
+    rs = np.random.default_rng(3)
+    for i in range(3000):
+        key, event, seed = f"m-{i % 5}", f"event-{i}", int(rs.integers(0, 1 << 40))
+        scores, epsilon = rs.standard_normal(int(rs.integers(1, 30))), float(rs.uniform(0.01, 1.0))
+        rng = event_rng(key, event, seed)
+        explored = bool(rng.random() < epsilon)
+        index = int(rng.integers(scores.shape[0])) if explored else int(scores.argmax())
+        d = choose(scores, epsilon=epsilon, model_key=key, event_id=event, seed=seed)
+        assert (d.explored, d.index) == (explored, index)
+
+
+def test_the_event_seed_depends_on_each_part_and_is_signed_64_bit():
+    seeds = {event_seed(k, e, s) for k in ("a", "b") for e in ("x", "y") for s in (0, 1)}
+    assert len(seeds) == 8
+    assert all(-(1 << 63) <= h < 1 << 63 for pair in seeds for h in pair)
+    # The separator keeps ("a", "bc") and ("ab", "c") apart.
+    assert event_seed("a", "bc", 0) != event_seed("ab", "c", 0)
