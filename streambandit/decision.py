@@ -34,9 +34,7 @@ class Decision:
 def event_rng(model_key: str, event_id: str, seed: int) -> np.random.Generator:
     """A generator that depends only on (model key, event id, seed): numpy's PCG64 seeded with
     the event's 128-bit hash (``event_draw.event_seed``)."""
-    lo, hi = event_seed(model_key, event_id, seed)
-    mask = (1 << 64) - 1
-    return np.random.Generator(np.random.PCG64(((hi & mask) << 64) | (lo & mask)))
+    return np.random.Generator(np.random.PCG64(int.from_bytes(event_seed(model_key, event_id, seed), "little")))
 
 
 def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
@@ -73,7 +71,7 @@ def _choose(scores: np.ndarray, greedy: int, epsilon: float, model_key: str, eve
         return Decision(greedy, float(scores[greedy]), 1.0, False)
     k = scores.shape[0]
     # event_rng(...).random() < epsilon, then .integers(k): the same bits, compiled.
-    explored, drawn = explore_draw(*event_seed(model_key, event_id, seed), float(epsilon), k)
+    explored, drawn = explore_draw(event_seed(model_key, event_id, seed), float(epsilon), k)
     index = drawn if explored else greedy
     propensity = (1.0 - epsilon) * (index == greedy) + epsilon / k
     return Decision(index, float(scores[index]), float(propensity), explored)
@@ -104,6 +102,7 @@ def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) 
 
 
 def _probabilities(k: int, greedy: int, epsilon: float) -> np.ndarray:
-    probs = np.full(k, epsilon / k) if epsilon > 0.0 else np.zeros(k)
+    probs = np.empty(k)
+    probs.fill(epsilon / k if epsilon > 0.0 else 0.0)  # np.full's own overhead is a replay's per-row cost
     probs[greedy] += 1.0 - epsilon
     return probs

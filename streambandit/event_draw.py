@@ -51,14 +51,21 @@ _PCG_M_HI = np.uint64(2549297995355413924)
 _PCG_M_LO = np.uint64(4865540595714422341)
 
 
-def event_seed(model_key: str, event_id: str, seed: int) -> tuple[int, int]:
-    """The event's 128-bit seed (blake2b of key, id and seed; not ``hash()``, which Python salts
-    per process) as its low and high 64-bit halves, each read as a *signed* int64: numba takes
-    those without a conversion, and the kernels reinterpret the bits as unsigned."""
-    digest = hashlib.blake2b(
+def event_seed(model_key: str, event_id: str, seed: int) -> bytes:
+    """The event's 128-bit seed: blake2b of key, id and seed (not ``hash()``, which Python salts
+    per process), 16 bytes, the integer's little-endian bytes (numba reads them as they are)."""
+    return hashlib.blake2b(
         b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())), digest_size=16
     ).digest()
-    return int.from_bytes(digest[:8], "little", signed=True), int.from_bytes(digest[8:], "little", signed=True)
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _word(digest, at):
+    """The little-endian uint64 at byte ``at`` of ``digest``."""
+    v = np.uint64(0)
+    for i in range(8):
+        v |= np.uint64(digest[at + i]) << np.uint64(8 * i)
+    return v
 
 
 @njit(cache=CACHE, nogil=True, inline="always")
@@ -148,11 +155,11 @@ def seed_state(seed_lo, seed_hi):
 
 
 @njit(cache=CACHE, nogil=True)
-def explore_draw(seed_lo, seed_hi, epsilon, k):
+def explore_draw(digest, epsilon, k):
     """``rng.random() < epsilon`` and, if so, ``rng.integers(k)`` (else -1), for numpy's
-    ``Generator(PCG64(seed_hi:seed_lo))``, the halves as :func:`event_seed` gives them.
-    ``1 <= k <= 2^32``."""
-    s_hi, s_lo, i_hi, i_lo = seed_state(np.uint64(seed_lo), np.uint64(seed_hi))
+    ``Generator(PCG64(int.from_bytes(digest, "little")))``, ``digest`` 16 bytes as
+    :func:`event_seed` gives them. ``1 <= k <= 2^32``."""
+    s_hi, s_lo, i_hi, i_lo = seed_state(_word(digest, 0), _word(digest, 8))
     s_hi, s_lo = _step(s_hi, s_lo, i_hi, i_lo)
     u = (_output(s_hi, s_lo) >> np.uint64(11)) * (1.0 / 9007199254740992.0)
     if not u < epsilon:

@@ -145,6 +145,14 @@ class RidgeRewardModel:
         sums.ridge_predict(self._theta, f, self.intercept, out)
         return out
 
+    def predict_then_learn(self, features: np.ndarray, action: int, reward: float) -> np.ndarray:
+        """:meth:`predict` of ``features``, then :meth:`update` with the row ``action`` of them:
+        a logged event's predictions made before the model sees it, and the model learns it."""
+        out = self.predict(features)
+        sums.ridge_update(self._inv, self._b, self._theta, features[action], float(reward), self.intercept)
+        self.n += 1
+        return out
+
     def update(self, x: np.ndarray, reward: float) -> None:
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.dim,):
@@ -255,7 +263,9 @@ class OffPolicyEvaluator:
     ``clip``: cap on the importance weight ``w`` used by ips, snips and dr (None: no cap);
     each capped event is counted in ``Estimate.clipped``. ``confidence``: the intervals' level.
     ``running_growth``: :meth:`running` records a point whenever the event count has grown by
-    this factor since the last one (at least one event), so the history stays O(log n).
+    this factor since the last one (at least one event), so the history stays O(log n);
+    ``math.inf``: no history but the current point (an evaluator whose running estimates nobody
+    plots, such as a model key's, then pays nothing for them).
     """
 
     def __init__(self, *, clip: float | None = None, confidence: float = 0.95,
@@ -298,7 +308,7 @@ class OffPolicyEvaluator:
         self._slate: list[tuple[int, float, float]] = []  # the current slate's (position, w, r)
         self._slate_id = ""
         self._slates = False  # whether any row had a slate id
-        self._next = 1
+        self._next: float = 1 if self._growth < math.inf else math.inf  # the count of the next running point
         self._running: dict[str, list[tuple[int, float]]] = {name: [] for name in (*ESTIMATORS, "cascade")}
 
     @property
@@ -371,9 +381,10 @@ class OffPolicyEvaluator:
             self._end_slate()
         if self._boot is not None:
             self._boot.add({"mr": pa * r, "m": pa, "wr": w * r, "w": w, "dr": dm + w * (r - qa), "r": r})
-        if self.n >= self._next:
+        if self._acc[sums.IPS] >= self._next:  # the event count, read without a property's cost
+            n = self.n
             self._record()
-            self._next = max(self.n + 1, int(self.n * self._growth))
+            self._next = max(n + 1, int(n * self._growth))  # never reached with growth inf
 
     def _slate_row(self, slate_id: str, position: int, w: float, r: float) -> None:
         self._slates = True

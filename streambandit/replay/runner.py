@@ -162,7 +162,8 @@ class _Evaluators:
         key = d.model_key
         e = self.by_key.get(key)
         if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
-            e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0})
+            # No running estimates per key (nothing plots them), no bootstrap (its cost times the keys).
+            e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0}, running_growth=math.inf)
         self.pooled.add_also_to(e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position)
         if e is None:
             self.untracked += 1
@@ -308,13 +309,11 @@ class _ModelReplayer:
         d = rec.d
         if rec.choice is None:  # cannot happen: a record's version is at most its update index
             raise AssertionError(f"event {d.event_id!r} updated before it was decided")
-        x = d.features[d.action]
-        rec.predicted = m.reward_model.predict(d.features)
+        rec.predicted = m.reward_model.predict_then_learn(d.features, d.action, d.reward)
         if rec.choice == d.action:
             if self.target.learn:
-                m.policy.update(x, d.reward)
+                m.policy.update(d.features[d.action], d.reward)
             self.matched += 1
-        m.reward_model.update(x, d.reward)
         m.applied += 1
         if rec.seq == self._next_emit and not self._ready:  # in log order already (no versions held back)
             self._next_emit += 1
@@ -370,8 +369,7 @@ class _ExternalReplayer:
         model = self.reward_models.get(d.model_key)
         if model is None:
             model = self.reward_models[d.model_key] = RidgeRewardModel(d.features.shape[1])
-        predicted = model.predict(d.features)
-        model.update(d.features[d.action], d.reward)
+        predicted = model.predict_then_learn(d.features, d.action, d.reward)
         self.events += 1
         self.matched += bool(probs[d.action] > 0.0)
         self.evaluators.add(d, probs, predicted)

@@ -96,3 +96,12 @@ def test_the_ridge_update_keeps_the_inverse_symmetric_and_equal_to_the_solve():
     assert np.array_equal(m._inv, m._inv.T)
     assert np.allclose(m._inv, inv, atol=1e-12)
     assert np.allclose(m.theta, inv @ (z.T @ np.array(rs)), atol=1e-10)
+
+
+def test_an_evaluator_without_running_history_keeps_only_the_current_point():
+    plain, silent = OffPolicyEvaluator(), OffPolicyEvaluator(running_growth=math.inf)
+    for pi, q, a, p, r in _stream(200, 3, 5):
+        plain.add_also_to(silent, a, p, r, pi, q)
+    assert silent.estimates() == plain.estimates()
+    assert all(len(points) > 20 for points in plain.running().values())
+    assert silent.running() == {name: [(200, value)] for name, [*_, (_, value)] in plain.running().items()}
