@@ -2,7 +2,7 @@
 
 >>> from streambandit import make_policy, POLICIES
 >>> sorted(POLICIES)
-['bkb', 'cbscfd', 'dbs_linucb', 'glb_omd', 'hvt_ucb', 'oful', 'soful']
+['bkb', 'bkb_stream', 'cbscfd', 'dbs_linucb', 'glb_omd', 'hvt_ucb', 'oful', 'soful']
 >>> p = make_policy("oful", dim=2)
 >>> p.update([1.0, 0.0], 1.0)
 >>> p.select([[1.0, 0.0], [0.0, 1.0]])  # optimism: the unexplored direction has the larger bonus

@@ -1,8 +1,9 @@
 """The learners, one module per paper, pure numpy/scipy with no I/O. Importing this package
 registers every policy in :data:`POLICIES`."""
 
-from streambandit.policies import (  # noqa: F401  (registration)  # noqa: F401  (registration)
-    bkb,  # noqa: F401  (registration)
+from streambandit.policies import (  # noqa: F401  (registration)
+    bkb,
+    bkb_stream,
     cbscfd,
     dbs_linucb,
     glb_omd,
