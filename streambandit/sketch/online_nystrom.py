@@ -94,10 +94,10 @@ def forward_solve(upper: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 @njit(cache=CACHE, nogil=True)
-def join(chol, gram, bz, vinv, l, r, lam):
-    """The dictionary with one more point, whose embedding in the old basis is ``l`` and whose
-    residual is ``r = k(x, x) - ||l||^2 > 0``: ``(chol, gram, bz, vinv)`` each one larger."""
-    m = l.shape[0]
+def join(chol, gram, bz, vinv, z, r, lam):
+    """The dictionary with one more point, whose embedding in the old basis is ``z`` and whose
+    residual is ``r = k(x, x) - ||z||^2 > 0``: ``(chol, gram, bz, vinv)`` each one larger."""
+    m = z.shape[0]
     new_chol = np.zeros((m + 1, m + 1))
     new_gram = np.zeros((m + 1, m + 1))
     new_vinv = np.zeros((m + 1, m + 1))
@@ -105,7 +105,7 @@ def join(chol, gram, bz, vinv, l, r, lam):
     new_gram[:m, :m] = gram
     new_vinv[:m, :m] = vinv
     for j in range(m):
-        new_chol[m, j] = l[j]
+        new_chol[m, j] = z[j]
     new_chol[m, m] = np.sqrt(r)
     new_vinv[m, m] = 1.0 / lam  # the new coordinate of every earlier pull is 0: V borders with lam
     new_bz = np.zeros(m + 1)
