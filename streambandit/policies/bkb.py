@@ -70,6 +70,10 @@ class BKB(Policy):
         the largest k(x, x) over the pulled points (it bounds ||K_t|| / t).
       eps: dictionary accuracy epsilon of the theory rule (default 0.5).
       beta_scale: multiplier on the rule's beta~ (default 1.0).
+      max_points: the most distinct pulled points held (default ``None``: no bound). A pull of a
+        new point beyond it is refused with a ValueError, and the worker dead-letters its reward
+        (``update_failed``); the worker requires it, since without it a model whose arms change
+        with every context grows without bound (``bkb_stream`` is the bounded learner for that).
     In both rules the sum runs over all t pulls with multiplicity, with the current sigma~_t.
     """
 
@@ -93,9 +97,13 @@ class BKB(Policy):
         beta_rule: str = "practical",
         eps: float = 0.5,
         beta_scale: float = 1.0,
+        max_points: int | None = None,
         seed: int = 0,
     ) -> None:
         super().__init__(dim, seed=seed)
+        if max_points is not None and (isinstance(max_points, bool) or not isinstance(max_points, (int, np.integer))
+                                       or max_points < 1):
+            raise ValueError(f"max_points must be an integer >= 1 or None, got {max_points!r}")
         if beta_rule not in BETA_RULES:
             raise ValueError(f"beta_rule must be one of {', '.join(BETA_RULES)}, got {beta_rule!r}")
         q = float(qbar)
@@ -113,6 +121,7 @@ class BKB(Policy):
             beta_rule=beta_rule,
             eps=check_in_range("eps", eps, 0.0, 1.0, lo_open=True),
             beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
+            max_points=None if max_points is None else int(max_points),
         )
         if self._config["eps"] >= 1.0:
             raise ValueError(f"eps must be in (0, 1), got {eps!r}")
@@ -127,7 +136,7 @@ class BKB(Policy):
     def _test_params(cls) -> list[dict[str, Any]]:
         # Small qbar and lam make the draws drop and re-add points, so resampling is exercised.
         return [
-            {"bandwidth": 0.5, "lam": 0.1, "qbar": 1.0},
+            {"bandwidth": 0.5, "lam": 0.1, "qbar": 1.0, "max_points": 1000},
             {"kernel": "linear", "lam": 0.5, "qbar": 2.0, "beta": 0.3},
             {"beta_rule": "theory", "qbar": math.inf, "beta_scale": 0.5},
         ]
@@ -190,6 +199,10 @@ class BKB(Policy):
         # Variances of the model before this pull (sigma~_t), at every distinct pulled point.
         s2 = self._post.pulled_s2
         hit = np.flatnonzero((self.points == x).all(axis=1))
+        bound = self._config["max_points"]
+        if not hit.size and bound is not None and self.n_points >= bound:
+            raise ValueError(f"bkb holds max_points = {bound} distinct pulled points and this pull is a new one; "
+                             "bkb keeps every distinct point (for arms that change with each context use bkb_stream)")
         if hit.size:
             counts, sums, points, in_dict = self.counts.copy(), self.reward_sums.copy(), self.points, self.in_dict
             counts[hit[0]] += 1
@@ -236,6 +249,8 @@ class BKB(Policy):
             raise ValueError("state arrays 'counts' must be >= 1 and 'in_dict' must hold a point")
         if int(counts.sum()) != scalars["n_updates"]:
             raise ValueError(f"state arrays 'counts' sum to {int(counts.sum())}, not n_updates = {scalars['n_updates']}")
+        if self._config["max_points"] is not None and u > self._config["max_points"]:
+            raise ValueError(f"state holds {u} points, more than max_points = {self._config['max_points']}")
         if np.unique(points, axis=0).shape[0] != u:
             raise ValueError("state array 'points' holds a point twice")
 

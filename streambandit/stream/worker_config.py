@@ -102,6 +102,13 @@ class WorkerConfig:
             raise ValueError(f"log_summary_s must be >= 0 (0: no summary), got {self.log_summary_s!r}")
         if self.snapshot_fork_models < 0:
             raise ValueError(f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}")
+        for spec in self.models.specs:
+            if spec.policy == "bkb" and spec.hyper.get("max_points") is None:
+                # Exact BKB keeps every distinct pulled point and refits over all of them: behind a
+                # worker whose contexts bring new arm vectors it would stall its partition.
+                raise ValueError(f"model {spec.match!r}: bkb keeps every distinct pulled point, so its state and "
+                                 "its time per update grow without bound when the arms change with the contexts; "
+                                 "set hyper.max_points (the size of a fixed catalog) or use bkb_stream")
 
 
 def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:

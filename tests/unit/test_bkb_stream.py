@@ -121,3 +121,23 @@ def test_the_budget_and_schedule_are_checked():
         with pytest.raises(ValueError):
             make_policy("bkb_stream", dim=2, **bad)
     assert make_policy("bkb_stream", dim=2, m_max=100).config()["min_gap"] == 25
+
+
+def test_exact_bkb_is_bounded_when_asked_and_the_worker_requires_the_bound():
+    from streambandit.models_config import parse_models_config
+    from streambandit.stream.worker_config import WorkerConfig
+
+    p = make_policy("bkb", dim=2, max_points=3)
+    for x in ([0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]):  # three distinct points, one again
+        p.update(x, 1.0)
+    before = p.state_dict()
+    with pytest.raises(ValueError, match="max_points = 3"):
+        p.update([0.5, 0.5], 1.0)
+    assert all(np.array_equal(before[k], v) if isinstance(v, np.ndarray) else before[k] == v
+               for k, v in p.state_dict().items())  # refused whole
+    def models(hyper):
+        return parse_models_config({"models": [{"match": "m", "policy": "bkb", "dim": 2, "reward_window_ms": 10,
+                                                "default_reward": 0.0, "hyper": hyper}]})
+    with pytest.raises(ValueError, match="bkb_stream"):
+        WorkerConfig(bootstrap_servers="x:1", models=models({}))
+    WorkerConfig(bootstrap_servers="x:1", models=models({"max_points": 500}))
