@@ -250,7 +250,8 @@ class _ModelReplayer:
         self.events += 1
         v = d.decision_version
         if v is None or v < 0:
-            self._advance(m, final=True)  # everything held back first: "now" is after all of it
+            if m.waiting or m.updates:
+                self._advance(m, final=True)  # everything held back first: "now" is after all of it
             m.seen += 1
             self._decide(m, rec)
             self._apply(m, rec)
