@@ -148,7 +148,10 @@ class RidgeRewardModel:
     def predict_then_learn(self, features: np.ndarray, action: int, reward: float) -> np.ndarray:
         """:meth:`predict` of ``features``, then :meth:`update` with the row ``action`` of them:
         a logged event's predictions made before the model sees it, and the model learns it."""
-        out = self.predict(features)
+        if features.ndim != 2 or features.shape[1] != self.dim or features.dtype != np.float64:
+            raise EstimatorError(f"features of shape {features.shape} {features.dtype}, expected (K, {self.dim}) float64")
+        out = np.empty(features.shape[0])
+        sums.ridge_predict(self._theta, features, self.intercept, out)
         sums.ridge_update(self._inv, self._b, self._theta, features[action], float(reward), self.intercept)
         self.n += 1
         return out
