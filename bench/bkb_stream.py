@@ -100,11 +100,12 @@ def render(res: dict) -> str:
     for d, rows in res["stream"].items():
         first, last = rows[0], rows[-1]
         worst = max(r["update_ms_mean"] for r in rows)
+        within = all(r["state_bytes"] <= bound[d] for r in rows)
         verdicts.append(
             f"d = {d}: the mean update takes {worst:.3f} ms at worst ({'under' if worst < TARGET_UPDATE_MS else 'over'} "
             f"the {TARGET_UPDATE_MS:g} ms target), the median {last['update_ms_median'] / first['update_ms_median']:.2f}x "
             f"and the decision {last['decision_ms_median'] / first['decision_ms_median']:.2f}x from t = {first['t']:,} to "
-            f"{last['t']:,}; the state stays within its bound ({'yes' if all(r['state_bytes'] <= bound[d] for r in rows) else 'NO'})")
+            f"{last['t']:,}; the state stays within its bound ({'yes' if within else 'NO'})")
     exact = next(iter(res["exact"].values()))
     lines += ["", "; ".join(verdicts) + ".",
               f"Exact bkb on the same stream: {exact[0]['update_ms_median']:.1f} ms per update at t = {exact[0]['t']} and "

@@ -21,7 +21,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
-import os
 import re
 import struct
 import zlib
@@ -32,6 +31,7 @@ from urllib.parse import quote
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
+from streambandit.atomic import write_atomically
 from streambandit.errors import StreambanditError
 from streambandit.stream.chains import compose
 from streambandit.stream.kafka_config import for_client, reader_settings
@@ -98,7 +98,7 @@ class DirectoryStore:
 
     def save(self, partition: int, data: bytes) -> None:
         latest, prev, tmp = (self._file(partition, s) for s in ("snap", "prev", "tmp"))
-        _write_atomically(tmp, latest, data, keep=prev)
+        write_atomically(tmp, latest, data, keep=prev)
         # Increments older than the base now kept as the previous one belong to bases no longer
         # kept (a rename keeps a file's mtime; each increment is written after its base).
         if prev.exists():
@@ -113,7 +113,7 @@ class DirectoryStore:
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         d = self._increment_dir(partition)
         d.mkdir(exist_ok=True)
-        _write_atomically(d / f"{chain}-{seq}.tmp", d / f"{chain}-{seq}", data)
+        write_atomically(d / f"{chain}-{seq}.tmp", d / f"{chain}-{seq}", data)
 
     def increments(self, partition: int, chain: int) -> list[bytes]:
         d = self._increment_dir(partition)
@@ -128,18 +128,6 @@ class DirectoryStore:
                 yield f.read_bytes()
             except FileNotFoundError:
                 continue
-
-
-def _write_atomically(tmp: Path, path: Path, data: bytes, keep: Path | None = None) -> None:
-    """``path`` holds ``data`` whole or not at all, also after a crash; its previous content
-    moves to ``keep`` when given."""
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    if keep is not None and path.exists():
-        os.replace(path, keep)
-    os.replace(tmp, path)
 
 
 class SnapshotStoreError(StreambanditError, RuntimeError):
