@@ -11,5 +11,17 @@
 
 from streambandit.policies import POLICIES, Policy, make_policy
 
-__all__ = ["POLICIES", "Policy", "make_policy", "__version__"]
+__all__ = ["POLICIES", "Policy", "make_policy", "Decider", "Ranking", "DecisionError", "__version__"]
 __version__ = "0.1.0"
+
+_DECIDER = ("Decider", "Ranking", "DecisionError")
+
+
+def __getattr__(name: str):
+    # The in-process rank/reward API (decider.py), imported on first use: the engine and the
+    # record codecs it brings stay out of a plain ``import streambandit``.
+    if name in _DECIDER:
+        from streambandit import decider
+
+        return getattr(decider, name)
+    raise AttributeError(f"module 'streambandit' has no attribute {name!r}")

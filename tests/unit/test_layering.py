@@ -14,7 +14,7 @@ PURE = [
     "streambandit.policies.dbs_linucb", "streambandit.sketch.frequent_directions", "streambandit.sketch.woodbury",
     "streambandit.sketch.dyadic_block", "streambandit.policies.bkb", "streambandit.sketch.nystrom",
     "streambandit.policies.bkb_stream", "streambandit.sketch.online_nystrom", "streambandit.replay.sums",
-    "streambandit.atomic",
+    "streambandit.atomic", "streambandit.decider",
     "streambandit.replay.logged", "streambandit.replay.estimators", "streambandit.replay.files",
     "streambandit.replay.runner", "streambandit.replay.report", "streambandit.replay.featurize",
     "streambandit.replay.obd", "streambandit.replay.dsjson", "streambandit.replay.states", "streambandit.replay.tune",
