@@ -45,7 +45,6 @@ from streambandit import reasons
 from streambandit.atomic import write_atomically
 from streambandit.errors import StreambanditError
 from streambandit.models_config import ModelsConfig, load_models_config, parse_models_config
-from streambandit.policies.base import MAX_ABS_FEATURE
 from streambandit.stream.engine import PartitionEngine, Rejected
 from streambandit.wire import Action, Context, InputRef, Joined, Reward, pack_snapshot, unpack_snapshot
 
@@ -220,16 +219,16 @@ def _arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
         rows = features
     if not ids:
         raise DecisionError(reasons.EMPTY_ARMS, "no arms to choose from")
-    if not all(isinstance(a, str) and a for a in ids):
-        raise DecisionError(reasons.MALFORMED, "arm ids must be non-empty strings")
+    for a in ids:
+        if type(a) is not str or not a:
+            raise DecisionError(reasons.MALFORMED, f"arm ids must be non-empty strings, got {a!r}")
     try:
-        x = np.array(rows, dtype=np.float64)
+        x = np.asarray(rows, dtype=np.float64)  # no copy of a float64 matrix: the engine keeps none of it
     except (TypeError, ValueError):
         raise DecisionError(reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm") from None
     if x.ndim != 2 or x.shape[0] != len(ids) or x.shape[1] == 0:
         raise DecisionError(reasons.BAD_DIMENSION, f"features of shape {x.shape} for {len(ids)} arms")
     if not np.isfinite(x).all():
         raise DecisionError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
-    if np.abs(x).max() > MAX_ABS_FEATURE:
-        raise DecisionError(reasons.FEATURE_OUT_OF_RANGE, f"a feature is beyond +-{MAX_ABS_FEATURE:g}")
+    # Beyond the learners' bound (MAX_ABS_FEATURE): the engine refuses them, feature_out_of_range.
     return ids, x
