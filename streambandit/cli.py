@@ -163,6 +163,20 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_api(args: argparse.Namespace) -> int:
+    """Rank and reward over HTTP from an in-process Decider (streambandit/api.py)."""
+    import logging
+
+    try:
+        from streambandit.api import serve_api
+    except ImportError as exc:  # aiohttp is an optional dependency
+        raise ValueError(f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})") from None
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    serve_api(args.models, host=args.host, port=args.port, model_key=args.model_key, snapshot=args.snapshot,
+              save_every_s=args.save_every)
+    return 0
+
+
 def _cmd_export(args: argparse.Namespace) -> int:
     """The worker's logs (contexts, actions, joined) of a group as one Avro file of logged decisions."""
     from streambandit.export import read_logged_decisions
@@ -614,6 +628,15 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument("--replication", type=int, default=-1,
                      help="replication factor of the topics created (default: the cluster's default)")
     top.set_defaults(func=_cmd_topics)
+
+    api = sub.add_parser("api", help="rank and reward over HTTP (Personalizer-shaped JSON), decided in process")
+    api.add_argument("--models", required=True, help="the TOML file with the [[models]] tables (as serve's)")
+    api.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    api.add_argument("--port", type=int, default=8080, help="the port (default 8080)")
+    api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")
+    api.add_argument("--snapshot", default=None, help="a file to load the state from at start and save it to")
+    api.add_argument("--save-every", type=float, default=30.0, help="seconds between saves of --snapshot (default 30)")
+    api.set_defaults(func=_cmd_api)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
     brk.add_argument("--port", type=int, default=9092, help="the port to listen on, on 127.0.0.1 (default 9092)")

@@ -1,0 +1,238 @@
+"""``streambandit api``: the Decider over HTTP (aiohttp), shaped like Personalizer's Rank and Reward.
+
+    POST /rank                      {"eventId", "actions": [{"id", "features": [d numbers]}],
+                                     "modelKey"?, "timestampMs"?}
+                                 -> {"eventId", "rewardActionId", "ranking": [{"id", "probability"}],
+                                     "modelKey", "modelVersion", "scores": {id: score}}
+    POST /events/{eventId}/reward   {"value": number, "timestampMs"?}  -> 204
+    POST /events/{eventId}/activate accepted and ignored (decisions here are always active) -> 204
+    GET  /metrics                   Prometheus text format
+    GET  /healthz, /ready           200 while serving
+
+A Personalizer client maps one to one: the paths and the fields ``eventId``, ``actions[].id``,
+``ranking[].probability``, ``rewardActionId`` and the reward's ``value`` are Personalizer's;
+``ranking`` lists every action with the probability the decision rule gave it, the chosen one
+first. Two differences (docs/api.md): an action's ``features`` is one list of numbers, the
+model's dimension (Personalizer's feature objects must be turned into numbers by the client), and
+the model is named by ``modelKey`` (a Personalizer resource has one loop; the server's
+``--model-key`` is the default). ``contextFeatures``, ``excludedActions`` and ``deferActivation``
+are refused with a 400 rather than silently dropped.
+
+Every refusal is a 4xx with ``{"error": {"code", "message"}}``: 400 for a malformed request (the
+code is the worker's reason: ``malformed``, ``bad_dimension``, ``non_finite_features``, ...), 404
+for a reward of an unknown event, 409 for a duplicate event id or a reward after its window, 413
+for a body over ``max_body_bytes``. The server keeps serving. One event loop serves every request
+and the Decider is not shared with another thread: rank and reward run in the loop, tens of
+microseconds each (``python -m bench.decider``). With ``snapshot``, the state is saved every
+``save_every_s`` seconds and on shutdown, and loaded at start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import json
+import logging
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from streambandit import reasons
+from streambandit.decider import Decider, DecisionError
+from streambandit.decision import action_probabilities
+
+__all__ = ["make_app", "serve_api", "STATUS_OF"]
+
+log = logging.getLogger("streambandit")
+
+# The HTTP status of each refusal: the request's fault (400), an event the server does not know
+# (404), or a conflict with what it already did (409).
+STATUS_OF = collections.defaultdict(lambda: 400, {
+    reasons.UNKNOWN_EVENT: 404,
+    reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
+})
+MAX_BODY_BYTES = 1 << 20
+_PERSONALIZER_ONLY = ("contextFeatures", "excludedActions", "deferActivation")
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+class _Metrics:
+    """What /metrics shows: requests by route and status, refusals by reason, and the Decider's
+    models and open decisions."""
+
+    def __init__(self, decider: Decider) -> None:
+        self.decider = decider
+        self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
+        self.refused: collections.Counter[str] = collections.Counter()
+
+    def collect(self):
+        c = CounterMetricFamily("streambandit_api_requests", "HTTP requests by route and status", labels=["route", "status"])
+        for (route, status), n in sorted(self.requests.items()):
+            c.add_metric([route, status], n)
+        yield c
+        r = CounterMetricFamily("streambandit_api_refused", "Requests refused, by reason code", labels=["reason"])
+        for reason, n in sorted(self.refused.items()):
+            r.add_metric([reason], n)
+        yield r
+        yield GaugeMetricFamily("streambandit_api_models", "Models held", value=len(self.decider.models))
+        yield GaugeMetricFamily("streambandit_api_open_decisions", "Decisions waiting for their reward window",
+                                value=len(self.decider.engine.pending))
+
+
+def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+    """The aiohttp application over ``decider``; ``model_key``: the model of a request that names none."""
+    metrics = _Metrics(decider)
+
+    async def body(request: web.Request) -> dict[str, Any]:
+        if request.content_length is not None and request.content_length > max_body_bytes:
+            raise _Refused(413, reasons.MALFORMED, f"body over {max_body_bytes} bytes")
+        raw = await request.content.read(max_body_bytes + 1)
+        if len(raw) > max_body_bytes:
+            raise _Refused(413, reasons.MALFORMED, f"body over {max_body_bytes} bytes")
+        try:
+            doc = json.loads(raw, parse_constant=_no_constant)
+        except (ValueError, UnicodeDecodeError) as exc:
+            raise _Refused(400, reasons.MALFORMED, f"the body is not JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise _Refused(400, reasons.MALFORMED, "the body must be a JSON object")
+        return doc
+
+    def answer(route: str, fn):
+        async def handler(request: web.Request) -> web.Response:
+            try:
+                resp = await fn(request)
+            except _Refused as r:
+                metrics.refused[r.code] += 1
+                resp = web.json_response({"error": {"code": r.code, "message": r.message}}, status=r.status)
+            except DecisionError as e:
+                metrics.refused[e.reason] += 1
+                resp = web.json_response({"error": {"code": e.reason, "message": e.detail}}, status=STATUS_OF[e.reason])
+            metrics.requests[(route, str(resp.status))] += 1
+            return resp
+        return handler
+
+    async def rank(request: web.Request) -> web.Response:
+        doc = await body(request)
+        for field in _PERSONALIZER_ONLY:
+            if doc.get(field):
+                raise _Refused(400, reasons.MALFORMED, f"{field!r} is not supported: give each action's features "
+                                                       "as numbers (docs/api.md)")
+        event_id = doc.get("eventId")
+        key = doc.get("modelKey", model_key)
+        if key is None:
+            raise _Refused(400, reasons.MALFORMED, "no modelKey in the request and no default (--model-key)")
+        actions = doc.get("actions")
+        if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
+            raise _Refused(400, reasons.MALFORMED, "actions must be a list of {id, features}")
+        ids = [a.get("id") for a in actions]
+        feats = [a.get("features") for a in actions]
+        if not all(isinstance(f, list) for f in feats):
+            raise _Refused(400, reasons.MALFORMED, "each action's features must be a list of numbers")
+        if len({len(f) for f in feats}) > 1:
+            raise _Refused(400, reasons.BAD_DIMENSION, "the actions' features differ in length")
+        r = decider.rank(event_id, key, ids, feats, timestamp_ms=_timestamp(doc))
+        spec = decider.config.resolve(key)
+        probs = action_probabilities(r.scores, spec.epsilon)
+        order = [r.arm_index] + [k for k in range(len(ids)) if k != r.arm_index]
+        return web.json_response({
+            "eventId": r.event_id, "rewardActionId": r.arm_id, "modelKey": r.model_key,
+            "modelVersion": r.model_version,
+            "ranking": [{"id": ids[k], "probability": float(probs[k])} for k in order],
+            "scores": {ids[k]: _finite(r.scores[k]) for k in range(len(ids))},
+        })
+
+    async def reward(request: web.Request) -> web.Response:
+        doc = await body(request)
+        if "value" not in doc:
+            raise _Refused(400, reasons.MALFORMED, "a reward needs a value")
+        value = doc["value"]
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _Refused(400, reasons.NON_FINITE_REWARD, f"value must be a number, got {value!r}")
+        decider.reward(request.match_info["event_id"], value, model_key=doc.get("modelKey"),
+                       timestamp_ms=_timestamp(doc))
+        return web.Response(status=204)
+
+    async def activate(request: web.Request) -> web.Response:
+        return web.Response(status=204)
+
+    async def metrics_page(request: web.Request) -> web.Response:
+        return web.Response(body=generate_latest(_Registry(metrics)), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def ok(request: web.Request) -> web.Response:
+        return web.Response(text="ok\n")
+
+    app = web.Application(client_max_size=max_body_bytes)
+    app.router.add_post("/rank", answer("rank", rank))
+    app.router.add_post("/events/{event_id}/reward", answer("reward", reward))
+    app.router.add_post("/events/{event_id}/activate", answer("activate", activate))
+    app.router.add_get("/metrics", metrics_page)
+    app.router.add_get("/healthz", ok)
+    app.router.add_get("/ready", ok)
+    return app
+
+
+class _Registry:
+    def __init__(self, collector: _Metrics) -> None:
+        self._collector = collector
+
+    def collect(self):
+        return self._collector.collect()
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number JSON allows")
+
+
+def _timestamp(doc: dict[str, Any]) -> int | None:
+    ts = doc.get("timestampMs")
+    if ts is not None and (isinstance(ts, bool) or not isinstance(ts, int)):
+        raise _Refused(400, reasons.MALFORMED, f"timestampMs must be an integer, got {ts!r}")
+    return ts
+
+
+def _finite(x: float) -> float | None:
+    return float(x) if math.isfinite(x) else None
+
+
+async def _saver(decider: Decider, path: Path, every_s: float) -> None:
+    while True:
+        await asyncio.sleep(every_s)
+        decider.save(path)
+
+
+def serve_api(models: str | Path, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None,
+              snapshot: str | Path | None = None, save_every_s: float = 30.0) -> None:
+    """Serve until interrupted (SIGINT, SIGTERM); with ``snapshot``, load it if it exists, save it
+    every ``save_every_s`` seconds and on the way out."""
+    path = Path(snapshot) if snapshot is not None else None
+    decider = Decider.load(models, path) if path is not None and path.exists() else Decider(models)
+    app = make_app(decider, model_key=model_key)
+
+    async def start_saver(app: web.Application) -> None:
+        if path is not None:
+            app["saver"] = asyncio.create_task(_saver(decider, path, save_every_s))
+
+    async def save_at_exit(app: web.Application) -> None:
+        if path is not None:
+            app["saver"].cancel()
+            decider.save(path)
+            log.info("api: state saved to %s", path)
+
+    app.on_startup.append(start_saver)
+    app.on_cleanup.append(save_at_exit)
+    log.info("api: serving on http://%s:%d (models %s%s)", host, port, models,
+             f", snapshot {path}" if path is not None else "")
+    started = time.monotonic()
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    log.info("api: stopped after %.0f s", time.monotonic() - started)
+
