@@ -1,0 +1,170 @@
+"""`streambandit api` over HTTP on loopback at offered loads, against the Kafka round trip in the same run.
+
+    python -m bench.api_http            # 1,000 and 5,000 requests/s, 10 s each, and the Kafka round trip (~1.5 min)
+    python -m bench.api_http --quick    # 2 s each, prints only
+
+The server is ``streambandit api`` as a subprocess (one core: one event loop), d = 20, K = 10,
+``oful`` with epsilon 0.1 on 4 model keys. The load generator is open-loop (aiohttp's client, in
+this process): request i is due at i / rate seconds and its latency is counted from that moment
+to the response, so a server that falls behind shows it as latency rather than as a slower offer.
+Every request is a Rank; one in three is followed by its Reward (not timed). 2 s of warm-up are
+not counted. The Kafka round trip is ``bench.e2e``'s: a context produced to a ``streambandit serve``
+worker on the embedded broker until its action is read back (read_committed), at 1,000 contexts/s
+with the worker's default latency settings, measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from bench import harness
+from bench.e2e import LATENCY_DEFAULTS, latency_run
+
+D, K, KEYS = 20, 10, 4
+RATES = (1_000, 5_000)
+TARGET_P99_MS = 5.0
+MODELS = f"""[[models]]
+match = "ads-*"
+policy = "oful"
+dim = {D}
+reward_window_ms = 1000
+default_reward = 0.0
+epsilon = 0.1
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def _offer(url: str, rate: float, seconds: float, warm_s: float = 2.0) -> dict:
+    import aiohttp
+
+    rng = np.random.default_rng(int(rate))
+    pool = [[{"id": f"ad-{k}", "features": [float(v) for v in row]} for k, row in enumerate(rng.standard_normal((K, D)) / 5)]
+            for _ in range(64)]
+    lat: list[float] = []
+    errors = 0
+    total = int(rate * (warm_s + seconds))
+    start = time.perf_counter()
+    connector = aiohttp.TCPConnector(limit=256)
+    async with aiohttp.ClientSession(connector=connector) as session:
+
+        async def one(i: int) -> None:
+            nonlocal errors
+            due = start + i / rate
+            body = {"eventId": f"q{i}", "modelKey": f"ads-{i % KEYS}", "actions": pool[i % len(pool)]}
+            async with session.post(f"{url}/rank", json=body) as resp:
+                await resp.read()
+                ok = resp.status == 200
+            done = time.perf_counter()
+            if not ok:
+                errors += 1
+            elif due - start >= warm_s:
+                lat.append((done - due) * 1e3)
+            if ok and i % 3 == 0:
+                async with session.post(f"{url}/events/q{i}/reward", json={"value": 1.0}) as resp:
+                    await resp.read()
+
+        tasks = []
+        for i in range(total):
+            delay = start + i / rate - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            tasks.append(asyncio.create_task(one(i)))
+        await asyncio.gather(*tasks)
+        wall = time.perf_counter() - start
+    a = np.array(lat) if lat else np.array([np.nan])
+    return {"offered_per_s": rate, "achieved_per_s": total / wall, "n": len(lat), "errors": errors,
+            "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
+            "p999_ms": float(np.percentile(a, 99.9))}
+
+
+def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
+    models = workdir / "models.toml"
+    models.write_text(MODELS)
+    port = _free_port()
+    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", str(port)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+                return proc, url
+        except OSError:
+            time.sleep(0.1)
+    proc.kill()
+    raise RuntimeError("streambandit api did not start within 60 s")
+
+
+def measure(args: argparse.Namespace) -> dict:
+    seconds = 2.0 if args.quick else 10.0
+    res: dict = {"d": D, "K": K, "keys": KEYS, "seconds": seconds, "http": [], "kafka": None}
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for rate in RATES:
+            proc, url = _server(work)  # a fresh server per load: no state carried over
+            try:
+                row = asyncio.run(_offer(url, rate, seconds))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            res["http"].append(row)
+            print(f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), flush=True)
+        from streambandit.stream.broker import EmbeddedBroker
+
+        with EmbeddedBroker() as broker:
+            res["kafka"] = latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS)
+        print(f"kafka 1000/s: p50 {res['kafka']['p50_ms']:.1f} ms, p99 {res['kafka']['p99_ms']:.1f} ms", flush=True)
+    return res
+
+
+def render(res: dict) -> str:
+    k = res["kafka"]
+    rows = [f"| HTTP `streambandit api` | {r['offered_per_s']:,} | {r['achieved_per_s']:,.0f} | {r['p50_ms']:.2f} | "
+            f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['errors']} |" for r in res["http"]]
+    rows.append(f"| Kafka round trip (`serve`) | {k['offered_per_s']:,.0f} | {k['answered_per_s']:,.0f} | {k['p50_ms']:.2f} | "
+                f"{k['p99_ms']:.2f} | {k['p999_ms']:.2f} | {k['unanswered']} |")
+    first = res["http"][0]
+    verdict = (f"At {first['offered_per_s']:,} requests/s the HTTP p99 is {first['p99_ms']:.2f} ms: the target of "
+               f"{TARGET_P99_MS:g} ms is {'met' if first['p99_ms'] < TARGET_P99_MS else 'not met'}; the Kafka round "
+               f"trip's p99 in the same run is {k['p99_ms'] / first['p99_ms']:.0f}x it.")
+    for r in res["http"][1:]:
+        kept = r["achieved_per_s"] >= 0.95 * r["offered_per_s"]
+        verdict += (f" At {r['offered_per_s']:,}/s the server and the load generator (sharing the machine's two cores) "
+                    f"{'kept up' if kept else 'did not keep up'} ({r['achieved_per_s']:,.0f}/s achieved), p99 "
+                    f"{r['p99_ms']:.2f} ms.")
+    return "\n".join([
+        "# Decisions over HTTP against the Kafka round trip",
+        "",
+        harness.provenance(res, "BLAS pinned to one thread."),
+        "",
+        f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; {res['seconds']:g} s "
+        "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, latency from each request's "
+        "due time to its response, a Reward after one Rank in three (not timed). Kafka: a context produced until its "
+        "action is read back (read_committed), `bench.e2e`'s load generator and the worker's latency defaults.",
+        "",
+        "| path | offered / s | achieved / s | p50 ms | p99 ms | p99.9 ms | errors (HTTP) / unanswered (Kafka) |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        verdict,
+        "",
+    ])
+
+
+if __name__ == "__main__":
+    raise SystemExit(harness.main("api_http", __doc__, measure, render))
