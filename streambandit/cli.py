@@ -59,6 +59,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     import logging
     import signal
 
+    # A stop asked for while the worker is still being built (a supervisor stopping a child it has
+    # just restarted) is kept and honoured once the worker exists: the process stops cleanly and
+    # reports, rather than dying of the signal's default action halfway through its start.
+    stop_asked: list[int] = []
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda signum, _frame: stop_asked.append(signum))
+
     from streambandit.log_format import configure_logging
     from streambandit.stream.app_config import load_worker_config
     from streambandit.stream.kafka_checks import check_client_settings, wait_for_brokers
@@ -99,6 +106,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         worker = Worker(config, store, instance_id=instance)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
+        if stop_asked:
+            worker.stop()
         worker.run(max_seconds=args.duration)
     finally:
         if isinstance(store, TopicStore):
