@@ -20,6 +20,7 @@ import numpy as np
 from numba import njit
 
 from streambandit.jit import CACHE
+from streambandit.kernels import sym_matvec
 
 __all__ = [
     "MEAN_N", "MEAN_MEAN", "MEAN_M2", "RATIO_FIELDS", "REPLAY", "SNIPS", "IPS", "DM", "DR", "LOGGED", "SU", "SU2",
@@ -171,11 +172,8 @@ def ridge_update(inv, b, theta, x, reward, intercept):
         z[j] = x[j]
     if intercept:
         z[d] = 1.0
-    v = np.zeros(n)  # inv z, row by row of the symmetric inv (each element summed in order j)
-    for j in range(n):
-        zj = z[j]
-        for i in range(n):
-            v[i] += zj * inv[j, i]
+    v = np.empty(n)
+    sym_matvec(inv, z, v)  # inv z, row by row of the symmetric inv
     denom = 1.0
     for i in range(n):
         denom += z[i] * v[i]
@@ -184,9 +182,4 @@ def ridge_update(inv, b, theta, x, reward, intercept):
             inv[i, j] -= v[i] * v[j] / denom  # v_i v_j = v_j v_i: inv stays symmetric to the bit
     for i in range(n):
         b[i] += reward * z[i]
-    for i in range(n):
-        theta[i] = 0.0
-    for j in range(n):
-        bj = b[j]
-        for i in range(n):
-            theta[i] += bj * inv[j, i]
+    sym_matvec(inv, b, theta)

@@ -40,6 +40,7 @@ import numpy as np
 from numba import njit
 from scipy.linalg import cholesky, lapack, solve_triangular
 
+from streambandit import kernels
 from streambandit.jit import CACHE
 
 __all__ = ["sym_matvec", "quad", "forward_solve", "forward_solve_rows", "join", "observe", "shrink", "spd_inverse"]
@@ -47,13 +48,9 @@ __all__ = ["sym_matvec", "quad", "forward_solve", "forward_solve_rows", "join", 
 
 @njit(cache=CACHE, nogil=True)
 def sym_matvec(a, x):
-    """``a @ x`` for a symmetric ``a``, each element summed over j in order."""
-    n = x.shape[0]
-    out = np.zeros(n)
-    for j in range(n):
-        xj = x[j]
-        for i in range(n):
-            out[i] += xj * a[j, i]
+    """``a @ x`` for a symmetric ``a``, each element summed over j in order (kernels.sym_matvec)."""
+    out = np.empty(x.shape[0])
+    kernels.sym_matvec(a, x, out)
     return out
 
 

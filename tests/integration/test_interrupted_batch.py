@@ -78,6 +78,12 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     after = {p: list(usable_snapshots(ours, p)) for p in (0, 1)}
     for p in (0, 1):
         assert set(before[p]) <= {s["created_ms"] for s in after[p]}
+    # The dead worker's Kafka clients go now, while the broker answers (the error's traceback
+    # holds the worker; destroyed after the broker stopped, they would log lost connections).
+    # Before that, the group's coordinator answers an offset fetch only at its timeout.
+    errors.clear()
+    del w, t
+    gc.collect()
     committed = {name: committed_offsets(broker, "g-interrupted", getattr(topics, name)) for name in ("contexts", "rewards")}
     for p in (0, 1):
         for snap in after[p]:
@@ -85,11 +91,6 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
             assert snap["rewards_offset"] <= committed["rewards"][p]
     # The failed batch's offsets were not committed: the first batch's are all there are.
     assert sum(committed["contexts"].values()) == 100
-    # The dead worker's Kafka clients go now, while the broker answers (the error's traceback
-    # holds the worker; destroyed after the broker stopped, they would log lost connections).
-    errors.clear()
-    del w, t
-    gc.collect()
 
     # 2. A new worker recovers and finishes the job: every context decided and joined once.
     w2 = Worker(cfg, store)
