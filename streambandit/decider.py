@@ -19,7 +19,8 @@ same models as a worker, to the bit (tests/unit/test_decider.py).
 
 Time is event time, as in the worker: each call's ``timestamp_ms`` (the wall clock in ms when it
 is left out) moves the watermark, and a window closes when the watermark passes its end; call
-:meth:`advance` to close windows while no traffic comes. A refused call raises
+:meth:`advance` to close windows while no traffic comes. A call's event time may not run more than
+an hour (``max_event_time_ahead_ms``) ahead of the clock. A refused call raises
 :class:`DecisionError` with the worker's reason code (``streambandit.reasons``) and decides and
 learns nothing (its time still moves event time, as a refused record's does in the worker).
 Records produced as a side effect (the joined records of windows a call closed, the rewards that
@@ -175,9 +176,12 @@ class Decider:
         return int(timestamp_ms)
 
     def _ref(self, source: int) -> InputRef:
-        """This call's position, as an input record's: the engine names it in what it refuses."""
+        """This call's position, as an input record's: the engine names it in what it refuses.
+        Its time is the clock's, as a record's is the broker's: an event time more than the
+        engine's ``max_event_time_ahead_ms`` (1 h) ahead of it is refused (``event_time_ahead``),
+        or a caller could move event time past every window for good."""
         self._calls += 1
-        return InputRef(source, 0, self._calls)
+        return InputRef(source, 0, self._calls, timestamp_ms=int(self._clock()))
 
     def _emit(self, out: list, ref: InputRef | None) -> None:
         """Hand on the records a call produced; raise the refusal of the call itself."""

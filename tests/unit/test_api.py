@@ -107,6 +107,7 @@ def test_rank_and_reward_decide_as_the_decider_does(server):
     ("/rank", {"eventId": "first", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}, None, 409,
      "duplicate_event"),
     ("/events/never/reward", {"value": 1.0}, None, 404, "unknown_event"),
+    ("/events/first/reward", {"value": 1.0, "timestampMs": 10**15}, None, 400, "event_time_ahead"),
     ("/events/first/reward", {"value": "one"}, None, 400, "non_finite_reward"),
     ("/events/first/reward", {}, None, 400, "malformed"),
     ("/rank", None, b'{"pad": "' + b"x" * 5000 + b'"}', 413, "malformed"),

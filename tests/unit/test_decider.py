@@ -106,6 +106,9 @@ def test_windows_close_with_the_default_reward_and_the_records_are_handed_on():
     (lambda d: d.reward("e1", "lots"), "non_finite_reward"),
     (lambda d: d.reward("e1", 1.0, model_key="ads-2"), "model_key_mismatch"),
     (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=-5), "bad_timestamp"),
+    # Far ahead of the clock (1,050 ms here): it would close every window at once, for good.
+    (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=10**13), "event_time_ahead"),
+    (lambda d: d.reward("e1", 1.0, timestamp_ms=10**13), "event_time_ahead"),
 ])
 def test_a_bad_call_is_refused_with_its_reason_and_decides_or_learns_nothing(call, reason, tmp_path):
     d = Decider(MODELS, clock=lambda: 1_050)
