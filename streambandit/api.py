@@ -21,9 +21,10 @@ are refused with a 400 rather than silently dropped.
 Every refusal is a 4xx with ``{"error": {"code", "message"}}``: 400 for a malformed request (the
 code is the worker's reason: ``malformed``, ``bad_dimension``, ``non_finite_features``, ...), 404
 for a reward of an unknown event, 409 for a duplicate event id or a reward after its window, 413
-for a body over ``max_body_bytes``. The server keeps serving. One event loop serves every request
-and the Decider is not shared with another thread: rank and reward run in the loop, tens of
-microseconds each (``python -m bench.decider``). With ``snapshot``, the state is saved every
+for a body over ``max_body_bytes``. The server keeps serving. At most ``max_models`` model keys
+are served (``too_many_models`` past it): the client names them, and each costs a model's state.
+One event loop serves every request and the Decider is not shared with another thread: rank and
+reward run in the loop, tens of microseconds each (``python -m bench.decider``). With ``snapshot``, the state is saved every
 ``save_every_s`` seconds and on shutdown, and loaded at start.
 """
 
@@ -57,6 +58,7 @@ STATUS_OF = collections.defaultdict(lambda: 400, {
     reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
 })
 MAX_BODY_BYTES = 1 << 20
+DEFAULT_MAX_MODELS = 10_000
 _PERSONALIZER_ONLY = ("contextFeatures", "excludedActions", "deferActivation")
 
 
@@ -211,11 +213,13 @@ async def _saver(decider: Decider, path: Path, every_s: float) -> None:
 
 
 def serve_api(models: str | Path, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None,
-              snapshot: str | Path | None = None, save_every_s: float = 30.0) -> None:
+              snapshot: str | Path | None = None, save_every_s: float = 30.0, max_models: int = DEFAULT_MAX_MODELS) -> None:
     """Serve until interrupted (SIGINT, SIGTERM); with ``snapshot``, load it if it exists, save it
-    every ``save_every_s`` seconds and on the way out."""
+    every ``save_every_s`` seconds and on the way out. ``max_models``: the most model keys served
+    (clients name them; each costs a model's state)."""
     path = Path(snapshot) if snapshot is not None else None
-    decider = Decider.load(models, path) if path is not None and path.exists() else Decider(models)
+    decider = (Decider.load(models, path, max_models=max_models) if path is not None and path.exists()
+               else Decider(models, max_models=max_models))
     app = make_app(decider, model_key=model_key)
 
     async def start_saver(app: web.Application) -> None:

@@ -182,7 +182,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
         raise ValueError(f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     serve_api(args.models, host=args.host, port=args.port, model_key=args.model_key, snapshot=args.snapshot,
-              save_every_s=args.save_every)
+              save_every_s=args.save_every, max_models=args.max_models)
     return 0
 
 
@@ -645,6 +645,8 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")
     api.add_argument("--snapshot", default=None, help="a file to load the state from at start and save it to")
     api.add_argument("--save-every", type=float, default=30.0, help="seconds between saves of --snapshot (default 30)")
+    api.add_argument("--max-models", type=int, default=10_000,
+                     help="the most model keys served; a request for one more is refused (default 10,000)")
     api.set_defaults(func=_cmd_api)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")

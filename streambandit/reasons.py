@@ -27,5 +27,6 @@ KEY_MISMATCH = "key_mismatch"  # the message key differs from the record's model
 ID_TOO_LONG = "id_too_long"  # an event id, model key or chosen arm id longer than max_id_bytes (UTF-8)
 FOREIGN_TICK = "foreign_tick"  # a watermark tick on rewards not written by a worker of this group
 EVENT_TIME_AHEAD = "event_time_ahead"  # event time beyond the record's Kafka timestamp + max_event_time_ahead_ms
+TOO_MANY_MODELS = "too_many_models"  # a context of a new model key when max_models models exist already
 
 ALL = tuple(v for k, v in dict(globals()).items() if k.isupper())

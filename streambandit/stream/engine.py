@@ -47,6 +47,7 @@ from streambandit.reasons import (
     LATE_REWARD,
     MODEL_KEY_MISMATCH,
     REWARD_OUT_OF_RANGE,
+    TOO_MANY_MODELS,
     UNKNOWN_EVENT,
     UNKNOWN_MODEL,
     UPDATE_FAILED,
@@ -84,7 +85,8 @@ class PartitionEngine:
     """Models, open decisions and early rewards of one partition."""
 
     def __init__(self, config: ModelsConfig, *, max_pending: int = 100_000, max_early_rewards: int = 10_000,
-                 max_recent: int = 100_000, max_id_bytes: int = 1024, max_event_time_ahead_ms: int = 3_600_000) -> None:
+                 max_recent: int = 100_000, max_id_bytes: int = 1024, max_event_time_ahead_ms: int = 3_600_000,
+                 max_models: int | None = None) -> None:
         self.config = config
         self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
         # Bounds on what a client controls (docs/schemas.md has the reason codes): ids longer than
@@ -92,6 +94,9 @@ class PartitionEngine:
         # record's own Kafka timestamp would move the watermark past every open window for good.
         # Both are judged from the record alone, so a replay judges them the same.
         self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
+        # The most models held (None: no bound). Where the model key comes from a client (the HTTP
+        # API), each new key would otherwise cost a model's state for good.
+        self.max_models = max_models
         self._max_id_chars = max_id_bytes // 4  # a str this long is within the bound whatever its characters
         self.models: dict[str, Policy] = {}
         self._specs: dict[str, Any] = {}  # model key -> its spec, for keys with a model (bounded like models)
@@ -142,6 +147,9 @@ class PartitionEngine:
             return out + [self._reject(DUPLICATE_EVENT, f"event id {event_id!r} was already decided", source)]
         model = self.models.get(key)
         if model is None:
+            if self.max_models is not None and len(self.models) >= self.max_models:
+                return out + [self._reject(TOO_MANY_MODELS, f"model key {key!r} would be model {len(self.models) + 1}, "
+                                                            f"over max_models = {self.max_models}", source)]
             model = self.models[key] = spec.build()
             self._specs[key] = spec
             self.changed.add(key)

@@ -137,3 +137,14 @@ def test_a_late_reward_is_refused_as_late():
     with pytest.raises(DecisionError) as err:
         d.reward("e1", 1.0, timestamp_ms=2_001)
     assert err.value.reason == "late_reward"
+
+
+def test_past_max_models_a_new_key_is_refused_and_known_keys_are_served():
+    d = Decider({"models": [{"match": "m-*", "policy": "oful", "dim": 2, "reward_window_ms": 100,
+                             "default_reward": 0.0}]}, max_models=2)
+    d.rank("e1", "m-1", {"a": [1.0, 0.0]}, timestamp_ms=1)
+    d.rank("e2", "m-2", {"a": [1.0, 0.0]}, timestamp_ms=2)
+    with pytest.raises(DecisionError) as err:
+        d.rank("e3", "m-3", {"a": [1.0, 0.0]}, timestamp_ms=3)
+    assert err.value.reason == "too_many_models" and set(d.models) == {"m-1", "m-2"}
+    d.rank("e4", "m-1", {"a": [1.0, 0.0]}, timestamp_ms=4)
