@@ -191,7 +191,7 @@ class BKBStream(Policy):
         m = self.dictionary_size
         z = onl.forward_solve(self._upper, self._kernel(xr, self.dictionary)[0]) if m else np.zeros(0)
         # sigma~_t^2(x) under the model before this pull (eq. 4).
-        resid = kxx - float(z @ z) if m else kxx
+        resid = kxx - onl.dot(z, z) if m else kxx
         s2 = max(resid, 0.0) / lam + (onl.quad(self.vinv, z)[0] if m else 0.0)
         p = 1.0 if math.isinf(c["qbar"]) else min(1.0, c["qbar"] * s2)
         drawn = _rng(c["seed"], _JOIN_STREAM, self.n_updates).random() < p
@@ -243,7 +243,7 @@ class BKBStream(Policy):
         if m:
             self._w = onl.sym_matvec(self.vinv, self.bz)
             # Tr(V^-1 G) = Tr(V^-1 (V - lam I)) = m - lam Tr(V^-1): the pulls' variances in the span.
-            self._ssum = float(m - self._config["lam"] * np.trace(self.vinv)) + self.missed_s2
+            self._ssum = float(m - self._config["lam"] * onl.trace(self.vinv)) + self.missed_s2
         else:
             self._w = np.zeros(0)
             self._ssum = self.missed_s2

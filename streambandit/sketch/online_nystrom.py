@@ -43,7 +43,8 @@ from scipy.linalg import cholesky, lapack, solve_triangular
 from streambandit import kernels
 from streambandit.jit import CACHE
 
-__all__ = ["sym_matvec", "quad", "forward_solve", "forward_solve_rows", "join", "observe", "shrink", "spd_inverse"]
+__all__ = ["sym_matvec", "quad", "dot", "trace", "forward_solve", "forward_solve_rows", "join", "observe", "shrink",
+           "spd_inverse"]
 
 
 @njit(cache=CACHE, nogil=True)
@@ -62,6 +63,24 @@ def quad(a, x):
     for i in range(x.shape[0]):
         s += x[i] * h[i]
     return s, h
+
+
+@njit(cache=CACHE, nogil=True)
+def dot(x, y):
+    """``x . y`` summed in index order (numpy's dot goes to BLAS, whose order depends on the CPU)."""
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += x[i] * y[i]
+    return s
+
+
+@njit(cache=CACHE, nogil=True)
+def trace(a):
+    """The sum of ``a``'s diagonal, in index order."""
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i, i]
+    return s
 
 
 @njit(cache=CACHE, nogil=True)
