@@ -122,9 +122,11 @@ class Decider:
         if model_key is None:
             pending = self.engine.pending.get(event_id)
             if pending is None:
-                raise DecisionError(reasons.UNKNOWN_EVENT if event_id not in self.engine.recent else reasons.LATE_REWARD,
-                                    f"no open decision {event_id!r} (give model_key to hold a reward that comes "
-                                    "before its decision)")
+                observed = self.engine.recent.get(event_id)  # joined already: with a reward, or the default
+                reason = (reasons.UNKNOWN_EVENT if observed is None
+                          else reasons.DUPLICATE_REWARD if observed else reasons.LATE_REWARD)
+                raise DecisionError(reason, f"no open decision {event_id!r} (give model_key to hold a reward that "
+                                            "comes before its decision)")
             model_key = pending.action.model_key
         _check_id("model key", model_key)
         try:

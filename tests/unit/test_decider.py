@@ -130,13 +130,18 @@ def test_a_bad_call_is_refused_with_its_reason_and_decides_or_learns_nothing(cal
     assert d.models["ads-1"].n_updates == 1
 
 
-def test_a_late_reward_is_refused_as_late():
+def test_a_late_reward_is_refused_as_late_and_a_second_one_as_a_duplicate():
     d = Decider(MODELS)
     d.rank("e1", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=1_000)
     d.advance(2_000)  # the window closed with the default reward
     with pytest.raises(DecisionError) as err:
         d.reward("e1", 1.0, timestamp_ms=2_001)
     assert err.value.reason == "late_reward"
+    d.rank("e2", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=2_010)
+    d.reward("e2", 1.0, timestamp_ms=2_020)  # aggregation "first": joined with it
+    with pytest.raises(DecisionError) as err:
+        d.reward("e2", 1.0, timestamp_ms=2_030)
+    assert err.value.reason == "duplicate_reward"
 
 
 def test_past_max_models_a_new_key_is_refused_and_known_keys_are_served():
