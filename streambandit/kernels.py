@@ -33,7 +33,7 @@ from numba import njit
 from streambandit.jit import CACHE
 
 __all__ = [
-    "sym_matvec", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",
+    "sym_matvec", "dot", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",
     "ucb_argmax_batch_row", "sherman_morrison", "oful_update", "oful_update_row", "oful_beta", "oful_play",
     "glb_omd_update", "glb_omd_update_row", "glb_omd_beta", "glb_omd_play", "reward_ok",
     "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_row", "hvt_ucb_play", "project_to_ball_in_norm",
@@ -106,6 +106,9 @@ def _dot(a, b):
     for i in range(a.shape[0]):
         s += a[i] * b[i]
     return s
+
+
+dot = _dot  # ``a . b`` summed in index order, for other compiled modules (sketch/online_nystrom.py)
 
 
 # Inlined into each caller at numba's IR level (same arithmetic, same order): called as a separate

@@ -59,19 +59,11 @@ def sym_matvec(a, x):
 def quad(a, x):
     """``(x' a x, a x)`` for a symmetric ``a``."""
     h = sym_matvec(a, x)
-    s = 0.0
-    for i in range(x.shape[0]):
-        s += x[i] * h[i]
-    return s, h
+    return kernels.dot(x, h), h
 
 
-@njit(cache=CACHE, nogil=True)
-def dot(x, y):
-    """``x . y`` summed in index order (numpy's dot goes to BLAS, whose order depends on the CPU)."""
-    s = 0.0
-    for i in range(x.shape[0]):
-        s += x[i] * y[i]
-    return s
+# ``x . y`` summed in index order (numpy's dot goes to BLAS, whose order depends on the CPU).
+dot = kernels.dot
 
 
 @njit(cache=CACHE, nogil=True)
