@@ -70,7 +70,8 @@ def worker_toml(group: str, t: Topics, models_toml: str, worker: dict | None = N
     lines = [*table("kafka.consumer", {**FAST_FETCH, **(consumer or {})}),
              *(table("kafka.producer", producer) if producer else []),
              *table("worker", {"group_id": group, "snapshot_interval_s": 30, **(worker or {})}),
-             *table("topics", {k: getattr(t, k) for k in ("contexts", "rewards", "actions", "joined", "dead_letter")})]
+             *table("topics", {k: getattr(t, k) for k in ("contexts", "decisions", "rewards", "actions", "joined",
+                                                         "dead_letter")})]
     return "\n".join(lines) + models_toml
 
 

@@ -56,6 +56,7 @@ log = logging.getLogger("streambandit")
 STATUS_OF = collections.defaultdict(lambda: 400, {
     reasons.UNKNOWN_EVENT: 404,
     reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
+    "not_ready": 503,  # stream/replica.py NOT_READY (this module does not import the Kafka client)
 })
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
@@ -87,8 +88,17 @@ class _Metrics:
             r.add_metric([reason], n)
         yield r
         yield GaugeMetricFamily("streambandit_api_models", "Models held", value=len(self.decider.models))
-        yield GaugeMetricFamily("streambandit_api_open_decisions", "Decisions waiting for their reward window",
-                                value=len(self.decider.engine.pending))
+        engine = getattr(self.decider, "engine", None)
+        if engine is not None:
+            yield GaugeMetricFamily("streambandit_api_open_decisions", "Decisions waiting for their reward window",
+                                    value=len(engine.pending))
+        counters = getattr(self.decider, "counters", None)
+        if counters is not None:  # a replica (stream/replica.py)
+            yield CounterMetricFamily("streambandit_api_replica_applied", "Joined records applied to the replica's "
+                                      "models", value=counters["applied"])
+            yield CounterMetricFamily("streambandit_api_replica_loads", "Partitions loaded from a snapshot and the "
+                                      "log (at start, and when the log did not continue the copy)",
+                                      value=counters["loads"])
 
 
 def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
@@ -173,13 +183,19 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
 
+    async def ready(request: web.Request) -> web.Response:
+        flag = getattr(decider, "ready", None)  # a replica is ready once it has read the learners' log
+        if flag is not None and not flag.is_set():
+            return web.Response(status=503, text="not ready: reading the learners' log\n")
+        return web.Response(text="ok\n")
+
     app = web.Application(client_max_size=max_body_bytes)
     app.router.add_post("/rank", answer("rank", rank))
     app.router.add_post("/events/{event_id}/reward", answer("reward", reward))
     app.router.add_post("/events/{event_id}/activate", answer("activate", activate))
     app.router.add_get("/metrics", metrics_page)
     app.router.add_get("/healthz", ok)
-    app.router.add_get("/ready", ok)
+    app.router.add_get("/ready", ready)
     return app
 
 
@@ -210,6 +226,23 @@ async def _saver(decider: Decider, path: Path, every_s: float) -> None:
     while True:
         await asyncio.sleep(every_s)
         decider.save(path)
+
+
+def serve_replica(replica: Any, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None) -> None:
+    """Serve a :class:`streambandit.stream.replica.Replica` until interrupted: it starts reading
+    the learners' log at once, and /ready answers 200 (and /rank decides) once it has caught up."""
+    app = make_app(replica, model_key=model_key)
+
+    async def start_replica(app: web.Application) -> None:
+        replica.start(None)
+
+    async def close_replica(app: web.Application) -> None:
+        await asyncio.get_running_loop().run_in_executor(None, replica.close)
+
+    app.on_startup.append(start_replica)
+    app.on_cleanup.append(close_replica)
+    log.info("api: serving on http://%s:%d, a replica of group %s", host, port, replica.worker_config.group_id)
+    web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
 def serve_api(models: str | Path, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None,

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 # Bit-exact replay needs the same floating-point reduction order every run; a multi-threaded BLAS
 # may split a product differently from run to run. Set before numpy is imported anywhere.
@@ -69,7 +70,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     from streambandit.log_format import configure_logging
     from streambandit.stream.app_config import load_worker_config
     from streambandit.stream.kafka_checks import check_client_settings, wait_for_brokers
-    from streambandit.stream.snapshots import DirectoryStore, SnapshotStore, SnapshotStoreError, TopicStore
+    from streambandit.stream.snapshots import TopicStore
     from streambandit.stream.worker import Worker
 
     configure_logging(logging.DEBUG if args.verbose else logging.INFO, args.log_format)
@@ -79,25 +80,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     check_client_settings(config, source=f"{args.config} [kafka]")
     if args.check_config:
         models = ", ".join(f"{m.match} ({m.policy}, d={m.dim})" for m in config.models.specs)
-        print(f"{args.config}: valid. group {config.group_id}, topics {', '.join(config.topics.all())}, models {models}")
+        topics = ", ".join(config.topics.all(config.learn_only))
+        print(f"{args.config}: valid. group {config.group_id}, topics {topics}, models {models}")
         return 0
     wait_for_brokers(config)  # one error line if none answers, before any store or worker process starts
     instance = args.instance_id or socket.gethostname()
     processes = args.processes if args.processes is not None else len(os.sched_getaffinity(0))
-    # A command-line choice replaces the file's, whichever kind of store either names.
-    topic = args.snapshot_topic or (None if args.snapshot_dir else snaps.topic)
-    directory = args.snapshot_dir or (None if args.snapshot_topic else snaps.dir)
-    store: SnapshotStore
-    if topic:
-        try:
-            store = TopicStore(config.bootstrap_servers, topic, kafka=config.kafka, max_chunk_bytes=snaps.max_chunk_bytes)
-        except SnapshotStoreError as exc:
-            raise ValueError(str(exc)) from None
-    elif directory:
-        store = DirectoryStore(directory)
-    else:
-        raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
-                         "or pass --snapshot-topic or --snapshot-dir")
+    store = _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir)
     if processes != 1:  # the store was opened to check it; each worker process opens its own
         if isinstance(store, TopicStore):
             store.close()
@@ -151,10 +140,12 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     if args.action == "create":
         for topic, what in create_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic,
-                                         args.partitions, args.replication, max_chunk_bytes=snaps.max_chunk_bytes):
+                                         args.partitions, args.replication, max_chunk_bytes=snaps.max_chunk_bytes,
+                                         learn_only=config.learn_only):
             print(f"{topic}: {what}")
         return 0
-    rows, co_partitioned = describe_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic)
+    rows, co_partitioned = describe_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic,
+                                           learn_only=config.learn_only)
     for topic, n in rows:
         print(f"{topic}: {'missing' if n is None else f'{n} partitions'}")
     print("co-partitioned: " + ("yes" if co_partitioned else "NO (the worker needs every topic, with one partition count)"))
@@ -172,6 +163,24 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _snapshot_store(config: Any, snaps: Any, topic_arg: str | None, dir_arg: str | None) -> Any:
+    """The snapshot store a configuration names, or the one the command line names instead."""
+    from streambandit.stream.snapshots import DirectoryStore, SnapshotStoreError, TopicStore
+
+    # A command-line choice replaces the file's, whichever kind of store either names.
+    topic = topic_arg or (None if dir_arg else snaps.topic)
+    directory = dir_arg or (None if topic_arg else snaps.dir)
+    if topic:
+        try:
+            return TopicStore(config.bootstrap_servers, topic, kafka=config.kafka, max_chunk_bytes=snaps.max_chunk_bytes)
+        except SnapshotStoreError as exc:
+            raise ValueError(str(exc)) from None
+    if directory:
+        return DirectoryStore(directory)
+    raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
+                     "or pass --snapshot-topic or --snapshot-dir")
+
+
 def _cmd_api(args: argparse.Namespace) -> int:
     """Rank and reward over HTTP from an in-process Decider (streambandit/api.py)."""
     import logging
@@ -181,6 +190,24 @@ def _cmd_api(args: argparse.Namespace) -> int:
     except ImportError as exc:  # aiohttp is an optional dependency
         raise ValueError(f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    if (args.models is None) == (args.replica_of is None):
+        raise ValueError("give --models (decide and learn in this process) or --replica-of (decide with a replica "
+                         "of a learn-only group's models), not both")
+    if args.replica_of is not None:
+        from streambandit.api import serve_replica
+        from streambandit.stream.app_config import load_worker_config
+        from streambandit.stream.replica import Replica
+
+        config, snaps = load_worker_config(args.replica_of, bootstrap_servers=args.bootstrap_servers)
+        if not config.learn_only:
+            raise ValueError(f"{args.replica_of}: [worker] learn_only is not true: a replica follows a learn-only group "
+                             "(its workers would decide again what the replicas decided)")
+        replica = Replica(config, _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir),
+                          max_models=args.max_models)
+        serve_replica(replica, host=args.host, port=args.port, model_key=args.model_key)
+        return 0
+    if args.snapshot_topic or args.snapshot_dir:
+        raise ValueError("--snapshot-topic and --snapshot-dir name the learners' store: use them with --replica-of")
     serve_api(args.models, host=args.host, port=args.port, model_key=args.model_key, snapshot=args.snapshot,
               save_every_s=args.save_every, max_models=args.max_models)
     return 0
@@ -195,7 +222,8 @@ def _cmd_export(args: argparse.Namespace) -> int:
     config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
     decisions = read_logged_decisions(config.bootstrap_servers, config.topics, config.group_id, partitions=partitions,
-                                      from_ms=args.from_ms, to_ms=args.to_ms, kafka=config.kafka)
+                                      from_ms=args.from_ms, to_ms=args.to_ms, kafka=config.kafka,
+                                      learn_only=config.learn_only)
     n = write_avro(args.out, decisions)
     print(f"wrote {n} logged decisions of group {config.group_id!r} to {args.out}")
     return 0
@@ -253,11 +281,11 @@ def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
     from streambandit.stream.topics_admin import create_topics
     from streambandit.stream.worker_config import Topics
 
-    topics, snapshot_topic = Topics(), "streambandit-snapshots"
+    topics, snapshot_topic, learn_only = Topics(), "streambandit-snapshots", False
     if args.config:
         config, snaps = load_worker_config(args.config, bootstrap_servers=bootstrap)
-        topics, snapshot_topic = config.topics, snaps.topic
-    for topic, what in create_topics(bootstrap, {}, topics, snapshot_topic, args.partitions):
+        topics, snapshot_topic, learn_only = config.topics, snaps.topic, config.learn_only
+    for topic, what in create_topics(bootstrap, {}, topics, snapshot_topic, args.partitions, learn_only=learn_only):
         print(f"{topic}: {what}", flush=True)
     # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
     # (docs/notes/tansu.md): the worker's configuration for it needs a small one.
@@ -639,7 +667,16 @@ def build_parser() -> argparse.ArgumentParser:
     top.set_defaults(func=_cmd_topics)
 
     api = sub.add_parser("api", help="rank and reward over HTTP (Personalizer-shaped JSON), decided in process")
-    api.add_argument("--models", required=True, help="the TOML file with the [[models]] tables (as serve's)")
+    api.add_argument("--models", default=None, help="the TOML file with the [[models]] tables (as serve's): decide "
+                                                    "and learn in this process")
+    api.add_argument("--replica-of", default=None, metavar="CONFIG",
+                     help="a learn-only worker group's TOML file: decide with a replica of its models, followed from "
+                          "its snapshots and joined log; decisions and rewards go to its decisions and rewards topics")
+    api.add_argument("--snapshot-topic", default=None, help="with --replica-of: the learners' snapshot topic, if not the file's")
+    api.add_argument("--snapshot-dir", default=None, help="with --replica-of: the learners' snapshot directory, if not the "
+                                                                 "file's")
+    api.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+                     help="with --replica-of: the brokers, if not the file's")
     api.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     api.add_argument("--port", type=int, default=8080, help="the port (default 8080)")
     api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")

@@ -99,10 +99,10 @@ class Decider:
              features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
         """Choose one of ``arms`` for the event: a mapping of arm id to its feature vector, or a
         sequence of arm ids with ``features`` a (K, d) matrix, row k the features of arm k."""
-        arm_ids, x = _arms(arms, features)
+        arm_ids, x = check_arms(arms, features)
         ts = self._now(timestamp_ms)
-        _check_id("event id", event_id)
-        _check_id("model key", model_key)
+        check_id("event id", event_id)
+        check_id("model key", model_key)
         ref = self._ref(_CONTEXT)
         out = self.engine.on_context(Context(event_id, model_key, ts, arm_ids, x), ref)
         self._emit(out, ref)  # raises if the engine refused this context
@@ -118,7 +118,7 @@ class Decider:
         left out for an open decision (it is the decision's); a reward for an event not decided
         yet needs it, and is held until its window passes, as the worker holds it."""
         ts = self._now(timestamp_ms)
-        _check_id("event id", event_id)
+        check_id("event id", event_id)
         if model_key is None:
             pending = self.engine.pending.get(event_id)
             if pending is None:
@@ -128,7 +128,7 @@ class Decider:
                 raise DecisionError(reason, f"no open decision {event_id!r} (give model_key to hold a reward that "
                                             "comes before its decision)")
             model_key = pending.action.model_key
-        _check_id("model key", model_key)
+        check_id("model key", model_key)
         try:
             value = float(value)
         except (TypeError, ValueError):
@@ -205,12 +205,12 @@ def _config(models: ModelsConfig | Mapping[str, Any] | str | Path) -> ModelsConf
     return load_models_config(models)
 
 
-def _check_id(what: str, value: Any) -> None:
+def check_id(what: str, value: Any) -> None:
     if not isinstance(value, str) or not value:
         raise DecisionError(reasons.MALFORMED, f"the {what} must be a non-empty string, got {value!r}")
 
 
-def _arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
+def check_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
     """``(arm ids, (K, d) float64 features)`` of a rank call, checked as the worker's decoder
     checks a context."""
     if isinstance(arms, Mapping):

@@ -22,7 +22,7 @@ from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import committed_view, read_range
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.worker import Topics
-from streambandit.wire import Action, Context, DecodeError, Joined, decode
+from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
 __all__ = ["read_logged_decisions"]
 
@@ -31,8 +31,10 @@ _TO_EOF = 2**62  # read a partition to its end (the embedded broker's high water
 
 def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str, *,
                           partitions: list[int] | None = None, from_ms: int | None = None,
-                          to_ms: int | None = None, kafka: dict | None = None) -> Iterator[LoggedDecision]:
-    """The joined events of ``group_id``'s worker, partition by partition, in update order.
+                          to_ms: int | None = None, kafka: dict | None = None,
+                          learn_only: bool = False) -> Iterator[LoggedDecision]:
+    """The joined events of ``group_id``'s worker, partition by partition, in update order; a
+    learn-only group's contexts are the decisions replicas logged (``decisions``).
 
     ``from_ms``/``to_ms`` keep decisions whose event time lies in ``[from_ms, to_ms)``; a replay
     that must reproduce live models needs every joined record from the start of the log.
@@ -43,16 +45,17 @@ def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str,
         if partitions is None:
             partitions = sorted(reader.list_topics(topics.joined, timeout=10).topics[topics.joined].partitions)
         for p in partitions:
-            got = group.committed([TopicPartition(topics.contexts, p), TopicPartition(topics.rewards, p)], 30)
+            first = topics.first_input(learn_only)
+            got = group.committed([TopicPartition(first, p), TopicPartition(topics.rewards, p)], 30)
             committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
-            yield from _partition(reader, topics, p, committed, from_ms, to_ms)
+            yield from _partition(reader, topics, p, committed, from_ms, to_ms, learn_only)
     finally:
         reader.close()
         group.close()
 
 
 def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, int], from_ms: int | None,
-               to_ms: int | None) -> Iterator[LoggedDecision]:
+               to_ms: int | None, learn_only: bool) -> Iterator[LoggedDecision]:
     def decoded(topic: str, end: int, kind: type) -> list:
         out = []
         for m in read_range(reader, topic, p, 0, end):
@@ -67,8 +70,8 @@ def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, in
     def trigger(e):
         return (e.trigger_source, e.trigger_offset)
 
-    contexts: dict[str, Context] = {}
-    for c in decoded(topics.contexts, committed[CONTEXTS], Context):
+    contexts: dict[str, Context | ReplicaDecision] = {}
+    for c in decoded(topics.first_input(learn_only), committed[CONTEXTS], ReplicaDecision if learn_only else Context):
         contexts.setdefault(c.event_id, c)  # a duplicate event id was answered by the first decision
     actions = {a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action),
                                                       key=lambda e: e.event_id, trigger=trigger, committed=committed)}

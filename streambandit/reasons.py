@@ -28,5 +28,6 @@ ID_TOO_LONG = "id_too_long"  # an event id, model key or chosen arm id longer th
 FOREIGN_TICK = "foreign_tick"  # a watermark tick on rewards not written by a worker of this group
 EVENT_TIME_AHEAD = "event_time_ahead"  # event time beyond the record's Kafka timestamp + max_event_time_ahead_ms
 TOO_MANY_MODELS = "too_many_models"  # a context of a new model key when max_models models exist already
+BAD_DECISION = "bad_decision"  # a logged decision whose chosen arm index, propensity or model version is impossible
 
 ALL = tuple(v for k, v in dict(globals()).items() if k.isupper())

@@ -120,7 +120,7 @@ def check_in_range(name: str, value: float, lo: float, hi: float, *, lo_open: bo
     return v
 
 
-def _features_ok(a: np.ndarray) -> bool:
+def features_ok(a: np.ndarray) -> bool:
     """True when every element is a number of magnitude at most ``MAX_ABS_FEATURE`` (NaN fails
     the comparison, so it is refused with the infinities and the huge values)."""
     return a.size == 0 or bool(np.abs(a).max() <= MAX_ABS_FEATURE)
@@ -318,7 +318,7 @@ class Policy(abc.ABC):
             raise ValueError(f"arms must have shape (K, {self.dim}), got {a.shape}")
         if a.shape[0] == 0:
             raise ValueError("arms is empty: there must be at least one arm to choose from")
-        if not _features_ok(a):
+        if not features_ok(a):
             raise ValueError(BAD_ARMS_MESSAGE)
         return a
 
@@ -357,7 +357,7 @@ class Policy(abc.ABC):
         v = np.asarray(x, dtype=np.float64)
         if v.shape != (self.dim,):
             raise ValueError(f"x must have shape ({self.dim},), got {v.shape}")
-        if not _features_ok(v):
+        if not features_ok(v):
             raise ValueError(BAD_X_MESSAGE)
         return v
 

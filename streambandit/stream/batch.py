@@ -24,7 +24,7 @@ from streambandit.stream.chains import ChainPosition
 from streambandit.stream.engine import PartitionEngine, Rejected
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.worker_config import Topics, WorkerConfig
-from streambandit.wire import Action, Context, DeadLetter, DecodeError, InputRef, Joined, Reward, Tick, encode
+from streambandit.wire import Action, Context, DeadLetter, DecodeError, InputRef, Joined, ReplicaDecision, Reward, Tick, encode
 from streambandit.wire.batch_decode import decode_batch
 from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 
@@ -37,7 +37,7 @@ Emit = Callable[[list[Output]], None]
 # the batch is processed, instead of the commit waiting for all of them (e2e part 4).
 EMIT_EVERY = 256
 
-_TIMED = frozenset((Context, Reward, Tick))  # the decoded records that carry an event time
+_TIMED = frozenset((Context, ReplicaDecision, Reward, Tick))  # the decoded records that carry an event time
 
 log = logging.getLogger("streambandit")
 
@@ -123,14 +123,14 @@ class BatchProcessor:
         self.metrics = metrics
         self.times = BatchTimes()  # the worker empties it after each batch
         t = config.topics
-        self.source_of = {t.contexts: CONTEXTS, t.rewards: REWARDS}
+        self.source_of = {config.first_input: CONTEXTS, t.rewards: REWARDS}
         self.partitions: dict[int, PartitionState] = {}
         # Merge counters of partitions no longer held (the metrics stay cumulative).
         self._merge_base = [0, 0]
         self._dead_letter_lines = RepeatFilter(DEAD_LETTER_LOG_EVERY_S)
 
     def topic_of(self, source: int) -> str:
-        return self.config.topics.contexts if source == CONTEXTS else self.config.topics.rewards
+        return self.config.first_input if source == CONTEXTS else self.config.topics.rewards
 
     def remove(self, p: int) -> PartitionState:
         """Stop holding partition ``p``; its merge counters stay in the metrics."""
@@ -205,14 +205,17 @@ class BatchProcessor:
         order depends on (bench.worker_path measures this loop by stage)."""
         out_buf = _Outputs(self.config.topics)
         released = 0
+        # A learn-only worker opens the decisions replicas logged; a worker decides on contexts.
+        first = ReplicaDecision if self.config.learn_only else Context
         for p, part in self.partitions.items():
             eng, next_offset = part.engine, part.next_offset
-            on_context, on_reward = eng.on_context, eng.on_reward
+            on_context = eng.on_decision if self.config.learn_only else eng.on_context
+            on_reward = eng.on_reward
             actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             n = 0
             for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
                 cls, key = type(ev), ref.key
-                if cls is Context and src == CONTEXTS and key == ev.model_key.encode():
+                if cls is first and src == CONTEXTS and key == ev.model_key.encode():
                     out = on_context(ev, ref)
                 elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
                     out = on_reward(ev, ref)
@@ -242,7 +245,8 @@ class BatchProcessor:
         a tick, or a keyed record whose key is not its model key."""
         if isinstance(ev, DecodeError):
             return [Rejected(ev.reason, ev.detail, ref)]
-        if ref.source == CONTEXTS and not isinstance(ev, Context) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
+        first = ReplicaDecision if self.config.learn_only else Context
+        if ref.source == CONTEXTS and not isinstance(ev, first) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
             return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
         if isinstance(ev, Tick):
             if ev.group_id != self.config.group_id:

@@ -34,7 +34,7 @@ import numpy as np
 from streambandit.decision import decide
 from streambandit.errors import StreambanditError
 from streambandit.models_config import ModelsConfig
-from streambandit.policies.base import Policy
+from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy, features_ok
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
     BAD_DIMENSION,
@@ -52,7 +52,7 @@ from streambandit.reasons import (
     UNKNOWN_MODEL,
     UPDATE_FAILED,
 )
-from streambandit.wire import Action, Context, InputRef, Joined, Reward, Tick
+from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
@@ -125,46 +125,74 @@ class PartitionEngine:
     # -- entry points --------------------------------------------------------------------------
 
     def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
-        # The worker's hot path (once per context): locals and inlined steps, the rules as stated
-        # in the module docstring. bench/results/e2e.md part 3 has its cost.
-        ts, key, event_id = ev.timestamp_ms, ev.model_key, ev.event_id
+        # The worker's hot path (once per context): the rules as stated in the module docstring.
+        # bench/results/e2e.md part 3 has its cost.
         if source is not None and (refused := self._refuse(ev, source)):
             return refused
-        out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
-        spec = self._specs.get(key) or self._spec_of(key)
-        if spec is None:
-            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {key!r}", source)]
-        features = ev.features
-        arm_ids = ev.arm_ids
-        if len(set(arm_ids)) != len(arm_ids):
-            return out + [self._reject(DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates: an action "
-                                                         f"names its arm by id", source)]
-        if features.shape[1] != spec.dim:
-            return out + [self._reject(BAD_DIMENSION, f"features have dimension {features.shape[1]}, model "
-                                                      f"{key!r} expects {spec.dim}", source)]
-        pending = self.pending
-        if event_id in pending or event_id in self.recent:
-            return out + [self._reject(DUPLICATE_EVENT, f"event id {event_id!r} was already decided", source)]
-        model = self.models.get(key)
+        out, spec, model = self._admit(ev, source)
         if model is None:
-            if self.max_models is not None and len(self.models) >= self.max_models:
-                return out + [self._reject(TOO_MANY_MODELS, f"model key {key!r} would be model {len(self.models) + 1}, "
-                                                            f"over max_models = {self.max_models}", source)]
-            model = self.models[key] = spec.build()
-            self._specs[key] = spec
-            self.changed.add(key)
+            return out
         try:
-            d = decide(model, features, epsilon=spec.epsilon, model_key=key, event_id=event_id, seed=spec.seed)
+            d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id,
+                       seed=spec.seed)
         except ValueError as exc:
             # Decoding refused NaN, infinities and a wrong shape; what a learner refuses beyond
             # that is a feature past its bound (kernels.MAX_ABS_FEATURE).
             return out + [self._reject(FEATURE_OUT_OF_RANGE, str(exc), source)]
-        index = d.index
-        if len(ev.arm_ids[index]) > self._max_id_chars and len(ev.arm_ids[index].encode()) > self.max_id_bytes:
-            return out + [self._reject(ID_TOO_LONG, f"the chosen arm's id has {len(ev.arm_ids[index].encode())} bytes, "
+        return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source)
+
+    def on_decision(self, ev: ReplicaDecision, source: Any = None) -> list[Action | Joined | Rejected]:
+        """A decision a replica made and logged (a learn-only worker's input): checked as a
+        context is, then opened as the decision the record names, not one this engine makes. Its
+        action carries the replica's model version; the joined record, this engine's."""
+        if source is not None and (refused := self._refuse(ev, source)):
+            return refused
+        out, spec, model = self._admit(ev, source)
+        if model is None:
+            return out
+        if not features_ok(ev.features):
+            return out + [self._reject(FEATURE_OUT_OF_RANGE, BAD_ARMS_MESSAGE, source)]
+        return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source)
+
+    def _admit(self, ev: Context | ReplicaDecision, source: Any) -> tuple[list, Any, Policy | None]:
+        """Move event time to the context's, then check what a decision needs: a configured
+        model key, distinct arm ids, the model's dimension, a new event id, room for a new model.
+        ``(outputs so far, spec, model)``, the model None when the context is refused (its
+        refusal is then the last output)."""
+        ts, key = ev.timestamp_ms, ev.model_key
+        out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
+        spec = self._specs.get(key) or self._spec_of(key)
+        if spec is None:
+            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {key!r}", source)], None, None
+        arm_ids = ev.arm_ids
+        if len(set(arm_ids)) != len(arm_ids):
+            return out + [self._reject(DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates: an action "
+                                                         f"names its arm by id", source)], None, None
+        if ev.features.shape[1] != spec.dim:
+            return out + [self._reject(BAD_DIMENSION, f"features have dimension {ev.features.shape[1]}, model "
+                                                      f"{key!r} expects {spec.dim}", source)], None, None
+        if ev.event_id in self.pending or ev.event_id in self.recent:
+            return out + [self._reject(DUPLICATE_EVENT, f"event id {ev.event_id!r} was already decided", source)], None, None
+        model = self.models.get(key)
+        if model is None:
+            if self.max_models is not None and len(self.models) >= self.max_models:
+                return out + [self._reject(TOO_MANY_MODELS, f"model key {key!r} would be model {len(self.models) + 1}, "
+                                                            f"over max_models = {self.max_models}", source)], None, None
+            model = self.models[key] = spec.build()
+            self._specs[key] = spec
+            self.changed.add(key)
+        return out, spec, model
+
+    def _open(self, ev: Context | ReplicaDecision, spec: Any, index: int, score: float, propensity: float,
+              version: int, out: list, source: Any) -> list[Action | Joined | Rejected]:
+        """Publish the decision on arm ``index`` and hold it open for its reward window."""
+        ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
+        arm_id = ev.arm_ids[index]
+        if len(arm_id) > self._max_id_chars and len(arm_id.encode()) > self.max_id_bytes:
+            return out + [self._reject(ID_TOO_LONG, f"the chosen arm's id has {len(arm_id.encode())} bytes, "
                                                     f"more than max_id_bytes = {self.max_id_bytes}", source)]
-        action = Action(event_id, key, ev.arm_ids[index], index, d.score, d.propensity, model.n_updates, ts,
-                        features[index].copy(), *self._trigger)
+        action = Action(event_id, ev.model_key, arm_id, index, score, propensity, version, ts,
+                        ev.features[index].copy(), *self._trigger)
         out.append(action)
         self.counters["actions"] += 1
         if len(pending) >= self.max_pending:

@@ -22,7 +22,7 @@ from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
 from streambandit.stream.worker_config import WorkerConfig
-from streambandit.wire import Context, DecodeError, InputRef, Reward, Tick, decode
+from streambandit.wire import Context, DecodeError, InputRef, ReplicaDecision, Reward, Tick, decode
 
 __all__ = ["recover_partition"]
 
@@ -102,10 +102,10 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
                           key=lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""),
                           trigger=trig, committed=committed)
     inputs = events_of(t.rewards, start["rewards"], committed[REWARDS])
-    contexts = events_of(t.contexts, start["contexts"], committed[CONTEXTS])
+    contexts = events_of(c.first_input, start["contexts"], committed[CONTEXTS])
     rewards = [(e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))
                for e, m in inputs if isinstance(e, Reward)]
-    dead_lettered = {InputRef(CONTEXTS if d.source_topic == t.contexts else REWARDS, p, d.source_offset)
+    dead_lettered = {InputRef(CONTEXTS if d.source_topic == c.first_input else REWARDS, p, d.source_offset)
                      for d in dead if d.source_offset >= 0}
     closed = {decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value}
     # The watermark the live engine reached: the largest event time of an input it advanced to.
@@ -113,7 +113,7 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
     # ahead, an id too long) did not move it.
     unseen = {(d.source_topic, d.source_offset) for d in dead if d.reason in _REFUSED_BEFORE_THE_ENGINE}
     stamps = [e.timestamp_ms for e, m in inputs + contexts
-              if isinstance(e, (Context, Reward, Tick)) and (m.topic(), m.offset()) not in unseen]
+              if isinstance(e, (Context, ReplicaDecision, Reward, Tick)) and (m.topic(), m.offset()) not in unseen]
     engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
     metrics["recovered_joined"] += len(joined)
     return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),

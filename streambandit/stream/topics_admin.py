@@ -21,7 +21,7 @@ def _admin(bootstrap: str, kafka: dict[str, Any]) -> AdminClient:
 
 def create_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapshot_topic: str | None, partitions: int,
                   replication: int = -1, max_chunk_bytes: int | None = None,
-                  timeout_s: float = 30.0) -> list[tuple[str, str]]:
+                  timeout_s: float = 30.0, learn_only: bool = False) -> list[tuple[str, str]]:
     """Create the inputs and outputs with ``partitions`` each (co-partitioned) and the snapshot
     topic compacted; (topic, "created" or "exists") for each. ``replication`` -1: the cluster's."""
     if partitions < 1:
@@ -29,7 +29,7 @@ def create_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapsho
     admin = _admin(bootstrap, kafka)
     done = []
     futures = admin.create_topics([NewTopic(t, num_partitions=partitions, replication_factor=replication)
-                                   for t in topics.all()], request_timeout=timeout_s)
+                                   for t in topics.all(learn_only)], request_timeout=timeout_s)
     for topic, fut in futures.items():
         try:
             fut.result(timeout_s)
@@ -50,11 +50,11 @@ def create_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapsho
 
 
 def describe_topics(bootstrap: str, kafka: dict[str, Any], topics: Topics, snapshot_topic: str | None,
-                    timeout_s: float = 10.0) -> tuple[list[tuple[str, int | None]], bool]:
+                    timeout_s: float = 10.0, learn_only: bool = False) -> tuple[list[tuple[str, int | None]], bool]:
     """(topic, partition count or None when missing) for each of ``topics`` and the snapshot
     topic, and whether they are co-partitioned (all present, one partition count)."""
     md = _admin(bootstrap, kafka).list_topics(timeout=timeout_s)
-    names = topics.all() + ([snapshot_topic] if snapshot_topic else [])
+    names = topics.all(learn_only) + ([snapshot_topic] if snapshot_topic else [])
     rows = [(t, len(md.topics[t].partitions) if t in md.topics and md.topics[t].error is None else None)
             for t in names]
     counts = {n for _, n in rows}

@@ -224,15 +224,16 @@ class Worker:
         wait_for_brokers(self.config)
         self._check_topics()
         self.transaction.producer.init_transactions(30)
-        self.consumer.subscribe([self.config.topics.contexts, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
+        self.consumer.subscribe([self.config.first_input, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
                                 on_revoke=_weakly(self._on_revoke), on_lost=_weakly(self._on_revoke))
         from streambandit import __version__
 
         c, t = self.config, self.config.topics
         self.started = True
-        log.info("worker started version=%s group=%s instance=%s transactional_id=%s brokers=%s contexts=%s rewards=%s "
+        log.info("worker started version=%s group=%s instance=%s transactional_id=%s brokers=%s %s=%s rewards=%s "
                  "actions=%s joined=%s dead_letter=%s models=%s metrics=%s", __version__, c.group_id, self.instance_id,
-                 self.transactional_id, c.bootstrap_servers, t.contexts, t.rewards, t.actions, t.joined, t.dead_letter,
+                 self.transactional_id, c.bootstrap_servers, "decisions" if c.learn_only else "contexts", c.first_input,
+                 t.rewards, t.actions, t.joined, t.dead_letter,
                  ",".join(f"{m.match}:{m.policy}/d={m.dim}" for m in c.models.specs),
                  f"{c.metrics_host}:{self.telemetry.port}" if self.telemetry is not None else "off")
 
@@ -256,7 +257,7 @@ class Worker:
     def _check_topics(self) -> None:
         md = self.consumer.list_topics(timeout=10)
         counts = {}
-        for name in self.config.topics.all():
+        for name in self.config.topics.all(self.config.learn_only):
             if name not in md.topics or md.topics[name].error is not None:
                 raise WorkerError(f"topic {name!r} does not exist")
             counts[name] = len(md.topics[name].partitions)
@@ -336,7 +337,7 @@ class Worker:
         """Records of the inputs the group has not committed yet, over every partition."""
         t = self.config.topics
         md = self.consumer.list_topics(timeout=5)
-        tps = [TopicPartition(topic, p) for topic in (t.contexts, t.rewards) for p in md.topics[topic].partitions]
+        tps = [TopicPartition(topic, p) for topic in (self.config.first_input, t.rewards) for p in md.topics[topic].partitions]
         lag = 0
         for tp in self.consumer.committed(tps, 5):
             _, hi = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
@@ -393,7 +394,7 @@ class Worker:
     def _committed(self, p: int) -> dict[int, int]:
         """The group's committed offset of partition ``p`` per input source (0 when none)."""
         t = self.config.topics
-        got = self.consumer.committed([TopicPartition(t.contexts, p), TopicPartition(t.rewards, p)], 30)
+        got = self.consumer.committed([TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)], 30)
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
 
     def _recover(self, p: int) -> PartitionState:

@@ -17,9 +17,17 @@ class Topics:
     actions: str = "actions"
     joined: str = "joined"
     dead_letter: str = "dead-letter"
+    # Decisions made by replicas (stream/replica.py): a learn-only worker's first input, in place
+    # of contexts.
+    decisions: str = "decisions"
 
-    def all(self) -> list[str]:
-        return [self.contexts, self.rewards, self.actions, self.joined, self.dead_letter]
+    def first_input(self, learn_only: bool = False) -> str:
+        """The input a worker decides on (contexts) or, learn-only, takes decisions from."""
+        return self.decisions if learn_only else self.contexts
+
+    def all(self, learn_only: bool = False) -> list[str]:
+        """The topics a worker reads and writes, co-partitioned."""
+        return [self.first_input(learn_only), self.rewards, self.actions, self.joined, self.dead_letter]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -86,7 +94,15 @@ class WorkerConfig:
     # How long the worker waits for a broker of bootstrap.servers to answer at start-up before it
     # stops with one error line (a supervisor or Kubernetes restarts it, with their back-off).
     broker_wait_s: float = 30.0
+    # A learn-only worker decides nothing: replicas decide from copies of its models and log each
+    # decision on topics.decisions (stream/replica.py); it joins rewards to those decisions as to
+    # its own, writes actions (the decisions as it opened them), joined and snapshots.
+    learn_only: bool = False
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
+
+    @property
+    def first_input(self) -> str:
+        return self.topics.first_input(self.learn_only)
 
     def __post_init__(self) -> None:
         if not 0.0 < self.snapshot_max_share <= 1.0:

@@ -22,7 +22,7 @@ from streambandit import reasons
 from streambandit.errors import StreambanditError
 from streambandit.wire import avro
 from streambandit.wire.avro import MAGIC
-from streambandit.wire.records import Action, Context, DeadLetter, Joined, Reward, Tick
+from streambandit.wire.records import Action, Context, DeadLetter, Joined, ReplicaDecision, Reward, Tick
 from streambandit.wire.schemas import LEGACY, READERS, VERSIONS, WRITERS
 
 __all__ = ["DecodeError", "encode", "decode", "write", "encode_action", "encode_joined", "action_body",
@@ -104,6 +104,11 @@ def encode(event: Any) -> bytes:
                           "value": event.value})
     if isinstance(event, Tick):
         return write(7, {"timestamp_ms": event.timestamp_ms, "group_id": event.group_id})
+    if isinstance(event, ReplicaDecision):
+        return write(8, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
+                          "arm_ids": list(event.arm_ids), "features": features_to_bytes(event.features),
+                          "arm_index": event.arm_index, "score": event.score, "propensity": event.propensity,
+                          "model_version": event.model_version})
     if isinstance(event, DeadLetter):
         return write(5, {f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
     raise TypeError(f"cannot encode {type(event).__name__}")
@@ -158,7 +163,24 @@ def _context_features(arm_ids: list, block: bytes) -> np.ndarray:
     return feats
 
 
-def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLetter:
+def _decision(d: dict) -> ReplicaDecision:
+    """A logged decision, checked as a context is, and its choice for what a decision rule can
+    have produced: a learner must not open a decision on an arm that was not offered."""
+    ids = d["arm_ids"]
+    feats = _context_features(ids, d["features"])
+    i, p, score, version = d["arm_index"], d["propensity"], d["score"], d["model_version"]
+    if not 0 <= i < len(ids):
+        raise DecodeError(reasons.BAD_DECISION, f"arm_index {i} is not one of the {len(ids)} arms")
+    if not (math.isfinite(p) and 0.0 < p <= 1.0):
+        raise DecodeError(reasons.BAD_DECISION, f"propensity {p!r} is not in (0, 1]")
+    if not math.isfinite(score):
+        raise DecodeError(reasons.BAD_DECISION, f"score {score!r} is not finite")
+    if version < 0:
+        raise DecodeError(reasons.BAD_DECISION, f"model_version {version} is negative")
+    return ReplicaDecision(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids), feats, i, score, p, version)
+
+
+def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLetter | ReplicaDecision:
     """Parse and validate one record. Raises :class:`DecodeError` with a reason code."""
     sid, ver, d = _read(data)
     if sid == 1:
@@ -186,5 +208,7 @@ def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLette
         return (Action if sid == 3 else Joined)(**d)
     if sid == 5:
         return DeadLetter(**d)
+    if sid == 8:
+        return _decision(d)
     raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} is not an event")
 

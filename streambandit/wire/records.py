@@ -12,7 +12,7 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef"]
+__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef", "ReplicaDecision"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -22,6 +22,23 @@ class Context:
     timestamp_ms: int
     arm_ids: tuple[str, ...]
     features: np.ndarray  # (K, d) float64, finite, K >= 1
+
+
+@dataclasses.dataclass(slots=True)
+class ReplicaDecision:
+    """A decision made elsewhere (a replica, stream/replica.py) and logged for a learn-only
+    worker: the context as it was ranked, the arm chosen, with what probability and score, and
+    the version of the model that chose it."""
+
+    event_id: str
+    model_key: str
+    timestamp_ms: int
+    arm_ids: tuple[str, ...]
+    features: np.ndarray  # (K, d) float64, finite, K >= 1
+    arm_index: int
+    score: float
+    propensity: float
+    model_version: int
 
 
 @dataclasses.dataclass(slots=True)

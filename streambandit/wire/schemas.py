@@ -16,7 +16,7 @@ __all__ = ["SCHEMA_DIR", "IDS", "VERSIONS", "READERS", "WRITERS", "LEGACY", "reg
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
-IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "snapshot": 6, "tick": 7}
+IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "snapshot": 6, "tick": 7, "decision": 8}
 # The version this code writes, per schema id (header byte 2). Context version 2 carries all the
 # arms' features in one packed block (one frombuffer per record instead of one per arm); version 1
 # (``context.v1.avsc``: an array of {arm_id, features} records) is still read.

@@ -44,10 +44,11 @@ def committed_offsets(broker, group: str, topic: str, partitions: int = 2) -> di
         c.close()
 
 
-def outputs(broker, topics, group: str, partitions: int = 2) -> dict[str, list]:
+def outputs(broker, topics, group: str, partitions: int = 2, first_input: str | None = None) -> dict[str, list]:
     """Our output logs as a committed transaction wrote them (see streambandit/stream/logs.py):
-    per topic, the decoded records of all partitions."""
-    committed = {p: {0: committed_offsets(broker, group, topics.contexts, partitions)[p],
+    per topic, the decoded records of all partitions. ``first_input``: the worker's first input
+    when it is not contexts (a learn-only worker's decisions)."""
+    committed = {p: {0: committed_offsets(broker, group, first_input or topics.contexts, partitions)[p],
                      1: committed_offsets(broker, group, topics.rewards, partitions)[p]} for p in range(partitions)}
     out: dict = {"raw_counts": {}}
     for name, key in (("actions", lambda e: e.event_id), ("joined", lambda e: e.event_id),
@@ -184,7 +185,7 @@ class Tail:
 def topics_toml(topics) -> str:
     """The ``[topics]`` table of a worker configuration that names ``topics``."""
     return "[topics]\n" + "".join(f'{name} = "{getattr(topics, name)}"\n'
-                                   for name in ("contexts", "rewards", "actions", "joined", "dead_letter"))
+                                   for name in ("contexts", "decisions", "rewards", "actions", "joined", "dead_letter"))
 
 
 SERVE_CONFIG = """

@@ -1,0 +1,324 @@
+"""Decisions from a read-only replica of a learn-only worker group's models.
+
+A :class:`Replica` decides in the application's process (or behind ``streambandit api
+--config``) with a copy of the models it keeps by following the learners' ``joined`` log, and
+logs every decision on the ``decisions`` topic, every reward on ``rewards``. A worker with
+``[worker] learn_only = true`` reads those two topics: it opens each logged decision as it would
+open its own, joins the rewards, updates the models and writes ``actions``, ``joined`` and
+snapshots (docs/design.md, decisions at the edge). The learning log stays the exact update
+sequence: recovery, export and replay read it as they read a deciding worker's.
+
+- **The copy.** At start, per partition of ``joined``: the newest snapshot of the learners'
+  group (its models) and the committed joined records after it, read to an end where no
+  transaction is open (``LogReader.settle``), each applied with ``update`` in log order, the
+  update sequence the learner applied, so each model is the learner's at that point, to the bit.
+  Then the replica follows ``joined`` as it grows. A replica is ready (it decides) only once every
+  partition has been read to the end it found at start: a restarted replica never serves a model
+  older than one it served before.
+- **The check.** Every joined record names the model version it was applied to. A record that
+  does not continue the copy (a gap, or a record seen twice: a broker that shows an aborted
+  transaction's records, as the embedded one does, docs/notes/tansu.md) makes the replica read
+  the partition again from its snapshot and the committed log, while it keeps serving the copy it
+  has.
+- **Freshness.** A reward reaches a replica's model after the learner's batch that joins it
+  commits (its poll and commit, ``batch_max_records``) and this replica's next fetch
+  (``fetch.wait.max.ms`` of ``[kafka.consumer]``): ``python -m bench.freshness`` measures it.
+  Aggregations ``sum`` and ``last`` add the reward window, as in the worker.
+
+Decisions are checked as the worker checks a context (the same reason codes), except what needs
+the learner's state: a duplicate event id is refused here only among this replica's recent
+decisions (``max_recent``); across replicas the learner dead-letters it (``duplicate_event``),
+and a reward is refused by the learner, not here, when it is late, a duplicate or for an unknown
+event. Thread-safe: ``rank`` and ``reward`` may be called from many threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+
+from streambandit import reasons
+from streambandit.decider import DecisionError, Ranking, check_arms, check_id
+from streambandit.decision import decide
+from streambandit.policies.base import Policy
+from streambandit.stream.engine import PartitionEngine
+from streambandit.stream.kafka_config import for_client, reader_settings
+from streambandit.stream.logs import LogReader, committed_view
+from streambandit.stream.merge import CONTEXTS, REWARDS
+from streambandit.stream.snapshots import SnapshotStore, load_latest
+from streambandit.stream.worker_config import WorkerConfig
+from streambandit.wire import DecodeError, Joined, ReplicaDecision, Reward, decode, encode
+
+__all__ = ["Replica", "NOT_READY"]
+
+log = logging.getLogger("streambandit")
+
+NOT_READY = "not_ready"  # a rank before the replica has read the learners' log to where it stood at start
+
+
+class Replica:
+    """Rank and reward against a followed copy of a learn-only group's models (module docstring).
+
+    ``config``: the learners' worker configuration (their group, topics, models and Kafka
+    settings); ``store``: their snapshot store (None: the whole joined log is read at start).
+    ``on_update``: called in the follower's thread with each joined record applied."""
+
+    def __init__(self, config: WorkerConfig, store: SnapshotStore | None = None, *, max_models: int | None = None,
+                 max_recent: int = 100_000, clock: Callable[[], int] | None = None,
+                 on_update: Callable[[Joined], None] | None = None, poll_s: float = 0.05) -> None:
+        self.worker_config = config
+        self.config = config.models  # what Decider.config is: the API reads specs from it
+        self.store = store.scoped(config.group_id) if store is not None else None
+        self.max_models, self.max_recent = max_models, max_recent
+        self.models: dict[str, Policy] = {}
+        self.on_update, self.poll_s = on_update, poll_s
+        self._clock = clock or (lambda: time.time_ns() // 1_000_000)
+        self._lock = threading.Lock()  # models and the keys per partition: the follower writes, rank reads
+        self._keys: dict[int, set[str]] = collections.defaultdict(set)  # partition -> its model keys
+        self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()  # event id -> model key
+        self.counters: collections.Counter[str] = collections.Counter()
+        self.ready = threading.Event()
+        self._stop = threading.Event()
+        self._error: BaseException | None = None
+        kafka = config.kafka
+        self._producer = Producer({"bootstrap.servers": config.bootstrap_servers, "linger.ms": 1,
+                                   **for_client("producer", kafka), "partitioner": "murmur2_random",
+                                   "enable.idempotence": True, "acks": "all"})
+        self._follow = Consumer(reader_settings(config.bootstrap_servers, kafka) | {"enable.partition.eof": False})
+        # The learners' committed input offsets (which joined records committed transactions
+        # wrote): read with their group id, never joining the group (assign and committed only).
+        self._group = Consumer(reader_settings(config.bootstrap_servers, kafka) | {"group.id": config.group_id})
+        self._reader = LogReader(reader_settings(config.bootstrap_servers, kafka), open_timeout_s=60.0)
+        self._thread = threading.Thread(target=self._run, name="replica-follower", daemon=True)
+
+    # -- life ----------------------------------------------------------------------------------
+
+    def start(self, timeout_s: float | None = 120.0) -> "Replica":
+        """Load the models and follow the log, in a thread; returns once ready (raises after
+        ``timeout_s``), or at once with ``timeout_s`` None (``ready`` says when)."""
+        self._thread.start()
+        if timeout_s is not None and not self.ready.wait(timeout_s):
+            raise TimeoutError(f"replica not ready after {timeout_s:.0f} s: {self._error or 'still reading the log'}")
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(30)
+        self._producer.flush(10)
+        for c in (self._follow, self._group):
+            c.close()
+        self._reader.close()
+
+    def __enter__(self) -> "Replica":
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def flush(self, timeout_s: float = 10.0) -> int:
+        """Wait for the logged decisions and rewards to reach the broker; the number still queued."""
+        return self._producer.flush(timeout_s)
+
+    # -- decisions -----------------------------------------------------------------------------
+
+    def rank(self, event_id: str, model_key: str, arms: Mapping[str, Sequence[float]] | Sequence[str],
+             features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
+        """As :meth:`Decider.rank`, with the replica's copy of the model; the decision is logged on
+        the decisions topic for the learners."""
+        if not self.ready.is_set():
+            raise DecisionError(NOT_READY, "the replica is still reading the learners' log")
+        arm_ids, x = check_arms(arms, features)
+        check_id("event id", event_id)
+        check_id("model key", model_key)
+        ts = self._now(timestamp_ms)
+        spec = self.config.resolve(model_key)
+        if spec is None:
+            raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
+        if x.shape[1] != spec.dim:
+            raise DecisionError(reasons.BAD_DIMENSION, f"features have dimension {x.shape[1]}, model {model_key!r} "
+                                                       f"expects {spec.dim}")
+        if len(set(arm_ids)) != len(arm_ids):
+            raise DecisionError(reasons.DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates")
+        limit = self.worker_config.max_id_bytes
+        for what, value in (("event id", event_id), ("model key", model_key)):
+            if len(value.encode()) > limit:
+                raise DecisionError(reasons.ID_TOO_LONG, f"the {what} has {len(value.encode())} bytes, more than "
+                                                         f"max_id_bytes = {limit}")
+        if ts > self._clock() + self.worker_config.max_event_time_ahead_ms:
+            raise DecisionError(reasons.EVENT_TIME_AHEAD, f"event time {ts} is more than max_event_time_ahead_ms = "
+                                                          f"{self.worker_config.max_event_time_ahead_ms} ahead of the clock")
+        with self._lock:
+            if event_id in self._recent:
+                raise DecisionError(reasons.DUPLICATE_EVENT, f"event id {event_id!r} was already decided")
+            model = self.models.get(model_key)
+            if model is None:
+                if self.max_models is not None and len(self.models) >= self.max_models:
+                    raise DecisionError(reasons.TOO_MANY_MODELS, f"model key {model_key!r} would be model "
+                                                                 f"{len(self.models) + 1}, over max_models = {self.max_models}")
+                model = spec.build()  # version 0, as the learners' is until its first update
+            try:
+                d = decide(model, x, epsilon=spec.epsilon, model_key=model_key, event_id=event_id, seed=spec.seed)
+            except ValueError as exc:
+                raise DecisionError(reasons.FEATURE_OUT_OF_RANGE, str(exc)) from None
+            if len(arm_ids[d.index].encode()) > limit:
+                raise DecisionError(reasons.ID_TOO_LONG, f"the chosen arm's id has {len(arm_ids[d.index].encode())} "
+                                                         f"bytes, more than max_id_bytes = {limit}")
+            version, scores = model.n_updates, model.scores(x)
+            self.models.setdefault(model_key, model)
+            self._recent[event_id] = model_key
+            if len(self._recent) > self.max_recent:
+                self._recent.popitem(last=False)
+        decision = ReplicaDecision(event_id, model_key, ts, arm_ids, x, d.index, d.score, d.propensity, version)
+        self._produce(self.worker_config.topics.decisions, model_key, encode(decision))
+        self.counters["decisions"] += 1
+        return Ranking(event_id, model_key, arm_ids[d.index], d.index, d.propensity, d.score, scores, version)
+
+    def reward(self, event_id: str, value: float, *, model_key: str | None = None,
+               timestamp_ms: int | None = None) -> None:
+        """Log a reward for the learners. ``model_key`` may be left out for a decision this
+        replica made recently; the learners judge the rest (late, duplicate, unknown)."""
+        check_id("event id", event_id)
+        ts = self._now(timestamp_ms)
+        if model_key is None:
+            with self._lock:
+                model_key = self._recent.get(event_id)
+            if model_key is None:
+                raise DecisionError(reasons.UNKNOWN_EVENT, f"this replica made no recent decision {event_id!r}: give "
+                                                           "its model key")
+        check_id("model key", model_key)
+        try:
+            value = float(value)
+        except (TypeError, ValueError):
+            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
+        if not math.isfinite(value):
+            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not finite")
+        if self.config.resolve(model_key) is None:
+            raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
+        self._produce(self.worker_config.topics.rewards, model_key, encode(Reward(event_id, model_key, ts, value)))
+        self.counters["rewards"] += 1
+
+    def version(self, model_key: str) -> int:
+        """The copy's model version (its updates applied), 0 for a model not seen yet."""
+        with self._lock:
+            model = self.models.get(model_key)
+            return 0 if model is None else model.n_updates
+
+    # -- following the learners' log ------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            joined = self.worker_config.topics.joined
+            md = self._follow.list_topics(joined, timeout=30)
+            if joined not in md.topics or md.topics[joined].error is not None:
+                raise RuntimeError(f"topic {joined!r} does not exist")
+            positions = {p: self._load(p) for p in sorted(md.topics[joined].partitions)}
+            self._follow.assign([TopicPartition(joined, p, off) for p, off in positions.items()])
+            self.ready.set()
+            log.info("replica ready partitions=%d models=%d", len(positions), len(self.models))
+            while not self._stop.is_set():
+                msgs = self._follow.consume(1000, self.poll_s)
+                if msgs:
+                    self._apply(msgs)
+        except BaseException as exc:  # the caller of start() sees it; rank keeps the copy it has
+            self._error = exc
+            log.exception("replica follower stopped: %s", exc)
+
+    def _load(self, p: int) -> int:
+        """Partition ``p``'s models from the newest snapshot and the committed joined records after
+        it; swapped in whole. Returns the offset to follow from."""
+        config, t = self.worker_config, self.worker_config.topics
+        snap = load_latest(self.store, p) if self.store is not None else None
+        models = dict(PartitionEngine.restore(config.models, snap["engine"]).models) if snap is not None else {}
+        start = snap["joined_offset"] if snap is not None else 0
+        end = self._reader.settle(t.joined, p)
+        got = self._group.committed([TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30)
+        committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
+        records = [j for m in self._reader.read(t.joined, p, start, end) if isinstance(j := _decoded(m.value()), Joined)]
+        for j in committed_view(records, key=lambda e: e.event_id, trigger=lambda e: (e.trigger_source, e.trigger_offset),
+                                committed=committed):
+            model = models.get(j.model_key)
+            if model is None:
+                model = models[j.model_key] = self._spec(j.model_key).build()
+            if model.n_updates != j.model_version_before:
+                raise RuntimeError(f"joined[{p}]: record {j.event_id!r} was applied to version {j.model_version_before} "
+                                   f"of {j.model_key!r}, the log reaches version {model.n_updates}")
+            model.update(j.features, j.reward)
+        with self._lock:
+            for key in self._keys.pop(p, set()) - set(models):
+                self.models.pop(key, None)
+            self.models.update(models)
+            self._keys[p] = set(models)
+        self.counters["loads"] += 1
+        self.counters["loads_from_snapshot"] += snap is not None
+        return end
+
+    def _apply(self, msgs: list[Any]) -> None:
+        diverged: set[int] = set()
+        applied = []
+        with self._lock:
+            for m in msgs:
+                if m.error():
+                    if m.error().code() != KafkaError._PARTITION_EOF:
+                        log.warning("replica fetch error=%s", m.error())
+                    continue
+                p = m.partition()
+                if p in diverged:
+                    continue
+                j = _decoded(m.value())
+                if not isinstance(j, Joined):
+                    continue
+                model = self.models.get(j.model_key)
+                if model is None and j.model_version_before == 0:
+                    model = self.models[j.model_key] = self._spec(j.model_key).build()
+                    self._keys[p].add(j.model_key)
+                elif model is not None and j.model_key not in self._keys[p]:
+                    self._keys[p].add(j.model_key)  # a model this replica built for a rank, learned at last
+                if model is None or model.n_updates != j.model_version_before:
+                    diverged.add(p)
+                    continue
+                model.update(j.features, j.reward)
+                applied.append(j)
+        self.counters["applied"] += len(applied)
+        if self.on_update is not None:
+            for j in applied:
+                self.on_update(j)
+        for p in diverged:
+            self.counters["reloads"] += 1
+            log.warning("replica joined[%d] does not continue the copy; reading the partition again", p)
+            self._follow.seek(TopicPartition(self.worker_config.topics.joined, p, self._load(p)))
+
+    def _spec(self, model_key: str) -> Any:
+        spec = self.config.resolve(model_key)
+        if spec is None:
+            raise RuntimeError(f"the joined log holds model {model_key!r} but the configuration has no entry for it")
+        return spec
+
+    def _produce(self, topic: str, key: str, value: bytes) -> None:
+        try:
+            self._producer.produce(topic, value, key.encode())
+        except BufferError:
+            self._producer.poll(1.0)  # the local queue is full: let librdkafka send, then retry once
+            self._producer.produce(topic, value, key.encode())
+        self._producer.poll(0)
+
+    def _now(self, timestamp_ms: int | None) -> int:
+        if timestamp_ms is None:
+            return int(self._clock())
+        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
+            raise DecisionError("bad_timestamp", f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
+        return timestamp_ms
+
+
+def _decoded(value: bytes) -> Any:
+    try:
+        return decode(value)
+    except DecodeError:
+        return None
