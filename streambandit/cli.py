@@ -159,7 +159,8 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     from streambandit.stream.demo import DemoConfig, run_demo
 
     run_demo(DemoConfig(duration_s=args.duration, rate_per_s=args.rate, policy=args.policy, dim=args.dim,
-                        arms=args.arms, partitions=args.partitions, seed=args.seed, out_dir=Path(args.out)))
+                        arms=args.arms, partitions=args.partitions, seed=args.seed, out_dir=Path(args.out),
+                        edge=args.edge))
     return 0
 
 
@@ -632,6 +633,9 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
     demo.add_argument("--seed", type=int, default=0, help="seed of the simulated ad server (default 0)")
     demo.add_argument("--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)")
+    demo.add_argument("--edge", action="store_true",
+                      help="decide at the edge: the ad server ranks with a replica of the models in its own process "
+                           "and a learn-only worker learns; shows the edge's decision time beside the Kafka round trip")
     demo.set_defaults(func=_cmd_demo)
 
     exp = sub.add_parser("export", help="write a worker group's joined decisions (with their contexts) to an Avro file")

@@ -6,6 +6,13 @@ after a random delay. Once a second it prints what the worker achieves: requests
 second, the expected click-through rate of the learner's choices against the best and a random
 ad, open decisions, decision latency p50/p99 and snapshots written. At the end it writes the
 per-second figures as CSV and, when matplotlib is installed, a PNG.
+
+With ``edge`` (``streambandit demo --edge``) the ad server decides at the edge: a replica in its
+process (``stream/replica.py``) ranks each request with a copy of the models and logs the
+decision; the worker is learn-only (it joins the clicks to the logged decisions, learns, and the
+replica follows). The rows then show the edge's decision time beside the Kafka round trip of the
+same requests (a logged decision until the learner's action is read back), and the same learning
+curve.
 """
 
 from __future__ import annotations
@@ -48,6 +55,7 @@ class DemoConfig:
     epsilon: float = 0.0
     seed: int = 0
     out_dir: Path = Path("out/demo")
+    edge: bool = False
 
 
 def _models(cfg: DemoConfig) -> dict:
@@ -61,24 +69,28 @@ def _percentile(xs: list[float], q: float) -> float:
 
 
 _COLUMNS = ("time_s", "answered_per_s", "answered", "ctr_learner", "ctr_best", "ctr_random", "pending",
-            "latency_p50_ms", "latency_p99_ms", "snapshots", "joined", "dead_letters")
+            "latency_p50_ms", "latency_p99_ms", "edge_p50_us", "edge_p99_us", "snapshots", "joined", "dead_letters")
 
 
-def _row_text(r: dict) -> str:
+def _row_text(r: dict, edge: bool) -> str:
     return (f"{r['time_s']:>5.0f} {r['answered_per_s']:>7.0f} {r['answered']:>9} {r['ctr_learner']:>8.4f} "
-            f"{r['ctr_best']:>7.4f} {r['ctr_random']:>7.4f} {r['pending']:>8} {r['latency_p50_ms']:>7.1f} "
-            f"{r['latency_p99_ms']:>7.1f} {r['snapshots']:>6} {r['joined']:>9} {r['dead_letters']:>5}")
+            f"{r['ctr_best']:>7.4f} {r['ctr_random']:>7.4f} {r['pending']:>8} "
+            + (f"{r['edge_p50_us']:>7.0f} {r['edge_p99_us']:>7.0f} " if edge else "")
+            + f"{r['latency_p50_ms']:>7.1f} {r['latency_p99_ms']:>7.1f} {r['snapshots']:>6} {r['joined']:>9} "
+            f"{r['dead_letters']:>5}")
 
 
-_HEADER = ("time/s   ans/s  answered   CTR:ml    best  random  pending  p50 ms  p99 ms  snaps    joined   dlq")
+def _header(edge: bool) -> str:
+    return ("time/s   ans/s  answered   CTR:ml    best  random  pending  "
+            + ("edge p50 us  p99 us  kafka p50 ms  p99 ms" if edge else "p50 ms  p99 ms") + "  snaps    joined   dlq")
 
 
 def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> list[dict]:
     """Run the demo; returns the per-second rows (also written to ``cfg.out_dir``)."""
     topics = Topics()
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="streambandit-snapshots-") as snap_dir:
-        broker.create_topics(topics.all(), partitions=cfg.partitions)
-        out(f"embedded broker at {broker.bootstrap_servers}; topics {', '.join(topics.all())} "
+        broker.create_topics(topics.all(cfg.edge), partitions=cfg.partitions)
+        out(f"embedded broker at {broker.bootstrap_servers}; topics {', '.join(topics.all(cfg.edge))} "
             f"({cfg.partitions} partitions each)")
         rows = _run(cfg, broker.bootstrap_servers, topics, Path(snap_dir), out)
         # The Kafka clients of _run are unreachable now; destroyed before the broker stops, they
@@ -92,9 +104,10 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
     # there (docs/notes/tansu.md); 10 ms keeps the demo's latency honest. Apache Kafka answers a
     # fetch as soon as a record arrives and needs no such setting.
     fast_fetch = {"fetch.wait.max.ms": 10}
-    worker = Worker(WorkerConfig(bootstrap_servers=bootstrap, models=parse_models_config(_models(cfg)),
-                                 group_id="demo", topics=topics, snapshot_interval_s=5.0, idle_tick_ms=500,
-                                 kafka={"consumer": fast_fetch}), DirectoryStore(snap_dir))
+    config = WorkerConfig(bootstrap_servers=bootstrap, models=parse_models_config(_models(cfg)), group_id="demo",
+                          topics=topics, snapshot_interval_s=5.0, idle_tick_ms=500, kafka={"consumer": fast_fetch},
+                          learn_only=cfg.edge)
+    worker = Worker(config, DirectoryStore(snap_dir))
     failure: list[BaseException] = []
 
     def work() -> None:
@@ -112,16 +125,25 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
             worker.stop()
             raise RuntimeError(f"the worker did not start: {failure[0] if failure else 'no assignment in 60 s'}")
         time.sleep(0.1)
+    replica = None
+    if cfg.edge:
+        from streambandit.stream.replica import Replica
+
+        out("starting the edge replica (it reads the learner's snapshots and joined log) ...")
+        replica = Replica(config, DirectoryStore(snap_dir), poll_s=0.01).start(60)
     server = AdServer(bootstrap, contexts=topics.contexts, rewards=topics.rewards, actions=topics.actions,
                       partitions=cfg.partitions, traffic=AdTraffic(dim=cfg.dim, k=cfg.arms, seed=cfg.seed),
                       model_keys=[f"placement-{i}" for i in range(cfg.models)], rate_per_s=cfg.rate_per_s,
-                      click_delay_ms=cfg.click_delay_ms, seed=cfg.seed, consumer_settings=fast_fetch)
+                      click_delay_ms=cfg.click_delay_ms, seed=cfg.seed, consumer_settings=fast_fetch, replica=replica)
     out(f"{cfg.policy} on {cfg.models} placements, {cfg.arms} candidate ads of dimension {cfg.dim} per request, "
         f"{cfg.rate_per_s:.0f} requests/s offered, clicks after ~{cfg.click_delay_ms:.0f} ms, reward window "
         f"{cfg.reward_window_ms} ms; Ctrl-C stops")
     out("CTR: expected click-through rate of the chosen ad, averaged over the last "
         f"{_SMOOTH_S} s; best and random: of the same requests")
-    out(_HEADER)
+    if cfg.edge:
+        out("edge: the replica's rank call in this process (microseconds); kafka: the same request's logged decision "
+            "until the learner's action is read back (the round trip it did not wait for)")
+    out(_header(cfg.edge))
     rows: list[dict] = []
     s = server.stats
     history: collections.deque = collections.deque([(0, 0.0, 0.0, 0.0)], maxlen=_SMOOTH_S + 1)
@@ -140,21 +162,25 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
             n0, l0, b0, r0 = history[0]
             n = max(s.answered - n0, 1)
             lat = server.take_latencies()
+            edge = server.take_edge_latencies()
             m = worker.metrics
             row = {"time_s": round(now - started, 1), "answered_per_s": s.answered - history[-2][0],
                    "answered": s.answered, "ctr_learner": (s.ctr_learner - l0) / n,
                    "ctr_best": (s.ctr_best - b0) / n, "ctr_random": (s.ctr_random - r0) / n,
                    "pending": m["pending"], "latency_p50_ms": _percentile(lat, 50),
-                   "latency_p99_ms": _percentile(lat, 99), "snapshots": m["snapshots"], "joined": m["joined"],
+                   "latency_p99_ms": _percentile(lat, 99), "edge_p50_us": _percentile(edge, 50),
+                   "edge_p99_us": _percentile(edge, 99), "snapshots": m["snapshots"], "joined": m["joined"],
                    "dead_letters": sum(v for k, v in m.items() if k.startswith("dead_letter."))}
             rows.append(row)
-            out(_row_text(row))
+            out(_row_text(row, cfg.edge))
     except KeyboardInterrupt:
         out("stopping (Ctrl-C) ...")
     finally:
         worker.stop()
         thread.join(60)
         server.close()
+        if replica is not None:
+            replica.close()
     _summary(cfg, rows, server, worker, out)
     return rows
 
@@ -197,9 +223,15 @@ def _plot(rows: list[dict], path: Path, cfg: DemoConfig) -> bool:
         ax1.plot(t, [r[key] for r in rows], style, label=label)
     ax1.set_ylabel(f"expected CTR (last {_SMOOTH_S} s)")
     ax1.legend(loc="lower right")
-    ax1.set_title(f"streambandit demo: {cfg.rate_per_s:.0f} requests/s, {cfg.arms} ads, d = {cfg.dim}")
-    ax2.plot(t, [r["latency_p50_ms"] for r in rows], label="p50")
-    ax2.plot(t, [r["latency_p99_ms"] for r in rows], label="p99")
+    ax1.set_title(f"streambandit demo{' --edge' if cfg.edge else ''}: {cfg.rate_per_s:.0f} requests/s, {cfg.arms} ads, "
+                  f"d = {cfg.dim}")
+    kafka = "Kafka round trip " if cfg.edge else ""
+    ax2.plot(t, [r["latency_p50_ms"] for r in rows], label=f"{kafka}p50")
+    ax2.plot(t, [r["latency_p99_ms"] for r in rows], label=f"{kafka}p99")
+    if cfg.edge:  # three orders of magnitude apart: a log scale shows both
+        ax2.plot(t, [r["edge_p50_us"] / 1e3 for r in rows], label="edge p50")
+        ax2.plot(t, [r["edge_p99_us"] / 1e3 for r in rows], label="edge p99")
+        ax2.set_yscale("log")
     ax2.set_ylabel("decision latency (ms)")
     ax2.set_xlabel("time (s)")
     ax2.legend(loc="upper right")
