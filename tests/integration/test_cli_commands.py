@@ -16,9 +16,11 @@ pytestmark = pytest.mark.integration
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
-def test_demo_runs_learns_and_writes_its_figures(tmp_path):
+@pytest.mark.parametrize("edge", [False, True], ids=["kafka", "edge"])
+def test_demo_runs_learns_and_writes_its_figures(tmp_path, edge):
     out = subprocess.run([sys.executable, "-m", "streambandit", "demo", "--duration", "15", "--rate", "300",
-                          "--out", str(tmp_path)], capture_output=True, text=True, timeout=180, env=ENV)
+                          "--out", str(tmp_path), *(["--edge"] if edge else [])], capture_output=True, text=True,
+                         timeout=180, env=ENV)
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert any(line.startswith("time/s") for line in lines)
@@ -34,6 +36,10 @@ def test_demo_runs_learns_and_writes_its_figures(tmp_path):
     assert float(last["latency_p50_ms"]) > 0 and int(last["snapshots"]) > 0 and int(last["joined"]) > 0
     assert (tmp_path / "demo.png").stat().st_size > 10_000
     assert "Traceback" not in out.stderr
+    if edge:  # decided in process, a thousandth of the Kafka round trip the same requests' actions took
+        assert 0 < float(last["edge_p50_us"]) / 1e3 < float(last["latency_p50_ms"])
+    else:
+        assert last["edge_p50_us"] == "nan"
 
 
 def test_broker_command_serves_until_interrupted():
