@@ -129,12 +129,7 @@ class Decider:
                                             "comes before its decision)")
             model_key = pending.action.model_key
         check_id("model key", model_key)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
-        if not math.isfinite(value):
-            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not finite")
+        value = check_reward(value)
         ref = self._ref(_REWARD)
         self._emit(self.engine.on_reward(Reward(event_id, model_key, ts, value), ref), ref)
 
@@ -171,11 +166,7 @@ class Decider:
     # -- internals -----------------------------------------------------------------------------
 
     def _now(self, timestamp_ms: int | None) -> int:
-        if timestamp_ms is None:
-            return int(self._clock())
-        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)) or timestamp_ms < 0:
-            raise DecisionError("bad_timestamp", f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
-        return int(timestamp_ms)
+        return event_time(timestamp_ms, self._clock)
 
     def _ref(self, source: int) -> InputRef:
         """This call's position, as an input record's: the engine names it in what it refuses.
@@ -203,6 +194,26 @@ def _config(models: ModelsConfig | Mapping[str, Any] | str | Path) -> ModelsConf
     if isinstance(models, Mapping):
         return parse_models_config(dict(models))
     return load_models_config(models)
+
+
+def check_reward(value: Any) -> float:
+    """A reward value as a float, or the refusal of a value that is not a finite number."""
+    try:
+        value = float(value)
+    except (TypeError, ValueError):
+        raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
+    if not math.isfinite(value):
+        raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not finite")
+    return value
+
+
+def event_time(timestamp_ms: Any, clock: Callable[[], int]) -> int:
+    """A call's event time: ``timestamp_ms``, or the clock's when it is None."""
+    if timestamp_ms is None:
+        return int(clock())
+    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)) or timestamp_ms < 0:
+        raise DecisionError("bad_timestamp", f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
+    return int(timestamp_ms)
 
 
 def check_id(what: str, value: Any) -> None:

@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -45,7 +44,7 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streambandit import reasons
-from streambandit.decider import DecisionError, Ranking, check_arms, check_id
+from streambandit.decider import DecisionError, Ranking, check_arms, check_id, check_reward, event_time
 from streambandit.decision import decide
 from streambandit.policies.base import Policy
 from streambandit.stream.engine import PartitionEngine
@@ -138,7 +137,7 @@ class Replica:
         arm_ids, x = check_arms(arms, features)
         check_id("event id", event_id)
         check_id("model key", model_key)
-        ts = self._now(timestamp_ms)
+        ts = event_time(timestamp_ms, self._clock)
         spec = self.config.resolve(model_key)
         if spec is None:
             raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
@@ -186,7 +185,7 @@ class Replica:
         """Log a reward for the learners. ``model_key`` may be left out for a decision this
         replica made recently; the learners judge the rest (late, duplicate, unknown)."""
         check_id("event id", event_id)
-        ts = self._now(timestamp_ms)
+        ts = event_time(timestamp_ms, self._clock)
         if model_key is None:
             with self._lock:
                 model_key = self._recent.get(event_id)
@@ -194,12 +193,7 @@ class Replica:
                 raise DecisionError(reasons.UNKNOWN_EVENT, f"this replica made no recent decision {event_id!r}: give "
                                                            "its model key")
         check_id("model key", model_key)
-        try:
-            value = float(value)
-        except (TypeError, ValueError):
-            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
-        if not math.isfinite(value):
-            raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not finite")
+        value = check_reward(value)
         if self.config.resolve(model_key) is None:
             raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
         self._produce(self.worker_config.topics.rewards, model_key, encode(Reward(event_id, model_key, ts, value)))
@@ -308,13 +302,6 @@ class Replica:
             self._producer.poll(1.0)  # the local queue is full: let librdkafka send, then retry once
             self._producer.produce(topic, value, key.encode())
         self._producer.poll(0)
-
-    def _now(self, timestamp_ms: int | None) -> int:
-        if timestamp_ms is None:
-            return int(self._clock())
-        if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, int) or timestamp_ms < 0:
-            raise DecisionError("bad_timestamp", f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
-        return timestamp_ms
 
 
 def _decoded(value: bytes) -> Any:
