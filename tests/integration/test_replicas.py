@@ -4,7 +4,8 @@ learns, and the replicas follow what it learns.
 - every decision a replica logged is joined once;
 - the learner's models equal, to the bit, an engine fed the same log (the decisions and rewards
   topics) in the canonical merge order, and so do the replicas' copies once they caught up;
-- a replica restarted mid-stream serves no model older than the last one it served;
+- a replica restarted mid-stream serves no model older than the last one it served, and a learner
+  restarted mid-stream continues exactly;
 - an export of the learner's log, replayed, reproduces the replicas' decisions.
 """
 
@@ -88,8 +89,15 @@ def test_two_replicas_and_a_learn_only_worker(broker, learn_topics, tmp_path):
     theta = rng.standard_normal(D)
     base = time.time_ns() // 1_000_000
     ranked, served = {}, {}
+    joined_before = 0  # joined by the learners stopped before the current one
     try:
         for i in range(N):
+            if i == N // 3:  # the learner stops and a new one takes over from its snapshots and logs
+                w.stop()
+                t.join(30)
+                joined_before = w.metrics["joined"]
+                w, t = start_worker(broker, topics, snaps, group, MODELS, learn_only=True, idle_tick_ms=10**9,
+                                    snapshot_every_updates=40, merge_wait_ms=200)
             if i == N // 2:  # replica 1 restarts: what it serves next is no older than what it served
                 replicas[1].close()
                 before = {k: served.get((1, k), 0) for k in KEYS}
@@ -108,13 +116,13 @@ def test_two_replicas_and_a_learn_only_worker(broker, learn_topics, tmp_path):
             for rep in replicas:  # each record at the broker before the next is made: the live merge order is the log's
                 assert rep.flush() == 0
             if i % 40 == 39:  # the learner's updates reach the replicas while the stream goes on
-                assert wait_for(lambda: w.metrics["joined"] >= (3 * (i + 1)) // 4 - 3, timeout_s=30)
+                assert wait_for(lambda: w.metrics["joined"] + joined_before >= (3 * (i + 1)) // 4 - 3, timeout_s=30)
         # Decisions far ahead in event time close every window of the stream (with the default
         # reward where none came); they stay open themselves.
         for k, key in enumerate(KEYS):
             replicas[0].rank(f"closer-{key}", key, ["a"], np.zeros((1, D)), timestamp_ms=base + 10 * N + 2 * WINDOW + k)
         replicas[0].flush()
-        assert wait_for(lambda: w.metrics["joined"] >= N, timeout_s=60), w.metrics["joined"]
+        assert wait_for(lambda: w.metrics["joined"] + joined_before >= N, timeout_s=60), w.metrics["joined"]
     finally:
         w.stop()
         t.join(30)
