@@ -5,8 +5,9 @@
 
 The server is ``streambandit api`` as a subprocess (one core: one event loop), d = 20, K = 10,
 ``oful`` with epsilon 0.1 on 4 model keys. The load generator is open-loop (aiohttp's client, in
-this process): request i is due at i / rate seconds and its latency is counted from that moment
-to the response, so a server that falls behind shows it as latency rather than as a slower offer.
+this process, its garbage collector off while it offers load): request i is due at i / rate
+seconds and its latency is counted from that moment to the response, so a server that falls
+behind shows it as latency rather than as a slower offer.
 Every request is a Rank; one in three is followed by its Reward (not timed). 2 s of warm-up are
 not counted. The Kafka round trip is ``bench.e2e``'s: a context produced to a ``streambandit serve``
 worker on the embedded broker until its action is read back (read_committed), at 1,000 contexts/s
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import os
 import socket
 import subprocess
@@ -50,6 +52,18 @@ def _free_port() -> int:
 
 
 async def _offer(url: str, rate: float, seconds: float, warm_s: float = 2.0) -> dict:
+    """The open-loop load. The generator's own garbage collector is off while it runs: its
+    collections over the thousands of request tasks it holds stalled its event loop for tens of
+    milliseconds, and each stall was counted as the server's latency of every request due then."""
+    gc.collect()
+    gc.disable()
+    try:
+        return await _offer_load(url, rate, seconds, warm_s)
+    finally:
+        gc.enable()
+
+
+async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> dict:
     import aiohttp
 
     rng = np.random.default_rng(int(rate))
