@@ -1,6 +1,6 @@
 """`streambandit api` over HTTP on loopback at offered loads, against the Kafka round trip in the same run.
 
-    python -m bench.api_http            # 1,000 and 5,000 requests/s, 10 s each, and the Kafka round trip (~1.5 min)
+    python -m bench.api_http            # 1,000 and 5,000 requests/s and the Kafka round trip, 3 runs of 10 s each (~3 min)
     python -m bench.api_http --quick    # 2 s each, prints only
 
 The server is ``streambandit api`` as a subprocess (one core: one event loop), d = 20, K = 10,
@@ -35,6 +35,7 @@ from bench.e2e import LATENCY_DEFAULTS, latency_run
 D, K, KEYS = 20, 10, 4
 RATES = (1_000, 5_000)
 TARGET_P99_MS = 5.0
+RUNS = 3
 MODELS = f"""[[models]]
 match = "ads-*"
 policy = "oful"
@@ -125,23 +126,29 @@ def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    seconds = 2.0 if args.quick else 10.0
-    res: dict = {"d": D, "K": K, "keys": KEYS, "seconds": seconds, "http": [], "kafka": None}
+    seconds, runs = (2.0, 1) if args.quick else (10.0, RUNS)
+    res: dict = {"d": D, "K": K, "keys": KEYS, "seconds": seconds, "runs": runs, "http": [], "kafka": None}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for rate in RATES:
-            proc, url = _server(work)  # a fresh server per load: no state carried over
-            try:
-                row = asyncio.run(_offer(url, rate, seconds))
-            finally:
-                proc.terminate()
-                proc.wait(30)
-            res["http"].append(row)
-            print(f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in row.items()), flush=True)
+            rows = []
+            for _ in range(runs):
+                proc, url = _server(work)  # a fresh server per run: no state carried over
+                try:
+                    rows.append(asyncio.run(_offer(url, rate, seconds)))
+                finally:
+                    proc.terminate()
+                    proc.wait(30)
+                print(f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in rows[-1].items()), flush=True)
+            # The median run of each figure (the runs themselves are in the JSON).
+            res["http"].append({k: harness.median([r[k] for r in rows]) for k in rows[0]} | {"each": rows})
         from streambandit.stream.broker import EmbeddedBroker
 
         with EmbeddedBroker() as broker:
-            res["kafka"] = latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS)
+            kafka = [latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS) for _ in range(runs)]
+        res["kafka"] = {k: harness.median([r[k] for r in kafka]) for k in ("offered_per_s", "answered_per_s", "p50_ms",
+                                                                          "p99_ms", "p999_ms", "unanswered")}
+        res["kafka"]["each"] = kafka
         print(f"kafka 1000/s: p50 {res['kafka']['p50_ms']:.1f} ms, p99 {res['kafka']['p99_ms']:.1f} ms", flush=True)
     return res
 
@@ -166,7 +173,8 @@ def render(res: dict) -> str:
         "",
         harness.provenance(res, "BLAS pinned to one thread."),
         "",
-        f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; {res['seconds']:g} s "
+        f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; medians of "
+        f"{res.get('runs', 1)} runs per path and load, each {res['seconds']:g} s "
         "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, latency from each request's "
         "due time to its response, a Reward after one Rank in three (not timed). Kafka: a context produced until its "
         "action is read back (read_committed), `bench.e2e`'s load generator and the worker's latency defaults.",
