@@ -56,7 +56,7 @@ log = logging.getLogger("streambandit")
 STATUS_OF = collections.defaultdict(lambda: 400, {
     reasons.UNKNOWN_EVENT: 404,
     reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
-    "not_ready": 503,  # stream/replica.py NOT_READY (this module does not import the Kafka client)
+    "not_ready": 503, "stale_replica": 503,  # stream/replica.py (this module does not import the Kafka client)
 })
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
@@ -99,6 +99,8 @@ class _Metrics:
             yield CounterMetricFamily("streambandit_api_replica_loads", "Partitions loaded from a snapshot and the "
                                       "log (at start, and when the log did not continue the copy)",
                                       value=counters["loads"])
+            yield GaugeMetricFamily("streambandit_api_replica_staleness_seconds", "How far behind the learners the "
+                                    "replica's models may be", value=self.decider.staleness_s())
 
 
 def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
@@ -184,9 +186,9 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
         return web.Response(text="ok\n")
 
     async def ready(request: web.Request) -> web.Response:
-        flag = getattr(decider, "ready", None)  # a replica is ready once it has read the learners' log
-        if flag is not None and not flag.is_set():
-            return web.Response(status=503, text="not ready: reading the learners' log\n")
+        is_ready = getattr(decider, "is_ready", None)  # a replica: caught up, and not stale
+        if is_ready is not None and not is_ready():
+            return web.Response(status=503, text="not ready: reading the learners' log, or too far behind it\n")
         return web.Response(text="ok\n")
 
     app = web.Application(client_max_size=max_body_bytes)

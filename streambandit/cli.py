@@ -204,7 +204,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
             raise ValueError(f"{args.replica_of}: [worker] learn_only is not true: a replica follows a learn-only group "
                              "(its workers would decide again what the replicas decided)")
         replica = Replica(config, _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir),
-                          max_models=args.max_models)
+                          max_models=args.max_models, max_staleness_s=args.max_staleness)
         serve_replica(replica, host=args.host, port=args.port, model_key=args.model_key)
         return 0
     if args.snapshot_topic or args.snapshot_dir:
@@ -681,6 +681,9 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "file's")
     api.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
                      help="with --replica-of: the brokers, if not the file's")
+    api.add_argument("--max-staleness", type=float, default=None, metavar="SECONDS",
+                     help="with --replica-of: refuse to rank (503 stale_replica, /ready 503) while the replica may be "
+                          "more than this far behind the learners' log (default: no bound)")
     api.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
     api.add_argument("--port", type=int, default=8080, help="the port (default 8080)")
     api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")

@@ -20,6 +20,11 @@ sequence: recovery, export and replay read it as they read a deciding worker's.
   transaction's records, as the embedded one does, docs/notes/tansu.md) makes the replica read
   the partition again from its snapshot and the committed log, while it keeps serving the copy it
   has.
+- **Staleness.** Every second (or a quarter of ``max_staleness_s``) the follower checks whether
+  it has read everything the log held at its previous check (``stream/staleness.py``); the time
+  since it last had is how far the copy may be behind the learners (``staleness_s``). Past
+  ``max_staleness_s`` (None: no bound) the replica refuses to decide (``stale_replica``) and is
+  not ready: a replica cut off from the broker does not serve an ever older model for good.
 - **Freshness.** A reward reaches a replica's model after the learner's batch that joins it
   commits (its poll and commit, ``batch_max_records``) and this replica's next fetch
   (``fetch.wait.max.ms`` of ``[kafka.consumer]``): ``python -m bench.freshness`` measures it.
@@ -52,14 +57,16 @@ from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.snapshots import SnapshotStore, load_latest
+from streambandit.stream.staleness import Staleness
 from streambandit.stream.worker_config import WorkerConfig
 from streambandit.wire import DecodeError, Joined, ReplicaDecision, Reward, decode, encode
 
-__all__ = ["Replica", "NOT_READY"]
+__all__ = ["Replica", "NOT_READY", "STALE_REPLICA"]
 
 log = logging.getLogger("streambandit")
 
 NOT_READY = "not_ready"  # a rank before the replica has read the learners' log to where it stood at start
+STALE_REPLICA = "stale_replica"  # a rank while the copy may be more than max_staleness_s behind the learners
 
 
 class Replica:
@@ -71,13 +78,19 @@ class Replica:
 
     def __init__(self, config: WorkerConfig, store: SnapshotStore | None = None, *, max_models: int | None = None,
                  max_recent: int = 100_000, clock: Callable[[], int] | None = None,
-                 on_update: Callable[[Joined], None] | None = None, poll_s: float = 0.05) -> None:
+                 on_update: Callable[[Joined], None] | None = None, poll_s: float = 0.05,
+                 max_staleness_s: float | None = None) -> None:
+        if max_staleness_s is not None and not max_staleness_s > 0:
+            raise ValueError(f"max_staleness_s must be > 0 (None: no bound), got {max_staleness_s!r}")
         self.worker_config = config
         self.config = config.models  # what Decider.config is: the API reads specs from it
         self.store = store.scoped(config.group_id) if store is not None else None
         self.max_models, self.max_recent = max_models, max_recent
         self.models: dict[str, Policy] = {}
         self.on_update, self.poll_s = on_update, poll_s
+        self.max_staleness_s = max_staleness_s
+        self._check_s = min(1.0, max_staleness_s / 4) if max_staleness_s is not None else 1.0
+        self._staleness = Staleness(time.monotonic())
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
         self._lock = threading.Lock()  # models and the keys per partition: the follower writes, rank reads
         self._keys: dict[int, set[str]] = collections.defaultdict(set)  # partition -> its model keys
@@ -95,6 +108,7 @@ class Replica:
         # wrote): read with their group id, never joining the group (assign and committed only).
         self._group = Consumer(reader_settings(config.bootstrap_servers, kafka) | {"group.id": config.group_id})
         self._reader = LogReader(reader_settings(config.bootstrap_servers, kafka), open_timeout_s=60.0)
+        self._starts: dict[int, int] = {}  # partition -> the offset its following started from
         self._thread = threading.Thread(target=self._run, name="replica-follower", daemon=True)
 
     # -- life ----------------------------------------------------------------------------------
@@ -134,6 +148,9 @@ class Replica:
         the decisions topic for the learners."""
         if not self.ready.is_set():
             raise DecisionError(NOT_READY, "the replica is still reading the learners' log")
+        if self.max_staleness_s is not None and (behind := self.staleness_s()) > self.max_staleness_s:
+            raise DecisionError(STALE_REPLICA, f"the copy may be {behind:.1f} s behind the learners, more than "
+                                               f"max_staleness_s = {self.max_staleness_s:g}")
         arm_ids, x = check_arms(arms, features)
         check_id("event id", event_id)
         check_id("model key", model_key)
@@ -199,6 +216,15 @@ class Replica:
         self._produce(self.worker_config.topics.rewards, model_key, encode(Reward(event_id, model_key, ts, value)))
         self.counters["rewards"] += 1
 
+    def staleness_s(self) -> float:
+        """How far behind the learners the copy may be: the time since it last held everything
+        the joined log held (stream/staleness.py)."""
+        return self._staleness.behind_s(time.monotonic())
+
+    def is_ready(self) -> bool:
+        """Whether the replica decides now: caught up at start, and within ``max_staleness_s``."""
+        return self.ready.is_set() and (self.max_staleness_s is None or self.staleness_s() <= self.max_staleness_s)
+
     def version(self, model_key: str) -> int:
         """The copy's model version (its updates applied), 0 for a model not seen yet."""
         with self._lock:
@@ -213,14 +239,19 @@ class Replica:
             md = self._follow.list_topics(joined, timeout=30)
             if joined not in md.topics or md.topics[joined].error is not None:
                 raise RuntimeError(f"topic {joined!r} does not exist")
-            positions = {p: self._load(p) for p in sorted(md.topics[joined].partitions)}
-            self._follow.assign([TopicPartition(joined, p, off) for p, off in positions.items()])
+            self._starts = {p: self._load(p) for p in sorted(md.topics[joined].partitions)}
+            self._follow.assign([TopicPartition(joined, p, off) for p, off in self._starts.items()])
+            self._staleness = Staleness(time.monotonic())
             self.ready.set()
-            log.info("replica ready partitions=%d models=%d", len(positions), len(self.models))
+            log.info("replica ready partitions=%d models=%d", len(self._starts), len(self.models))
+            next_check = time.monotonic()
             while not self._stop.is_set():
                 msgs = self._follow.consume(1000, self.poll_s)
                 if msgs:
                     self._apply(msgs)
+                if time.monotonic() >= next_check:
+                    self._check_staleness()
+                    next_check = time.monotonic() + self._check_s
         except BaseException as exc:  # the caller of start() sees it; rank keeps the copy it has
             self._error = exc
             log.exception("replica follower stopped: %s", exc)
@@ -287,7 +318,26 @@ class Replica:
         for p in diverged:
             self.counters["reloads"] += 1
             log.warning("replica joined[%d] does not continue the copy; reading the partition again", p)
-            self._follow.seek(TopicPartition(self.worker_config.topics.joined, p, self._load(p)))
+            self._starts[p] = self._load(p)
+            self._follow.seek(TopicPartition(self.worker_config.topics.joined, p, self._starts[p]))
+
+    def _check_staleness(self) -> None:
+        """Where the follower stands and where the log ends now (stream/staleness.py)."""
+        joined = self.worker_config.topics.joined
+        tps = [TopicPartition(joined, p) for p in self._starts]
+        # position() is the offset after the last record read (past transaction markers), or
+        # negative while none has been read since the assignment.
+        positions = {tp.partition: tp.offset if tp.offset >= 0 else self._starts[tp.partition]
+                     for tp in self._follow.position(tps)}
+        # Asked on another client: the follower's connection is held by its fetch, which a broker
+        # may keep for all of fetch.wait.max.ms (docs/notes/tansu.md), and the query would wait.
+        query = self._reader.committed
+        try:
+            ends = {tp.partition: int(query.get_watermark_offsets(tp, timeout=1.0, cached=False)[1]) for tp in tps}
+        except Exception as exc:  # the broker did not answer: no new ends, the staleness grows
+            log.debug("replica staleness check: %s", exc)
+            ends = None
+        self._staleness.check(time.monotonic(), positions, ends)
 
     def _spec(self, model_key: str) -> Any:
         spec = self.config.resolve(model_key)

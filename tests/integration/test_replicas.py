@@ -57,7 +57,7 @@ def learn_topics(broker):
 def _replica(broker, topics, snaps, group):
     cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
                        topics=topics, learn_only=True)
-    return Replica(cfg, DirectoryStore(snaps), poll_s=0.02).start(60)
+    return Replica(cfg, DirectoryStore(snaps), poll_s=0.02, max_staleness_s=30.0).start(60)
 
 
 def _oracle(broker, topics) -> dict:
@@ -150,6 +150,7 @@ def test_two_replicas_and_a_learn_only_worker(broker, learn_topics, tmp_path):
             for key in KEYS:
                 assert same_state(rep.models[key].state_dict(), oracle[key]), key
             assert rep.counters["reloads"] == 0
+            assert rep.staleness_s() < 5.0 and rep.is_ready()  # it confirms it holds the log, second by second
         assert replicas[1].counters["loads"] == 2  # the restarted one read both partitions
         assert replicas[1].counters["loads_from_snapshot"] >= 1  # and started from the learner's snapshots
 
@@ -258,3 +259,32 @@ def test_streambandit_api_replica_of_a_learn_only_group_over_http(broker, learn_
             except subprocess.TimeoutExpired:
                 proc.kill()
     assert api.returncode is not None
+
+
+def test_a_replica_cut_off_from_its_broker_stops_deciding_once_stale(tmp_path):
+    """Its own broker, stopped under it: the replica cannot confirm it holds the log any more,
+    and past max_staleness_s it refuses to rank and is not ready, rather than serve an ever older
+    model."""
+    from streambandit.decider import DecisionError
+    from streambandit.stream.broker import EmbeddedBroker
+
+    own = EmbeddedBroker()
+    own.__enter__()
+    try:
+        topics = Topics(decisions="dec", rewards="rew", joined="joi")
+        own.create_topics(["dec", "rew", "joi"], partitions=2)
+        cfg = WorkerConfig(bootstrap_servers=own.bootstrap_servers, models=parse_models_config(MODELS), topics=topics,
+                           learn_only=True)
+        rep = Replica(cfg, max_staleness_s=1.0).start(60)
+        rep.rank("e1", "ads-0", ["a", "b"], np.eye(2, D))
+        assert rep.flush() == 0
+        assert wait_for(lambda: rep.staleness_s() < 0.6, timeout_s=10) and rep.is_ready()
+    finally:
+        own.__exit__(None, None, None)
+    try:
+        assert wait_for(lambda: not rep.is_ready(), timeout_s=20)
+        with pytest.raises(DecisionError) as err:
+            rep.rank("e2", "ads-0", ["a", "b"], np.eye(2, D))
+        assert err.value.reason == "stale_replica" and rep.staleness_s() > 1.0
+    finally:
+        rep.close()
