@@ -146,8 +146,9 @@ class Replica:
              features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
         """As :meth:`Decider.rank`, with the replica's copy of the model; the decision is logged on
         the decisions topic for the learners."""
-        if not self.ready.is_set():
-            raise DecisionError(NOT_READY, "the replica is still reading the learners' log")
+        if not self.ready.is_set() or self._error is not None:
+            raise DecisionError(NOT_READY, "the replica is still reading the learners' log" if self._error is None
+                                else f"the replica stopped following the learners' log: {self._error}")
         if self.max_staleness_s is not None and (behind := self.staleness_s()) > self.max_staleness_s:
             raise DecisionError(STALE_REPLICA, f"the copy may be {behind:.1f} s behind the learners, more than "
                                                f"max_staleness_s = {self.max_staleness_s:g}")
@@ -223,7 +224,8 @@ class Replica:
 
     def is_ready(self) -> bool:
         """Whether the replica decides now: caught up at start, and within ``max_staleness_s``."""
-        return self.ready.is_set() and (self.max_staleness_s is None or self.staleness_s() <= self.max_staleness_s)
+        return self.ready.is_set() and self._error is None and (
+            self.max_staleness_s is None or self.staleness_s() <= self.max_staleness_s)
 
     def version(self, model_key: str) -> int:
         """The copy's model version (its updates applied), 0 for a model not seen yet."""
@@ -309,7 +311,11 @@ class Replica:
                 if model is None or model.n_updates != j.model_version_before:
                     diverged.add(p)
                     continue
-                model.update(j.features, j.reward)
+                try:
+                    model.update(j.features, j.reward)
+                except ValueError:  # the learner applied it; a copy that refuses it is not the learner's
+                    diverged.add(p)
+                    continue
                 applied.append(j)
         self.counters["applied"] += len(applied)
         if self.on_update is not None:

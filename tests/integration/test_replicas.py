@@ -288,3 +288,27 @@ def test_a_replica_cut_off_from_its_broker_stops_deciding_once_stale(tmp_path):
         assert err.value.reason == "stale_replica" and rep.staleness_s() > 1.0
     finally:
         rep.close()
+
+
+def test_a_joined_log_that_does_not_fit_stops_the_replica_loudly(broker, learn_topics, tmp_path):
+    """A record on joined that no learner wrote (here: an update to version 5 of a model that has
+    none): the replica reads the partition again, finds the log does not fit, and stops deciding
+    with the reason, rather than serve a copy that is not the learners'."""
+    from streambandit.decider import DecisionError
+    from streambandit.wire import Joined, encode
+
+    from .helpers import producer
+
+    rep = _replica(broker, learn_topics, tmp_path / "snaps", "g-forged")
+    try:
+        rep.rank("e1", "ads-0", ["a", "b"], np.eye(2, D))
+        prod = producer(broker)
+        prod.produce(learn_topics.joined, key=b"ads-0",
+                     value=encode(Joined("x", "ads-0", np.ones(D), 1.0, True, 0.5, 1, 2, 5)))
+        prod.flush()
+        assert wait_for(lambda: not rep.is_ready(), timeout_s=30)
+        with pytest.raises(DecisionError) as err:
+            rep.rank("e2", "ads-0", ["a", "b"], np.eye(2, D))
+        assert err.value.reason == "not_ready" and "applied to version 5" in err.value.detail
+    finally:
+        rep.close()
