@@ -53,6 +53,7 @@ from streambandit.decider import DecisionError, Ranking, check_arms, check_id, c
 from streambandit.decision import decide
 from streambandit.policies.base import Policy
 from streambandit.stream.engine import PartitionEngine
+from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.merge import CONTEXTS, REWARDS
@@ -103,14 +104,16 @@ class Replica:
         self._stop = threading.Event()
         self._error: BaseException | None = None
         kafka = config.kafka
+        quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
         self._producer = Producer({"bootstrap.servers": config.bootstrap_servers, "linger.ms": 1,
                                    **for_client("producer", kafka), "partitioner": "murmur2_random",
-                                   "enable.idempotence": True, "acks": "all"})
-        self._follow = Consumer(reader_settings(config.bootstrap_servers, kafka) | {"enable.partition.eof": False})
+                                   "enable.idempotence": True, "acks": "all"} | quiet)
+        reader = reader_settings(config.bootstrap_servers, kafka) | quiet
+        self._follow = Consumer(reader | {"enable.partition.eof": False})
         # The learners' committed input offsets (which joined records committed transactions
         # wrote): read with their group id, never joining the group (assign and committed only).
-        self._group = Consumer(reader_settings(config.bootstrap_servers, kafka) | {"group.id": config.group_id})
-        self._reader = LogReader(reader_settings(config.bootstrap_servers, kafka), open_timeout_s=60.0)
+        self._group = Consumer(reader | {"group.id": config.group_id})
+        self._reader = LogReader(reader, open_timeout_s=60.0)
         self._starts: dict[int, int] = {}  # partition -> the offset its following started from
         self._thread = threading.Thread(target=self._run, name="replica-follower", daemon=True)
 
