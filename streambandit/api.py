@@ -1,7 +1,7 @@
 """``streambandit api``: the Decider over HTTP (aiohttp), shaped like Personalizer's Rank and Reward.
 
-    POST /rank                      {"eventId", "actions": [{"id", "features": [d numbers]}],
-                                     "modelKey"?, "timestampMs"?}
+    POST /rank                      {"eventId", "actions": [{"id", "features"}], "contextFeatures"?,
+                                     "excludedActions"?, "modelKey"?, "timestampMs"?}
                                  -> {"eventId", "rewardActionId", "ranking": [{"id", "probability"}],
                                      "modelKey", "modelVersion", "scores": {id: score}}
     POST /events/{eventId}/reward   {"value": number, "timestampMs"?}  -> 204
@@ -9,14 +9,17 @@
     GET  /metrics                   Prometheus text format
     GET  /healthz, /ready           200 while serving
 
-A Personalizer client maps one to one: the paths and the fields ``eventId``, ``actions[].id``,
+A Personalizer client's requests map one to one: the paths and the fields ``eventId``,
+``contextFeatures``, ``actions[].id``, ``actions[].features``, ``excludedActions``,
 ``ranking[].probability``, ``rewardActionId`` and the reward's ``value`` are Personalizer's;
 ``ranking`` lists every action with the probability the decision rule gave it, the chosen one
-first. Two differences (docs/api.md): an action's ``features`` is one list of numbers, the
-model's dimension (Personalizer's feature objects must be turned into numbers by the client), and
-the model is named by ``modelKey`` (a Personalizer resource has one loop; the server's
-``--model-key`` is the default). ``contextFeatures``, ``excludedActions`` and ``deferActivation``
-are refused with a 400 rather than silently dropped.
+first, the excluded ones last with 0. An action's ``features`` is either the model's ``dim``
+numbers, or Personalizer's feature objects (a list of objects, with ``contextFeatures`` the
+same): these are hashed into the model's dimension exactly as the DSJSON reader hashes a logged
+event (``replay/dsjson.py``, ``rank_request_vectors``), so a model chosen by replaying a team's
+Personalizer logs decides live on the vectors it was evaluated on. The model is named by
+``modelKey`` (a Personalizer resource has one loop; the server's ``--model-key`` is the default).
+``deferActivation: true`` is refused with a 400 rather than silently ignored.
 
 Every refusal is a 4xx with ``{"error": {"code", "message"}}``: 400 for a malformed request (the
 code is the worker's reason: ``malformed``, ``bad_dimension``, ``non_finite_features``, ...), 404
@@ -39,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from aiohttp import web
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -60,7 +64,6 @@ STATUS_OF = collections.defaultdict(lambda: 400, {
 })
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
-_PERSONALIZER_ONLY = ("contextFeatures", "excludedActions", "deferActivation")
 
 
 class _Refused(Exception):
@@ -137,10 +140,9 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
 
     async def rank(request: web.Request) -> web.Response:
         doc = await body(request)
-        for field in _PERSONALIZER_ONLY:
-            if doc.get(field):
-                raise _Refused(400, reasons.MALFORMED, f"{field!r} is not supported: give each action's features "
-                                                       "as numbers (docs/api.md)")
+        if doc.get("deferActivation"):
+            raise _Refused(400, reasons.MALFORMED, "'deferActivation' is not supported: every decision is active "
+                                                   "(docs/api.md)")
         event_id = doc.get("eventId")
         key = doc.get("modelKey", model_key)
         if key is None:
@@ -148,11 +150,21 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
         actions = doc.get("actions")
         if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
             raise _Refused(400, reasons.MALFORMED, "actions must be a list of {id, features}")
-        ids = [a.get("id") for a in actions]
-        feats = [a.get("features") for a in actions]
-        if not all(isinstance(f, list) for f in feats):
-            raise _Refused(400, reasons.MALFORMED, "each action's features must be a list of numbers")
-        if len({len(f) for f in feats}) > 1:
+        excluded = doc.get("excludedActions") or []
+        if not isinstance(excluded, list) or not all(isinstance(e, str) for e in excluded):
+            raise _Refused(400, reasons.MALFORMED, "excludedActions must be a list of action ids")
+        excluded_set = set(excluded)
+        kept = [a for a in actions if a.get("id") not in excluded_set]
+        ids = [a.get("id") for a in kept]
+        feats = [a.get("features") for a in kept]
+        if not kept:
+            raise _Refused(400, reasons.EMPTY_ARMS, "no action left to choose from")
+        if "contextFeatures" in doc or any(_feature_objects(f) for f in feats):
+            feats = _hashed(doc.get("contextFeatures"), feats, decider.config.resolve(key) if isinstance(key, str) else None)
+        elif not all(isinstance(f, list) for f in feats):
+            raise _Refused(400, reasons.MALFORMED, "each action's features must be a list of numbers, or of feature "
+                                                   "objects (Personalizer's)")
+        elif len({len(f) for f in feats}) > 1:
             raise _Refused(400, reasons.BAD_DIMENSION, "the actions' features differ in length")
         r = decider.rank(event_id, key, ids, feats, timestamp_ms=_timestamp(doc))
         spec = decider.config.resolve(key)
@@ -161,7 +173,9 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
         return web.json_response({
             "eventId": r.event_id, "rewardActionId": r.arm_id, "modelKey": r.model_key,
             "modelVersion": r.model_version,
-            "ranking": [{"id": ids[k], "probability": float(probs[k])} for k in order],
+            # Excluded actions last, with probability 0, as Personalizer ranks them.
+            "ranking": [{"id": ids[k], "probability": float(probs[k])} for k in order]
+                       + [{"id": e, "probability": 0.0} for e in excluded if e in {a.get("id") for a in actions}],
             "scores": {ids[k]: _finite(r.scores[k]) for k in range(len(ids))},
         })
 
@@ -207,6 +221,30 @@ class _Registry:
 
     def collect(self):
         return self._collector.collect()
+
+
+def _feature_objects(features: Any) -> bool:
+    """Whether an action's features are Personalizer's: a non-empty list of objects."""
+    return isinstance(features, list) and bool(features) and all(isinstance(f, dict) for f in features)
+
+
+def _hashed(context_features: Any, action_features: list, spec: Any) -> np.ndarray:
+    """Personalizer's feature objects as the model's vectors: hashed into its dimension as the
+    DSJSON reader hashes a logged event (replay/dsjson.py, ``rank_request_vectors``)."""
+    from streambandit.replay.dsjson import rank_request_vectors
+    from streambandit.replay.logged import LogError
+
+    if spec is None:
+        return np.zeros((len(action_features), 1))  # the Decider refuses the key (unknown_model)
+    if not all(_feature_objects(f) or f == [] for f in action_features):
+        raise _Refused(400, reasons.MALFORMED, "with contextFeatures or feature objects, every action's features "
+                                               "must be a list of objects")
+    try:
+        return rank_request_vectors(context_features, action_features, dim=spec.dim)
+    except LogError as exc:
+        raise _Refused(400, reasons.MALFORMED, str(exc)) from None
+    except ValueError as exc:  # a dimension the hashing does not take
+        raise _Refused(400, reasons.BAD_DIMENSION, f"the model's dimension cannot hold hashed features: {exc}") from None
 
 
 def _no_constant(name: str) -> Any:

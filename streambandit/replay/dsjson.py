@@ -104,7 +104,7 @@ from streambandit.replay.featurize import check_hash_dim, hash_features
 from streambandit.replay.files import PathLike, _kept
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
-__all__ = ["read_dsjson", "parse_line", "MAX_LINE_BYTES", "MAX_CROSSES"]
+__all__ = ["read_dsjson", "parse_line", "rank_request_vectors", "MAX_LINE_BYTES", "MAX_CROSSES"]
 
 MAX_LINE_BYTES = 16 * 2**20
 # A few hundred shared features times a few thousand action features already take seconds to hash.
@@ -152,6 +152,36 @@ def parse_line(line: str, *, dim: int, model_key: str = "dsjson", interactions: 
     arm_ids = tuple(str(i) for i in range(len(actions)))
     d = LoggedDecision(timestamp_ms, event_id, model_key, arm_ids, features, action, propensity, reward, -1, where)
     return validate(d, where)
+
+
+def rank_request_vectors(context_features: object, action_features: object, *, dim: int,
+                         interactions: bool = True) -> np.ndarray:
+    """The (K, dim) arm vectors of a Personalizer Rank request, hashed as :func:`read_dsjson`
+    hashes a logged event: ``contextFeatures`` (a list of objects, merged) as the event's shared
+    features (``c``), and each action's ``features`` (a list of objects, merged) as its ``_multi``
+    entry. A model trained on a team's DSJSON logs thus decides live on the vectors it learned on.
+    Raises :class:`LogError` (``features`` or ``malformed``) for what VW would refuse."""
+    check_hash_dim(dim, "dim")
+    context = _merged(context_features, "contextFeatures")
+    if not isinstance(action_features, list) or not action_features:
+        raise LogError("the request: no actions", "arms")
+    own = [_merged(f, f"actions[{i}].features") for i, f in enumerate(action_features)]
+    return _arm_vectors(context, own, dim, interactions, "the request")
+
+
+def _merged(objects: object, what: str) -> dict:
+    """A list of feature objects as one object (Personalizer sends features as such lists)."""
+    if objects is None:
+        return {}
+    if not isinstance(objects, list) or not all(isinstance(o, dict) for o in objects):
+        raise LogError(f"the request: {what} must be a list of objects", "malformed")
+    out: dict = {}
+    for o in objects:
+        for key, value in o.items():
+            if key in out:
+                raise LogError(f"the request: {what} names {key!r} twice", "malformed")
+            out[key] = value
+    return out
 
 
 def _check_arguments(dim: int, model_key: str) -> None:

@@ -17,10 +17,8 @@ MODELS = {"models": [{"match": "ads", "policy": "oful", "dim": 3, "reward_window
                       "default_reward": 0.0, "epsilon": 0.1}]}
 
 
-@pytest.fixture()
-def server():
-    """The app on an ephemeral port, its own event loop on a thread; yields (base url, decider)."""
-    decider = Decider(MODELS)
+def _serving(decider):
+    """The app over ``decider`` on an ephemeral port, its own event loop on a thread; yields the base url."""
     loop = asyncio.new_event_loop()
     runner = web.AppRunner(make_app(decider, model_key="ads", max_body_bytes=4096))
     ready = threading.Event()
@@ -38,10 +36,18 @@ def server():
     t = threading.Thread(target=run, daemon=True)
     t.start()
     assert ready.wait(10)
-    yield f"http://127.0.0.1:{port[0]}", decider
+    yield f"http://127.0.0.1:{port[0]}"
     asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(10)
     loop.call_soon_threadsafe(loop.stop)
     t.join(10)
+
+
+@pytest.fixture()
+def server():
+    """The app over a Decider of MODELS; yields (base url, decider)."""
+    decider = Decider(MODELS)
+    for url in _serving(decider):
+        yield url, decider
 
 
 def call(url: str, body=None, raw: bytes | None = None) -> tuple[int, dict | str]:
@@ -122,3 +128,41 @@ def test_every_bad_request_is_a_clear_4xx_and_the_server_serves_on(server, path,
     assert call(f"{url}/rank", {"eventId": "after", "actions": [{"id": "a", "features": [0.0, 1.0, 0.0]}]})[0] == 200
     _, metrics = call(f"{url}/metrics")
     assert f'streambandit_api_refused_total{{reason="{code}"}} 1.0' in metrics
+
+
+HASHED = {"models": [{"match": "ads", "policy": "oful", "dim": 64, "reward_window_ms": 60_000,
+                      "default_reward": 0.0, "epsilon": 0.1}]}
+
+
+def test_a_personalizer_rank_request_decides_on_the_vectors_the_dsjson_reader_makes():
+    """Feature objects (contextFeatures, actions[].features) are hashed as a logged DSJSON event of
+    the same objects is: the oracle is the DSJSON reader itself."""
+    from streambandit.replay.dsjson import parse_line
+
+    context = [{"User": {"id": "u1", "age": 0.3}}, {"device": "mobile"}]
+    actions = [{"id": "news", "features": [{"type": "news"}, {"Topic": {"politics": 1}}]},
+               {"id": "sport", "features": [{"type": "sport", "length": 2.5}]},
+               {"id": "food", "features": [{"type": "food"}]}]
+    decider = Decider(HASHED)
+    for url in _serving(decider):
+        status, got = call(f"{url}/rank", {"eventId": "p1", "contextFeatures": context, "actions": actions,
+                                           "excludedActions": ["food"]})
+        assert status == 200, got
+        assert [r["id"] for r in got["ranking"]][-1] == "food" and got["ranking"][-1]["probability"] == 0.0
+        assert got["rewardActionId"] in {"news", "sport"}
+        chosen = decider.engine.pending["p1"].action
+        # The same event as Personalizer logs it: shared features in c, each action's in _multi.
+        line = {"EventId": "p1", "Timestamp": "2026-01-01T00:00:00Z", "_label_cost": 0, "_label_probability": 1,
+                "_labelIndex": 0, "c": {"User": {"id": "u1", "age": 0.3}, "device": "mobile",
+                                        "_multi": [{"type": "news", "Topic": {"politics": 1}},
+                                                   {"type": "sport", "length": 2.5}]}}
+        logged = parse_line(json.dumps(line), dim=64)
+        assert np.array_equal(chosen.features, logged.features[chosen.arm_index])
+        # A request mixing numbers and objects, or naming a feature twice, is refused.
+        for bad in ({"eventId": "p2", "contextFeatures": context, "actions": [{"id": "a", "features": [1.0] * 64}]},
+                    {"eventId": "p3", "contextFeatures": [{"device": "a"}, {"device": "b"}], "actions": actions}):
+            status, err = call(f"{url}/rank", bad)
+            assert status == 400 and err["error"]["code"] == "malformed", err
+        status, err = call(f"{url}/rank", {"eventId": "p4", "actions": actions, "excludedActions": ["news", "sport",
+                                                                                                   "food"]})
+        assert status == 400 and err["error"]["code"] == "empty_arms"
