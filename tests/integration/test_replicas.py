@@ -30,7 +30,7 @@ from streambandit.stream.engine import PartitionEngine
 from streambandit.stream.replica import Replica
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics, WorkerConfig
-from streambandit.wire import InputRef, ReplicaDecision, Reward, decode
+from streambandit.wire import InputRef, ReplicaDecision, Reward, decode, encode
 
 from .helpers import committed_offsets, outputs, read_all, same_state, serve_config, start_worker, wait_for
 
@@ -312,3 +312,60 @@ def test_a_joined_log_that_does_not_fit_stops_the_replica_loudly(broker, learn_t
         assert err.value.reason == "not_ready" and "applied to version 5" in err.value.detail
     finally:
         rep.close()
+
+
+def test_a_learn_only_worker_dead_letters_what_a_client_writes_on_decisions_and_goes_on(broker, learn_topics,
+                                                                                       tmp_path):
+    """decisions is a topic clients can write: impossible decisions, bytes that are not a record, a
+    context where a decision belongs, a decision dated far ahead, a decision of an unknown model.
+    Each is dead-lettered with its reason; the good decisions around them are joined and learned."""
+    from confluent_kafka import Producer
+
+    from streambandit import reasons
+    from streambandit.wire import Context
+    from streambandit.wire.codec import write
+
+    topics = learn_topics
+    w, t = start_worker(broker, topics, tmp_path / "snaps", "g-hostile", MODELS, learn_only=True, idle_tick_ms=10**9)
+    prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random"})
+    now = int(time.time() * 1000)
+    arms, x = ("a", "b"), np.eye(2, D)
+
+    def decision(event_id: str, **change) -> bytes:
+        fields = {"event_id": event_id, "model_key": "ads-0", "timestamp_ms": now, "arm_ids": list(arms),
+                  "features": x.astype("<f8").tobytes(), "arm_index": 1, "score": 0.5, "propensity": 0.6,
+                  "model_version": 0} | change
+        return write(8, fields)
+
+    try:
+        hostile = [  # (message key, value, the reason it is dead-lettered with)
+            (b"ads-0", decision("h-index", arm_index=2), reasons.BAD_DECISION),
+            (b"ads-0", decision("h-prop", propensity=0.0), reasons.BAD_DECISION),
+            (b"ads-0", decision("h-ahead", timestamp_ms=now + 10 * 3_600_000), reasons.EVENT_TIME_AHEAD),
+            (b"ads-0", decision("h-key", model_key="ads-1"), reasons.KEY_MISMATCH),
+            (b"nobody", decision("h-model", model_key="nobody"), reasons.UNKNOWN_MODEL),
+            (b"ads-0", b"\x5b\x08\x01not avro", reasons.MALFORMED),
+            (b"ads-0", encode(Context("h-context", "ads-0", now, arms, x)), reasons.WRONG_TOPIC),
+        ]
+        for i in range(3):
+            prod.produce(topics.decisions, key=b"ads-0", value=decision(f"g{i}"))
+        for key, value, _ in hostile:
+            prod.produce(topics.decisions, key=key, value=value)
+        for i in range(3, 6):
+            prod.produce(topics.decisions, key=b"ads-0", value=decision(f"g{i}"))
+        for i in range(6):
+            prod.produce(topics.rewards, key=b"ads-0", value=encode(Reward(f"g{i}", "ads-0", now + 1, 1.0)))
+        prod.flush()
+        assert wait_for(lambda: w.metrics["joined"] >= 6 and sum(v for k, v in w.metrics.items()
+                                                                 if k.startswith("dead_letter.")) >= len(hostile),
+                        timeout_s=60), w.metrics
+    finally:
+        w.stop()
+        t.join(30)
+    live = outputs(broker, topics, "g-hostile", first_input=topics.decisions)
+    assert sorted(j.event_id for j in live["joined"]) == [f"g{i}" for i in range(6)]
+    dead = sorted(d.reason for d in live["dead_letter"])
+    assert dead == sorted(reason for _, _, reason in hostile), dead
+    store = DirectoryStore(tmp_path / "snaps").scoped("g-hostile")
+    models = {k: s for p in (0, 1) if (snap := load_latest(store, p)) for k, s in snap["engine"]["models"].items()}
+    assert list(models) == ["ads-0"] and models["ads-0"]["n_updates"] == 6
