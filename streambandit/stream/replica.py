@@ -1,7 +1,7 @@
 """Decisions from a read-only replica of a learn-only worker group's models.
 
 A :class:`Replica` decides in the application's process (or behind ``streambandit api
---config``) with a copy of the models it keeps by following the learners' ``joined`` log, and
+--replica-of``) with a copy of the models it keeps by following the learners' ``joined`` log, and
 logs every decision on the ``decisions`` topic, every reward on ``rewards``. A worker with
 ``[worker] learn_only = true`` reads those two topics: it opens each logged decision as it would
 open its own, joins the rewards, updates the models and writes ``actions``, ``joined`` and
