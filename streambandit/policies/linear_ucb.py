@@ -152,7 +152,8 @@ class LinearUCBPolicy(Policy):
     def restore_block(self, block: Any) -> list["LinearUCBPolicy"]:
         """New models of this one's configuration holding the states of ``block``, in its order.
         The block is checked as ``load_state_dict`` checks one state (its first model's, with
-        the same errors), then column by column for every model."""
+        the same errors), then column by column for every model. An adoptable block's columns
+        become the models' rows (no copy), once."""
         n = len(block.keys)
         if n == 0:
             return []
@@ -171,18 +172,28 @@ class LinearUCBPolicy(Policy):
             if a.shape[1:] != expected[k].shape or a.dtype != expected[k].dtype:
                 raise ValueError(f"state block column {k!r} has rows of shape {a.shape[1:]} {a.dtype}, "
                                  f"expected {expected[k].shape} {expected[k].dtype}")
+        adopt = block.adoptable
+        arrays, scalars = block.hand_over() if adopt else (block.arrays, block.scalars)
         sources = [None] * len(store.initial)
         for k, c in self._columns.items():
-            sources[c] = block.arrays[k]
-        sources[COUNT] = block.scalars["n_updates"]
-        slots = store.allocate_many(n)
-        for chunk, index, pos in rows.by_chunk(slots):
-            for c, column in enumerate(chunk):
-                if c == SCALARS:
-                    for j, k in enumerate(self._row_scalars):
-                        column[index, j] = block.scalars[k][pos]
-                else:
-                    column[index] = sources[c][pos]
+            sources[c] = arrays[k]
+        sources[COUNT] = scalars["n_updates"]
+        if adopt:
+            # The block's columns are private to it (a snapshot file's copy-on-write mapping):
+            # they become the rows, and only the per-model scalars are gathered into one column.
+            sources[SCALARS] = np.empty((n, len(self._row_scalars)))
+            for j, k in enumerate(self._row_scalars):
+                sources[SCALARS][:, j] = scalars[k]
+            slots = store.adopt(tuple(sources))
+        else:
+            slots = store.allocate_many(n)
+            for chunk, index, pos in rows.by_chunk(slots):
+                for c, column in enumerate(chunk):
+                    if c == SCALARS:
+                        for j, k in enumerate(self._row_scalars):
+                            column[index, j] = scalars[k][pos]
+                    else:
+                        column[index] = sources[c][pos]
         cls, dim, config, new = type(self), self.dim, store.config, object.__new__
         out = []
         for chunk, i in slots:

@@ -114,6 +114,42 @@ class RowStore:
                 self._used += take
         return out
 
+    def adopt(self, columns: tuple[np.ndarray, ...]) -> list[tuple[Chunk, int]]:
+        """Rows for ``n = len(columns[0])`` new models whose states are already laid out, one
+        array per column with a row per model (a restored snapshot's private mapping,
+        state_blocks.py): the full chunks are views of ``columns``, not copies, and only the last
+        ``n % rows_per_chunk`` rows are copied, into a chunk of the store's own that later
+        models fill. The caller hands ``columns`` over: the models write into them.
+
+        Why: a restore that copies every row first makes the kernel provide (zero) a fresh page
+        for each, and that, not the copy, is most of a large restore on a cold machine
+        (``python -m bench.handoff`` measures the handoff it bounds)."""
+        n = len(columns[0])
+        if len(columns) != len(self.initial) or any(
+                c.shape != (n, *a.shape) or c.dtype != a.dtype or not c.flags.c_contiguous or not c.flags.writeable
+                for c, a in zip(columns, self.initial)):
+            raise ValueError("adopted columns do not match the store's columns (shape, dtype, C order, writable)")
+        per = self.rows_per_chunk
+        full, tail = divmod(n, per)
+        out: list[tuple[Chunk, int]] = []
+        with self._lock:
+            # The unused rows of the chunk being filled stay usable: the new chunks go after it.
+            if self.chunks:
+                self._free.extend((self.chunks[-1], i) for i in self.index[self._used:per])
+            for k in range(full):
+                chunk = tuple(c[k * per:(k + 1) * per] for c in columns)
+                self.chunks.append(chunk)
+                out.extend((chunk, i) for i in self.index[:per])
+            self._used = per
+            if tail:
+                chunk = tuple(np.empty((per, *a.shape), a.dtype) for a in self.initial)
+                for column, c in zip(chunk, columns):
+                    column[:tail] = c[full * per:]
+                self.chunks.append(chunk)
+                self._used = tail
+                out.extend((chunk, i) for i in self.index[:tail])
+        return out
+
     def release(self, chunk: Chunk, i: int) -> None:
         """Give a dead model's row back (list.append is atomic under the GIL)."""
         self._free.append((chunk, i))

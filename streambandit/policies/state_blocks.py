@@ -29,12 +29,19 @@ class StateBlock:
     """The states of ``len(keys)`` models of one configuration: ``header`` (``policy``, ``dim``
     and the ``config.*`` entries of ``state_dict()``, the same for all), and per state entry one
     array whose row j belongs to ``keys[j]`` (``arrays``: the state arrays, ``scalars``: the
-    state scalars, shape ``(n,)``)."""
+    state scalars, shape ``(n,)``), and whether a restore may take the columns as they are
+    (``adoptable``)."""
 
     header: dict[str, Any]
     keys: list[str]
     arrays: dict[str, np.ndarray]
     scalars: dict[str, np.ndarray]
+    # True when the columns are writable memory nothing else uses (a snapshot file mapped
+    # copy-on-write): a restore may then make them the models' rows instead of copying them
+    # (hand_over). After that the models write into them, so the block no longer holds the
+    # snapshot's states and refuses to be read.
+    adoptable: bool = False
+    handed_over: bool = False
 
     def __post_init__(self) -> None:
         n = len(self.keys)
@@ -45,8 +52,22 @@ class StateBlock:
             if a.ndim != 1:
                 raise ValueError(f"state block scalar column {name!r} has shape {a.shape}, expected ({n},)")
 
+    def hand_over(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+        """The columns (``arrays``, ``scalars``) of an adoptable block, to become models' rows;
+        the block is unusable afterwards."""
+        if not self.adoptable:
+            raise ValueError("this state block's columns are not its own to hand over")
+        self._check_usable()
+        self.handed_over = True
+        return self.arrays, self.scalars
+
+    def _check_usable(self) -> None:
+        if self.handed_over:
+            raise ValueError("this state block's columns were handed over to restored models, which change them")
+
     def state(self, j: int) -> dict[str, Any]:
         """The ``state_dict()`` of model ``keys[j]`` (arrays copied)."""
+        self._check_usable()
         state = dict(self.header)
         for k, col in self.scalars.items():
             state[k] = col[j].item()  # int64 -> int, float64 -> float, as state_dict() has them
@@ -56,6 +77,7 @@ class StateBlock:
 
     def take(self, rows: np.ndarray) -> "StateBlock":
         """The block of the models at ``rows`` (positions into ``keys``)."""
+        self._check_usable()
         return StateBlock(self.header, [self.keys[j] for j in rows], {k: a[rows] for k, a in self.arrays.items()},
                           {k: a[rows] for k, a in self.scalars.items()})
 

@@ -21,6 +21,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import logging
+import mmap
+import os
 import re
 import struct
 import zlib
@@ -119,15 +121,21 @@ class DirectoryStore:
         d = self._increment_dir(partition)
         return [f.read_bytes() for f in sorted(d.glob(f"{chain}-*")) if not f.name.endswith(".tmp")] if d.exists() else []
 
-    def candidates(self, partition: int) -> Iterator[bytes]:
+    def candidates(self, partition: int) -> Iterator[bytes | mmap.mmap]:
         # One at a time: a base can be hundreds of MB, and the previous one is read only when
-        # the newest is unusable.
+        # the newest is unusable. Each is mapped copy-on-write, not read: the restore makes the
+        # mapped pages the models' rows (unpack_snapshot), so a handoff neither copies the file
+        # nor has the kernel zero a new page per row. The file itself is never written (a save
+        # replaces it by a rename, and an old file a worker still maps stays readable until it
+        # lets go, holding its disk space until then).
         for suffix in ("snap", "prev"):
-            f = self._file(partition, suffix)
             try:
-                yield f.read_bytes()
+                with open(self._file(partition, suffix), "rb") as f:
+                    size = os.fstat(f.fileno()).st_size
+                    data = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_COPY) if size else b""
             except FileNotFoundError:
                 continue
+            yield data
 
 
 class SnapshotStoreError(StreambanditError, RuntimeError):

@@ -22,6 +22,7 @@ the per-model records are decoded one at a time on access (:class:`SnapshotModel
 from __future__ import annotations
 
 import io
+import mmap
 import struct
 import zlib
 from collections.abc import Iterator, Mapping
@@ -258,7 +259,8 @@ _COLUMN_KINDS = "fiu"  # the dtypes a column may have: numbers (never objects)
 
 
 def _column(ref: dict[str, Any], buffers: memoryview) -> np.ndarray:
-    """A block's column: a read-only view of the snapshot's buffers, checked against them."""
+    """A block's column: a view of the snapshot's buffers (read-only unless they are a private
+    mapping), checked against them."""
     dtype = np.dtype(ref["dtype"])
     shape = tuple(ref["shape"])
     offset, length = ref["offset"], ref["length"]
@@ -268,10 +270,10 @@ def _column(ref: dict[str, Any], buffers: memoryview) -> np.ndarray:
     return np.frombuffer(buffers, dtype, length // dtype.itemsize, offset).reshape(shape)
 
 
-def _decode_blocks(blocks: list[dict[str, Any]], buffers: memoryview) -> list[StateBlock]:
+def _decode_blocks(blocks: list[dict[str, Any]], buffers: memoryview, private: bool) -> list[StateBlock]:
     return [StateBlock({s["name"]: s["value"] for s in b["header"]}, b["keys"],
                        {r["name"]: _column(r, buffers) for r in b["arrays"]},
-                       {r["name"]: _column(r, buffers) for r in b["scalars"]}) for b in blocks]
+                       {r["name"]: _column(r, buffers) for r in b["scalars"]}, adoptable=private) for b in blocks]
 
 
 def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
@@ -300,8 +302,13 @@ def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
     return d
 
 
-def unpack_snapshot(data: bytes) -> dict[str, Any]:
-    """Inverse of :func:`pack_snapshot`; raises :class:`SnapshotError` on any damage."""
+def unpack_snapshot(data: bytes | mmap.mmap) -> dict[str, Any]:
+    """Inverse of :func:`pack_snapshot`; raises :class:`SnapshotError` on any damage.
+
+    ``data`` may be a writable ``mmap`` of a snapshot file, which must be a private
+    (copy-on-write, ``mmap.ACCESS_COPY``) mapping that nothing else uses: its state blocks are
+    then adoptable, and a restore makes their columns the models' rows without copying them.
+    The file is never written; the models' changes go to private pages."""
     if len(data) < 8 or data[0] != avro.MAGIC or data[1] != _SNAPSHOT_ID:
         raise SnapshotError("not a streambandit snapshot (bad header)")
     if (_SNAPSHOT_ID, data[2]) not in WRITERS:
@@ -320,7 +327,8 @@ def unpack_snapshot(data: bytes) -> dict[str, Any]:
         if flags & 1:
             body = zlib.decompress(body)
         d = _decode_snapshot_body(body, version)
-        models = ModelStates(d["models"], _decode_blocks(d["model_blocks"], buffers))
+        private = isinstance(data, mmap.mmap) and not view.readonly
+        models = ModelStates(d["models"], _decode_blocks(d["model_blocks"], buffers, private))
         models.check()
     except Exception as exc:  # a body that passed its checksum but does not parse: a writer bug
         raise SnapshotError(f"snapshot body does not decode: {exc}") from exc

@@ -198,3 +198,17 @@ def test_a_damaged_increment_ends_its_chain_there(tmp_path):
     got = load_latest(store, 0)
     assert got["seq"] == 1
     restored_equal(got, fulls[0])
+
+
+def test_an_empty_or_cut_base_file_is_skipped_for_the_previous_one(tmp_path):
+    store = DirectoryStore(tmp_path)
+    engine, stream = PartitionEngine(CONFIG), Stream(5)
+    stream.feed(engine, 100, KEYS)
+    store.save(0, pack_snapshot(take(engine, 0, 0, 1)))
+    want = take(engine, 0, 0, 1)
+    stream.feed(engine, 50, KEYS)
+    store.save(0, pack_snapshot(take(engine, 0, 0, 2)))
+    newest = tmp_path / "p0.snap"
+    for damaged in (b"", newest.read_bytes()[:100]):  # a file system that lost the write, a torn copy
+        newest.write_bytes(damaged)
+        restored_equal(load_latest(store, 0), want)

@@ -226,3 +226,41 @@ def test_a_failed_constructor_takes_no_row():
     with pytest.raises(ValueError, match="lam"):
         make_policy("oful", dim=D, lam=-1.0)
     gc.collect()
+
+
+@pytest.mark.parametrize("n", [3, 5, 12])  # less than a chunk, exactly one, two and a tail
+def test_adopted_columns_become_rows_and_the_store_keeps_count(small_chunks, n):
+    p = make_policy("oful", dim=D, seed=SEED)
+    store = p._store
+    half_filled = [make_policy("oful", dim=D, seed=SEED) for _ in range(2)]  # the bump chunk part used
+    before_live, before_cap = store.live, store.capacity
+    rng = np.random.default_rng(n)
+    columns = tuple(rng.standard_normal((n, *a.shape)).astype(a.dtype) for a in store.initial)
+    want = [c.copy() for c in columns]
+    got = store.adopt(columns)
+    assert len(got) == n and len(set((id(c), i) for c, i in got)) == n
+    assert store.live == before_live + n
+    full = n - n % store.rows_per_chunk
+    for j, (chunk, i) in enumerate(got):
+        for column, w, src in zip(chunk, want, columns):
+            assert column[i].tobytes() == w[j].tobytes()
+            assert np.shares_memory(column, src) == (j < full)  # full chunks are views; the tail a copy
+    # Rows handed out after: the bump chunk's unused rows, then the tail's, never an adopted one.
+    taken = {(id(c[0]), i) for c, i in got} | {(id(q._chunk[0]), q._i) for q in (p, *half_filled)}
+    later = [make_policy("oful", dim=D, seed=SEED) for _ in range(store.capacity - store.live + 3)]
+    spots = [(id(q._chunk[0]), q._i) for q in later]
+    assert not taken & set(spots) and len(set(spots)) == len(spots)
+    assert store.capacity > before_cap and store.live == before_live + n + len(later)
+
+
+def test_columns_that_do_not_fit_the_store_are_not_adopted(small_chunks):
+    store = make_policy("oful", dim=D, seed=SEED)._store
+    good = [np.zeros((4, *a.shape), a.dtype) for a in store.initial]
+    for bad in (good[:-1], [good[0][:, :1], *good[1:]], [good[0].astype(np.float32), *good[1:]],
+                [np.asfortranarray(np.zeros((4, D, D))) if a.ndim == 3 else a for a in good]):
+        with pytest.raises(ValueError, match="do not match"):
+            store.adopt(tuple(bad))
+    readonly = [a.copy() for a in good]
+    readonly[0].flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        store.adopt(tuple(readonly))

@@ -172,3 +172,51 @@ def test_model_states_of_no_models_and_of_a_subset():
     assert len(model_states(e.models, [])) == 0
     sub = model_states(e.models, ["m3", "m1"])
     assert list(sub) == ["m3", "m1"] and equal_states(sub["m1"], e.models["m1"].state_dict())
+
+
+@pytest.mark.parametrize("policy", ["oful", "glb_omd", "hvt_ucb"])
+def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(policy, tmp_path):
+    from streambandit.policies.linear_ucb import THETA
+    from streambandit.stream.snapshots import DirectoryStore, load_latest
+
+    cfg = config({"match": "m*", "policy": policy})
+    e = fed(cfg, 2500)
+    store = DirectoryStore(tmp_path)
+    data = pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": e.snapshot()})
+    store.save(0, data)
+    snap = load_latest(store, 0)
+    [block] = snap["engine"]["models"].blocks
+    assert block.adoptable
+    r = PartitionEngine.restore(cfg, snap["engine"])
+    assert block.handed_over
+    shared = sum(np.shares_memory(r.models[k]._chunk[THETA], block.arrays["theta"]) for k in e.models)
+    assert shared >= 2048  # every model but the last chunk's sits in the mapped file's pages
+    rng = np.random.default_rng(3)
+    for key, m in e.models.items():
+        assert equal_states(r.models[key].state_dict(), m.state_dict())
+    for key in list(e.models)[::7]:  # they decide and learn as the originals, in their own pages
+        x = rng.standard_normal((K, D)) / 3
+        a, b = e.models[key], r.models[key]
+        assert a.scores(x).tobytes() == b.scores(x).tobytes()
+        a.update(x[1], 0.5)
+        b.update(x[1], 0.5)
+        assert equal_states(a.state_dict(), b.state_dict())
+    assert (tmp_path / "p0.snap").read_bytes() == data  # copy-on-write: the file is never written
+    with pytest.raises(ValueError, match="handed over"):  # the block now holds the models' changes
+        PartitionEngine.restore(cfg, snap["engine"])
+    # A new save replaces the file while these models still use the old one's pages.
+    store.save(0, pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": fed(cfg, 10, seed=4).snapshot()}))
+    for key in list(e.models)[::7]:
+        assert equal_states(r.models[key].state_dict(), e.models[key].state_dict())
+
+
+def test_bytes_and_read_only_buffers_are_copied_not_adopted():
+    cfg = config({"match": "m*", "policy": "oful"})
+    data = pack_snapshot(HEAD | {"engine": fed(cfg, 30).snapshot()})
+    for given in (data, memoryview(data), bytearray(data)):
+        [block] = unpack_snapshot(given)["engine"]["models"].blocks
+        assert not block.adoptable
+    snap = unpack_snapshot(data)
+    a, b = (PartitionEngine.restore(cfg, snap["engine"]) for _ in range(2))  # restorable twice
+    a.models["m1"].update(np.ones(D) / 3, 1.0)
+    assert not equal_states(a.models["m1"].state_dict(), b.models["m1"].state_dict())
