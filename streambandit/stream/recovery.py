@@ -63,8 +63,7 @@ def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader
 def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
                   committed: dict[int, int], metrics: Any) -> PartitionState:
     c, t = config, config.topics
-    limits = {"max_pending": c.max_pending, "max_early_rewards": c.max_early_rewards, "max_recent": c.max_recent,
-              "max_id_bytes": c.max_id_bytes, "max_event_time_ahead_ms": c.max_event_time_ahead_ms}
+    limits = c.engine_limits()
     if snap is None:
         engine = PartitionEngine(c.models, **limits)
         start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}

@@ -73,6 +73,11 @@ class WorkerConfig:
     # record copied whole into a dead letter (below librdkafka's default message.max.bytes).
     max_id_bytes: int = 1024
     max_event_time_ahead_ms: int = 3_600_000
+    # The most models one partition holds: a model key matching a pattern costs a model's state
+    # for good, and a client sending a new key per context would otherwise grow the worker until
+    # it is killed, and its restart with it (its snapshot holds them all). A context of a new key
+    # past it is dead-lettered too_many_models. Memory per model: docs/operations.md.
+    max_models: int = 1_000_000
     max_dead_letter_bytes: int = 256 * 1024
     # How long the worker may hold no partition while its inputs have lag, or see the group's
     # committed offsets behind its own commits, before it says so (stream/stall.py).
@@ -104,6 +109,12 @@ class WorkerConfig:
     def first_input(self) -> str:
         return self.topics.first_input(self.learn_only)
 
+    def engine_limits(self) -> dict[str, int]:
+        """The bounds of a partition's engine (``PartitionEngine``'s keyword arguments)."""
+        return {"max_pending": self.max_pending, "max_early_rewards": self.max_early_rewards,
+                "max_recent": self.max_recent, "max_id_bytes": self.max_id_bytes,
+                "max_event_time_ahead_ms": self.max_event_time_ahead_ms, "max_models": self.max_models}
+
     def __post_init__(self) -> None:
         if not 0.0 < self.snapshot_max_share <= 1.0:
             raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
@@ -116,6 +127,8 @@ class WorkerConfig:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.log_summary_s >= 0:
             raise ValueError(f"log_summary_s must be >= 0 (0: no summary), got {self.log_summary_s!r}")
+        if self.max_models < 1:
+            raise ValueError(f"max_models must be >= 1, got {self.max_models!r}")
         if self.snapshot_fork_models < 0:
             raise ValueError(f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}")
         for spec in self.models.specs:

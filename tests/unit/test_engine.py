@@ -172,3 +172,24 @@ def test_the_update_count_follows_every_applied_update_and_only_those():
     fresh = engine(window=50)
     fresh.recover_from_logs(joined, [], [], set(), set(), 10_000)
     assert fresh.updates == 30
+
+
+def test_a_client_inventing_model_keys_never_grows_a_partition_past_the_workers_max_models():
+    from streambandit.stream.app_config import parse_worker_config
+
+    raw = {"kafka": {"bootstrap.servers": "unused:9092"}, "worker": {"max_models": 3},
+           "models": [{"match": "m*", "policy": "glb_omd", "dim": D, "reward_window_ms": 100, "default_reward": 0.0}]}
+    cfg, _ = parse_worker_config(raw)
+    e = PartitionEngine(cfg.models, **cfg.engine_limits())
+    refused = []
+    for i in range(10):
+        out = e.on_context(ctx(f"e{i}", 10 + i, key=f"m{i}"))
+        refused += [o.reason for o in out if isinstance(o, Rejected)]
+    assert sorted(e.models) == ["m0", "m1", "m2"] and refused == ["too_many_models"] * 7
+    assert kinds(e.on_context(ctx("again", 30, key="m1"))) == ["Action"]  # known keys are still served
+    restored = PartitionEngine.restore(cfg.models, e.snapshot(), **cfg.engine_limits())  # a restart keeps the bound
+    [r] = restored.on_context(ctx("new", 40, key="m9"))
+    assert isinstance(r, Rejected) and r.reason == "too_many_models" and len(restored.models) == 3
+    assert parse_worker_config(raw | {"worker": {}})[0].engine_limits()["max_models"] == 1_000_000
+    with pytest.raises(ValueError, match="max_models must be >= 1"):
+        parse_worker_config(raw | {"worker": {"max_models": 0}})
