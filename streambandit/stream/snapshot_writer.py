@@ -9,7 +9,9 @@ A snapshot of many models is not copied on the loop at all (``submit_forked``): 
 and the child, holding the parent's memory as it was at the fork (copy-on-write), takes the
 snapshot, packs it, writes it to the store and exits; this thread waits for it and reports. The
 loop pays for the fork (page tables, in proportion to the process's memory) instead of a copy in
-proportion to the models (bench.snapshots measures both). Redis's BGSAVE does the same.
+proportion to the models (bench.snapshots measures both). Redis's BGSAVE does the same. A store
+that is not ``fork_safe`` (the snapshot topic: a child must not use the parent's Kafka producer)
+gets the child's packed bytes through the pipe, and this thread stores them.
 
 At most one snapshot per partition is in flight (``busy``): the loop skips a due snapshot while
 the previous one is still being written (its changed models stay in the next one), so memory
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import fcntl
 import gc
 import logging
 import os
@@ -32,6 +35,8 @@ import sys
 import threading
 import time
 from typing import Any, Iterator
+
+import numpy as np
 
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.wire import pack_snapshot
@@ -100,23 +105,30 @@ class SnapshotWriter:
 
     def submit_forked(self, partition: int, head: dict[str, Any], engine: Any, models: list[str] | None) -> None:
         """Store ``head`` with ``engine.snapshot(models)`` (``models`` None: a base) as they are
-        now, taken, packed and stored by a forked child; the store must be ``fork_safe``.
+        now, taken and packed by a forked child, which also stores it into a ``fork_safe``
+        store; into another, it sends the bytes back and this thread stores them.
 
         Waits first for what is in flight for ``partition``: the child writes to the store at
         once, and must not overtake an earlier snapshot of the same partition."""
-        if not CAN_FORK or not getattr(self.store, "fork_safe", False):
-            raise ValueError("snapshots are forked on Linux, into a fork-safe store (a directory) only")
+        if not CAN_FORK:
+            raise ValueError("snapshots are forked on Linux only")
         self.wait(partition)
+        direct = getattr(self.store, "fork_safe", False)
         read_end, write_end = os.pipe()
+        if not direct:
+            try:  # fewer, larger reads of the bytes the child sends (Linux caps it, 1 MiB by default)
+                fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            _child_writes(write_end, parent, self.store, partition, head, engine, models)
+            _child_writes(write_end, parent, self.store if direct else None, partition, head, engine, models)
         os.close(write_end)
         self.metrics["snapshot_forks"] += 1
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, head, (pid, read_end)))
+        self._queue.put((partition, head, (pid, read_end, not direct)))
 
     def busy(self, partition: int) -> bool:
         with self._done:
@@ -142,6 +154,13 @@ class SnapshotWriter:
         self._queue.put(None)
         self._thread.join(timeout_s)
 
+    def _store(self, partition: int, snap: dict[str, Any], data: bytes | memoryview) -> None:
+        with self.lock:
+            if snap["seq"] == 0:
+                self.store.save(partition, data)
+            else:
+                self.store.save_increment(partition, snap["chain"], snap["seq"], data)
+
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
             partition, snap, child = item
@@ -150,14 +169,14 @@ class SnapshotWriter:
             try:
                 if child is None:
                     data = pack_snapshot(snap)
-                    with self.lock:
-                        if snap["seq"] == 0:
-                            self.store.save(partition, data)
-                        else:
-                            self.store.save_increment(partition, snap["chain"], snap["seq"], data)
+                    self._store(partition, snap, data)
                     size, models, pending = len(data), len(snap["engine"]["models"]), len(snap["engine"]["pending"])
                 else:
-                    size, models, pending = _wait_for_child(*child)
+                    pid, read_end, sent = child
+                    size, models, pending, data = _wait_for_child(pid, read_end, with_data=sent)
+                    if sent:
+                        self._store(partition, snap, data)
+                del data
             except Exception as exc:  # noqa: BLE001 (reported to the loop, which starts a new chain)
                 log.error("snapshot not stored partition=%d chain=%d seq=%d error=%s", partition, snap["chain"],
                           snap["seq"], exc)
@@ -182,13 +201,17 @@ class ChildFailed(RuntimeError):
     """A forked snapshot child exited without storing its snapshot."""
 
 
-def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None) -> tuple[int, int, int]:
-    """The child's report (bytes, models, pending) once it exited, or ChildFailed with its error.
-    A child still running after ``limit_s`` is killed and failed: a child stuck on a lock some
-    thread held at the fork must not keep its partition busy, and the worker's stop, for good."""
+def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None,
+                    with_data: bool = False) -> tuple[int, int, int, memoryview | None]:
+    """The child's report (bytes, models, pending) once it exited, and with ``with_data`` the
+    snapshot's bytes it sent after its report line; or ChildFailed with its error. A child still
+    running after ``limit_s`` is killed and failed: a child stuck on a lock some thread held at the
+    fork must not keep its partition busy, and the worker's stop, for good."""
     limit_s = CHILD_LIMIT_S if limit_s is None else limit_s
     deadline = time.monotonic() + limit_s
-    chunks = []
+    report = bytearray()
+    data: memoryview | None = None
+    got = 0
     poller = select.poll()
     poller.register(read_end, select.POLLIN | select.POLLHUP)
     try:
@@ -198,25 +221,41 @@ def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None) -> tu
                 os.kill(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 raise ChildFailed(f"snapshot child killed: not done within {limit_s:.0f} s")
+            if data is not None and got < len(data):
+                # Straight into the snapshot's buffer: the read releases the GIL, and no join
+                # copies hundreds of MB while holding it.
+                if not (n := os.readv(read_end, [data[got:]])):
+                    break
+                got += n
+                continue
             if not (chunk := os.read(read_end, 65536)):
                 break
-            chunks.append(chunk)
+            report += chunk
+            if with_data and data is None and report.startswith(b"ok ") and b"\n" in report:
+                line, rest = bytes(report).split(b"\n", 1)
+                # np.empty: a bytearray would zero hundreds of MB first, holding the GIL.
+                data = memoryview(np.empty(int(line.split()[1]), np.uint8))
+                data[:len(rest)] = rest
+                got, report = len(rest), bytearray(line)
     finally:
         os.close(read_end)
     _, status = os.waitpid(pid, 0)
-    report = b"".join(chunks).decode("utf-8", "replace")
-    if os.waitstatus_to_exitcode(status) != 0 or not report.startswith("ok "):
-        raise ChildFailed(f"snapshot child exited with {os.waitstatus_to_exitcode(status)}: {report or 'no report'}")
-    size, models, pending = map(int, report.split()[1:4])
-    return size, models, pending
+    text = report.decode("utf-8", "replace").strip()
+    if os.waitstatus_to_exitcode(status) != 0 or not text.startswith("ok "):
+        raise ChildFailed(f"snapshot child exited with {os.waitstatus_to_exitcode(status)}: {text or 'no report'}")
+    size, models, pending = map(int, text.split()[1:4])
+    if with_data and (data is None or got != size):
+        raise ChildFailed(f"snapshot child sent {got} of its {size} bytes")
+    return size, models, pending, data
 
 
-def _child_writes(write_end: int, parent: int, store: SnapshotStore, partition: int, head: dict[str, Any],
+def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, partition: int, head: dict[str, Any],
                   engine: Any, models: list[str] | None) -> None:
-    """In the forked child: snapshot, pack, store, report on ``write_end``, exit. Nothing here
-    may return into the worker's code (os._exit in every case), take a lock another thread held
-    at the fork (no logging, no store lock: the parent waits for this partition's writes before
-    forking and reads it only after this child exited), or touch the Kafka clients."""
+    """In the forked child: snapshot, pack, store (``store`` None: send the bytes after the
+    report line instead), report on ``write_end``, exit. Nothing here may return into the
+    worker's code (os._exit in every case), take a lock another thread held at the fork (no
+    logging, no store lock: the parent waits for this partition's writes before forking and
+    reads it only after this child exited), or touch the Kafka clients."""
     code = 1
     try:
         # Stop and interrupt are the parent's to handle: it waits for this child. If the parent
@@ -229,11 +268,16 @@ def _child_writes(write_end: int, parent: int, store: SnapshotStore, partition: 
         gc.disable()  # garbage is freed at exit; a collection would only copy pages
         snap = head | {"engine": engine.snapshot(models)}
         data = pack_snapshot(snap)
-        if snap["seq"] == 0:
-            store.save(partition, data)
+        report = f"ok {len(data)} {len(snap['engine']['models'])} {len(snap['engine']['pending'])}\n".encode()
+        if store is None:
+            _write_all(write_end, report)
+            _write_all(write_end, data)
         else:
-            store.save_increment(partition, snap["chain"], snap["seq"], data)
-        os.write(write_end, f"ok {len(data)} {len(snap['engine']['models'])} {len(snap['engine']['pending'])}".encode())
+            if snap["seq"] == 0:
+                store.save(partition, data)
+            else:
+                store.save_increment(partition, snap["chain"], snap["seq"], data)
+            _write_all(write_end, report)
         code = 0
     except BaseException as exc:  # noqa: BLE001 (reported to the parent through the pipe)
         try:
@@ -242,3 +286,9 @@ def _child_writes(write_end: int, parent: int, store: SnapshotStore, partition: 
             pass
     finally:
         os._exit(code)
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]

@@ -49,8 +49,9 @@ log = logging.getLogger("streambandit")
 class SnapshotStore(Protocol):
     #: Whether the store keeps increments (stream/chains.py); a store that does not gets bases only.
     supports_increments: bool
-    #: Whether a forked child may save to it (its saves use nothing but files): the writer then
-    #: takes large snapshots in a child (stream/snapshot_writer.py). False: copied on the loop.
+    #: Whether a forked child may save to it (its saves use nothing but files). Either way the
+    #: writer takes large snapshots in a child (stream/snapshot_writer.py); when False the child
+    #: sends the packed bytes back and the writer's thread saves them.
     fork_safe: bool
 
     def save(self, partition: int, data: bytes) -> None:

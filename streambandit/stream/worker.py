@@ -93,7 +93,7 @@ class Worker:
         self.store = store.scoped(config.group_id)
         self.metrics: collections.Counter[str] = collections.Counter()
         self.writer = SnapshotWriter(self.store, self.metrics)
-        self.fork_snapshots = CAN_FORK and self.store.fork_safe
+        self.fork_snapshots = CAN_FORK
         self.instance_id = instance_id or uuid.uuid4().hex[:12]
         c = config
         self.batch = BatchProcessor(config, self.metrics)

@@ -37,9 +37,9 @@ SETTINGS = dict(
 class Run:
     """A worker on its own thread with its own TopicStore (as a separate process would have)."""
 
-    def __init__(self, broker, topics: Topics, snap_topic: str, group: str, instance: str) -> None:
+    def __init__(self, broker, topics: Topics, snap_topic: str, group: str, instance: str, **overrides) -> None:
         cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
-                           group_id=group, topics=topics, **SETTINGS)
+                           group_id=group, topics=topics, **(SETTINGS | overrides))
         # Small chunks: every snapshot here spans several records.
         self.store = TopicStore(broker.bootstrap_servers, snap_topic, max_chunk_bytes=2048)
         self.worker = Worker(cfg, self.store, instance_id=instance)
@@ -128,15 +128,18 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     sent = produce(broker, [topics, ref_topics], tail)
     first = {t: first[t] + sent[t] for t in first}
 
-    w1 = Run(broker, topics, snaps, group, "w1")
-    ref = Run(broker, ref_topics, ref_snaps, ref_group, "ref")
+    # The group's snapshots are all taken by forked children, which send their bytes back for the
+    # worker to produce; the reference's are copied on its loop.
+    forked = {"snapshot_fork_models": 1}
+    w1 = Run(broker, topics, snaps, group, "w1", **forked)
+    ref = Run(broker, ref_topics, ref_snaps, ref_group, "ref", snapshot_fork_models=0)
     runs = [w1, ref]
     try:
         assert wait_for(lambda: caught_up(broker, topics, group, first[topics]), timeout_s=120)
         assert wait_for(lambda: caught_up(broker, ref_topics, ref_group, first[ref_topics]), timeout_s=120)
         assert sorted(w1.worker.partitions) == [0, 1]
 
-        w2 = Run(broker, topics, snaps, group, "w2")
+        w2 = Run(broker, topics, snaps, group, "w2", **forked)
         runs.append(w2)
         assert wait_for(lambda: len(w1.worker.partitions) == 1 and len(w2.worker.partitions) == 1, timeout_s=90)
         moved = set(w2.worker.partitions)
@@ -157,6 +160,8 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     # The new owner restored the moved partition from the snapshot topic: it re-applied no joined
     # record (a missing snapshot would have made it replay the partition's whole joined log).
     assert w2.worker.metrics["recovered_joined"] == 0 and w2.worker.metrics["snapshots"] > 0
+    assert w1.worker.metrics["snapshot_forks"] > 0 and w2.worker.metrics["snapshot_forks"] > 0
+    assert ref.worker.metrics["snapshot_forks"] == 0
 
     out, ref_out = outputs(broker, topics, group), outputs(broker, ref_topics, ref_group)
     n = 2 * PER_BATCH + 4

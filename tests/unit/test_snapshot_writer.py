@@ -91,11 +91,43 @@ def test_a_child_that_cannot_store_is_a_failure_reported_to_the_loop(tmp_path):
     assert not (tmp_path / "s/p3.snap").exists()
 
 
-def test_a_topic_store_is_not_written_from_a_child(tmp_path):
-    class TopicLike(DirectoryStore):
-        fork_safe = False
-    with pytest.raises(ValueError, match="fork-safe"):
-        SnapshotWriter(TopicLike(tmp_path), {}).submit_forked(0, head(1, 0), PartitionEngine(CONFIG), None)
+class TopicLike(DirectoryStore):
+    """A store a child may not use (as the snapshot topic's producer): it records who saved."""
+    fork_safe = False
+
+    def __init__(self, path):
+        super().__init__(path)
+        self.savers = []
+
+    def save(self, partition, data):
+        self.savers.append(os.getpid())
+        super().save(partition, data)
+
+
+def test_into_a_store_a_child_may_not_use_the_child_sends_the_bytes_and_the_writer_stores_them(tmp_path):
+    engine, stream = PartitionEngine(CONFIG), Stream()
+    stream.feed(engine, 40_000, [f"{g}-{i}" for g in "go" for i in range(10_000)])
+    expected = pack_snapshot(head(2, 0) | {"engine": engine.snapshot()})
+    assert len(expected) > 4 << 20  # several times what a pipe holds: read in many pieces
+    store, metrics = TopicLike(tmp_path / "t"), {}
+    writer = SnapshotWriter(store, metrics)
+    writer.submit_forked(3, head(2, 0), engine, None)
+    stream.feed(engine, 300, KEYS)  # the loop goes on; the snapshot is the state at the fork
+    writer.close()
+    assert writer.take_failures() == {}
+    assert store.savers == [os.getpid()] and stored(tmp_path, "t") == expected
+    assert metrics["snapshot_forks"] == 1 and metrics["snapshot_bytes"] == len(expected)
+
+
+def test_a_child_that_sends_fewer_bytes_than_it_announced_fails():
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.write(write_end, b"ok 100 1 0\n" + bytes(40))
+        os._exit(0)
+    os.close(write_end)
+    with pytest.raises(ChildFailed, match="sent 40 of its 100 bytes"):
+        _wait_for_child(pid, read_end, limit_s=30.0, with_data=True)
 
 
 def alive(pid):
@@ -169,4 +201,4 @@ def test_a_childs_report_is_read_to_its_end():
         os.write(write_end, b"ok 123 4 5")
         os._exit(0)
     os.close(write_end)
-    assert _wait_for_child(pid, read_end, limit_s=30.0) == (123, 4, 5)
+    assert _wait_for_child(pid, read_end, limit_s=30.0) == (123, 4, 5, None)
