@@ -1,13 +1,15 @@
 """Snapshots of one partition with many models: the loop's pause and the bytes, base and increments.
 
-    python -m bench.snapshots            # ~10 min: 100,000 models, oful and glb_omd, d = 20
+    python -m bench.snapshots            # ~15 min: 100,000 models, oful and glb_omd, d = 20
     python -m bench.snapshots --quick    # 10,000 models, printed only
 
 The worker takes a snapshot in one of two ways (stream/worker.py, stream/snapshot_writer.py):
 copied on the loop (``PartitionEngine.snapshot``: every model for a base, the changed ones for an
 increment), then packed (Avro, zlib) and written by the writer's thread; or, for a snapshot of
 ``snapshot_fork_models`` models or more, by a forked child that copies, packs and writes while the
-loop goes on. This measures both ways for a base and for increments of 100, 1,000 and 10,000
+loop goes on (into the snapshot topic, the child sends the packed bytes back and the writer's
+thread produces them: the ``fork-topic`` case, bases only, with an embedded broker on the same
+machine). This measures both ways for a base and for increments of 100, 1,000 and 10,000
 changed models: the loop's pause, the time to write, the bytes, and the longest step of a loop
 that keeps deciding and updating meanwhile (one context and its reward per step), against the
 same loop with no snapshot in flight. Last, the chain the forked snapshots left is loaded in a fresh
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import os
 import subprocess
@@ -117,8 +120,17 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
     print(f"{policy}, {how}: {n:,} models built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
     metrics: collections.Counter = collections.Counter()
     out: dict = {"policy": policy, "taken_by": how, "models": n, "rss_mb": _rss_mb(), "rows": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        writer = SnapshotWriter(DirectoryStore(tmp), metrics)
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        if how == "fork-topic":  # into the snapshot topic of an embedded broker sharing the machine
+            from streambandit.stream.broker import EmbeddedBroker
+            from streambandit.stream.snapshots import TopicStore, create_snapshot_topic
+
+            broker = stack.enter_context(EmbeddedBroker())
+            create_snapshot_topic(broker.bootstrap_servers, "snapshots", partitions=1)
+            store = stack.enter_context(TopicStore(broker.bootstrap_servers, "snapshots"))
+        else:
+            store = DirectoryStore(tmp)
+        writer = SnapshotWriter(store, metrics)
         serial = 0
         # The loop with nothing in flight: what a step costs anyway (a GC, a kernel's first call).
         quiet, _, serial = _longest_step(engine, pool, serial, lambda: False, min_steps=2000)
@@ -130,8 +142,8 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
             engine.take_changed()
         out["rows"].append(_row(policy, "base", n, how, runs))
         for changed in CHANGED:
-            if changed > n // 2:
-                continue  # half the models or more: the worker writes a base (stream/chains.py)
+            if changed > n // 2 or how == "fork-topic":
+                continue  # half the models or more, or the topic: the worker writes a base (stream/chains.py)
             runs = []
             for r in range(repeats):
                 start = (r * changed) % n
@@ -173,7 +185,7 @@ def measure(a: argparse.Namespace) -> dict:
     n = 10_000 if a.quick else a.models
     cases = []
     for policy in ("oful", "glb_omd"):
-        for how in ("loop", "fork"):
+        for how in ("loop", "fork", "fork-topic"):
             out = subprocess.run([sys.executable, "-m", "bench.snapshots", "--child", policy, how, str(n), str(a.repeats)],
                                  stdout=subprocess.PIPE, text=True, check=True)
             cases.append(json.loads(out.stdout.strip().splitlines()[-1]))
@@ -191,7 +203,10 @@ def render(res: dict) -> str:
                                      f"{res['repeats']} snapshots, the longest step the worst of them."), "",
              "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread (the "
              "worker's way below `snapshot_fork_models` models); `fork`: the loop forks and the child copies, "
-             "packs and writes. *Loop pause*: the copy, or the fork. *Longest step*: the slowest "
+             "packs and writes into a directory store; `fork-topic`: the same into the snapshot topic of an "
+             "embedded broker on the same machine, the child sending the packed bytes back through a pipe "
+             "for the writer's thread to produce (a topic keeps bases only). *Loop pause*: the copy, or the fork. "
+             "*Longest step*: the slowest "
              "decision-and-update of a loop that keeps running while the snapshot is written (on the thread, "
              "the packing shares the GIL with it; in the child, the loop's writes copy pages); *quiet*: the "
              "same loop with nothing in flight. *Worker memory*: the process's resident memory with the "
