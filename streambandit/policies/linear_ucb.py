@@ -172,28 +172,30 @@ class LinearUCBPolicy(Policy):
             if a.shape[1:] != expected[k].shape or a.dtype != expected[k].dtype:
                 raise ValueError(f"state block column {k!r} has rows of shape {a.shape[1:]} {a.dtype}, "
                                  f"expected {expected[k].shape} {expected[k].dtype}")
-        adopt = block.adoptable
-        arrays, scalars = block.hand_over() if adopt else (block.arrays, block.scalars)
+        # The rows the store has spare (a partition that moved away and back, a reload) are
+        # filled by copying; only the models beyond them may take an adoptable block's columns
+        # as their rows, so a store does not grow by a partition's rows at each handoff.
+        reuse = min(n, store.spare) if block.adoptable else n
+        arrays, scalars = block.hand_over() if reuse < n else (block.arrays, block.scalars)
         sources = [None] * len(store.initial)
         for k, c in self._columns.items():
             sources[c] = arrays[k]
         sources[COUNT] = scalars["n_updates"]
-        if adopt:
+        slots = store.allocate_many(reuse)
+        for chunk, index, pos in rows.by_chunk(slots):
+            for c, column in enumerate(chunk):
+                if c == SCALARS:
+                    for j, k in enumerate(self._row_scalars):
+                        column[index, j] = scalars[k][pos]
+                else:
+                    column[index] = sources[c][pos]
+        if reuse < n:
             # The block's columns are private to it (a snapshot file's copy-on-write mapping):
             # they become the rows, and only the per-model scalars are gathered into one column.
             sources[SCALARS] = np.empty((n, len(self._row_scalars)))
             for j, k in enumerate(self._row_scalars):
                 sources[SCALARS][:, j] = scalars[k]
-            slots = store.adopt(tuple(sources))
-        else:
-            slots = store.allocate_many(n)
-            for chunk, index, pos in rows.by_chunk(slots):
-                for c, column in enumerate(chunk):
-                    if c == SCALARS:
-                        for j, k in enumerate(self._row_scalars):
-                            column[index, j] = scalars[k][pos]
-                    else:
-                        column[index] = sources[c][pos]
+            slots += store.adopt(tuple(column[reuse:] for column in sources))
         cls, dim, config, new = type(self), self.dim, store.config, object.__new__
         out = []
         for chunk, i in slots:

@@ -81,6 +81,11 @@ class RowStore:
         """Rows held by models now."""
         return self.capacity - (self.rows_per_chunk - self._used) - len(self._free)
 
+    @property
+    def spare(self) -> int:
+        """Rows allocated and held by no model: freed, or not yet handed out in the last chunk."""
+        return len(self._free) + (self.rows_per_chunk - self._used if self.chunks else 0)
+
     def allocate(self) -> tuple[Chunk, int]:
         """A row for a new model, set to the initial values: ``(chunk, index in the chunk)``."""
         try:

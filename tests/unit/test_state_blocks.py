@@ -187,10 +187,15 @@ def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(p
     snap = load_latest(store, 0)
     [block] = snap["engine"]["models"].blocks
     assert block.adoptable
+    rows = next(iter(e.models.values()))._store
+    # The rows the store has spare are filled first (copies); the models beyond them take the
+    # mapped file's pages as their rows, but for a last part-chunk, which is copied.
+    adopted = len(e.models) - rows.spare
+    assert adopted > rows.rows_per_chunk
     r = PartitionEngine.restore(cfg, snap["engine"])
     assert block.handed_over
     shared = sum(np.shares_memory(r.models[k]._chunk[THETA], block.arrays["theta"]) for k in e.models)
-    assert shared >= 2048  # every model but the last chunk's sits in the mapped file's pages
+    assert shared == adopted - adopted % rows.rows_per_chunk
     rng = np.random.default_rng(3)
     for key, m in e.models.items():
         assert equal_states(r.models[key].state_dict(), m.state_dict())
@@ -208,6 +213,25 @@ def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(p
     store.save(0, pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": fed(cfg, 10, seed=4).snapshot()}))
     for key in list(e.models)[::7]:
         assert equal_states(r.models[key].state_dict(), e.models[key].state_dict())
+
+
+def test_a_partition_restored_again_and_again_reuses_the_rows_it_freed(tmp_path):
+    """A partition that moves away and back (or is reloaded) while the worker keeps other
+    models of its configuration: its restore fills the freed rows, and the store stays its size."""
+    from streambandit.stream.snapshots import DirectoryStore, load_latest
+
+    cfg = config({"match": "m*", "policy": "glb_omd"})
+    e = fed(cfg, 3000)
+    store = DirectoryStore(tmp_path)
+    store.save(0, pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": e.snapshot()}))
+    rows = next(iter(e.models.values()))._store
+    sizes = []
+    for _ in range(4):
+        r = PartitionEngine.restore(cfg, load_latest(store, 0)["engine"])
+        assert all(equal_states(r.models[k].state_dict(), m.state_dict()) for k, m in list(e.models.items())[::50])
+        sizes.append(rows.capacity)
+        del r  # revoked: its rows go back to the store, which e keeps alive
+    assert sizes[1:] == sizes[:1] * 3
 
 
 def test_bytes_and_read_only_buffers_are_copied_not_adopted():
