@@ -19,12 +19,14 @@ slot incomplete, and the other slot, untouched by that save, is still there.
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import logging
 import mmap
 import os
 import re
 import struct
+import sys
 import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
@@ -151,6 +153,12 @@ _CHUNK_MAGIC = b"SC"
 _CHUNK_VERSION = 1
 _SLOTS = 2
 _KEY = re.compile(rb"(?:([^/]+)/)?p(\d+)/s(\d+)/(\d+)")
+
+
+# glibc's malloc_trim (absent elsewhere, e.g. musl): free heap memory back to the OS. ctypes
+# releases the GIL for the call. After a snapshot of at least _TRIM_AFTER_BYTES.
+_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+_TRIM_AFTER_BYTES = 64 << 20
 
 
 def chunk_key(partition: int, slot: int, index: int, scope: str = "") -> bytes:
@@ -371,6 +379,11 @@ class TopicStore:
                                      f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}")
         slots[slot] = _Slot(generation=generation, max_generation=generation, indices=frozenset(range(count)))
         self._slots[partition] = slots
+        if len(data) >= _TRIM_AFTER_BYTES and _malloc_trim is not None:
+            # The producer copied every chunk, and the allocator keeps the freed copies: the
+            # worker would stay larger by the snapshot's size, and every later fork would copy
+            # page tables for it too (bench.snapshots, fork-topic). Give them back to the OS.
+            _malloc_trim(0)
         log.debug("snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
                   partition, self.topic, slot, generation, count, len(stale), len(data))
 
