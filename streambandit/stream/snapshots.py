@@ -130,7 +130,8 @@ class DirectoryStore:
         # mapped pages the models' rows (unpack_snapshot), so a handoff neither copies the file
         # nor has the kernel zero a new page per row. The file itself is never written (a save
         # replaces it by a rename, and an old file a worker still maps stays readable until it
-        # lets go, holding its disk space until then).
+        # lets go, holding its disk space until then). Nothing may rewrite a snapshot file in
+        # place (docs/operations.md): the mapped models would see it.
         for suffix in ("snap", "prev"):
             try:
                 with open(self._file(partition, suffix), "rb") as f:
