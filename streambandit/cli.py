@@ -209,8 +209,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
         return 0
     if args.snapshot_topic or args.snapshot_dir:
         raise ValueError("--snapshot-topic and --snapshot-dir name the learners' store: use them with --replica-of")
+    bound = {} if args.max_models is None else {"max_models": args.max_models}
     serve_api(args.models, host=args.host, port=args.port, model_key=args.model_key, snapshot=args.snapshot,
-              save_every_s=args.save_every, max_models=args.max_models)
+              save_every_s=args.save_every, **bound)
     return 0
 
 
@@ -689,8 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
     api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")
     api.add_argument("--snapshot", default=None, help="a file to load the state from at start and save it to")
     api.add_argument("--save-every", type=float, default=30.0, help="seconds between saves of --snapshot (default 30)")
-    api.add_argument("--max-models", type=int, default=10_000,
-                     help="the most model keys served; a request for one more is refused (default 10,000)")
+    api.add_argument("--max-models", type=int, default=None,
+                     help="the most model keys served; a request for one more is refused (default 10,000 with "
+                          "--models; with --replica-of none: the learners' [worker] max_models bounds their models)")
     api.set_defaults(func=_cmd_api)
 
     brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")

@@ -75,3 +75,16 @@ def test_check_config_validates_and_exits(tmp_path):
     cfg.write_text(cfg.read_text() + '[kafka.producer]\n"linger.ms" = "soon"\n')
     out = run("serve", "--config", str(cfg), "--check-config")
     assert out.returncode == 2 and "linger.ms" in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeypatch):
+    import streambandit.api
+    from streambandit import cli
+
+    seen = {}
+    monkeypatch.setattr(streambandit.api, "serve_api", lambda models, **kw: seen.update(kw))
+    assert cli.main(["api", "--models", "m.toml"]) == 0
+    assert "max_models" not in seen  # serve_api's own default, 10,000: clients name the keys
+    assert cli.main(["api", "--models", "m.toml", "--max-models", "7"]) == 0 and seen["max_models"] == 7
+    args = cli.build_parser().parse_args(["api", "--replica-of", "learner.toml"])
+    assert args.max_models is None  # a replica holds the learners' models, bounded by their max_models
