@@ -6,7 +6,7 @@ from pathlib import Path
 # Each benchmark writes bench/results/NAME.{json,md}; the other modules here are shared pieces.
 BENCHMARKS = ("policies", "sketch", "bkb", "bkb_stream", "regret_vs_oful", "calls", "peers", "replay", "decider", "api_http",
               "freshness",
-              "worker_path", "memory", "handoff",
+              "worker_path", "memory", "handoff", "join",
               "recovery", "snapshots", "scaling", "tansu", "e2e")
 
 

@@ -179,7 +179,8 @@ def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(p
     from streambandit.policies.linear_ucb import THETA
     from streambandit.stream.snapshots import DirectoryStore, load_latest
 
-    cfg = config({"match": "m*", "policy": policy})
+    # A seed no other test's models have: a store of its own, whatever the suite left alive.
+    cfg = config({"match": "m*", "policy": policy, "seed": 90210})
     e = fed(cfg, 2500)
     store = DirectoryStore(tmp_path)
     data = pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": e.snapshot()})
