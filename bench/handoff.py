@@ -26,12 +26,12 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from bench import harness, kafka_io, traffic
 from bench.memory import HYPER, WINDOW_MS, D, K, close_windows, feature_pool, run_engine
+from bench.probes import Probes
 from streambandit.stream.broker import EmbeddedBroker
 
 PROBE_RATE = 100.0
@@ -80,69 +80,6 @@ def _wait_line(path: Path, pattern: str, timeout_s: float, after: int = 0) -> tu
     raise TimeoutError(f"no {pattern!r} in {path} within {timeout_s} s:\n" + "\n".join(lines[-15:]))
 
 
-class _Probes:
-    """Contexts for the partition's models at PROBE_RATE, and the wall time each action is read."""
-
-    def __init__(self, broker: EmbeddedBroker, t, n: int) -> None:
-        from confluent_kafka import Consumer, Producer, TopicPartition
-
-        self.sent: dict[str, float] = {}
-        self.read: dict[str, float] = {}
-        self._stop = threading.Event()
-        self.paused = threading.Event()
-        self._prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
-        self._cons = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "handoff-probe",
-                               "isolation.level": "read_committed", "enable.auto.commit": False,
-                               "fetch.wait.max.ms": 10})
-        self._cons.assign([TopicPartition(t.actions, 0, 0)])
-        self._t, self._n = t, n
-        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._read)]
-        for th in self._threads:
-            th.start()
-
-    def _send(self) -> None:
-        from streambandit.wire import Context, encode
-
-        pool = feature_pool()
-        arm_ids = tuple(f"ad-{j}" for j in range(K))
-        i = 0
-        while not self._stop.is_set():
-            if self.paused.is_set():
-                time.sleep(0.01)
-                continue
-            key, event_id = f"m-{(i * 7919) % self._n}", f"probe-{i}"
-            ctx = Context(event_id, key, int(time.time() * 1000), arm_ids, pool[i % len(pool)])
-            self.sent[event_id] = time.time()
-            self._prod.produce(self._t.contexts, encode(ctx), key.encode(), partition=0)
-            self._prod.poll(0)
-            i += 1
-            time.sleep(1.0 / PROBE_RATE)
-
-    def _read(self) -> None:
-        from streambandit.wire import Action, decode
-
-        while not self._stop.is_set():
-            for m in self._cons.consume(500, 0.05):
-                if m.error():
-                    continue
-                a = decode(m.value())
-                if isinstance(a, Action) and a.event_id not in self.read:
-                    self.read[a.event_id] = time.time()
-
-    def first_answer_after(self, t0: float) -> float | None:
-        """When the first action was read after ``t0`` (the taker's assignment: the holder, revoked or
-        dead before it, committed its last actions earlier, and they were read within a fetch)."""
-        times = [r for r in list(self.read.values()) if r > t0]
-        return min(times) if times else None
-
-    def close(self) -> None:
-        self._stop.set()
-        for th in self._threads:
-            th.join(10)
-        self._prod.flush(10)
-        self._cons.close()
-
-
 def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: str) -> dict:
     t = kafka_io.fresh_topics(broker, partitions=1)
     group = f"handoff-{t.contexts}"
@@ -162,7 +99,8 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
     try:
         line, _ = _wait_line(logs["A"], r"partition assigned partition=0", 300)
         a_recovered_ms = int(re.search(r"recovered_in_ms=(\d+)", line).group(1))
-        probes = _Probes(broker, t, n)
+        probes = Probes(broker, t, partitions=1, key=lambda i: f"m-{(i * 7919) % n}", rate=PROBE_RATE,
+                        group="handoff-probe")
         procs["B"] = serve("B")
         _wait_line(logs["B"], r"worker started", 120)
         time.sleep(8.0)  # B joins the group while the probes flow
@@ -188,6 +126,8 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
         recovered_ms = int(re.search(r"recovered_in_ms=(\d+)", line).group(1))
         joined_line = re.search(r"models=(\d+)", line)
         deadline = time.monotonic() + 60
+        # The first action read after the assignment is the taker's: the holder, revoked or dead
+        # before it, committed its last ones earlier, and they were read within a fetch.
         while (served := probes.first_answer_after(assigned)) is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:

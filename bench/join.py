@@ -26,13 +26,13 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 from bench import harness, kafka_io
 from bench.handoff import _log_ms, _wait_line
-from bench.memory import D, K, feature_pool
+from bench.memory import D
+from bench.probes import Probes
 from streambandit.stream.broker import EmbeddedBroker
 
 PARTITIONS = 8
@@ -47,62 +47,6 @@ _ASSIGNED = re.compile(r"rebalance: assigned partitions=\[([\d, ]*)\]")
 def _models_toml() -> str:
     return (f'[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = {D}\nreward_window_ms = 60000\n'
             'default_reward = 0.0\naggregation = "first"\n')
-
-
-class _Probes:
-    """Contexts for every partition in turn at PROBE_RATE; when each was sent and its action read."""
-
-    def __init__(self, broker: EmbeddedBroker, t) -> None:
-        from confluent_kafka import Consumer, Producer, TopicPartition
-
-        self.sent: dict[str, tuple[int, float]] = {}  # event id -> (partition, wall time)
-        self.read: dict[str, float] = {}
-        self._stop = threading.Event()
-        self._prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
-        self._cons = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "join-probe",
-                               "isolation.level": "read_committed", "enable.auto.commit": False,
-                               "fetch.wait.max.ms": 10})
-        self._cons.assign([TopicPartition(t.actions, p, 0) for p in range(PARTITIONS)])
-        self._t = t
-        self._threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._read)]
-        for th in self._threads:
-            th.start()
-
-    def _send(self) -> None:
-        from streambandit.wire import Context, encode
-
-        pool = feature_pool()
-        arm_ids = tuple(f"ad-{j}" for j in range(K))
-        i = 0
-        next_at = time.monotonic()
-        while not self._stop.is_set():
-            p = i % PARTITIONS
-            key, event_id = f"m-{p}-{(i // PARTITIONS) % 50}", f"probe-{i}"
-            ctx = Context(event_id, key, int(time.time() * 1000), arm_ids, pool[i % len(pool)])
-            self.sent[event_id] = (p, time.time())
-            self._prod.produce(self._t.contexts, encode(ctx), key.encode(), partition=p)
-            self._prod.poll(0)
-            i += 1
-            next_at += 1.0 / PROBE_RATE
-            time.sleep(max(0.0, next_at - time.monotonic()))
-
-    def _read(self) -> None:
-        from streambandit.wire import Action, decode
-
-        while not self._stop.is_set():
-            for m in self._cons.consume(500, 0.05):
-                if m.error():
-                    continue
-                a = decode(m.value())
-                if isinstance(a, Action) and a.event_id not in self.read:
-                    self.read[a.event_id] = time.time()
-
-    def close(self) -> None:
-        self._stop.set()
-        for th in self._threads:
-            th.join(10)
-        self._prod.flush(10)
-        self._cons.close()
 
 
 def _assignments(path: Path) -> list[tuple[float, set[int]]]:
@@ -122,7 +66,7 @@ def _owned_at(assignments: list[tuple[float, set[int]]], t: float) -> set[int]:
     return held
 
 
-def _latencies(probes: _Probes, parts: set[int], t0: float, t1: float, until: float) -> tuple[list[float], int]:
+def _latencies(probes: Probes, parts: set[int], t0: float, t1: float, until: float) -> tuple[list[float], int]:
     """Latencies (ms) of the probes of ``parts`` sent in [t0, t1), and how many went unanswered
     (each counted as waiting until ``until``)."""
     lat, missing = [], 0
@@ -137,7 +81,7 @@ def _latencies(probes: _Probes, parts: set[int], t0: float, t1: float, until: fl
     return lat, missing
 
 
-def _longest_gap(probes: _Probes, parts: set[int], t0: float, t1: float) -> float:
+def _longest_gap(probes: Probes, parts: set[int], t0: float, t1: float) -> float:
     """The longest time (ms) in [t0, t1] a partition of ``parts`` went without an action read."""
     longest = 0.0
     for p in parts:
@@ -170,7 +114,8 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
     try:
         for w in "AB":
             _wait_line(logs[w], r"worker started", 120)
-        probes = _Probes(broker, t)
+        probes = Probes(broker, t, partitions=PARTITIONS, key=lambda i: f"m-{i % PARTITIONS}-{(i // PARTITIONS) % 50}",
+                        rate=PROBE_RATE, group="join-probe")
         # Both members hold partitions and every partition answers: the group is settled.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
