@@ -24,7 +24,6 @@ import gc
 import re
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -89,10 +88,7 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
     logs = {w: workdir / f"{group}-{w}.log" for w in "AB"}
 
     def serve(w: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg),
-                                 "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir",
-                                 str(workdir / group), "--processes", "1", "--instance-id", f"{group}-{w}"],
-                                stdout=subprocess.DEVNULL, stderr=open(logs[w], "w"))
+        return kafka_io.serve_to_file(broker, cfg, workdir / group, f"{group}-{w}", logs[w])
 
     procs = {"A": serve("A")}
     probes = None
@@ -133,13 +129,7 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
     finally:
         if probes is not None:
             probes.close()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(120)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        kafka_io.stop_all(procs.values(), 120)
     return {"policy": policy, "models": n, "how": how, "pack_s": pack_s, "a_recovered_ms": a_recovered_ms,
             "stop_to_assign_s": assigned - stopped, "recovered_ms": recovered_ms,
             "assign_to_serve_s": None if served is None else served - assigned,

@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import argparse
 import re
-import signal
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -104,10 +102,7 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
     logs = {w: workdir / f"{group}-{w}.log" for w in "ABC"}
 
     def serve(w: str) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg),
-                                 "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir",
-                                 str(workdir / group), "--processes", "1", "--instance-id", f"{group}-{w}"],
-                                stdout=subprocess.DEVNULL, stderr=open(logs[w], "w"))
+        return kafka_io.serve_to_file(broker, cfg, workdir / group, f"{group}-{w}", logs[w])
 
     procs = {w: serve(w) for w in "AB"}
     probes = None
@@ -144,13 +139,7 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
     finally:
         if probes is not None:
             probes.close()
-        for p in procs.values():
-            if p.poll() is None:
-                p.send_signal(signal.SIGTERM)
-                try:
-                    p.wait(60)
-                except subprocess.TimeoutExpired:
-                    p.kill()
+        kafka_io.stop_all(procs.values(), 60)
     row = {"run": run, "non_moving": sorted(stay), "before": {w: sorted(v) for w, v in before.items()},
            "after": {w: sorted(v) for w, v in after.items()}, "window_s": window_end - joined,
            "steady_n": len(steady), "steady_p50_ms": _pct(steady, 0.5), "steady_p99_ms": _pct(steady, 0.99),

@@ -86,6 +86,14 @@ def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -
                             env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 
+def serve_to_file(broker: EmbeddedBroker, config: Path, snapshot_dir: Path, instance: str, log: Path) -> subprocess.Popen:
+    """``streambandit serve`` as deployed (one process, its own instance id), its log in ``log``."""
+    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(config),
+                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(snapshot_dir),
+                             "--processes", "1", "--instance-id", instance],
+                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+
+
 def wait_for_line(proc: subprocess.Popen, pattern: str, count: int, timeout_s: float = 120) -> list[re.Match]:
     """Read the worker's log until ``pattern`` matched ``count`` times."""
     found, deadline, tail = [], time.monotonic() + timeout_s, collections.deque(maxlen=20)
@@ -107,6 +115,17 @@ def wait_for_line(proc: subprocess.Popen, pattern: str, count: int, timeout_s: f
 def stop(proc: subprocess.Popen, sig: int = signal.SIGTERM) -> None:
     proc.send_signal(sig)
     proc.communicate(timeout=60)
+
+
+def stop_all(procs, timeout_s: float = 120) -> None:
+    """SIGTERM every process still running; one still running after ``timeout_s`` is killed."""
+    for p in procs:
+        if p.poll() is None:
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                p.kill()
 
 
 def caught_up(broker: EmbeddedBroker, group: str, ends: dict) -> bool:
