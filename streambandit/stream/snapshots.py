@@ -179,7 +179,7 @@ class _Chunk:
     index: int
     count: int
     crc: int
-    payload: bytes
+    payload: memoryview  # of the record's value: not copied
 
 
 def _unpack_chunk(value: bytes) -> _Chunk | None:
@@ -188,7 +188,7 @@ def _unpack_chunk(value: bytes) -> _Chunk | None:
     magic, version, generation, index, count, crc = _CHUNK.unpack_from(value)
     if magic != _CHUNK_MAGIC or version != _CHUNK_VERSION:
         return None
-    return _Chunk(generation, index, count, crc, bytes(value[_CHUNK.size:]))
+    return _Chunk(generation, index, count, crc, memoryview(value)[_CHUNK.size:])
 
 
 @dataclasses.dataclass
@@ -201,8 +201,10 @@ class _Slot:
     indices: frozenset[int] = frozenset()
 
 
-def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slot, bytes | None]:
-    """The slot's snapshot when all its chunks belong to one save and the whole passes its CRC."""
+def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slot, mmap.mmap | None]:
+    """The slot's snapshot when all its chunks belong to one save and the whole passes its CRC,
+    in a private anonymous mapping: what unpack_snapshot lets a restore take as the models' rows
+    (a copy fewer of a snapshot that can be hundreds of MB, as from a directory store)."""
     chunks = {i: _unpack_chunk(v) for i, v in values.items()}
     meta = _Slot(max_generation=max((c.generation for c in chunks.values() if c), default=0),
                  indices=frozenset(values))
@@ -215,16 +217,35 @@ def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slo
         parts = [chunks.get(i) for i in range(first.count)]
         same = all(c is not None and (c.generation, c.index, c.count, c.crc) == (first.generation, i, first.count, first.crc)
                    for i, c in enumerate(parts))
+        crc = 0
+        if same:
+            for c in parts:
+                crc = zlib.crc32(c.payload, crc)  # type: ignore[union-attr]
         if not same:
             problem = "incomplete (a save did not finish, or chunks of different saves)"
-        elif zlib.crc32(b"".join(c.payload for c in parts if c)) != first.crc:
+        elif crc != first.crc:
             problem = "checksum mismatch (corrupt chunk)"
         else:
             meta.generation = first.generation
-            return meta, b"".join(c.payload for c in parts if c)
+            return meta, _joined(c.payload for c in parts)  # type: ignore[union-attr]
     log.error("snapshot slot unusable partition=%d slot=%d generation=%d reason=%s; using the other slot",
               partition, slot, meta.max_generation, problem)
     return meta, None
+
+
+def _joined(parts: Iterable[memoryview]) -> mmap.mmap | bytes:
+    """``parts`` one after the other in private (copy-on-write, never shared with a forked child)
+    anonymous memory."""
+    parts = list(parts)
+    size = sum(len(p) for p in parts)
+    if not size:
+        return b""
+    out = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    at = 0
+    for p in parts:
+        out[at:at + len(p)] = p
+        at += len(p)
+    return out
 
 
 class TopicStore:
@@ -320,7 +341,7 @@ class TopicStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _scan(self, partition: int) -> tuple[list[_Slot], list[bytes | None]]:
+    def _scan(self, partition: int) -> tuple[list[_Slot], list[mmap.mmap | bytes | None]]:
         """Read the partition's chunk records up to the end; the last value of each key wins."""
         tp = self._topic_partition(partition)
         lo, hi = self._reader.get_watermark_offsets(TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False)
@@ -341,7 +362,7 @@ class TopicStore:
             datas.append(data)
         return metas, datas
 
-    def candidates(self, partition: int) -> list[bytes]:
+    def candidates(self, partition: int) -> list[mmap.mmap | bytes]:
         metas, datas = self._scan(partition)
         self._slots[partition] = metas
         order = sorted((s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation)
