@@ -155,8 +155,9 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
                 engine.take_changed()  # the steps' models: not part of the next measured increment
             out["rows"].append(_row(policy, "increment", changed, how, runs))
         writer.close()
-        if how == "fork":  # the chain just written, as the next owner of the partition loads it
-            runs = [json.loads(subprocess.run([sys.executable, "-m", "bench.snapshots", "--restore", policy, tmp],
+        if how != "loop":  # what was just written, as the next owner of the partition loads it
+            where = tmp if how == "fork" else f"topic:{broker.bootstrap_servers}"
+            runs = [json.loads(subprocess.run([sys.executable, "-m", "bench.snapshots", "--restore", policy, where],
                                               stdout=subprocess.PIPE, text=True, check=True).stdout.strip().splitlines()[-1])
                     for _ in range(repeats)]
             out["restore"] = {k: harness.median([r[k] for r in runs]) for k in runs[0]}
@@ -164,16 +165,18 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
     return out
 
 
-def restore_case(policy: str, directory: str) -> dict:
-    """In a fresh process, as a partition's next owner: the newest chain of ``directory`` read,
+def restore_case(policy: str, where: str) -> dict:
+    """In a fresh process, as a partition's next owner: the newest chain of the directory
+    ``where`` (or the newest base in the snapshot topic of the broker ``topic:BOOTSTRAP``) read,
     checked, unpacked and composed (``usable_snapshots``), then ``PartitionEngine.restore``."""
     from bench.memory import models_config
     from streambandit.stream.engine import PartitionEngine
-    from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
+    from streambandit.stream.snapshots import DirectoryStore, TopicStore, usable_snapshots
 
     config = models_config(policy)
+    store = TopicStore(where[len("topic:"):], "snapshots") if where.startswith("topic:") else DirectoryStore(where)
     t0 = time.perf_counter()
-    snap = next(usable_snapshots(DirectoryStore(directory), 0))
+    snap = next(usable_snapshots(store, 0))
     t1 = time.perf_counter()
     snap_seq = snap["seq"]
     engine = PartitionEngine.restore(config, snap["engine"])
@@ -241,23 +244,26 @@ def render(res: dict) -> str:
     restored = [p for p in res["cases"] if "restore" in p]
     if restored:
         lines += ["## Loading the partition elsewhere", "",
-                  "The chain the `fork` case left (its last base and the increments on it), loaded in a fresh "
-                  "process as the partition's next owner loads it: *load* reads the files, checks them and "
+                  "The chain the `fork` case left (its last base and the increments on it), and the last base "
+                  "the `fork-topic` case left in the topic, loaded in a fresh "
+                  "process as the partition's next owner loads it: *load* reads the files or the topic, checks them and "
                   "composes the chain (`usable_snapshots`), *restore* builds the engine "
                   "(`PartitionEngine.restore`). The joined records written after the chain are re-applied after "
                   "this (bench/results/recovery.md). Medians of as many loads as snapshots above.", "",
-                  "| policy | models | increments on the base | load, ms | restore, ms | total, ms | "
+                  "| policy | from | models | increments on the base | load, ms | restore, ms | total, ms | "
                   "first update of a model, us | second, us |",
-                  "|---|---:|---:|---:|---:|---:|---:|---:|"]
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
         for p in restored:
             r = p["restore"]
-            lines.append(f"| {p['policy']} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
+            source = "topic" if p["taken_by"] == "fork-topic" else "directory"
+            lines.append(f"| {p['policy']} | {source} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
                          f"{r['restore_ms']:,.0f} | {r['total_ms']:,.0f} | {r.get('first_update_us', float('nan')):.1f} | "
                          f"{r.get('second_update_us', float('nan')):.1f} |")
-        lines += ["", "A directory store's snapshot is mapped copy-on-write and its columns become the models' rows "
-                  "(docs/architecture.md, Snapshots): the restore copies nothing, and a model's first update copies "
-                  "the pages its row is on. *First update*: one update of each of a fifth of the models right after "
-                  "the restore; *second*: the same models again.", ""]
+        lines += ["", "A directory store's snapshot is mapped copy-on-write, and the topic's is assembled once into "
+                  "private memory; its columns become the models' rows (docs/architecture.md, Snapshots): the "
+                  "restore copies nothing, and a model's first update copies the pages its row is on. "
+                  "*First update*: one update of each of a fifth of the models right after the restore; *second*: "
+                  "the same models again.", ""]
     return "\n".join(lines)
 
 
