@@ -21,7 +21,7 @@ $(BIN)/python:
 $(VENV)/.demo-installed: pyproject.toml $(LOCK) | $(BIN)/python
 	$(LOCKED) pip setuptools
 	$(LOCKED) --no-build-isolation -e '.[demo]'
-	$(BIN)/python -m streambandit.warmup
+	$(BIN)/python -m streambandit.cli.warmup
 	@touch $@
 
 # The development install: the above plus pytest, scikit-learn and the peers the benchmarks
@@ -29,7 +29,7 @@ $(VENV)/.demo-installed: pyproject.toml $(LOCK) | $(BIN)/python
 $(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
 	$(LOCKED) pip setuptools
 	$(LOCKED) --no-build-isolation -e '.[dev]'
-	$(BIN)/python -m streambandit.warmup
+	$(BIN)/python -m streambandit.cli.warmup
 	@touch $@
 
 demo: $(VENV)/.demo-installed

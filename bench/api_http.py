@@ -142,7 +142,7 @@ def measure(args: argparse.Namespace) -> dict:
                 print(f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in rows[-1].items()), flush=True)
             # The median run of each figure (the runs themselves are in the JSON).
             res["http"].append({k: harness.median([r[k] for r in rows]) for k in rows[0]} | {"each": rows})
-        from streambandit.stream.broker import EmbeddedBroker
+        from streambandit.dev.tansu import EmbeddedBroker
 
         with EmbeddedBroker() as broker:
             kafka = [latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS) for _ in range(runs)]

@@ -25,8 +25,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness
-from streambandit.decision import decide
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.decision import decide
 
 D, K, NUMBER, REPEATS = 20, 10, 20_000, 7
 

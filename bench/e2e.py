@@ -47,11 +47,11 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from bench import harness, kafka_io, traffic
 from bench.passthrough_serve import event_id_span
 from bench.snapshot_pause import snapshot_pause
-from streambandit.models_config import parse_models_config
+from streambandit.config.kafka import consumer_settings, producer_settings
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
+from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.stream.batch import EMIT_EVERY
-from streambandit.stream.broker import EmbeddedBroker
-from streambandit.stream.kafka_config import consumer_settings, producer_settings
-from streambandit.stream.worker_config import WorkerConfig
 from streambandit.wire import Context, Reward, encode, records
 from streambandit.wire import codec as wire_codec
 from streambandit.wire.batch_decode import decode_batch
@@ -337,7 +337,7 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         return sum(v[3] for f, v in st.items() if pred(f))
 
     def is_learner(f) -> bool:
-        return "/policies/" in f[0] or f[0].endswith(("linalg.py", "kernels.py"))
+        return "/policies/" in f[0] or f[0].endswith(("numerics/linalg.py", "numerics/kernels.py"))
 
     learner = sum(c[3] for f, v in st.items() if is_learner(f) for caller, c in v[4].items() if not is_learner(caller)
                   and "numba" not in caller[0])

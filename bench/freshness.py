@@ -4,7 +4,7 @@
     python -m bench.freshness --quick   # 1 run of 4 s per setting, prints only
 
 A learn-only worker (``streambandit serve`` with ``[worker] learn_only = true``, a subprocess)
-learns from the decisions and rewards a replica (``stream/replica.py``, in this process) logs.
+learns from the decisions and rewards a replica (``serving/replica.py``, in this process) logs.
 Each event: ``rank`` through the replica, then its reward (aggregation ``first``: the learner
 applies it when it arrives) through the replica. Freshness is the time from the reward's
 ``reward`` call to the moment the replica has applied the joined record of that event (its
@@ -29,7 +29,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness, kafka_io, traffic
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 D, K, RATE = traffic.D, traffic.K, 200.0
 KEYS = len(traffic.MODEL_KEYS)
@@ -39,10 +39,10 @@ RUNS = 3
 
 
 def _run(broker: EmbeddedBroker, workdir: Path, fetch_wait: int, seconds: float, seed: int) -> dict:
-    from streambandit.stream.app_config import load_worker_config
-    from streambandit.stream.replica import Replica
+    from streambandit.config.app import load_worker_config
+    from streambandit.config.worker import Topics
+    from streambandit.serving.replica import Replica
     from streambandit.stream.snapshots import DirectoryStore
-    from streambandit.stream.worker_config import Topics
 
     t0 = kafka_io.fresh_topics(broker)
     t = Topics(contexts=t0.contexts, decisions=f"dec-{t0.contexts}", rewards=t0.rewards, actions=t0.actions,

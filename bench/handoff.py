@@ -31,7 +31,7 @@ from pathlib import Path
 from bench import harness, kafka_io, traffic
 from bench.memory import HYPER, WINDOW_MS, D, K, close_windows, feature_pool, run_engine
 from bench.probes import Probes
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 PROBE_RATE = 100.0
 TARGET_S = 2.0

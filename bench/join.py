@@ -31,7 +31,7 @@ from bench import harness, kafka_io
 from bench.handoff import _log_ms, _wait_line
 from bench.memory import D
 from bench.probes import Probes
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 PARTITIONS = 8
 PROBE_RATE = 200.0

@@ -16,8 +16,8 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench import traffic
-from streambandit.stream.broker import EmbeddedBroker
-from streambandit.stream.worker_config import Topics
+from streambandit.config.worker import Topics
+from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.wire import Context, Reward, encode
 
 # The embedded broker holds a fetch for the whole fetch.wait.max.ms even when data is there

@@ -94,7 +94,7 @@ def trimmed_rss() -> int:
 
 
 def models_config(policy: str):
-    from streambandit.models_config import parse_models_config
+    from streambandit.config.models import parse_models_config
 
     return parse_models_config({"models": [{"match": "m-*", "policy": policy, "dim": D, "hyper": HYPER[policy],
                                             "reward_window_ms": WINDOW_MS, "default_reward": 0.0,
@@ -128,7 +128,7 @@ def run_bare(policy: str, n: int, pool: list[np.ndarray], start: int = 0) -> dic
 
 
 def run_engine(policy: str, n: int, pool: list[np.ndarray], start: int = 0, engine=None):
-    from streambandit.stream.engine import PartitionEngine
+    from streambandit.engine.partition import PartitionEngine
     from streambandit.wire import Context, Reward
 
     if engine is None:
@@ -162,7 +162,7 @@ def child_restore(policy: str, n: int, path: str) -> dict:
     """RSS growth of a worker partition recovered from a snapshot: the packed bytes are read first
     (and kept, so they are in the baseline), then unpacked and restored, and the unpacked
     snapshot dropped -- what the worker holds after ``_recover_from``."""
-    from streambandit.stream.engine import PartitionEngine
+    from streambandit.engine.partition import PartitionEngine
     from streambandit.wire import unpack_snapshot
 
     pool = feature_pool()

@@ -26,8 +26,8 @@ import sys
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench import traffic
-from streambandit.stream.kafka_config import consumer_settings, producer_settings
-from streambandit.stream.worker_config import WorkerConfig
+from streambandit.config.kafka import consumer_settings, producer_settings
+from streambandit.config.worker import WorkerConfig
 from streambandit.wire import encode, records
 
 BATCH = WorkerConfig.batch_max_records  # up to what the worker takes per transaction

@@ -11,7 +11,7 @@ import time
 from typing import Callable
 
 from bench.memory import K, feature_pool
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 
 class Probes:

@@ -22,9 +22,9 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness, kafka_io, traffic
-from streambandit.models_config import parse_models_config
-from streambandit.stream.broker import EmbeddedBroker
-from streambandit.stream.engine import PartitionEngine
+from streambandit.config.models import parse_models_config
+from streambandit.dev.tansu import EmbeddedBroker
+from streambandit.engine.partition import PartitionEngine
 from streambandit.wire import pack_snapshot
 
 POLICIES = ("oful", "glb_omd")

@@ -32,8 +32,8 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness, traffic
-from streambandit.decision import decide
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.decision import decide
 from streambandit.replay.files import write_avro
 from streambandit.replay.logged import LoggedDecision
 from streambandit.replay.runner import replay
@@ -239,7 +239,7 @@ def render(res: dict) -> str:
             verdicts.append(verdict)
         lines += ["", "; ".join(verdicts) + ". Per row the runner adds to the learner's work the reward model's "
                   "prediction and update, the seeded exploration draw (`decision.choose`, compiled in "
-                  "`event_draw.py`), the estimators' sums (one compiled call for the pooled and the model key's, "
+                  "`numerics/event_draw.py`), the estimators' sums (one compiled call for the pooled and the model key's, "
                   "`replay/sums.py`) and its own Python: the calls between these, the event's hash, the record "
                   "of each decision.", ""]
     return "\n".join(lines)

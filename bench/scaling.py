@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench import harness, kafka_io, traffic
 from bench.e2e import broker_cpu
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 PARTITIONS = 8
 PLACEMENTS = 64

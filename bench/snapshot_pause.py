@@ -15,8 +15,8 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
     """The pause a snapshot of one partition makes at ``contexts_per_s`` (all partitions): an
     engine fed a window's worth of contexts and more (so it holds the open decisions and the
     recent ids a live one does), then snapshotted and packed as the worker does."""
-    from streambandit.models_config import parse_models_config
-    from streambandit.stream.engine import PartitionEngine
+    from streambandit.config.models import parse_models_config
+    from streambandit.engine.partition import PartitionEngine
     from streambandit.wire import InputRef, pack_snapshot
 
     per_partition = contexts_per_s / traffic.PARTITIONS

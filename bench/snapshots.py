@@ -122,7 +122,7 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
     out: dict = {"policy": policy, "taken_by": how, "models": n, "rss_mb": _rss_mb(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
         if how == "fork-topic":  # into the snapshot topic of an embedded broker sharing the machine
-            from streambandit.stream.broker import EmbeddedBroker
+            from streambandit.dev.tansu import EmbeddedBroker
             from streambandit.stream.snapshots import TopicStore, create_snapshot_topic
 
             broker = stack.enter_context(EmbeddedBroker())
@@ -143,7 +143,7 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
         out["rows"].append(_row(policy, "base", n, how, runs))
         for changed in CHANGED:
             if changed > n // 2 or how == "fork-topic":
-                continue  # half the models or more, or the topic: the worker writes a base (stream/chains.py)
+                continue  # half the models or more, or the topic: the worker writes a base (engine/chains.py)
             runs = []
             for r in range(repeats):
                 start = (r * changed) % n
@@ -170,7 +170,7 @@ def restore_case(policy: str, where: str) -> dict:
     ``where`` (or the newest base in the snapshot topic of the broker ``topic:BOOTSTRAP``) read,
     checked, unpacked and composed (``usable_snapshots``), then ``PartitionEngine.restore``."""
     from bench.memory import models_config
-    from streambandit.stream.engine import PartitionEngine
+    from streambandit.engine.partition import PartitionEngine
     from streambandit.stream.snapshots import DirectoryStore, TopicStore, usable_snapshots
 
     config = models_config(policy)

@@ -25,7 +25,7 @@ from pathlib import Path
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench import harness
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 
 def fetch_delay(b: EmbeddedBroker) -> list[dict]:

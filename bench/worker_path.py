@@ -35,13 +35,13 @@ from typing import Callable
 from confluent_kafka import Message, Producer
 
 from bench import harness, traffic
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.merge import InputMerger
+from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.batch import BatchProcessor, PartitionState
-from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.merge import InputMerger
 from streambandit.stream.transaction import Transaction
 from streambandit.stream.worker import freeze_long_lived
-from streambandit.stream.worker_config import Topics, WorkerConfig
 from streambandit.wire import encode
 from streambandit.wire.batch_decode import decode_batch
 

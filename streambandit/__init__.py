@@ -18,10 +18,10 @@ _DECIDER = ("Decider", "Ranking", "DecisionError")
 
 
 def __getattr__(name: str):
-    # The in-process rank/reward API (decider.py), imported on first use: the engine and the
+    # The in-process rank/reward API (serving/decider.py), imported on first use: the engine and the
     # record codecs it brings stay out of a plain ``import streambandit``.
     if name in _DECIDER:
-        from streambandit import decider
+        from streambandit.serving import decider
 
         return getattr(decider, name)
     raise AttributeError(f"module 'streambandit' has no attribute {name!r}")

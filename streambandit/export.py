@@ -17,10 +17,10 @@ from typing import Iterator
 
 from confluent_kafka import Consumer, TopicPartition
 
+from streambandit.config.kafka import reader_settings
+from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
-from streambandit.stream.kafka_config import reader_settings
 from streambandit.stream.logs import committed_view, read_range
-from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.worker import Topics
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 

@@ -1,4 +1,4 @@
-"""Test-wide setup: BLAS on one thread, as the CLI runs it (streambandit/cli.py).
+"""Test-wide setup: BLAS on one thread, as the CLI runs it (streambandit/cli/commands.py).
 
 Bit-exact replay needs the same floating-point reduction order every run, and the workers the
 integration tests start in-process must behave as deployed ones do; on a 2-core machine a

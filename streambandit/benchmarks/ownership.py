@@ -1,5 +1,5 @@
 """What one object alone keeps alive: the memory accounting of ``bench/memory.py`` and of
-``tests/unit/test_memory_accounting.py``.
+``tests/unit/policies/test_memory_accounting.py``.
 
 A compiled learner keeps its state as a row of arrays shared by every model of its configuration
 (``streambandit.policies.rows``): walking references cannot tell its row from the others', so

@@ -5,7 +5,7 @@ numba compiles a kernel at its first call and caches the machine code on disk (`
 costs seconds per kernel, which would otherwise fall on the first decisions of a worker or the
 first seconds of the demo. :func:`compile_kernels` drives every kernel once through the public
 entry points, with the argument types the worker uses, so that the compiled code is cached before
-it is needed. ``python -m streambandit.warmup`` does it and says how long it took (the Makefile
+it is needed. ``python -m streambandit.cli.warmup`` does it and says how long it took (the Makefile
 runs it once per install).
 """
 
@@ -23,7 +23,7 @@ def compile_kernels() -> None:
     """Call every compiled kernel once: each learner's decisions, update and stream loop, the
     row-independent products, and the batch decoder and encoders of the worker's path."""
     from streambandit import POLICIES, make_policy
-    from streambandit.decision import choose
+    from streambandit.engine.decision import choose
     from streambandit.wire import Action, Context, Joined, Reward, encode
     from streambandit.wire.batch_decode import decode_batch
     from streambandit.wire.batch_encode import encode_actions, encode_joined_records

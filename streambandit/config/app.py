@@ -29,7 +29,7 @@ settings and the models.
     joined = "joined"
     dead_letter = "dead-letter"
 
-    [[models]]                    # see streambandit/models_config.py
+    [[models]]                    # see streambandit/config/models.py
     ...
 """
 
@@ -40,11 +40,13 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
-from streambandit.models_config import parse_models_config
-from streambandit.stream.snapshots import DEFAULT_MAX_CHUNK_BYTES
-from streambandit.stream.worker import Topics, WorkerConfig
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
 
-__all__ = ["load_worker_config", "parse_worker_config", "SnapshotSettings"]
+__all__ = ["load_worker_config", "parse_worker_config", "SnapshotSettings", "DEFAULT_MAX_CHUNK_BYTES"]
+
+# Half of Kafka's default maximum message size (~1 MB), leaving room for the header and key.
+DEFAULT_MAX_CHUNK_BYTES = 512 * 1024
 
 
 @dataclasses.dataclass(frozen=True)

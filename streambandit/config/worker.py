@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from streambandit.models_config import ModelsConfig
+from streambandit.config.models import ModelsConfig
 
 __all__ = ["Topics", "WorkerConfig", "snapshot_due"]
 
@@ -17,7 +17,7 @@ class Topics:
     actions: str = "actions"
     joined: str = "joined"
     dead_letter: str = "dead-letter"
-    # Decisions made by replicas (stream/replica.py): a learn-only worker's first input, in place
+    # Decisions made by replicas (serving/replica.py): a learn-only worker's first input, in place
     # of contexts.
     decisions: str = "decisions"
 
@@ -55,7 +55,7 @@ class WorkerConfig:
     # two triggers above do not know that.
     snapshot_max_share: float = 0.1
     # A snapshot holds the models changed since the previous one (an increment) unless the chain
-    # has this many increments, which recovery reads and lays over their base (stream/chains.py).
+    # has this many increments, which recovery reads and lays over their base (engine/chains.py).
     snapshot_base_every: int = 32
     # A snapshot of at least this many models is taken by a forked child (Linux, a directory
     # store): the loop then pauses for the fork, in proportion to the worker's memory, not for a
@@ -100,7 +100,7 @@ class WorkerConfig:
     # stops with one error line (a supervisor or Kubernetes restarts it, with their back-off).
     broker_wait_s: float = 30.0
     # A learn-only worker decides nothing: replicas decide from copies of its models and log each
-    # decision on topics.decisions (stream/replica.py); it joins rewards to those decisions as to
+    # decision on topics.decisions (serving/replica.py); it joins rewards to those decisions as to
     # its own, writes actions (the decisions as it opened them), joined and snapshots.
     learn_only: bool = False
     kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names

@@ -10,7 +10,7 @@ It does what a real ad server does around streambandit, on live Kafka topics:
    get no reward event at all: the worker applies the default reward when the window closes.
 
 With a ``replica`` (``streambandit demo --edge``) the ad server decides at the edge instead: each
-request is ranked by the replica in its own process (``stream/replica.py``) and answered at once,
+request is ranked by the replica in its own process (``serving/replica.py``) and answered at once,
 its clicks go through the replica's ``reward``, and the learn-only worker's actions, read back as
 before, time the Kafka round trip the request no longer waits for.
 

@@ -8,7 +8,7 @@ ad, open decisions, decision latency p50/p99 and snapshots written. At the end i
 per-second figures as CSV and, when matplotlib is installed, a PNG.
 
 With ``edge`` (``streambandit demo --edge``) the ad server decides at the edge: a replica in its
-process (``stream/replica.py``) ranks each request with a copy of the models and logs the
+process (``serving/replica.py``) ranks each request with a copy of the models and logs the
 decision; the worker is learn-only (it joins the clicks to the logged decisions, learns, and the
 replica follows). The rows then show the edge's decision time beside the Kafka round trip of the
 same requests (a logged decision until the learner's action is read back), and the same learning
@@ -29,10 +29,10 @@ from typing import Callable
 
 import numpy as np
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.dev.ad_server import AdServer
+from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.sim.ads import AdTraffic, ad_hyper
-from streambandit.stream.ad_server import AdServer
-from streambandit.stream.broker import EmbeddedBroker
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 
@@ -127,7 +127,7 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
         time.sleep(0.1)
     replica = None
     if cfg.edge:
-        from streambandit.stream.replica import Replica
+        from streambandit.serving.replica import Replica
 
         out("starting the edge replica (it reads the learner's snapshots and joined log) ...")
         replica = Replica(config, DirectoryStore(snap_dir), poll_s=0.01).start(60)

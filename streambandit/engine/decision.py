@@ -6,7 +6,7 @@ Randomness is drawn from a generator seeded by a hash of (model key, event id, c
 (docs/design.md, determinism): the same event always gets the same draw, in the live worker,
 after a crash and in replay, whatever else was processed in between. The generator is numpy's
 PCG64 (:func:`event_rng`); :func:`choose` computes its two draws with the compiled equivalent in
-``event_draw.py``, which gives the same bits without building a generator per event.
+``numerics/event_draw.py``, which gives the same bits without building a generator per event.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import dataclasses
 
 import numpy as np
 
-from streambandit.event_draw import event_seed, explore_draw
+from streambandit.numerics.event_draw import event_seed, explore_draw
 from streambandit.policies.base import Policy
 
 __all__ = ["Decision", "event_rng", "decide", "choose", "choose_with_probabilities", "action_probabilities"]

@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.decision import decide
+from streambandit.config.models import ModelsConfig
+from streambandit.engine.decision import decide
 from streambandit.errors import StreambanditError
-from streambandit.models_config import ModelsConfig
 from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy, features_ok
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
@@ -399,7 +399,7 @@ class PartitionEngine:
     def snapshot(self, models: Iterable[str] | None = None) -> dict[str, Any]:
         """Everything needed to continue exactly, as plain data (arrays, scalars, lists, dicts);
         with ``models``, an increment: only those models, and of the recent ids only those joined
-        before the last take_changed() and after the one before it (stream/chains.py lays it over
+        before the last take_changed() and after the one before it (engine/chains.py lays it over
         its base).
 
         Must be taken between records (the worker takes it at a transaction boundary)."""

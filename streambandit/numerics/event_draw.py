@@ -7,7 +7,7 @@ through ``SeedSequence``, then a ``Generator`` object is made), more than a whol
 at small d, and every decision of every worker and replay pays it. The two draws need none of
 that machinery: this module computes the same seeding, the same PCG64 steps and the same two
 conversions in one compiled call, so every decision ever logged keeps its draw
-(tests/unit/test_event_draw.py checks it against numpy itself over many seeds).
+(tests/unit/numerics/test_event_draw.py checks it against numpy itself over many seeds).
 
 What numpy does, in the order computed here (numpy/random/bit_generator.pyx, _pcg64.pyx,
 pcg64.h, distributions.c):
@@ -34,7 +34,7 @@ import hashlib
 import numpy as np
 from numba import njit
 
-from streambandit.jit import CACHE
+from streambandit.numerics.jit import CACHE
 
 __all__ = ["event_seed", "explore_draw", "seed_state"]
 

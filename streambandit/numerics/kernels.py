@@ -30,7 +30,7 @@ import math
 import numpy as np
 from numba import njit
 
-from streambandit.jit import CACHE
+from streambandit.numerics.jit import CACHE
 
 __all__ = [
     "sym_matvec", "dot", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",

@@ -1,6 +1,6 @@
 """Shared numerics for the learners: rank-one inverse updates and the ellipsoid-norm projection.
 
-The Python entry points of the compiled kernels (``streambandit.kernels``) that code outside the
+The Python entry points of the compiled kernels (``streambandit.numerics.kernels``) that code outside the
 exact learners uses (DBSLinUCB's exact mode, the doubly robust estimator). Everything is float64 and
 deterministic: the same inputs give the same bits (no randomness, fixed summation orders and
 iteration counts), which the snapshot-and-replay recovery relies on.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from streambandit import kernels
+from streambandit.numerics import kernels
 
 __all__ = ["sherman_morrison_update", "sym_matvec", "project_to_ball_in_norm"]
 

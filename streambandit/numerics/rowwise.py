@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streambandit.jit import CACHE
+from streambandit.numerics.jit import CACHE
 
 __all__ = ["matmul", "matvec", "rowdot", "sq_distances"]
 

@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from streambandit.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
+from streambandit.numerics.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
 
 __all__ = ["Policy", "POLICIES", "make_policy", "register", "MAX_ABS_FEATURE", "MAX_ABS_REWARD"]
 
-# What every learner refuses (the compiled kernels and the numpy learners alike): kernels.py says
+# What every learner refuses (the compiled kernels and the numpy learners alike): numerics/kernels.py says
 # why these bounds.
 BAD_ARMS_MESSAGE = f"arms contain NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
 BAD_X_MESSAGE = f"x contains NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"

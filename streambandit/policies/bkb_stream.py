@@ -27,7 +27,7 @@ afford, O(m_max^2) whatever t:
   at their pull.
 
 With ``qbar = inf`` and ``m_max`` above the number of distinct pulls, every pull is in the span
-and the model is exact GP-UCB's (tests/unit/test_bkb_stream.py checks it against the exact
+and the model is exact GP-UCB's (tests/unit/policies/test_bkb_stream.py checks it against the exact
 posterior). With a smaller budget it is an approximation without the paper's guarantee: each
 joining point's statistics take the earlier pulls by their projection on the dictionary.
 
@@ -43,7 +43,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit import rowwise
+from streambandit.numerics import rowwise
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.sketch import online_nystrom as onl
 from streambandit.sketch.nystrom import Kernel

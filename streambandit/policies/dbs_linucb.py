@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit import kernels, rowwise
+from streambandit.numerics import kernels, rowwise
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.sketch.dyadic_block import RANK_TESTS, DyadicBlockSketch
 

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from streambandit import kernels
-from streambandit.kernels import MAX_ABS_REWARD
+from streambandit.numerics import kernels
+from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies.base import BAD_ARMS_MESSAGE, BAD_X_MESSAGE, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
 from streambandit.policies.rows import RowStore

@@ -3,7 +3,7 @@ GLB-OMD, Hvt-UCB).
 
 Each scores an arm as ``x'theta + beta ||x||_{M^-1}`` with a maintained inverse ``M^-1``; only
 what theta, M^-1 and beta are differs. Scoring runs in the compiled kernels of
-``streambandit.kernels``, one call per context (or per batch of contexts), so select, select_batch
+``streambandit.numerics.kernels``, one call per context (or per batch of contexts), so select, select_batch
 and scores give the same bits (the kernels' determinism note says why).
 
 State: a model is a row of its configuration's :class:`~streambandit.policies.rows.RowStore`
@@ -20,10 +20,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from streambandit import kernels
-from streambandit.kernels import MAX_ABS_REWARD
+from streambandit.numerics import kernels
+from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies import rows
 from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy
+from streambandit.policies.state_blocks import StateBlock
 
 __all__ = ["LinearUCBPolicy", "row_array", "row_scalar"]
 
@@ -134,11 +135,9 @@ class LinearUCBPolicy(Policy):
     # -- many models' state at once (state_blocks.py) -----------------------------------------
 
     @classmethod
-    def gather_block(cls, keys: list[str], models: list["LinearUCBPolicy"]) -> Any:
+    def gather_block(cls, keys: list[str], models: list["LinearUCBPolicy"]) -> StateBlock:
         """The states of ``models`` (all of one store), named ``keys``, as a StateBlock: each
         column copied out with one fancy index per chunk."""
-        from streambandit.policies.state_blocks import StateBlock
-
         store = models[0]._store
         columns = [np.empty((len(models), *a.shape), a.dtype) for a in store.initial]
         for chunk, index, pos in rows.by_chunk([(m._chunk, m._i) for m in models]):
@@ -149,7 +148,7 @@ class LinearUCBPolicy(Policy):
             scalars[name] = np.ascontiguousarray(columns[SCALARS][:, j])
         return StateBlock(models[0].state_header(), keys, {k: columns[c] for k, c in cls._columns.items()}, scalars)
 
-    def restore_block(self, block: Any) -> list["LinearUCBPolicy"]:
+    def restore_block(self, block: StateBlock) -> list["LinearUCBPolicy"]:
         """New models of this one's configuration holding the states of ``block``, in its order.
         The block is checked as ``load_state_dict`` checks one state (its first model's, with
         the same errors), then column by column for every model. An adoptable block's columns

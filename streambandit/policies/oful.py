@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit import kernels
+from streambandit.numerics import kernels
 from streambandit.policies.base import BAD_X_MESSAGE, check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array, row_scalar
 from streambandit.policies.rows import RowStore

@@ -18,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from streambandit import rowwise
+from streambandit.numerics import rowwise
 from streambandit.policies.base import Policy, check_in_range, check_positive, register
 from streambandit.policies.dbs_linucb import check_int, radius_fd
 from streambandit.sketch.woodbury import SketchedCovariance

@@ -19,8 +19,6 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.policies.linear_ucb import LinearUCBPolicy
-
 __all__ = ["StateBlock", "ModelStates", "model_states", "layers_of"]
 
 
@@ -126,11 +124,14 @@ def model_states(models: Mapping[str, Any], keys: Iterable[str]) -> ModelStates:
     """The states of ``models[k]`` for ``k`` in ``keys``: the row-store learners a block per
     configuration (copied out a column at a time), the others ``state_dict()`` each."""
     records: dict[str, dict[str, Any]] = {}
-    groups: dict[int, tuple[list[str], list[LinearUCBPolicy]]] = {}
+    groups: dict[int, tuple[list[str], list[Any]]] = {}
     for key in keys:
         m = models[key]
-        if isinstance(m, LinearUCBPolicy):
-            ks, ms = groups.setdefault(id(m._store), ([], []))
+        # A row-store learner (linear_ucb.py) keeps its state as a row of its store's arrays and
+        # gathers the rows of many models at once (its class's gather_block).
+        store = getattr(m, "_store", None)
+        if store is not None:
+            ks, ms = groups.setdefault(id(store), ([], []))
             ks.append(key)
             ms.append(m)
         else:
@@ -141,5 +142,5 @@ def model_states(models: Mapping[str, Any], keys: Iterable[str]) -> ModelStates:
 
 def layers_of(models: Mapping[str, Any]) -> list[Mapping[str, Any]]:
     """The snapshots' model mappings ``models`` is made of, oldest first (a composed chain has
-    one per snapshot, stream/chains.py; later ones override earlier ones key by key)."""
+    one per snapshot, engine/chains.py; later ones override earlier ones key by key)."""
     return list(getattr(models, "layers", [models]))

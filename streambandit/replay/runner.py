@@ -3,10 +3,10 @@ would have learnt, and what it is worth (off-policy estimates).
 
 For every logged decision, in log order:
 
-1. its model key resolves to a :class:`~streambandit.models_config.ModelSpec` (an unknown
+1. its model key resolves to a :class:`~streambandit.config.models.ModelSpec` (an unknown
    key is a :class:`~streambandit.replay.logged.LogError` naming the event);
 2. the target model of that key (one per key, built from the spec) decides with the worker's own
-   :func:`~streambandit.decision.choose`, seeded per event exactly as live, so a replay of
+   :func:`~streambandit.engine.decision.choose`, seeded per event exactly as live, so a replay of
    the worker's own log with the worker's configuration chooses exactly as the worker did;
 3. the evaluator gets the logged action, propensity and reward, the target's epsilon-greedy
    distribution over the arms and a per-key ridge reward model's predictions made *before* this
@@ -33,7 +33,7 @@ error, or with ``skip_bad`` skipped for every target, so that all targets are es
 same rows. Beside the pooled estimates each target has estimates per model key (the first
 :data:`MAX_KEY_ESTIMATES` keys).
 
-Slates: a row with a position is decided at that slot (:func:`~streambandit.decision.choose`
+Slates: a row with a position is decided at that slot (:func:`~streambandit.engine.decision.choose`
 with ``position``: the k-th arm by score, epsilon-greedy) and the evaluator weighs it per slot
 (``estimators.py``).
 
@@ -51,8 +51,8 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from streambandit.decision import choose_with_probabilities
-from streambandit.models_config import ModelsConfig, ModelSpec
+from streambandit.config.models import ModelsConfig, ModelSpec
+from streambandit.engine.decision import choose_with_probabilities
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision

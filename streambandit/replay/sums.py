@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streambandit.jit import CACHE
-from streambandit.kernels import sym_matvec
+from streambandit.numerics.jit import CACHE
+from streambandit.numerics.kernels import sym_matvec
 
 __all__ = [
     "MEAN_N", "MEAN_MEAN", "MEAN_M2", "RATIO_FIELDS", "REPLAY", "SNIPS", "IPS", "DM", "DR", "LOGGED", "SU", "SU2",

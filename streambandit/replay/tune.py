@@ -21,7 +21,7 @@ import itertools
 import math
 from typing import Any
 
-from streambandit.models_config import ModelsConfig, ModelSpec
+from streambandit.config.models import ModelsConfig, ModelSpec
 from streambandit.policies.base import POLICIES
 from streambandit.replay.runner import ReplayResult, Target
 

@@ -48,8 +48,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from streambandit import reasons
-from streambandit.decider import Decider, DecisionError
-from streambandit.decision import action_probabilities
+from streambandit.engine.decision import action_probabilities
+from streambandit.serving.decider import Decider, DecisionError
 
 __all__ = ["make_app", "serve_api", "STATUS_OF"]
 
@@ -60,7 +60,7 @@ log = logging.getLogger("streambandit")
 STATUS_OF = collections.defaultdict(lambda: 400, {
     reasons.UNKNOWN_EVENT: 404,
     reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
-    "not_ready": 503, "stale_replica": 503,  # stream/replica.py (this module does not import the Kafka client)
+    "not_ready": 503, "stale_replica": 503,  # serving/replica.py (this module does not import the Kafka client)
 })
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
@@ -96,7 +96,7 @@ class _Metrics:
             yield GaugeMetricFamily("streambandit_api_open_decisions", "Decisions waiting for their reward window",
                                     value=len(engine.pending))
         counters = getattr(self.decider, "counters", None)
-        if counters is not None:  # a replica (stream/replica.py)
+        if counters is not None:  # a replica (serving/replica.py)
             yield CounterMetricFamily("streambandit_api_replica_applied", "Joined records applied to the replica's "
                                       "models", value=counters["applied"])
             yield CounterMetricFamily("streambandit_api_replica_loads", "Partitions loaded from a snapshot and the "
@@ -269,7 +269,7 @@ async def _saver(decider: Decider, path: Path, every_s: float) -> None:
 
 
 def serve_replica(replica: Any, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None) -> None:
-    """Serve a :class:`streambandit.stream.replica.Replica` until interrupted: it starts reading
+    """Serve a :class:`streambandit.serving.replica.Replica` until interrupted: it starts reading
     the learners' log at once, and /ready answers 200 (and /rank decides) once it has caught up."""
     app = make_app(replica, model_key=model_key)
 

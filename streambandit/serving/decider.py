@@ -11,11 +11,11 @@
     >>> d.models["ads-home"].n_updates
     1
 
-A :class:`Decider` is the worker's engine (stream/engine.py) for one application: the same
+A :class:`Decider` is the worker's engine (engine/partition.py) for one application: the same
 configuration file (``[[models]]``), the same decision rule and exploration draw, the same reward
 windows, default rewards and aggregation, the same joined records. Fed the same contexts and
 rewards in the same order with the same timestamps it makes the same decisions and reaches the
-same models as a worker, to the bit (tests/unit/test_decider.py).
+same models as a worker, to the bit (tests/unit/serving/test_decider.py).
 
 Time is event time, as in the worker: each call's ``timestamp_ms`` (the wall clock in ms when it
 is left out) moves the watermark, and a window closes when the watermark passes its end; call
@@ -44,9 +44,9 @@ import numpy as np
 
 from streambandit import reasons
 from streambandit.atomic import write_atomically
+from streambandit.config.models import ModelsConfig, load_models_config, parse_models_config
+from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.errors import StreambanditError
-from streambandit.models_config import ModelsConfig, load_models_config, parse_models_config
-from streambandit.stream.engine import PartitionEngine, Rejected
 from streambandit.wire import Action, Context, InputRef, Joined, Reward, pack_snapshot, unpack_snapshot
 
 __all__ = ["Decider", "Ranking", "DecisionError"]

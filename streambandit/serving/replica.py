@@ -21,7 +21,7 @@ sequence: recovery, export and replay read it as they read a deciding worker's.
   the partition again from its snapshot and the committed log, while it keeps serving the copy it
   has.
 - **Staleness.** Every second (or a quarter of ``max_staleness_s``) the follower checks whether
-  it has read everything the log held at its previous check (``stream/staleness.py``); the time
+  it has read everything the log held at its previous check (``serving/staleness.py``); the time
   since it last had is how far the copy may be behind the learners (``staleness_s``). Past
   ``max_staleness_s`` (None: no bound) the replica refuses to decide (``stale_replica``) and is
   not ready: a replica cut off from the broker does not serve an ever older model for good.
@@ -49,17 +49,17 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from streambandit import reasons
-from streambandit.decider import DecisionError, Ranking, check_arms, check_id, check_reward, event_time
-from streambandit.decision import decide
+from streambandit.config.kafka import for_client, reader_settings
+from streambandit.config.worker import WorkerConfig
+from streambandit.engine.decision import decide
+from streambandit.engine.merge import CONTEXTS, REWARDS
+from streambandit.engine.partition import PartitionEngine
 from streambandit.policies.base import Policy
-from streambandit.stream.engine import PartitionEngine
+from streambandit.serving.decider import DecisionError, Ranking, check_arms, check_id, check_reward, event_time
+from streambandit.serving.staleness import Staleness
 from streambandit.stream.kafka_checks import kafka_logger
-from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import LogReader, committed_view
-from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.snapshots import SnapshotStore, load_latest
-from streambandit.stream.staleness import Staleness
-from streambandit.stream.worker_config import WorkerConfig
 from streambandit.wire import DecodeError, Joined, ReplicaDecision, Reward, decode, encode
 
 __all__ = ["Replica", "NOT_READY", "STALE_REPLICA"]
@@ -225,7 +225,7 @@ class Replica:
 
     def staleness_s(self) -> float:
         """How far behind the learners the copy may be: the time since it last held everything
-        the joined log held (stream/staleness.py)."""
+        the joined log held (serving/staleness.py)."""
         return self._staleness.behind_s(time.monotonic())
 
     def is_ready(self) -> bool:
@@ -336,7 +336,7 @@ class Replica:
             self._follow.seek(TopicPartition(self.worker_config.topics.joined, p, self._starts[p]))
 
     def _check_staleness(self) -> None:
-        """Where the follower stands and where the log ends now (stream/staleness.py)."""
+        """Where the follower stands and where the log ends now (serving/staleness.py)."""
         joined = self.worker_config.topics.joined
         tps = [TopicPartition(joined, p) for p in self._starts]
         # position() is the offset after the last record read (past transaction markers), or

@@ -1,5 +1,5 @@
 """Exact GP-UCB: the baseline BKB is compared with in the simulator (sim/experiments/bkb.py) and the
-benchmark, and the oracle of tests/unit/test_bkb.py. It shares no code with policies/bkb.py.
+benchmark, and the oracle of tests/unit/policies/test_bkb.py. It shares no code with policies/bkb.py.
 
 Calandriello et al., COLT 2019, eq. (1)-(3). Its own kernels
 (scipy cdist), its own algebra.

@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.linalg import sherman_morrison_update, sym_matvec
+from streambandit.numerics.linalg import sherman_morrison_update, sym_matvec
 from streambandit.sketch.frequent_directions import svd_rows
 from streambandit.sketch.woodbury import SketchedCovariance
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy.linalg import solve_triangular
 
-from streambandit import rowwise
+from streambandit.numerics import rowwise
 
 __all__ = ["KERNELS", "Kernel", "DTCPosterior", "inclusion_probabilities", "resample_dictionary", "resampling_rng"]
 
@@ -50,7 +50,7 @@ class Kernel:
             raise ValueError(f"bandwidth must be a finite number > 0, got {self.bandwidth!r}")
 
     def __call__(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-        """The (len(a), len(b)) kernel matrix, row by row (``streambandit.rowwise``): row i depends
+        """The (len(a), len(b)) kernel matrix, row by row (``streambandit.numerics.rowwise``): row i depends
         on ``a[i]`` alone, so identical arms get identical kernel rows wherever they stand."""
         if self.name == "linear":
             return rowwise.matmul(a, np.ascontiguousarray(b.T))
@@ -197,7 +197,7 @@ class DTCPosterior:
         starvation far from S. It must not be dropped (that is the SoR variance z' V^-1 z, which
         starves far from the dictionary). Rounding can push it slightly below 0; it is clamped.
         """
-        # Row by row (streambandit.rowwise), so a point's mean and variance do not depend on the
+        # Row by row (streambandit.numerics.rowwise), so a point's mean and variance do not depend on the
         # other points scored with it: identical arms score identically on any CPU.
         r = self.rank
         proj = rowwise.matmul(k_xs, self.score_map)  # rows [z(x)' | (L^-1 z(x))' | mu~(x)]

@@ -21,7 +21,7 @@ every existing coordinate as it was and adds one, ``(k(x, x_new) - l' z(x)) / sq
 ``l = z(x_new)`` and ``r = k(x_new, x_new) - ||l||^2``, which is exactly 0 for every x in the old
 span. So a join is O(m^2) (one forward solve) and borders G, b and V^-1 with zeros and ``1/lam``:
 the earlier pulls are taken by their projection on the old span, exact when they lay in it (then
-the model is exactly GP-UCB's posterior: tests/unit/test_bkb_stream.py), and otherwise losing only
+the model is exactly GP-UCB's posterior: tests/unit/policies/test_bkb_stream.py), and otherwise losing only
 the part of each the dictionary did not represent. A pull is a rank-one update of G, b and V^-1
 (Sherman-Morrison, O(m^2)).
 
@@ -29,7 +29,7 @@ A point leaving (:func:`shrink`) changes the basis: O(m^3), numpy/LAPACK, done o
 resparsification schedule, which also refactors V^-1 from G and so clears the rounding that the
 rank-one updates accumulate.
 
-The O(m^2) per-update loops sum in a fixed order and use no fastmath (as kernels.py): the same
+The O(m^2) per-update loops sum in a fixed order and use no fastmath (as numerics/kernels.py): the same
 updates give the same bits whatever the BLAS; :func:`shrink`'s LAPACK calls are the exception,
 as the eigendecomposition of policies/bkb.py is.
 """
@@ -40,8 +40,8 @@ import numpy as np
 from numba import njit
 from scipy.linalg import cholesky, lapack, solve_triangular
 
-from streambandit import kernels
-from streambandit.jit import CACHE
+from streambandit.numerics import kernels
+from streambandit.numerics.jit import CACHE
 
 __all__ = ["sym_matvec", "quad", "dot", "trace", "forward_solve", "forward_solve_rows", "join", "observe", "shrink",
            "spd_inverse"]

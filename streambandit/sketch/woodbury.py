@@ -21,7 +21,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.linalg
 
-from streambandit import rowwise
+from streambandit.numerics import rowwise
 from streambandit.sketch.frequent_directions import FrequentDirections, numerical_rank_cut, svd_rows
 
 __all__ = ["SketchedCovariance", "orthogonal_compaction", "stack_inverse"]
@@ -209,7 +209,7 @@ class SketchedCovariance:
     def quad_forms(self, arms: np.ndarray) -> np.ndarray:
         """``x' A_hat^-1 x = (||x||^2 - u' M u) / lam'`` with ``u = S x``, for every row of ``arms``
         (K x d), in O(K d r + K r^2); clipped at 0 against rounding (float64 throughout).
-        Row by row (``streambandit.rowwise``): an arm's value does not depend on the other arms."""
+        Row by row (``streambandit.numerics.rowwise``): an arm's value does not depend on the other arms."""
         s_t = np.hstack([self.frozen.T, self.fd.rows.T])  # S' (d, r), C-contiguous
         u = rowwise.matmul(arms, s_t)
         q = rowwise.rowdot(arms, arms) - rowwise.rowdot(rowwise.matmul(u, self.minv), u)

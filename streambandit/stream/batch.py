@@ -19,11 +19,11 @@ import time
 from typing import Any, Callable
 
 from streambandit import reasons
+from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.chains import ChainPosition
+from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.log_format import RepeatFilter
-from streambandit.stream.chains import ChainPosition
-from streambandit.stream.engine import PartitionEngine, Rejected
-from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
-from streambandit.stream.worker_config import Topics, WorkerConfig
 from streambandit.wire import Action, Context, DeadLetter, DecodeError, InputRef, Joined, ReplicaDecision, Reward, Tick, encode
 from streambandit.wire.batch_decode import decode_batch
 from streambandit.wire.batch_encode import encode_actions, encode_joined_records
@@ -63,7 +63,7 @@ class PartitionState:
     snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
     last_input_wall_ms: int = dataclasses.field(default_factory=now_ms)
     last_tick_wall_ms: int = 0
-    # Where the partition's stored snapshots stand (stream/chains.py); None: the next is a base.
+    # Where the partition's stored snapshots stand (engine/chains.py); None: the next is a base.
     chain: ChainPosition | None = None
 
     @property

@@ -21,10 +21,10 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
+from streambandit.config.kafka import consumer_settings, for_client, producer_settings, reader_settings
+from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
 from streambandit.stream.errors import WorkerError
-from streambandit.stream.kafka_config import consumer_settings, for_client, producer_settings, reader_settings
-from streambandit.stream.worker_config import WorkerConfig
 
 __all__ = ["check_client_settings", "wait_for_brokers", "kafka_logger"]
 

@@ -14,14 +14,14 @@ import logging
 from typing import Any, Callable
 
 from streambandit import reasons
+from streambandit.config.worker import WorkerConfig
+from streambandit.engine.chains import ChainPosition
+from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.engine.partition import PartitionEngine, RecoveryError
 from streambandit.stream.batch import PartitionState
-from streambandit.stream.chains import ChainPosition
-from streambandit.stream.engine import PartitionEngine, RecoveryError
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.logs import LogReader, committed_view
-from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
-from streambandit.stream.worker_config import WorkerConfig
 from streambandit.wire import Context, DecodeError, InputRef, ReplicaDecision, Reward, Tick, decode
 
 __all__ = ["recover_partition"]

@@ -36,20 +36,21 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, Topi
 from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.atomic import write_atomically
+from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
+from streambandit.config.kafka import for_client, reader_settings
+from streambandit.engine.chains import compose
 from streambandit.errors import StreambanditError
-from streambandit.stream.chains import compose
-from streambandit.stream.kafka_config import for_client, reader_settings
 from streambandit.stream.logs import read_range
 from streambandit.wire import SnapshotError, unpack_snapshot
 
 __all__ = ["SnapshotStore", "DirectoryStore", "TopicStore", "SnapshotStoreError", "load_latest", "usable_snapshots",
-           "create_snapshot_topic", "chunk_key", "pack_chunk", "DEFAULT_MAX_CHUNK_BYTES"]
+           "create_snapshot_topic", "chunk_key", "pack_chunk"]
 
 log = logging.getLogger("streambandit")
 
 
 class SnapshotStore(Protocol):
-    #: Whether the store keeps increments (stream/chains.py); a store that does not gets bases only.
+    #: Whether the store keeps increments (engine/chains.py); a store that does not gets bases only.
     supports_increments: bool
     #: Whether a forked child may save to it (its saves use nothing but files). Either way the
     #: writer takes large snapshots in a child (stream/snapshot_writer.py); when False the child
@@ -146,8 +147,6 @@ class SnapshotStoreError(StreambanditError, RuntimeError):
     """The snapshot store cannot be used (its topic is missing) or a save did not reach it."""
 
 
-# Half of Kafka's default maximum message size (~1 MB), leaving room for the header and key.
-DEFAULT_MAX_CHUNK_BYTES = 512 * 1024
 # magic, format version, generation, chunk index, chunk count, CRC32 of the whole snapshot
 _CHUNK = struct.Struct("<2sBQIII")
 _CHUNK_MAGIC = b"SC"
@@ -465,7 +464,7 @@ def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *
 
 def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[dict]:
     """The snapshots of ``partition`` that pass their checksum, newest first, each base with the
-    increments of its chain laid over it (stream/chains.py). A damaged one is reported (logged)
+    increments of its chain laid over it (engine/chains.py). A damaged one is reported (logged)
     and skipped; a damaged increment ends its chain there."""
     for i, data in enumerate(store.candidates(partition)):
         try:

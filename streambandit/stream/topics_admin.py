@@ -8,9 +8,9 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from streambandit.stream.kafka_config import for_client
+from streambandit.config.kafka import for_client
+from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import create_snapshot_topic
-from streambandit.stream.worker_config import Topics
 
 __all__ = ["create_topics", "describe_topics"]
 

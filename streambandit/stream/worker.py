@@ -27,20 +27,20 @@ from typing import Any
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from streambandit.config.kafka import consumer_settings, producer_settings, reader_settings
+from streambandit.config.worker import Topics, WorkerConfig, snapshot_due
+from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapshot
+from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
-from streambandit.stream.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
-from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
 from streambandit.stream.logs import LogReader
-from streambandit.stream.merge import CONTEXTS, REWARDS
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
-from streambandit.stream.worker_config import Topics, WorkerConfig, snapshot_due
 
 __all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived", "snapshot_due"]
 
@@ -451,7 +451,7 @@ class Worker:
     def _snapshot(self, p: int) -> None:
         """Hand partition ``p``'s state as of the last commit to the writer (call only between
         transactions): a base, or an increment of the models changed since the last snapshot
-        (stream/chains.py). The loop pays for the copy of what goes in, or for a fork when that is
+        (engine/chains.py). The loop pays for the copy of what goes in, or for a fork when that is
         ``snapshot_fork_models`` or more; packing and storing run on the writer's thread or in
         the forked child (bench.snapshots measures the pause)."""
         part = self.partitions[p]

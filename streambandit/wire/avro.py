@@ -1,6 +1,6 @@
 """Avro binary encoding by hand, for the records written once per event (actions, joined
 records) and for the bulk of a snapshot (models, pending decisions): the bytes fastavro writes
-(tests/unit/test_events.py compares them), at a fraction of its per-call cost
+(tests/unit/wire/test_events.py compares them), at a fraction of its per-call cost
 (bench/results/worker_path.md measures the worker's encode stage).
 
 An Avro ``long`` is zig-zag encoded, then written as a base-128 varint; a string is its UTF-8

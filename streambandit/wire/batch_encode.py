@@ -5,7 +5,7 @@ The worker writes an action per context and a joined record per update. One at a
 long and a bytes object per field (``python -m bench.e2e``, part 2). Here the batch's
 fields are gathered into columns (a list comprehension per field), one numba pass writes every
 record into one buffer, and the records are sliced out of it: the same bytes
-(tests/unit/test_batch_encode.py compares them with the one-at-a-time encoders, which stay the
+(tests/unit/wire/test_batch_encode.py compares them with the one-at-a-time encoders, which stay the
 reference).
 
 A batch whose fields do not all fit the columns (an int outside int64, a feature array that is
@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from streambandit.jit import CACHE
+from streambandit.numerics.jit import CACHE
 from streambandit.wire.codec import ACTION_HEADER, JOINED_HEADER, encode_action, encode_joined
 from streambandit.wire.records import Action, Joined
 

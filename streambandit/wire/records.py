@@ -26,7 +26,7 @@ class Context:
 
 @dataclasses.dataclass(slots=True)
 class ReplicaDecision:
-    """A decision made elsewhere (a replica, stream/replica.py) and logged for a learn-only
+    """A decision made elsewhere (a replica, serving/replica.py) and logged for a learn-only
     worker: the context as it was ranked, the arm chosen, with what probability and score, and
     the version of the model that chose it."""
 

@@ -15,7 +15,7 @@ models to pack and to unpack, and unpacking is on the path of a moved partition'
 (``python -m bench.snapshots``). Versions 1 and 2 (no length, no buffers: header, flags, CRC32,
 record) are still read. A checksum mismatch, a record that does not parse or a buffer outside the
 snapshot is a :class:`SnapshotError`. The per-model records, the pending decisions and the recent
-ids are written by hand (avro.py, the bytes fastavro writes: tests/unit/test_events.py checks) and
+ids are written by hand (avro.py, the bytes fastavro writes: tests/unit/wire/test_events.py checks) and
 the per-model records are decoded one at a time on access (:class:`SnapshotModels`).
 """
 
@@ -81,7 +81,7 @@ _LE_DTYPE: dict[np.dtype, str] = {}  # dtype -> its little-endian name (ArraySta
 
 def _encode_model(key: str, state: dict[str, Any]) -> bytes:
     """One ``ModelState`` item of the snapshot's ``models`` array, written by hand: the bytes
-    fastavro writes for the same records (tests/unit/test_events.py checks), at a fraction of the cost,
+    fastavro writes for the same records (tests/unit/wire/test_events.py checks), at a fraction of the cost,
     because a partition's snapshot is mostly this, once per model (bench/results/memory.md)."""
     arrays, scalars = [], []
     for name, v in state.items():

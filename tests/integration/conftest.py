@@ -5,7 +5,7 @@ import uuid
 
 import pytest
 
-from streambandit.stream.broker import EmbeddedBroker
+from streambandit.dev.tansu import EmbeddedBroker
 
 
 @pytest.fixture(scope="session")

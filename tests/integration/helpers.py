@@ -136,7 +136,7 @@ def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overr
     """A worker on its own thread (as tests/integration/test_worker.py starts one)."""
     import threading
 
-    from streambandit.models_config import parse_models_config
+    from streambandit.config.models import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker, WorkerConfig
 

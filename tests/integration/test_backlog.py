@@ -11,8 +11,8 @@ the pure engine computes on the canonical merge order.
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
-from streambandit.stream.engine import PartitionEngine
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import PartitionEngine
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, outputs, producer, send_tracked, start_worker, wait_for

@@ -10,7 +10,7 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.stream.worker import Topics, Worker, WorkerConfig
 from streambandit.wire import Context, Reward, encode

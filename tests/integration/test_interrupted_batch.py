@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from confluent_kafka import KafkaError, KafkaException
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward

@@ -23,7 +23,7 @@ KEY = "ads-e2e"
 WINDOW_MS = 20_000
 MODELS = {"models": [{"match": KEY, "policy": "glb_omd", "dim": DIM, "reward_window_ms": WINDOW_MS,
                       "default_reward": 0.0, "aggregation": "first",
-                      # The theory radius explores for thousands of rounds (tests/unit/test_learning.py);
+                      # The theory radius explores for thousands of rounds (tests/unit/policies/test_learning.py);
                       # the documented beta_scale makes a few hundred enough.
                       "hyper": {"link": "logistic", "S": 6.0, "beta_scale": 0.1}}]}
 

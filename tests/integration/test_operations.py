@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward

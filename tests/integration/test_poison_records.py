@@ -29,7 +29,7 @@ GROUP = "g-poison"
 
 
 def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics, tmp_path):
-    from streambandit.models_config import parse_models_config
+    from streambandit.config.models import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker, WorkerConfig
 
@@ -110,7 +110,7 @@ def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tm
     one error line saying so."""
     import logging
 
-    from streambandit.models_config import parse_models_config
+    from streambandit.config.models import parse_models_config
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker, WorkerConfig
 

@@ -12,8 +12,8 @@ import sys
 import numpy as np
 import pytest
 
+from streambandit.config.models import parse_models_config
 from streambandit.export import read_logged_decisions
-from streambandit.models_config import parse_models_config
 from streambandit.replay.files import read_avro
 from streambandit.replay.runner import replay
 from streambandit.stream.snapshots import DirectoryStore, load_latest

@@ -23,11 +23,11 @@ import uuid
 import numpy as np
 import pytest
 
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import PartitionEngine
 from streambandit.export import read_logged_decisions
-from streambandit.models_config import parse_models_config
 from streambandit.replay.runner import replay
-from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.replica import Replica
+from streambandit.serving.replica import Replica
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Topics, WorkerConfig
 from streambandit.wire import InputRef, ReplicaDecision, Reward, decode, encode
@@ -165,7 +165,7 @@ def test_two_replicas_and_a_learn_only_worker(broker, learn_topics, tmp_path):
 
 
 def test_a_replica_refuses_what_a_worker_refuses(broker, learn_topics, tmp_path):
-    from streambandit.decider import DecisionError
+    from streambandit.serving.decider import DecisionError
 
     rep = _replica(broker, learn_topics, tmp_path / "snaps", "g-refuse")
     try:
@@ -265,8 +265,8 @@ def test_a_replica_cut_off_from_its_broker_stops_deciding_once_stale(tmp_path):
     """Its own broker, stopped under it: the replica cannot confirm it holds the log any more,
     and past max_staleness_s it refuses to rank and is not ready, rather than serve an ever older
     model."""
-    from streambandit.decider import DecisionError
-    from streambandit.stream.broker import EmbeddedBroker
+    from streambandit.dev.tansu import EmbeddedBroker
+    from streambandit.serving.decider import DecisionError
 
     own = EmbeddedBroker()
     own.__enter__()
@@ -294,7 +294,7 @@ def test_a_joined_log_that_does_not_fit_stops_the_replica_loudly(broker, learn_t
     """A record on joined that no learner wrote (here: an update to version 5 of a model that has
     none): the replica reads the partition again, finds the log does not fit, and stops deciding
     with the reason, rather than serve a copy that is not the learners'."""
-    from streambandit.decider import DecisionError
+    from streambandit.serving.decider import DecisionError
     from streambandit.wire import Joined, encode
 
     from .helpers import producer

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from confluent_kafka import Producer
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward, decode
@@ -334,7 +334,7 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
     with the same dead letters."""
     import collections
 
-    from streambandit.stream.worker_config import Topics
+    from streambandit.config.worker import Topics
 
     from .helpers import committed_offsets, engine_states_equal, held_partitions, serve_process, stop_processes
 

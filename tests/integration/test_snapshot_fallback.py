@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
 from streambandit.wire import Context, Reward

@@ -8,10 +8,10 @@ import uuid
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, TopicStore, create_snapshot_topic, load_latest
 from streambandit.stream.worker import Worker, WorkerConfig
-from streambandit.stream.worker_config import Topics
 from streambandit.wire import Context, Reward
 
 from .helpers import producer, run_in_thread, send, wait_for

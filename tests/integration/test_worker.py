@@ -5,7 +5,7 @@ import threading
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker, WorkerConfig
 from streambandit.wire import Context, Reward
@@ -60,14 +60,14 @@ def test_what_lives_as_long_as_the_worker_is_out_of_the_collectors_walks(broker,
     recovered partition's engine (a walk of those was a ~70 ms pause in the middle of a batch)."""
     import gc
 
-    import streambandit.kernels
+    import streambandit.numerics.kernels
 
     w, t = start_worker(broker, topics, tmp_path, "g-freeze")
     try:
         assert wait_for(lambda: len(w.partitions) == 2, timeout_s=60)
         walked = {id(o) for o in gc.get_objects()}
         assert gc.get_freeze_count() > 0
-        assert id(streambandit.kernels.oful_update) not in walked  # a module-level object, alive since import
+        assert id(streambandit.numerics.kernels.oful_update) not in walked  # a module-level object, alive since import
         assert all(id(part.engine) not in walked and id(part.engine.models) not in walked
                    for part in list(w.partitions.values()))
     finally:

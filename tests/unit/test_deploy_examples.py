@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from streambandit.stream.app_config import parse_worker_config
+from streambandit.config.app import parse_worker_config
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
@@ -45,7 +45,7 @@ def test_probes_scrapes_and_healthcheck_use_the_port_the_worker_serves():
     docker = (DEPLOY / "Dockerfile").read_text()
     cmd_port = re.search(r'CMD \[.*"--metrics-port", "(\d+)"', docker).group(1)
     assert f"127.0.0.1:{cmd_port}/healthz" in docker and f"EXPOSE {cmd_port}" in docker
-    assert "USER 10001" in docker and "NUMBA_CACHE_DIR" in docker and "streambandit.warmup" in docker
+    assert "USER 10001" in docker and "NUMBA_CACHE_DIR" in docker and "streambandit.cli.warmup" in docker
 
 
 def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_serves():
@@ -54,8 +54,7 @@ def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_ser
     from prometheus_client.parser import text_string_to_metric_families
 
     from streambandit.stream.telemetry import render_metrics
-
-    from .test_telemetry import status
+    from tests.unit.stream.test_telemetry import status
 
     served = {f.name for f in text_string_to_metric_families(
         render_metrics(status(**{"dead_letter.malformed": 1})).decode())}

@@ -1,35 +1,159 @@
-"""The functional core never imports the Kafka client: policies, numerics, the codec, the
-decision/join engine, the merge and the simulator import with confluent_kafka blocked. Only the
-runtime shell (worker, broker, logs, snapshots, demo) may import it."""
+"""The package's folders are layers, and imports only run down them.
+
+Every module belongs to exactly one layer (a folder, or a named module of the package root); a
+module may import its own layer and the layers below it, never one above, and never a sibling
+layer of the same floor. Only the Kafka-facing layers may import the Kafka client. The imports are
+read from the source (every import statement, function-level ones included), so a new import
+fails here even if no test imports the module; the pure layers are also imported with
+confluent_kafka blocked, so a dependency that only some code path reaches is caught too.
+"""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-PURE = [
-    "streambandit", "streambandit.errors", "streambandit.reasons", "streambandit.linalg", "streambandit.wire",
-    "streambandit.policies.base", "streambandit.policies.oful", "streambandit.policies.glb_omd",
-    "streambandit.policies.hvt_ucb", "streambandit.policies.soful", "streambandit.policies.cbscfd",
-    "streambandit.policies.dbs_linucb", "streambandit.sketch.frequent_directions", "streambandit.sketch.woodbury",
-    "streambandit.sketch.dyadic_block", "streambandit.policies.bkb", "streambandit.sketch.nystrom",
-    "streambandit.policies.bkb_stream", "streambandit.sketch.online_nystrom", "streambandit.replay.sums",
-    "streambandit.atomic", "streambandit.decider",
-    "streambandit.replay.logged", "streambandit.replay.estimators", "streambandit.replay.files",
-    "streambandit.replay.runner", "streambandit.replay.report", "streambandit.replay.featurize",
-    "streambandit.replay.obd", "streambandit.replay.dsjson", "streambandit.replay.states", "streambandit.replay.tune",
-    "streambandit.sim.ads", "streambandit.sim.baselines",
-    "streambandit.sim.gp_ucb",
-    "streambandit.sim.experiments.base", "streambandit.sim.experiments.glb_omd_logistic",
-    "streambandit.sim.experiments.hvt_ucb", "streambandit.sim.experiments.bkb", "streambandit.progress",
-    "streambandit.sim.environments",
-    "streambandit.sim.runner", "streambandit.stream.engine", "streambandit.stream.merge",
-    "streambandit.decision", "streambandit.models_config", "streambandit.stream.kafka_config",
-    "streambandit.wire.codec", "streambandit.wire.snapshot", "streambandit.wire.batch_decode",
-    "streambandit.wire.batch_encode", "streambandit.rowwise", "streambandit.kernels", "streambandit.event_draw",
-    "streambandit.warmup",
-    "streambandit.stream.stall", "streambandit.stream.batch", "streambandit.stream.worker_config",
+ROOT = Path(__file__).resolve().parents[2] / "streambandit"
+
+# Floors, lowest first. A layer may import the layers of lower floors and itself; layers that
+# share a floor are siblings and import none of each other.
+FLOORS: list[dict[str, tuple[str, ...]]] = [
+    # Errors, reason codes, atomic files, log line formats, the progress line: no imports of ours.
+    {"base": ("streambandit.errors", "streambandit.reasons", "streambandit.atomic", "streambandit.progress",
+              "streambandit.log_format")},
+    {"numerics": ("streambandit.numerics",)},          # compiled kernels, row-wise products, linalg
+    {"sketch": ("streambandit.sketch",)},              # Frequent Directions, dyadic blocks, Nystrom
+    {"policies": ("streambandit.policies",)},          # the learners
+    {"wire": ("streambandit.wire",)},                  # records, Avro, the snapshot format
+    {"config": ("streambandit.config",)},              # the typed configuration, no Kafka client
+    {"engine": ("streambandit.engine",)},              # decide, join, windows, merge, chains: pure
+    # Three drivers of the engine and the learners, siblings: the Kafka runtime, offline
+    # evaluation and the simulator.
+    {"stream": ("streambandit.stream",), "replay": ("streambandit.replay",), "sim": ("streambandit.sim",)},
+    {"serving": ("streambandit.serving",)},            # Decider, api, replicas
+    {"dev": ("streambandit.dev",)},                    # embedded broker, demo, simulated ad server
+    # The one bridge from the runtime's topics to replay's input, and the in-process benchmark.
+    {"export": ("streambandit.export",), "benchmarks": ("streambandit.benchmarks",)},
+    {"cli": ("streambandit.cli", "streambandit.__main__")},  # the commands
+
 ]
+# Layers that talk to Kafka; every other layer must import without the client.
+KAFKA_LAYERS = {"stream", "serving", "dev", "export", "cli"}
+# The package's face (``from streambandit import make_policy``) hands on the learners and, lazily,
+# the Decider: importing it is allowed from every layer.
+FACE = "streambandit"
+
+
+def layer_of(module: str) -> str | None:
+    for floor in FLOORS:
+        for layer, prefixes in floor.items():
+            if any(module == p or module.startswith(p + ".") for p in prefixes):
+                return layer
+    return None
+
+
+FLOOR_OF = {layer: i for i, floor in enumerate(FLOORS) for layer in floor}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
+    """Every module the source of ``module`` imports, as dotted names (``from a import b`` counts
+    as both ``a`` and ``a.b``, since b may be a module)."""
+    package = module if is_package else module.rpartition(".")[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: up level - 1 packages from this module's package
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            out.add(base)
+            out.update(f"{base}.{a.name}" for a in node.names)
+    return out
+
+
+def violations(modules: dict[str, set[str]]) -> list[str]:
+    """Each import that runs up or sideways between layers, or reaches the Kafka client from a
+    pure layer."""
+    found = []
+    for name, imports in sorted(modules.items()):
+        own = layer_of(name)
+        if own is None:  # the face: its lazy export of the Decider is the one arrow allowed up
+            continue
+        if own not in KAFKA_LAYERS and any(m.split(".")[0] == "confluent_kafka" for m in imports):
+            found.append(f"{name} ({own}) imports the Kafka client")
+        for m in sorted(imports):
+            if not m.startswith(FACE + "."):  # another library, or the face
+                continue
+            other = layer_of(m)
+            if other is None or other == own:
+                continue
+            if FLOOR_OF[other] > FLOOR_OF[own]:
+                found.append(f"{name} ({own}) imports {m} ({other}, a floor above)")
+            elif FLOOR_OF[other] == FLOOR_OF[own]:
+                found.append(f"{name} ({own}) imports {m} ({other}, a sibling)")
+    return found
+
+
+def package_modules() -> dict[str, set[str]]:
+    return {module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py")
+            for p in ROOT.rglob("*.py")}
+
+
+def test_every_module_belongs_to_a_layer():
+    modules = package_modules()
+    assert "streambandit.engine.partition" in modules and "streambandit.stream.worker" in modules
+    assert [m for m in modules if m != FACE and layer_of(m) is None] == []
+
+
+def test_imports_only_run_down_the_floors():
+    assert violations(package_modules()) == []
+
+
+def test_no_module_imports_itself_back():
+    """No circle between two modules of the package (function-level imports included): each pair
+    that imports the other is a layering knot inside a folder."""
+    modules = package_modules()
+    # A package's __init__ only hands names on; a module importing its own package's face is no circle.
+    known = {p for p in modules if not (ROOT.parent / p.replace(".", "/") / "__init__.py").exists()}
+    edges = {name: {m for m in imports if m in known and m != name} for name, imports in modules.items()
+             if name in known}
+    circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, ()))
+    assert circles == []
+
+
+def test_the_direction_check_sees_up_sideways_and_the_client():
+    """An import up a floor, one between siblings and the Kafka client in a pure layer are each
+    caught, also through a relative or function-level import."""
+    bad = {
+        "streambandit.replay.runner": imported_modules("def f():\n    from ..stream import worker\n",
+                                                       "streambandit.replay.runner"),
+        "streambandit.stream.worker": imported_modules("import streambandit.serving.replica\n",
+                                                       "streambandit.stream.worker"),
+        "streambandit.policies.oful": imported_modules("from streambandit.engine.partition import PartitionEngine\n",
+                                                       "streambandit.policies.oful"),
+        "streambandit.engine.merge": imported_modules("from confluent_kafka import Consumer\n",
+                                                      "streambandit.engine.merge"),
+        "streambandit.cli.commands": imported_modules("from streambandit.stream import worker\n", "streambandit.cli.commands"),
+    }
+    assert violations(bad) == [
+        "streambandit.engine.merge (engine) imports the Kafka client",
+        "streambandit.policies.oful (policies) imports streambandit.engine.partition (engine, a floor above)",
+        "streambandit.policies.oful (policies) imports streambandit.engine.partition.PartitionEngine "
+        "(engine, a floor above)",
+        "streambandit.replay.runner (replay) imports streambandit.stream (stream, a sibling)",
+        "streambandit.replay.runner (replay) imports streambandit.stream.worker (stream, a sibling)",
+        "streambandit.stream.worker (stream) imports streambandit.serving.replica (serving, a floor above)",
+    ]
+
+
+# -- the pure layers import with the Kafka client blocked ------------------------------------------
 
 BLOCK = """
 import importlib, sys
@@ -43,8 +167,14 @@ for m in sys.argv[1:]:
 """
 
 
-def test_the_pure_core_imports_without_the_kafka_client():
-    out = subprocess.run([sys.executable, "-c", BLOCK, *PURE], capture_output=True, text=True, timeout=60)
+def pure_modules() -> list[str]:
+    return sorted(m for m in package_modules() if m == FACE or layer_of(m) not in KAFKA_LAYERS)
+
+
+def test_the_pure_layers_import_without_the_kafka_client():
+    pure = pure_modules()
+    assert "streambandit.engine.partition" in pure and "streambandit.replay.runner" in pure
+    out = subprocess.run([sys.executable, "-c", BLOCK, *pure], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
 
 
@@ -52,85 +182,3 @@ def test_the_blocker_really_blocks():
     out = subprocess.run([sys.executable, "-c", BLOCK, "streambandit.stream.worker"], capture_output=True, text=True,
                          timeout=60)
     assert out.returncode != 0 and "confluent_kafka is blocked" in out.stderr
-
-
-# -- the direction of imports between the packages ----------------------------------------------
-# Read from the source (every import statement, function-level ones included), so that a new
-# import in either direction fails here even if no test imports the module.
-
-
-ROOT = Path(__file__).resolve().parents[2] / "streambandit"
-# The learners, their numerics, the decision rule, the model configuration and the record codec:
-# below everything else, importing none of the packages that use them.
-CORE = ("streambandit.policies", "streambandit.sketch", "streambandit.linalg", "streambandit.rowwise",
-        "streambandit.kernels", "streambandit.decision", "streambandit.models_config", "streambandit.wire",
-        "streambandit.errors", "streambandit.reasons")
-ABOVE_CORE = ("streambandit.stream", "streambandit.replay", "streambandit.sim", "streambandit.export",
-              "streambandit.cli", "streambandit.benchmarks", "streambandit.warmup")
-# Who may not import whom. stream/ (the runtime) and replay/ (offline evaluation) are siblings;
-# export.py is the one module that reads the runtime's topics into replay's input.
-FORBIDDEN = {
-    "streambandit.replay": ("streambandit.stream", "streambandit.export", "streambandit.cli"),
-    "streambandit.stream": ("streambandit.replay", "streambandit.export", "streambandit.cli"),
-    **{core: ABOVE_CORE for core in CORE},
-}
-
-
-def module_name(path: Path) -> str:
-    parts = path.relative_to(ROOT.parent).with_suffix("").parts
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imported_modules(source: str, module: str, is_package: bool = False) -> set[str]:
-    """Every streambandit module the source of ``module`` imports, as dotted names (``from a
-    import b`` counts as both ``a`` and ``a.b``, since b may be a module)."""
-    package = module if is_package else module.rpartition(".")[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:  # relative: up level - 1 packages from this module's package
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            out.add(base)
-            out.update(f"{base}.{a.name}" for a in node.names)
-    return {m for m in out if m == "streambandit" or m.startswith("streambandit.")}
-
-
-def violations(modules: dict[str, set[str]]) -> list[str]:
-    found = []
-    for name, imports in sorted(modules.items()):
-        for owner, banned in FORBIDDEN.items():
-            if name == owner or name.startswith(owner + "."):
-                found += [f"{name} imports {m}" for m in sorted(imports)
-                          if any(m == b or m.startswith(b + ".") for b in banned)]
-    return found
-
-
-def test_imports_go_one_way_between_the_packages():
-    modules = {module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py")
-               for p in ROOT.rglob("*.py")}
-    assert "streambandit.replay.runner" in modules and "streambandit.stream.worker" in modules
-    assert violations(modules) == []
-
-
-def test_the_direction_check_sees_both_directions():
-    """A replay module importing the runtime, and the runtime importing replay, are both caught,
-    also through a relative or function-level import."""
-    bad = {
-        "streambandit.replay.runner": imported_modules("def f():\n    from ..stream import engine\n",
-                                                       "streambandit.replay.runner"),
-        "streambandit.stream.worker": imported_modules("import streambandit.replay.logged\n",
-                                                       "streambandit.stream.worker"),
-        "streambandit.policies.oful": imported_modules("from streambandit.sim.ads import AdTraffic\n",
-                                                       "streambandit.policies.oful"),
-    }
-    assert violations(bad) == [
-        "streambandit.policies.oful imports streambandit.sim.ads",
-        "streambandit.policies.oful imports streambandit.sim.ads.AdTraffic",
-        "streambandit.replay.runner imports streambandit.stream",
-        "streambandit.replay.runner imports streambandit.stream.engine",
-        "streambandit.stream.worker imports streambandit.replay.logged",
-    ]

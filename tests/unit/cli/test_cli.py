@@ -47,7 +47,7 @@ def test_bench_runs_the_checkout_benchmarks_by_name():
 def test_every_subcommand_and_option_says_what_it_is_for():
     import argparse
 
-    from streambandit.cli import build_parser
+    from streambandit.cli.commands import build_parser
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
@@ -78,11 +78,11 @@ def test_check_config_validates_and_exits(tmp_path):
 
 
 def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeypatch):
-    import streambandit.api
-    from streambandit import cli
+    import streambandit.serving.api
+    from streambandit.cli import commands as cli
 
     seen = {}
-    monkeypatch.setattr(streambandit.api, "serve_api", lambda models, **kw: seen.update(kw))
+    monkeypatch.setattr(streambandit.serving.api, "serve_api", lambda models, **kw: seen.update(kw))
     assert cli.main(["api", "--models", "m.toml"]) == 0
     assert "max_models" not in seen  # serve_api's own default, 10,000: clients name the keys
     assert cli.main(["api", "--models", "m.toml", "--max-models", "7"]) == 0 and seen["max_models"] == 7

@@ -3,7 +3,7 @@ client only, and the settings exactly-once depends on cannot be overridden."""
 
 import pytest
 
-from streambandit.stream.kafka_config import consumer_settings, producer_settings, reader_settings
+from streambandit.config.kafka import consumer_settings, producer_settings, reader_settings
 
 USER = {"client.id": "w1", "consumer": {"fetch.wait.max.ms": 10}, "producer": {"linger.ms": 1}}
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from streambandit.models_config import load_models_config, parse_models_config
+from streambandit.config.models import load_models_config, parse_models_config
 
 GOOD = """
 [[models]]

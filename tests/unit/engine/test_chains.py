@@ -1,13 +1,13 @@
-"""Snapshot chains (stream/chains.py): a base with increments laid over it is the full snapshot
+"""Snapshot chains (engine/chains.py): a base with increments laid over it is the full snapshot
 of the moment of its last increment, to the bit; a chain that breaks is used up to the break;
 the directory store keeps the increments of the two bases it keeps and drops older ones."""
 
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
-from streambandit.stream.chains import ChainPosition, compose, next_chain_id, plan_snapshot
-from streambandit.stream.engine import PartitionEngine
+from streambandit.config.models import parse_models_config
+from streambandit.engine.chains import ChainPosition, compose, next_chain_id, plan_snapshot
+from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.snapshots import DirectoryStore, load_latest, usable_snapshots
 from streambandit.wire import Context, InputRef, Reward, pack_snapshot, unpack_snapshot
 

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
-from streambandit.decision import decide, event_rng
+from streambandit.engine.decision import decide, event_rng
 
 
 def test_event_rng_depends_only_on_key_event_and_seed():

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 
 from streambandit import make_policy
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import Action, Context, Joined, PartitionEngine, Rejected, Reward
 from streambandit.sim.ads import AdTraffic
-from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
 
 D = 3
 
@@ -175,7 +175,7 @@ def test_the_update_count_follows_every_applied_update_and_only_those():
 
 
 def test_a_client_inventing_model_keys_never_grows_a_partition_past_the_workers_max_models():
-    from streambandit.stream.app_config import parse_worker_config
+    from streambandit.config.app import parse_worker_config
 
     raw = {"kafka": {"bootstrap.servers": "unused:9092"}, "worker": {"max_models": 3},
            "models": [{"match": "m*", "policy": "glb_omd", "dim": D, "reward_window_ms": 100, "default_reward": 0.0}]}

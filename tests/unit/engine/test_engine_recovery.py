@@ -12,9 +12,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import Action, Context, Joined, PartitionEngine, Rejected, Reward
 from streambandit.sim.ads import AdTraffic
-from streambandit.stream.engine import Action, Context, Joined, PartitionEngine, Rejected, Reward
 
 CONFIG = parse_models_config({"models": [
     {"match": "sum-*", "policy": "glb_omd", "dim": 6, "reward_window_ms": 400, "default_reward": 0.0,

@@ -4,7 +4,7 @@ divergence case counted."""
 import numpy as np
 import pytest
 
-from streambandit.stream.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 
 
 def keys(records):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from streambandit.decision import choose, event_rng
-from streambandit.event_draw import event_seed, explore_draw, seed_state
+from streambandit.engine.decision import choose, event_rng
+from streambandit.numerics.event_draw import event_seed, explore_draw, seed_state
 
 MASK = (1 << 64) - 1
 

@@ -14,7 +14,7 @@ import pytest
 from scipy.optimize import minimize
 
 from streambandit import make_policy
-from tests.unit.test_policy_contract import assert_same_state
+from tests.unit.policies.test_policy_contract import assert_same_state
 
 CASES = [
     ("oful", {}),

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from streambandit.linalg import project_to_ball_in_norm, sherman_morrison_update, sym_matvec
+from streambandit.numerics.linalg import project_to_ball_in_norm, sherman_morrison_update, sym_matvec
 
 
 def random_spd(rng, d, cond=100.0):

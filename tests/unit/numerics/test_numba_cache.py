@@ -6,12 +6,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import streambandit.jit as jit
+import streambandit.numerics.jit as jit
 
-RUN = ("import numpy as np; from streambandit import make_policy; import streambandit.jit as j; "
+RUN = ("import numpy as np; from streambandit import make_policy; import streambandit.numerics.jit as j; "
        "p = make_policy('oful', dim=3); i = p.select(np.eye(3)); p.update(np.eye(3)[i], 1.0); "
        "print('ran', repr(j.CACHE_DIR))")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(tmp_path):

@@ -4,7 +4,7 @@ that sums in the same order (to the bit: no reassociation, no fused multiply-add
 import numpy as np
 import pytest
 
-from streambandit import rowwise
+from streambandit.numerics import rowwise
 
 
 def in_order(terms):

@@ -124,8 +124,8 @@ def test_the_budget_and_schedule_are_checked():
 
 
 def test_exact_bkb_is_bounded_when_asked_and_the_worker_requires_the_bound():
-    from streambandit.models_config import parse_models_config
-    from streambandit.stream.worker_config import WorkerConfig
+    from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import WorkerConfig
 
     p = make_policy("bkb", dim=2, max_points=3)
     for x in ([0.0, 0.0], [1.0, 0.0], [0.0, 1.0], [1.0, 0.0]):  # three distinct points, one again

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from streambandit import POLICIES, make_policy
-from streambandit.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
+from streambandit.numerics.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
 
 DIM = 4
 CASES = [pytest.param(name, params, id=f"{name}-{i}")

@@ -12,10 +12,11 @@ import pickle
 import numpy as np
 import pytest
 
-from streambandit import kernels, make_policy
+from streambandit import make_policy
+from streambandit.numerics import kernels
 from streambandit.policies import rows
-from tests.unit.test_kernels import stream
-from tests.unit.test_policy_contract import assert_same_state
+from tests.unit.numerics.test_kernels import stream
+from tests.unit.policies.test_policy_contract import assert_same_state
 
 D = 4
 CASES = [

@@ -11,9 +11,9 @@ import fastavro
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import PartitionEngine
 from streambandit.policies.state_blocks import ModelStates, model_states
-from streambandit.stream.engine import PartitionEngine
 from streambandit.wire import Context, Reward, SnapshotError, pack_snapshot, schemas, snapshot, unpack_snapshot
 from streambandit.wire.avro import header
 

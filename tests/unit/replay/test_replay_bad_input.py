@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.replay.files import read_csv
 from streambandit.replay.logged import MIN_PROPENSITY, LogError
 from streambandit.replay.runner import replay

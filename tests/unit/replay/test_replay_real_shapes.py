@@ -16,7 +16,7 @@ from datetime import UTC, datetime, timedelta
 import numpy as np
 import pytest
 
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
 from streambandit.replay.dsjson import read_dsjson
 from streambandit.replay.runner import replay
 

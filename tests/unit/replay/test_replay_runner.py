@@ -13,8 +13,8 @@ import sys
 import numpy as np
 import pytest
 
-from streambandit.decision import decide
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.decision import decide
 from streambandit.replay.logged import LogError, LoggedDecision
 from streambandit.replay.runner import replay
 

@@ -8,8 +8,8 @@ import dataclasses
 import numpy as np
 import pytest
 
-from streambandit.decision import action_probabilities
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.engine.decision import action_probabilities
 from streambandit.replay.estimators import OffPolicyEvaluator
 from streambandit.replay.logged import LogError, LoggedDecision
 from streambandit.replay.runner import Target, replay, replay_targets
@@ -76,7 +76,7 @@ def test_a_state_of_another_configuration_is_refused_naming_the_model():
 
 
 def test_a_worker_snapshot_is_a_source_of_states(tmp_path):
-    from streambandit.stream.engine import PartitionEngine
+    from streambandit.engine.partition import PartitionEngine
     from streambandit.wire import Context, InputRef, Reward
     from streambandit.wire.snapshot import pack_snapshot
 

@@ -11,7 +11,7 @@ import pytest
 from aiohttp import web
 
 from streambandit import Decider
-from streambandit.api import make_app
+from streambandit.serving.api import make_app
 
 MODELS = {"models": [{"match": "ads", "policy": "oful", "dim": 3, "reward_window_ms": 60_000,
                       "default_reward": 0.0, "epsilon": 0.1}]}

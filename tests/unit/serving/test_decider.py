@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 from streambandit import Decider, DecisionError
-from streambandit.models_config import parse_models_config
-from streambandit.stream.engine import PartitionEngine
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import PartitionEngine
 from streambandit.wire import Context, InputRef, Joined, Reward
 
 MODELS = {"models": [

@@ -1,6 +1,6 @@
 """A replica's staleness: the time since it last held everything the log held at a check."""
 
-from streambandit.stream.staleness import Staleness
+from streambandit.serving.staleness import Staleness
 
 
 def test_a_follower_that_keeps_up_is_never_more_than_two_checks_behind():

@@ -12,11 +12,11 @@ import pytest
 from confluent_kafka import Message
 
 from streambandit import reasons
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.merge import InputMerger
+from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.stream.batch import BatchProcessor, PartitionState
-from streambandit.stream.engine import PartitionEngine, Rejected
-from streambandit.stream.merge import InputMerger
-from streambandit.stream.worker_config import Topics, WorkerConfig
 from streambandit.wire import Action, Context, DecodeError, InputRef, Joined, ReplicaDecision, Reward, decode, encode
 from streambandit.wire.batch_decode import decode_batch
 from streambandit.wire.codec import write

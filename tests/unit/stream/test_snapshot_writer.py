@@ -11,11 +11,11 @@ import time
 
 import pytest
 
-from streambandit.stream.engine import PartitionEngine
+from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.snapshot_writer import CAN_FORK, ChildFailed, SnapshotWriter, _wait_for_child
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.wire import pack_snapshot
-from tests.unit.test_chains import CONFIG, KEYS, Stream
+from tests.unit.engine.test_chains import CONFIG, KEYS, Stream
 
 pytestmark = pytest.mark.skipif(not CAN_FORK, reason="snapshots are forked on Linux only")
 
@@ -145,10 +145,10 @@ def test_the_child_dies_with_its_parent_and_writes_nothing_after(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {os.getcwd()!r})
-        from streambandit.stream.engine import PartitionEngine
+        from streambandit.engine.partition import PartitionEngine
         from streambandit.stream.snapshot_writer import SnapshotWriter
         from streambandit.stream.snapshots import DirectoryStore
-        from tests.unit.test_chains import CONFIG
+        from tests.unit.engine.test_chains import CONFIG
 
         class SlowStore(DirectoryStore):
             def save(self, partition, data):

@@ -8,12 +8,12 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streambandit.config.app import parse_worker_config
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
-from streambandit.models_config import parse_models_config
-from streambandit.stream.app_config import parse_worker_config
 from streambandit.stream.kafka_checks import check_client_settings
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, render_metrics
-from streambandit.stream.worker_config import WorkerConfig
 
 MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 1000, "default_reward": 0.0}]}
 

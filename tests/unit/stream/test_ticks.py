@@ -7,11 +7,11 @@ import numpy as np
 from confluent_kafka import Message
 
 from streambandit import reasons
-from streambandit.models_config import parse_models_config
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.merge import InputMerger
+from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.batch import BatchProcessor, PartitionState
-from streambandit.stream.engine import PartitionEngine
-from streambandit.stream.merge import InputMerger
-from streambandit.stream.worker_config import Topics, WorkerConfig
 from streambandit.wire import Context, Tick, decode, encode
 from streambandit.wire.codec import write
 

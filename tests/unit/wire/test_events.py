@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.models_config import parse_models_config
-from streambandit.stream.engine import PartitionEngine
+from streambandit.config.models import parse_models_config
+from streambandit.engine.partition import PartitionEngine
 from streambandit.wire import (
     Action,
     Context,

@@ -67,8 +67,8 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda signum, _frame: stop_asked.append(signum))
 
+    from streambandit.config.app import load_worker_config
     from streambandit.log_format import configure_logging
-    from streambandit.stream.app_config import load_worker_config
     from streambandit.stream.kafka_checks import check_client_settings, wait_for_brokers
     from streambandit.stream.snapshots import TopicStore
     from streambandit.stream.worker import Worker
@@ -134,7 +134,7 @@ def _supervise(args: argparse.Namespace, instance: str, processes: int, metrics_
 
 def _cmd_topics(args: argparse.Namespace) -> int:
     """Create or describe every topic a worker configuration names (snapshot topic included)."""
-    from streambandit.stream.app_config import load_worker_config
+    from streambandit.config.app import load_worker_config
     from streambandit.stream.topics_admin import create_topics, describe_topics
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
@@ -156,7 +156,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     """The whole loop on the embedded broker: a simulated ad server and a worker, live figures."""
     from pathlib import Path
 
-    from streambandit.stream.demo import DemoConfig, run_demo
+    from streambandit.dev.demo import DemoConfig, run_demo
 
     run_demo(DemoConfig(duration_s=args.duration, rate_per_s=args.rate, policy=args.policy, dim=args.dim,
                         arms=args.arms, partitions=args.partitions, seed=args.seed, out_dir=Path(args.out),
@@ -183,11 +183,11 @@ def _snapshot_store(config: Any, snaps: Any, topic_arg: str | None, dir_arg: str
 
 
 def _cmd_api(args: argparse.Namespace) -> int:
-    """Rank and reward over HTTP from an in-process Decider (streambandit/api.py)."""
+    """Rank and reward over HTTP from an in-process Decider (streambandit/serving/api.py)."""
     import logging
 
     try:
-        from streambandit.api import serve_api
+        from streambandit.serving.api import serve_api
     except ImportError as exc:  # aiohttp is an optional dependency
         raise ValueError(f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})") from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
@@ -195,9 +195,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
         raise ValueError("give --models (decide and learn in this process) or --replica-of (decide with a replica "
                          "of a learn-only group's models), not both")
     if args.replica_of is not None:
-        from streambandit.api import serve_replica
-        from streambandit.stream.app_config import load_worker_config
-        from streambandit.stream.replica import Replica
+        from streambandit.config.app import load_worker_config
+        from streambandit.serving.api import serve_replica
+        from streambandit.serving.replica import Replica
 
         config, snaps = load_worker_config(args.replica_of, bootstrap_servers=args.bootstrap_servers)
         if not config.learn_only:
@@ -217,9 +217,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
 
 def _cmd_export(args: argparse.Namespace) -> int:
     """The worker's logs (contexts, actions, joined) of a group as one Avro file of logged decisions."""
+    from streambandit.config.app import load_worker_config
     from streambandit.export import read_logged_decisions
     from streambandit.replay.files import write_avro
-    from streambandit.stream.app_config import load_worker_config
 
     config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
@@ -256,7 +256,7 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     """The embedded development broker in the foreground."""
     import signal
 
-    from streambandit.stream.broker import EmbeddedBroker
+    from streambandit.dev.tansu import EmbeddedBroker
 
     # SIGINT (Ctrl-C) and SIGTERM stop the broker, set here rather than inherited: a process
     # started in the background by a non-interactive shell inherits SIGINT ignored, and then
@@ -279,9 +279,9 @@ def _cmd_broker(args: argparse.Namespace) -> int:
 def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
     """``broker --create-topics``: the topics of ``--config`` (or the default names and the
     snapshot topic ``streambandit-snapshots``), and the client settings this broker needs."""
-    from streambandit.stream.app_config import load_worker_config
+    from streambandit.config.app import load_worker_config
+    from streambandit.config.worker import Topics
     from streambandit.stream.topics_admin import create_topics
-    from streambandit.stream.worker_config import Topics
 
     topics, snapshot_topic, learn_only = Topics(), "streambandit-snapshots", False
     if args.config:
@@ -365,7 +365,7 @@ def _named(value: str, what: str) -> tuple[str, str]:
 
 def _replay_targets(args: argparse.Namespace):
     """The targets of ``streambandit replay``: each --config, then each external target."""
-    from streambandit.models_config import load_models_config
+    from streambandit.config.models import load_models_config
     from streambandit.replay.files import read_target_probs
     from streambandit.replay.runner import Target
     from streambandit.replay.states import read_model_states
@@ -450,7 +450,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     import json
     from pathlib import Path
 
-    from streambandit.models_config import dump_models_config, load_models_config
+    from streambandit.config.models import dump_models_config, load_models_config
     from streambandit.replay import tune
     from streambandit.replay.report import plot_targets
     from streambandit.replay.runner import replay_targets
@@ -526,7 +526,7 @@ def _bench(rest: list[str]) -> int:
     what = rest.pop(0) if rest and rest[0] in _BENCHMARKS else "peers"
     target = _BENCHMARKS[what][0]
     if target.startswith("bench."):
-        checkout = Path(__file__).resolve().parents[1]
+        checkout = Path(__file__).resolve().parents[2]
         if not (checkout / "bench" / "__init__.py").is_file():
             print(f"streambandit bench {what}: it runs from a source checkout of streambandit "
                   f"(python -m {target}), and {checkout} is not one", file=sys.stderr)
