@@ -18,10 +18,10 @@ from typing import Iterator
 from confluent_kafka import Consumer, TopicPartition
 
 from streambandit.config.kafka import reader_settings
+from streambandit.config.worker import Topics
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
 from streambandit.stream.logs import committed_view, read_range
-from streambandit.stream.worker import Topics
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
 __all__ = ["read_logged_decisions"]

@@ -30,11 +30,12 @@ from typing import Callable
 import numpy as np
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.dev.ad_server import AdServer
 from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.sim.ads import AdTraffic, ad_hyper
 from streambandit.stream.snapshots import DirectoryStore
-from streambandit.stream.worker import Topics, Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 
 __all__ = ["DemoConfig", "run_demo"]
 

@@ -28,7 +28,7 @@ import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.config.kafka import consumer_settings, producer_settings, reader_settings
-from streambandit.config.worker import Topics, WorkerConfig, snapshot_due
+from streambandit.config.worker import WorkerConfig, snapshot_due
 from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
@@ -42,7 +42,7 @@ from streambandit.stream.stall import StallWatch
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
 
-__all__ = ["Topics", "WorkerConfig", "Worker", "WorkerError", "freeze_long_lived", "snapshot_due"]
+__all__ = ["Worker", "WorkerError", "freeze_long_lived"]
 
 log = logging.getLogger("streambandit")
 

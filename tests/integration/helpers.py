@@ -137,8 +137,9 @@ def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overr
     import threading
 
     from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import WorkerConfig
     from streambandit.stream.snapshots import DirectoryStore
-    from streambandit.stream.worker import Worker, WorkerConfig
+    from streambandit.stream.worker import Worker
 
     cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(models), group_id=group,
                        topics=topics, **overrides)

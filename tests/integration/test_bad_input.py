@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.stream.worker import Topics
+from streambandit.config.worker import Topics
 from streambandit.wire import Context, Reward, codec, encode, schemas
 
 from .helpers import Sent, Tail, caught_up, outputs, producer, send_tracked, start_worker, wait_for

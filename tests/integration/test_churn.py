@@ -13,8 +13,8 @@ import uuid
 import numpy as np
 import pytest
 
+from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Topics
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import (

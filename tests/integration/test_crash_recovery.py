@@ -12,8 +12,8 @@ import uuid
 import numpy as np
 import pytest
 
+from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Topics
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked, topics_toml

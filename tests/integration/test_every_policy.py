@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from streambandit import POLICIES, make_policy
+from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Topics
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, outputs, producer, same_state, send_tracked, start_worker, wait_for

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
-from streambandit.stream.worker import Topics, Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import caught_up, engine_states_equal, outputs, producer, send_tracked, wait_for

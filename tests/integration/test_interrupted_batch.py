@@ -15,8 +15,9 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
-from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
 from .helpers import committed_offsets, outputs, producer, run_in_thread, send, wait_for

@@ -15,8 +15,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore
-from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
 from .helpers import producer, send, topics_toml, wait_for

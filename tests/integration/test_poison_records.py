@@ -30,8 +30,9 @@ GROUP = "g-poison"
 
 def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics, tmp_path):
     from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import WorkerConfig
     from streambandit.stream.snapshots import DirectoryStore
-    from streambandit.stream.worker import Worker, WorkerConfig
+    from streambandit.stream.worker import Worker
 
     models = parse_models_config({"models": [{"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": WINDOW_MS,
                                               "default_reward": 0.0}]})
@@ -111,8 +112,9 @@ def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tm
     import logging
 
     from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import WorkerConfig
     from streambandit.stream.snapshots import DirectoryStore
-    from streambandit.stream.worker import Worker, WorkerConfig
+    from streambandit.stream.worker import Worker
 
     models = parse_models_config({"models": [{"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": 1000,
                                               "default_reward": 0.0}]})

@@ -24,12 +24,12 @@ import numpy as np
 import pytest
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.partition import PartitionEngine
 from streambandit.export import read_logged_decisions
 from streambandit.replay.runner import replay
 from streambandit.serving.replica import Replica
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Topics, WorkerConfig
 from streambandit.wire import InputRef, ReplicaDecision, Reward, decode, encode
 
 from .helpers import committed_offsets, outputs, read_all, same_state, serve_config, start_worker, wait_for

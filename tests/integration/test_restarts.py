@@ -11,8 +11,9 @@ import pytest
 from confluent_kafka import Producer
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward, decode
 
 from .helpers import outputs, producer, run_in_thread, send, serve_config, wait_for

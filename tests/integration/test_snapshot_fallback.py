@@ -7,8 +7,9 @@ import pytest
 
 from streambandit import make_policy
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, load_latest
-from streambandit.stream.worker import Worker, WorkerConfig, WorkerError
+from streambandit.stream.worker import Worker, WorkerError
 from streambandit.wire import Context, Reward
 
 from .helpers import outputs, producer, run_in_thread, same_state, send, wait_for

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from streambandit.config.models import parse_models_config
-from streambandit.config.worker import Topics
+from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, TopicStore, create_snapshot_topic, load_latest
-from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
 from .helpers import producer, run_in_thread, send, wait_for

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from streambandit import reasons
-from streambandit.stream.worker import Topics
+from streambandit.config.worker import Topics
 from streambandit.wire import Context, Reward, Tick, decode, encode
 
 from .helpers import Tail, caught_up, outputs, producer, read_all, send_tracked, start_worker, wait_for

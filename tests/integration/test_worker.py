@@ -6,8 +6,9 @@ import numpy as np
 import pytest
 
 from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore
-from streambandit.stream.worker import Worker, WorkerConfig
+from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
 from .helpers import outputs, producer, send, wait_for

@@ -4,7 +4,7 @@ its time (``snapshot_due``)."""
 import pytest
 
 from streambandit.config.models import parse_models_config
-from streambandit.stream.worker import WorkerConfig, snapshot_due
+from streambandit.config.worker import WorkerConfig, snapshot_due
 
 MODELS = parse_models_config({"models": [{"match": "m*", "policy": "oful", "dim": 2, "reward_window_ms": 10,
                                           "default_reward": 0.0}]})
