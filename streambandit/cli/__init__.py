@@ -1,4 +1,4 @@
-"""The ``streambandit`` command: one module per group of sub-commands, parsed in main.py."""
+"""The ``streambandit`` command: the parser and every sub-command in commands.py; warmup.py compiles the kernels ahead."""
 
 from streambandit.cli.commands import main
 
