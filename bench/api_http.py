@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 
 from bench import harness
-from bench.e2e import LATENCY_DEFAULTS, latency_run
+from bench.e2e_latency import LATENCY_DEFAULTS, latency_run
 
 D, K, KEYS = 20, 10, 4
 RATES = (1_000, 5_000)

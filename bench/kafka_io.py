@@ -136,3 +136,9 @@ def caught_up(broker: EmbeddedBroker, group: str, ends: dict) -> bool:
         return all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in got)
     finally:
         c.close()
+
+
+def broker_cpu(pid: int) -> float:
+    """CPU seconds used so far by process ``pid`` (utime + stime)."""
+    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(f[11]) + int(f[12])) / os.sysconf("SC_CLK_TCK")

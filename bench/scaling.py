@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from bench import harness, kafka_io, traffic
-from bench.e2e import broker_cpu
 from streambandit.dev.tansu import EmbeddedBroker
 
 PARTITIONS = 8
@@ -53,7 +52,7 @@ def _cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
         try:
-            total += broker_cpu(pid)
+            total += kafka_io.broker_cpu(pid)
         except FileNotFoundError:
             pass
     return total
@@ -92,7 +91,7 @@ def one_run(broker: EmbeddedBroker, workers: int, evs: list, workdir: Path) -> d
                                    f"log {workdir / f'{group}.log'}")
             pids = [proc.pid, *_children(proc.pid)]  # the supervisor (W > 1) and its workers
             done = committed(broker, group, ends)
-            now, cpu_w, cpu_b = time.perf_counter(), _cpu(pids), broker_cpu(broker_pid)
+            now, cpu_w, cpu_b = time.perf_counter(), _cpu(pids), kafka_io.broker_cpu(broker_pid)
             if "start" not in marks and done >= 0.1 * total:
                 marks["start"] = (now, done, cpu_w, cpu_b)
             if "start" in marks and done >= 0.9 * total:

@@ -1,5 +1,5 @@
-"""The pause a partition's snapshot makes in the worker's loop, at a given load (e2e part 6:
-``python -m bench.e2e --only snapshot``).
+"""Part 6 of ``python -m bench.e2e`` (``--only snapshot``): a snapshot of one partition at a given
+load, the engine's copy and the packing timed apart.
 
 It uses only ``PartitionEngine`` and ``pack_snapshot``, so it also measures an older checkout.
 """
@@ -41,3 +41,29 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
            "pack_ms": harness.median(pack_ms), "bytes": size, "repeats": repeats}
     print(f"snapshot: {out}", flush=True)
     return out
+
+
+def render(res: dict) -> list[str]:
+    """Part 6 of the report."""
+    partitions = res["partitions"]
+    lines: list[str] = []
+    sp = res["snapshot"]
+    lines += [
+        "## 6. A snapshot's pause at the latency runs' load",
+        "",
+        f"One partition's engine as the worker holds it at half the live maximum ({sp['contexts_per_s']:,.0f} "
+        f"contexts/s over {partitions} partitions, reward window {sp['window_ms']:,} ms, 4 models): "
+        f"{sp['pending']:,} open decisions and {sp['recent']:,} recently joined ids. The worker snapshots a "
+        "partition inside its loop (`engine.snapshot()` then `pack_snapshot`, before the store's write), so this "
+        f"is a pause of every decision of that partition. Median of {sp['repeats']} runs.",
+        "",
+        "| engine.snapshot ms | pack_snapshot ms | total ms | bytes |",
+        "|---:|---:|---:|---:|",
+        f"| {sp['snapshot_ms']:.1f} | {sp['pack_ms']:.1f} | {sp['snapshot_ms'] + sp['pack_ms']:.1f} | {sp['bytes']:,} |",
+        "",
+        f"At that rate the default triggers (`snapshot_every_updates` {res['snapshot_every_updates']:,}, "
+        f"`snapshot_interval_s` {res['snapshot_interval_s']:g}) snapshot each partition every "
+        f"{min(res['snapshot_every_updates'] / (sp['contexts_per_s'] / partitions), res['snapshot_interval_s']):.0f} s.",
+        "",
+    ]
+    return lines
