@@ -70,15 +70,15 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
                   and "numba" not in caller[0])
     name = lambda f, file, fn: f[0].endswith(file) and f[2] == fn  # noqa: E731
     out = {
-        "poll": ct(lambda f: name(f, "worker.py", "_poll_batch")) + ct(lambda f: name(f, "worker.py", "_inputs_behind")),
+        "poll": sum(ct(lambda f, fn=fn: name(f, "stream/worker.py", fn)) for fn in ("_poll_batch", "_inputs_behind")),
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
-        "merge": sum(ct(lambda f, fn=fn: name(f, "merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
+        "merge": sum(ct(lambda f, fn=fn: name(f, "engine/merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
         # Outputs: actions and joined records in bulk (batch_encode, from batch.py's _Outputs.take),
         # dead letters and ticks one by one (codec.encode).
         "encode": sum(c[3] for f, v in st.items()
                       if (f[0].endswith("batch_encode.py") and f[2] in ("encode_actions", "encode_joined_records"))
                       or (f[0].endswith("codec.py") and f[2] == "encode")
-                      for caller, c in v[4].items() if caller[0].endswith("batch.py")),
+                      for caller, c in v[4].items() if caller[0].endswith("stream/batch.py")),
         "produce": sum(v[3] for f, v in st.items() if f[2] in ("<method 'produce' of 'cimpl.Producer' objects>",
                                                               "<method 'poll' of 'cimpl.Producer' objects>")),
         "commit": sum(v[3] for f, v in st.items() if f[2] in (
@@ -89,8 +89,8 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
     }
     # The engine's entry points, called from BatchProcessor.release's loop (the common case) and
     # _other (the rest); the learner's calls are inside them.
-    process = (ct(lambda f: name(f, "engine.py", "on_context")) + ct(lambda f: name(f, "engine.py", "on_reward"))
-               + ct(lambda f: name(f, "batch.py", "_other")))
+    process = (sum(ct(lambda f, fn=fn: name(f, "engine/partition.py", fn)) for fn in ("on_context", "on_reward"))
+               + ct(lambda f: name(f, "stream/batch.py", "_other")))
     out["engine"] = process - out["learner"]
     out["other"] = total - sum(out.values())
     return out
