@@ -184,9 +184,8 @@ def render(res: dict) -> list[str]:
         f"rewards of {c['reward_bytes']} bytes, outputs of {c['action_bytes']} bytes; median of {len(runs)} runs)",
         "",
         "Nothing of streambandit in the loop: raw bytes, no decode, no merge, no learner. The pass-through consumes "
-        f"up to {batch_max:,} fetched records (the worker's "
-        "`batch_max_records`), produces one action-sized record per input and commits them with the input "
-        "offsets in one transaction, as `Worker.step` does.",
+        f"up to {batch_max:,} fetched records (`batch_max_records`), produces one action-sized record per input and "
+        "commits them with the input offsets in one transaction.",
         "",
         "| loop | records / s | broker CPU (of one core) |",
         "|---|---:|---:|",

@@ -101,15 +101,15 @@ def render(res: dict) -> list[str]:
         f"| {c['decode_us']['arrays_of_double']:.1f} |",
         f"| packed little-endian float64 `bytes` per arm (context v1) | {c['bytes']['v1_bytes_per_arm']:,} | "
         f"{c['decode_us']['v1_bytes_per_arm']:.1f} |",
-        f"| one packed block for all arms (context v2, chosen) | {c['bytes']['v2_one_block']:,} | "
+        f"| one packed block for all arms (context v2) | {c['bytes']['v2_one_block']:,} | "
         f"{c['decode_us']['v2_one_block']:.1f} |",
-        *([f"| context v2, a poll batch of 2,000 in one compiled pass (`batch_decode`, what the worker does) | "
+        *([f"| context v2, a poll batch of 2,000 in one call (`batch_decode`) | "
            f"{c['bytes']['v2_one_block']:,} | {c['decode_us']['v2_batch']:.1f} |"] if "v2_batch" in c["decode_us"] else []),
         "",
         f"Encode per event: action {c['encode_us']['action']:.1f} us (fastavro: {c['encode_us']['action_fastavro']:.1f} us), "
         f"joined {c['encode_us']['joined']:.1f} us; a context (the application's side) "
         f"{c['encode_us']['context_v2']:.1f} us. "
-        + (f"What the worker does, a hand-over of {res['emit_every']} records in one compiled pass (`batch_encode`): action "
+        + (f"A hand-over of {res['emit_every']} records in one call (`batch_encode`): action "
            f"{c['encode_us']['action_batch']:.2f} us, joined {c['encode_us']['joined_batch']:.2f} us per record."
            if "action_batch" in c["encode_us"] else ""),
         "",

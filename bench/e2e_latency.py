@@ -280,9 +280,7 @@ def render_floor(res: dict) -> list[str]:
         "records, waiting up to poll_timeout for the first; "
         "one action-sized output per input; send offsets; commit), as a subprocess of its own "
         "(`bench/passthrough_serve.py`) in place of the worker, offered the same load by the same load "
-        "generator and measured the same way: no decode, no merge, no learner; what the broker and the "
-        "Kafka clients alone cost at that load, with these settings (a worker can only match it within run-to-run "
-        "noise: at light load the floor's runs vary as much as the worker's; every run is in e2e.json). "
+        "generator and measured the same way: no decode, no merge, no learner (every run is in e2e.json). "
         f"Rates: fractions of {fm['contexts_per_s']:,.0f} contexts/s ({fm['from']}).",
         "",
         "| knobs | load | offered contexts / s | answered / s | p50 ms | p99 ms | p99.9 ms | broker CPU | pass-through CPU |",

@@ -121,9 +121,9 @@ def render(res: dict) -> list[str]:
     lines += [
         "## 4. Throughput: one worker draining a backlog, transactions on",
         "",
-        "Median of the runs; the pass-through (part 1's loop) ran on the same backlog in the same runs. Both are "
-        "timed from the first poll that returns records: before it they only wait for the first fetch after the "
-        "assignment, a start-up cost (its own column). The column after it times the drain from its first poll.",
+        "Medians of the runs; the pass-through (part 1's loop) ran on the same backlog in the same runs. Both are "
+        "timed from the first poll that returns records; the wait for the first fetch after the assignment is its "
+        "own column, and the column after it counts that wait in.",
         "",
         "| policy | events / s | contexts / s | events per CPU s of the worker thread | events per transaction | "
         "first fetch ms | events / s with the first fetch | pass-through events / s | bare learner events / s |",
@@ -142,8 +142,8 @@ def render(res: dict) -> list[str]:
     lines.append("")
     if tp.get("oful_no_freeze"):
         lines += [
-            "The garbage collector during the drain (`oful`, medians of the runs), with the worker's "
-            "`freeze_long_lived` (gc.freeze after start-up and recovery) and without it, in the same runs:",
+            "The garbage collector during the drain (`oful`, medians of the same runs), with the worker's "
+            "`freeze_long_lived` and without it:",
             "",
             "| worker | events / s | full (gen 2) collections | their ms | longest pause ms | gen 0 + gen 1 ms |",
             "|---|---:|---:|---:|---:|---:|",
@@ -156,10 +156,7 @@ def render(res: dict) -> list[str]:
         lines.append("")
     if tp.get("oful_batch_2000"):
         lines += [
-            "`batch_max_records` (`oful`, medians of the same runs): the default, and 2,000. Each transaction's "
-            "commit waits for ~3 serial broker round trips (the outputs' acknowledgements, the offsets, the end "
-            "of the transaction), so the size of a transaction sets how much of a backlog's drain is spent "
-            "committing:",
+            "`batch_max_records` (`oful`, medians of the same runs): the default, and 2,000:",
             "",
             "| batch_max_records | events / s | events per CPU s | events per transaction |",
             "|---:|---:|---:|---:|",

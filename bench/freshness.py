@@ -142,18 +142,14 @@ def render(res: dict) -> str:
         "benchmark's process, one learn-only `streambandit serve` worker as a subprocess, the embedded broker: all on "
         "the machine's two cores. Freshness: the reward's `reward` call returned -> the replica applied the event's "
         "joined record. Medians over the runs of each run's percentile. Rank times are of calls paced 5 ms apart "
-        "(a core that slept between calls runs the next one several times slower than back to back, where "
-        "`python -m bench.decider` times them).",
+        "(back to back: `python -m bench.decider`).",
         "",
         "| fetch.wait.max.ms | runs | events | freshness p50 ms | p99 ms | max ms | never applied | rank p50 us | "
         "rank p99 us |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        "; ".join(verdict) + ". The path is three hops (the learner's fetch of the reward, its transaction's commit, "
-        "the replica's fetch of the joined record), and the embedded broker holds each fetch for its whole "
-        "`fetch.wait.max.ms`: the setting moves the median. The p99 is near 200 ms at both settings, so the tail is not "
-        "the setting's; the embedded broker's Kafka round trip has a tail of the same order (bench/results/e2e.md).",
+        "; ".join(verdict) + ".",
         "",
     ])
 

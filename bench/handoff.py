@@ -166,18 +166,16 @@ def render(res: dict) -> str:
         "",
         f"One partition holding {res['models']:,} models (d = {res['d']}, K = {res['K']}), stored as a base snapshot "
         "in the group's snapshot directory; worker A (`streambandit serve`) recovers it and serves probe contexts "
-        f"({res['probe_rate']:.0f}/s) for those models; worker B joins the group (the range assignor gives the "
-        "partition to the member whose id sorts first, so B may take it at its join). The worker holding it then "
+        f"({res['probe_rate']:.0f}/s) for those models; worker B joins the group (and may take the partition at "
+        "its join). The worker holding it then "
         "leaves (SIGTERM) or is killed (SIGKILL), "
         "and the other one takes it. *stop -> assigned*: the holder's exit until the taker's log says it was "
-        "assigned the partition (the group's doing: a rebalance after a leave, the session timeout after a kill; "
-        "negative when the taker had it before the holder's process ended: a leaving worker revokes first, then "
-        "writes its last snapshot and exits). *recovered*: the taker's own time from the assignment to the partition "
+        "assigned the partition (negative when the taker had it before the holder's process ended). *recovered*: "
+        "the taker's own time from the assignment to the partition "
         "rebuilt (snapshot loaded, the joined log after it re-applied). *assigned -> serving*: from the assignment to "
         "the first action read back (read_committed) after it, which only the taker can have written. For the "
         "SIGKILL the probes pause for a second before it and resume after it, so that no "
-        "transaction of the holder's is open when it dies: the embedded broker never ends a dead producer's transaction "
-        "(Apache Kafka aborts it at `transaction.timeout.ms`). One run per case.",
+        "transaction of the holder's is open when it dies (why: docs/architecture.md, instance ids). One run per case.",
         "",
         "| policy | the holder stops by | taker | models | stop -> assigned s | recovered ms | assigned -> serving s |",
         "|---|---|---|---:|---:|---:|---:|",

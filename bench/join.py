@@ -193,10 +193,7 @@ def render(res: dict) -> str:
         "",
         f"Medians over the runs: steady p99 {res['steady_p99_ms']:.0f} ms, during the rebalance p99 "
         f"{res['during_p99_ms']:,.0f} ms, {res['p99_ratio']:.1f}x: the {TARGET_RATIO:g}x target "
-        f"{'met' if met else 'NOT met'}. The eager assignor revokes every partition at a join, so the partitions "
-        "that stay wait for the whole rebalance too (the longest gap); cooperative rebalancing (KIP-429) or the "
-        "KIP-848 protocol would keep them served, and the embedded broker carries out neither "
-        "(docs/notes/tansu.md).",
+        f"{'met' if met else 'NOT met'}.",
         "",
     ])
 

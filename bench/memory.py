@@ -403,27 +403,16 @@ def render(res: dict) -> str:
         "",
         "Last column of the first table: RSS growth / the learner's own state (`state_nbytes()`).",
         "",
-        "The compiled learners (oful, glb_omd; hvt_ucb too) keep each model's state as a row of chunked "
-        "arrays shared by every model of one configuration (`streambandit/policies/rows.py`; chunks of up to "
-        "1,024 rows made with `np.empty`, so rows not yet handed out are not resident): a model costs its "
-        "documented state, its state scalars in the row (oful: `logdet` and `n_updates`, glb_omd: "
-        "`n_updates`; 8 B each), a 72-byte slotted instance and its models-dict entry. What remains beyond "
-        "the bare row is the engine's per-event bookkeeping (last table), bounded by its limits rather than "
-        "by the number of models.",
-        "",
         "## RSS growth per model",
         "",
         "`bare`: the learners in a dict keyed by model key. `engine`: one `PartitionEngine` fed one context and "
         "one reward per model key through `on_context` / `on_reward`; measured right after the last reward, and "
         "after `advance_to` closed every reward window (deadline heap drained; the last `max_recent` = 100,000 "
         "joined event ids are still remembered -- one per model here, but bounded by `max_recent`, not by the "
-        "number of models). The two engine rows are equal because memory freed by the drained heap stays with "
-        "the allocator (pymalloc arenas and glibc's heap are returned to the OS only when wholly free); it is "
-        "reused by later events, not returned. `restored`: a fresh process reads the packed snapshot of the "
-        "engine case (kept, so its bytes are in the baseline), unpacks it, `PartitionEngine.restore`s it and "
-        "drops the unpacked snapshot, as the worker's recovery does; its growth includes what the allocator "
-        "keeps of the freed snapshot structures. Last column: the same process after glibc's `malloc_trim(0)` "
-        "returned every wholly free page to the OS (live data plus fragmentation).",
+        "number of models). `restored`: a fresh process reads the packed snapshot of the engine case (kept, so "
+        "its bytes are in the baseline), unpacks it, `PartitionEngine.restore`s it and drops the unpacked "
+        "snapshot. Last column: the same process after glibc's `malloc_trim(0)` returned every wholly free page "
+        "to the OS (live data plus fragmentation).",
         "",
         "| policy | case | RSS growth B / model | state_nbytes | overhead B / model | RSS / state | "
         "after malloc_trim(0) B / model |",
@@ -441,29 +430,15 @@ def render(res: dict) -> str:
             g /= n
             trim = "" if tr is None else f"{tr / n:,.0f}"
             lines.append(f"| {p} | {name} | {g:,.0f} | {s:,.0f} | {g - s:,.0f} | {g / s:.2f} | {trim} |")
-    if any("restore" in c for c in res["cases"].values()):
-        lines += [
-            "",
-            "The compiled learners' models are restored from the snapshot's state blocks, a column at a time "
-            "into the rows (`policies/state_blocks.py`); other learners' model records are decoded one at a "
-            "time as the restore asks for them (`wire.snapshot.SnapshotModels`). What a restored engine holds "
-            "beyond the live one is mostly free memory the allocator keeps from the restore (compare the "
-            "malloc_trim column).",
-        ]
     lines += [
         "",
         f"## Where the bytes go ({res['n_attribute']:,} models under tracemalloc, sys.getsizeof over what each model owns)",
         "",
-        "Per model, bare learner: array data (= state_nbytes; for oful and glb_omd the state arrays of "
-        "its row), numpy array headers (the ndarray object, 112 B each in numpy 2.4; none for a row-store "
-        "learner, whose arrays are views made on demand), the state scalars kept in its row (oful: "
-        "`logdet` and `n_updates`, glb_omd: `n_updates`, 8 B each), the `_config` dict and the values "
-        "only it holds (shared per configuration), other scalars and sub-objects (soful's sketch objects; "
-        "the row-store learners keep their derived constants and kernel parameters on the store, once per "
-        "configuration), the instance (object + its inline attribute values or slots) and its entry in "
-        "the models dict (key string + slot). `traced` is the tracemalloc total, counting only the rows "
-        "in use of a row store's chunks; RSS - traced is the allocator's overhead (malloc chunk headers "
-        "and alignment, pymalloc pools, numpy's small-block cache, a row store's partly used last chunk).",
+        "Per model, bare learner: array data (= state_nbytes), numpy array headers (the ndarray objects the "
+        "model holds), the state scalars kept in its row of a row store, the `_config` dict and the values only "
+        "it holds, other scalars and sub-objects, the instance (object + its inline attribute values or slots) "
+        "and its entry in the models dict (key string + slot). `traced` is the tracemalloc total, counting only "
+        "the rows in use of a row store's chunks; RSS - traced is what the allocator adds.",
         "",
         "| policy | array data | array headers | row scalars | _config dict + values | other "
         "scalars / objects | instance + inline attrs | dict entry | traced | RSS growth (bare, N above) | "
@@ -483,11 +458,8 @@ def render(res: dict) -> str:
         "",
         "Engine bookkeeping per model (same small run, windows still open): the engine's own "
         "models dict entry (sys.getsizeof), and, as the bytes tracemalloc sees freed when each structure is emptied, "
-        "the deadline heap (one `(deadline, seq, kind, event_id)` tuple per decision, "
-        "kept until the watermark passes the deadline even when the reward already closed the decision), "
-        "the recent-ids OrderedDict (event id string, dict slot, linked-list node) and the pending dict "
-        "(empty: aggregation `first` closes each decision on its reward). `traced` is tracemalloc's engine "
-        "total per model.",
+        "the deadline heap, the recent ids and the pending decisions (aggregation `first`). `traced` is "
+        "tracemalloc's engine total per model.",
         "",
         "| policy | models dict entry | deadline heap | recent ids | pending | engine traced | bare traced | engine - bare |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
@@ -506,9 +478,9 @@ def render(res: dict) -> str:
             "",
             f"## A snapshot of the partition with {n:,} models",
             "",
-            "The engine case's partition packed as `Worker._snapshot` packs it (`engine.snapshot()` then "
-            "`pack_snapshot`), and the restore case's unpack + `PartitionEngine.restore`. Where the worker "
-            "takes it (on the loop, or in a forked child) and the loop's pause: `python -m bench.snapshots`.",
+            "The engine case's partition packed (`engine.snapshot()` then `pack_snapshot`), and the restore "
+            "case's unpack + `PartitionEngine.restore`. The worker's own way and the loop's pause: "
+            "`python -m bench.snapshots`.",
             "",
             "| policy | snapshot MB | pack s | us per model | unpack + restore s |",
             "|---|---:|---:|---:|---:|",

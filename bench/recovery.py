@@ -117,9 +117,8 @@ def render(res: dict) -> str:
         "",
         "## Snapshot size per model",
         "",
-        "Bytes a model adds to its partition's snapshot (100 models, 50 updates each, packed as the worker stores "
-        "them: the compiled learners' state as raw columns, the rest Avro, zlib above 4 KiB; CRC32), next to the "
-        "policy's own `state_nbytes()`.",
+        "Bytes a model adds to its partition's snapshot (100 models, 50 updates each, packed by `pack_snapshot`), "
+        "next to the policy's own `state_nbytes()`.",
         "",
         "| policy | d | snapshot bytes per model | state_nbytes |",
         "|---|---:|---:|---:|",

@@ -216,9 +216,7 @@ def render(res: dict) -> str:
     lines += [
         "",
         f"The command has a fixed cost of {fixed:.2f} s (median of the same command on a 10-row log: interpreter "
-        "start-up, imports, the report and its figure); *after start-up* subtracts it. What remains above the "
-        "runner's time is reading and decoding the Avro file. The machine has two cores shared with other work: "
-        "single runs vary by up to 2x.",
+        "start-up, imports, the report and its figure); *after start-up* subtracts it.",
         "",
     ]
     if "by_dim" in res:
@@ -234,14 +232,9 @@ def render(res: dict) -> str:
                          f"{runner / TARGET_ROWS_PER_S:.2f} |")
             verdict = f"d = {dim}: the target is {'met' if runner >= TARGET_ROWS_PER_S else 'not met'}"
             if bare < TARGET_ROWS_PER_S:
-                verdict += (f", and cannot be: the learner alone (its scores of every row and its updates, O(K d^2) "
-                            f"per row) runs {bare:,.0f} rows/s")
+                verdict += f", and cannot be: the bare learner runs {bare:,.0f} rows/s"
             verdicts.append(verdict)
-        lines += ["", "; ".join(verdicts) + ". Per row the runner adds to the learner's work the reward model's "
-                  "prediction and update, the seeded exploration draw (`decision.choose`, compiled in "
-                  "`numerics/event_draw.py`), the estimators' sums (one compiled call for the pooled and the model key's, "
-                  "`replay/sums.py`) and its own Python: the calls between these, the event's hash, the record "
-                  "of each decision.", ""]
+        lines += ["", "; ".join(verdicts) + ".", ""]
     return "\n".join(lines)
 
 

@@ -137,9 +137,7 @@ def render(res: dict) -> str:
         f" (soful/cbscfd l = 50; dbs_linucb l0 = 50, epsilon = 8, robust FD), constant beta = {res['beta']}.",
         f"Per d: {res['repeats']} timed blocks of {res['block']} rounds after one warm-up block, interleaved learner by",
         "learner; the figure is the median block. dbs_linucb's blocks are split into those spent sketching",
-        "and those after its switch to exact updates (the block with the switch is in neither; Invariant 2: at most",
-        "floor(log2(d/l0 + 1)) blocks; on this full-rank stream the cap arrives after about",
-        "(Bmax - 1) * epsilon * l0 rounds, and with l0 > d/3 from the first round).",
+        "and those after its switch to exact updates (the block with the switch is in neither).",
         "",
         "| policy | d | us / round (sketching) | us / round (exact) | OFUL time / ours | bytes / "
         "model at end | peak bytes while sketching | OFUL bytes / that peak | peak bytes | dbs state at end |",

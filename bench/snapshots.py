@@ -219,16 +219,14 @@ def render(res: dict) -> str:
     lines = ["# Snapshots: the loop's pause and the bytes, base and increments", "",
              harness.provenance(res, f"One partition with {res['models']:,} models (d = {D}); medians of "
                                      f"{res['repeats']} snapshots, the longest step the worst of them."), "",
-             "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread (the "
-             "worker's way below `snapshot_fork_models` models); `fork`: the loop forks and the child copies, "
-             "packs and writes into a directory store; `fork-topic`: the same into the snapshot topic of an "
-             "embedded broker on the same machine, the child sending the packed bytes back through a pipe "
-             "for the writer's thread to produce (a topic keeps bases only). *Loop pause*: the copy, or the fork. "
-             "*Longest step*: the slowest "
-             "decision-and-update of a loop that keeps running while the snapshot is written (on the thread, "
-             "the packing shares the GIL with it; in the child, the loop's writes copy pages); *quiet*: the "
-             "same loop with nothing in flight. *Worker memory*: the process's resident memory with the "
-             "models built, before the first snapshot (each policy and way runs in a process of its own).", "",
+             "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread; "
+             "`fork`: the loop forks and the child copies, packs and writes into a directory store; "
+             "`fork-topic`: the same into the snapshot topic of an embedded broker on the same machine (bases "
+             "only). *Loop pause*: the copy, or the fork. *Longest step*: the slowest decision-and-update of a "
+             "loop that keeps running while the snapshot is written; *quiet*: the same loop with nothing in "
+             "flight. *Worker memory*: the process's resident memory with the models built, before the first "
+             "snapshot (each policy and way runs in a process of its own). How the worker chooses between them: "
+             "docs/architecture.md.", "",
              "| policy | snapshot | models in it | taken by | loop pause, ms | writing, ms | bytes | bytes per model "
              "| longest step while writing, ms | longest step quiet, ms | worker memory, MB |",
              "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
@@ -238,15 +236,13 @@ def render(res: dict) -> str:
                          f"{r['loop_pause_ms']:,.1f} | {r['write_ms']:,.0f} | {r['bytes']:,.0f} | "
                          f"{r['bytes'] / r['models']:,.0f} | {r['longest_step_while_writing_ms']:.1f} | "
                          f"{p['longest_step_quiet_ms']:.1f} | {p['rss_mb']:,.0f} |")
-    lines += ["", "An increment's bytes follow the models changed, not the models held. Copied on the loop, a "
-              "snapshot's pause grows with the models in it; forked, with the worker's memory (page tables), "
-              "whatever the snapshot holds.", ""]
+    lines.append("")
     restored = [p for p in res["cases"] if "restore" in p]
     if restored:
         lines += ["## Loading the partition elsewhere", "",
                   "The chain the `fork` case left (its last base and the increments on it), and the last base "
                   "the `fork-topic` case left in the topic, loaded in a fresh "
-                  "process as the partition's next owner loads it: *load* reads the files or the topic, checks them and "
+                  "process: *load* reads the files or the topic, checks them and "
                   "composes the chain (`usable_snapshots`), *restore* builds the engine "
                   "(`PartitionEngine.restore`). The joined records written after the chain are re-applied after "
                   "this (bench/results/recovery.md). Medians of as many loads as snapshots above.", "",
@@ -259,11 +255,8 @@ def render(res: dict) -> str:
             lines.append(f"| {p['policy']} | {source} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
                          f"{r['restore_ms']:,.0f} | {r['total_ms']:,.0f} | {r.get('first_update_us', float('nan')):.1f} | "
                          f"{r.get('second_update_us', float('nan')):.1f} |")
-        lines += ["", "A directory store's snapshot is mapped copy-on-write, and the topic's is assembled once into "
-                  "private memory; its columns become the models' rows (docs/architecture.md, Snapshots): the "
-                  "restore copies nothing, and a model's first update copies the pages its row is on. "
-                  "*First update*: one update of each of a fifth of the models right after the restore; *second*: "
-                  "the same models again.", ""]
+        lines += ["", "*First update*: one update of each of a fifth of the models right after the restore; "
+                  "*second*: the same models again.", ""]
     return "\n".join(lines)
 
 
