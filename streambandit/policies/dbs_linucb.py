@@ -100,6 +100,27 @@ class DBSLinUCB(Policy):
     rank fits its sketch: never on a full-rank stream) and B closed blocks; buffers grow by doubling,
     so a block that got few rows holds little. After the switch to exact updates
     ``8 (d^2 + 2d + 2B)``: ``oful``'s state plus 16 bytes per block.
+
+    An example at d = 8 with l0 = 2: the cap is Bmax = floor(log2(8/2 + 1)) = 2 blocks, which this
+    full-rank stream reaches within a few dozen rows, and from then on the learner updates exactly
+    (``fallback``); a saved state restores the same scores (booleans and integers, so the example
+    reads the same on any machine):
+
+    >>> import numpy as np
+    >>> from streambandit import make_policy
+    >>> rng = np.random.default_rng(0)
+    >>> theta_star = np.r_[0.6, -0.3, 0.2, np.zeros(5)]
+    >>> p = make_policy("dbs_linucb", dim=8, l0=2, beta=0.1)
+    >>> for _ in range(300):
+    ...     arms = rng.normal(size=(5, 8)) / np.sqrt(8)
+    ...     i = p.select(arms)
+    ...     p.update(arms[i], float(arms[i] @ theta_star + rng.normal(0, 0.1)))
+    >>> bool(p.fallback), p.select(np.eye(8)[:2])
+    (True, 0)
+    >>> q = make_policy("dbs_linucb", dim=8, l0=2, beta=0.1)
+    >>> q.load_state_dict(p.state_dict())
+    >>> bool(np.array_equal(q.scores(np.eye(8)), p.scores(np.eye(8))))
+    True
     """
 
     name = "dbs_linucb"

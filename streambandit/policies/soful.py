@@ -44,6 +44,28 @@ class SOFUL(Policy):
     Memory per model (float64, what :meth:`state_nbytes` reports): ``8 (2d + 2l d + 4 l^2)`` bytes
     once 2l rows have arrived (the buffers grow by doubling up to that size): b and theta, the
     2l x d FD buffer and M (2l x 2l).
+
+    An example at d = 20 with a sketch of l = 4 rows: the model holds less than ``oful``'s
+    d^2 + 2d + 2 numbers, still prefers the direction theta* favours, and a saved state restores
+    the same scores (booleans and integers, so the example reads the same on any machine):
+
+    >>> import numpy as np
+    >>> from streambandit import make_policy
+    >>> rng = np.random.default_rng(0)
+    >>> theta_star = np.r_[0.6, -0.3, 0.2, np.zeros(17)]
+    >>> p = make_policy("soful", dim=20, sketch_size=4, beta=0.1)
+    >>> for _ in range(300):
+    ...     arms = rng.normal(size=(5, 20)) / np.sqrt(20)
+    ...     i = p.select(arms)
+    ...     p.update(arms[i], float(arms[i] @ theta_star + rng.normal(0, 0.1)))
+    >>> p.state_nbytes(), make_policy("oful", dim=20).state_nbytes()
+    (2112, 3520)
+    >>> p.select(np.eye(20)[:2])
+    0
+    >>> q = make_policy("soful", dim=20, sketch_size=4, beta=0.1)
+    >>> q.load_state_dict(p.state_dict())
+    >>> bool(np.array_equal(q.scores(np.eye(20)), p.scores(np.eye(20))))
+    True
     """
 
     name = "soful"
