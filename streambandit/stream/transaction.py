@@ -97,7 +97,14 @@ class Transaction:
                     produce(topic, value, key, p)  # positional: cheaper than keywords, once per output
                 except BufferError:  # the local queue is full: let librdkafka send, then retry
                     self.producer.poll(0.1)
-                    produce(topic, value, key, p)
+                    try:
+                        produce(topic, value, key, p)
+                    except BufferError:
+                        # Escaping as itself it would end the worker with this transaction open;
+                        # as a failed produce it is aborted and the batch is read again (abortable).
+                        raise KafkaException(KafkaError(
+                            KafkaError._QUEUE_FULL, "the producer's queue stayed full after a 0.1 s poll",
+                            txn_requires_abort=True)) from None
             self.producer.poll(0)
         except KafkaException as exc:
             raise TransactionFailed(exc) from exc
