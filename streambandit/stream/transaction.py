@@ -1,38 +1,90 @@
 """A batch's outputs and its input offsets in one Kafka transaction: the exactly-once argument.
 
-The worker reads inputs with ``isolation.level=read_committed`` and auto-commit off, and owns one
-transactional producer. Per batch:
+The worker reads its inputs with ``isolation.level=read_committed`` and auto-commit off, and owns
+one transactional producer (idempotent, ``acks=all``, its transactional id stable per instance).
+The claim: the outputs of an input record become readable to a read_committed reader when, and
+only when, the group's committed offset of its partition moves past it, and then once.
+Step by step (``Worker.step`` drives 1-7 for each batch):
 
 1. **Begin.** The transaction opens with the batch's first output (:meth:`Transaction.emit`). A
    batch with no output (a reward summed into an open window) opens none: its offsets commit
    with the next batch that has output, because a transaction holding only offsets may be
    applied late or never by a broker (the embedded one does this), which would leave the group's
-   offsets behind the worker's. Until then the worker does not snapshot those partitions.
+   offsets behind the worker's. Until then the worker does not snapshot those partitions. A
+   ``begin_transaction`` that fails leaves none open (6).
 2. **Emit.** Outputs are produced into the open transaction, each to its input's partition
    (co-partitioning), handed over during the batch so librdkafka sends them while the rest is
-   processed. Nothing produced here is visible to a read_committed reader yet.
-3. **Offsets.** The next offset to process of every input partition (last processed + 1) is
+   processed. Nothing produced here is visible to a read_committed reader yet. A full local queue
+   (``BufferError``) gets one ``poll(0.1)`` to let librdkafka send, then the produce is tried
+   again; full a second time, the batch fails with an abortable ``_QUEUE_FULL``, and a produce
+   librdkafka refuses (``KafkaException``) fails it with librdkafka's error (6, 7). A record
+   whose delivery fails later is reported to :func:`note_failed_delivery`, called from inside
+   ``poll``, ``commit_transaction`` or ``abort_transaction``.
+3. **Offsets.** The next offset to process of every input partition held (last processed + 1) is
    added to the transaction with the consumer group's metadata (``send_offsets_to_transaction``),
    so that a stale owner of the group is fenced (KIP-447).
-4. **Commit.** ``commit_transaction``: the outputs and the offsets become visible together, or,
-   if it fails, neither does.
-5. **Check.** A record whose delivery failed (the producer's callback, :func:`note_failed_delivery`)
-   fails the batch even when the broker accepted the commit: nothing is acknowledged on a
-   partial batch.
+4. **Commit.** ``commit_transaction`` first flushes every record produced, serving their delivery
+   reports, and fails with an abortable error if any of them failed. A commit it accepts holds
+   every output and every offset of the batch; one that fails abortable holds none; one that
+   fails fatal or retriable may have committed, or may yet (7, 8). After an accepted commit no
+   transaction is open.
+5. **Check.** A delivery error still listed after an accepted commit cannot undo it. By 4, and
+   because :meth:`Transaction.abort` empties the list only after ``abort_transaction`` has served
+   the reports of the records it purged (7), the list then holds no report of this transaction's
+   records nor one left over from an aborted transaction: the check guards against a producer
+   that breaks 4. Should it fire, :meth:`Transaction.commit` raises :class:`TransactionFailed`
+   for a committed batch; :meth:`Transaction.abort` finds no transaction open and aborts nothing,
+   and the rebuild (6) reads committed offsets that include the batch, so it is not read again.
+   The live state becomes what the logs say, which is what any later recovery builds: nothing is
+   lost or doubled, and the cost is a rebuild.
+6. **Fail.** Every failure in 1-5 leaves through :class:`TransactionFailed`, before the caller
+   records the batch as committed. The caller calls :meth:`Transaction.abort` (7), rebuilds every
+   partition from what did commit (the snapshot and the logs, filtered by the committed offsets,
+   which a read_committed consumer reads as stable) and seeks the consumer to the committed
+   offsets (``Worker._rebuild_all``): the batch is read and processed again, except after 5,
+   where it committed and reading resumes after it.
+7. **Abort**, by what librdkafka reported:
 
-Every failure leaves through :class:`TransactionFailed` before the caller records the batch as
-committed; the caller then calls :meth:`Transaction.abort` and rebuilds its state from what did
-commit (the snapshot and the logs) and seeks the consumer back to the committed offsets, so the
-batch is read and processed again. What librdkafka reports decides how:
+   - **fatal** (``KafkaError.fatal()``: the producer was fenced by a newer instance with the same
+     transactional id, or its state is broken): :class:`TransactionFatal` (a ``WorkerError``),
+     without calling ``abort_transaction``; the worker stops (8).
+   - **anything else**, with a transaction open: ``abort_transaction``, which purges the records
+     not yet sent and serves their delivery reports before it returns; then the list of delivery
+     errors is emptied, so those reports do not fail the next batch at 5. With none open (a
+     ``begin_transaction`` that failed, or after 5) there is nothing to abort, and the list is
+     emptied too. This covers abortable errors (``txn_requires_abort()``, a produce refused or
+     failed, a failed delivery) and a retriable ``send_offsets_to_transaction``, which librdkafka
+     does not resume: the transaction stays open, and aborting it is valid.
+   - **the abort fails**: :class:`TransactionFatal`; the worker stops (8). A retriable
+     ``commit_transaction`` (a timeout) always ends here: librdkafka goes on committing in the
+     background and refuses ``abort_transaction`` (``_CONFLICT``) until ``commit_transaction`` is
+     called again, which this module does not do: with the default transaction timeout (10 s)
+     below the commit's 30 s, such a commit has run past the transaction timeout, so unless the
+     broker had already accepted it, the broker has aborted the transaction and a resumed commit
+     would fail too.
 
-- **fatal** (``KafkaError.fatal()``: the producer was fenced by a newer instance with the same
-  transactional id, or its state is broken): :meth:`abort` raises :class:`TransactionFatal` (a
-  ``WorkerError``); the process stops without touching the broker again, and whoever owns the
-  partitions next recovers them.
-- **abortable** (``txn_requires_abort()``, a failed produce, a failed delivery): abort, rebuild,
-  read again.
-- **retriable** (``retriable()``, e.g. a commit that timed out): handled as abortable. Retrying
-  the same call would often do, but an abort and a rebuild are never wrong, and are rare.
+8. **Stop.** On :class:`TransactionFatal` the worker leaves its loop, its transaction perhaps
+   still open or still committing; it neither commits nor aborts again (``Worker.close`` only
+   flushes the producer) and snapshots none of the batch's partitions (they are not settled).
+   The broker applies the transaction whole or not at all: committed (a commit it accepted, or
+   one that completes in the background) or aborted (at the transaction timeout, or at once when
+   the restarted instance, with the same transactional id, fences it). The next owner settles
+   the output logs (no transaction open on them) before it reads the committed offsets, so it
+   builds on whichever happened.
+9. **No transaction is open while the consumer polls.** The worker calls ``consume()`` only in
+   ``Worker._poll_batch``, at the start of ``Worker.step``, and every step ends with its
+   transaction committed (4), aborted (7) or never begun (1); any exception out of a step
+   (:class:`TransactionFatal`, a rebuild that fails, a bug) ends ``Worker.run``'s loop, and
+   ``Worker.close`` empties the partitions before ``consumer.close()`` runs the revoke callback.
+   :attr:`Transaction.open` says whether one is open. The rebalance callbacks run inside
+   ``consume()`` and rely on this: ``Worker._on_revoke`` drops a revoked partition's processed
+   but uncommitted input, which is safe only if none of its outputs can still commit (an open
+   transaction would commit them without the partition's offsets, since a commit names only the
+   partitions held, and the next owner would write them again); and both ``_on_revoke`` and
+   ``Worker._on_assign`` call ``Worker._snapshot``, which is for between transactions: it reads
+   where the output logs end once no transaction is open on them (``LogReader.settle``), and one
+   of ours, unable to end while the loop waits inside ``consume()``, would hold that until the
+   transaction timeout.
 """
 
 from __future__ import annotations
@@ -66,15 +118,17 @@ class TransactionFatal(WorkerError):
 
 def note_failed_delivery(errors: list, err: KafkaError | None, msg: Any) -> None:
     """The producer's delivery callback (``functools.partial(note_failed_delivery, errors)``):
-    with ``delivery.report.only.error`` it is called for failed records only; one fails the
-    batch's commit (step 5). The callback holds the list, not the worker: a bound method would
-    make a worker <-> producer reference cycle."""
+    with ``delivery.report.only.error`` it is called for failed records only. librdkafka fails
+    the commit of such a record's transaction itself (step 4); the list is step 5's guard, and
+    :meth:`Transaction.abort` empties it (step 7). The callback holds the list, not the worker: a
+    bound method would make a worker <-> producer reference cycle."""
     if err is not None:
         errors.append(err)
 
 
 class Transaction:
-    """The worker's transactional producer, one batch at a time (steps 1-5 above)."""
+    """The worker's transactional producer, one batch at a time (steps 1-7 above; the worker
+    does 6, 8 and 9). ``open``: whether a transaction is open."""
 
     def __init__(self, producer: Producer, delivery_errors: list, transactional_id: str = "") -> None:
         self.producer = producer
@@ -84,7 +138,8 @@ class Transaction:
 
     def emit(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
         """Steps 1-2: produce ``outputs`` (topic, partition, key, value) in the batch's transaction,
-        opening it on the first."""
+        opening it on the first. Raises :class:`TransactionFailed` when the transaction cannot
+        begin, librdkafka refuses a record, or the queue is still full after one poll."""
         if not outputs:
             return
         try:
@@ -101,7 +156,7 @@ class Transaction:
                         produce(topic, value, key, p)
                     except BufferError:
                         # Escaping as itself it would end the worker with this transaction open;
-                        # as a failed produce it is aborted and the batch is read again (abortable).
+                        # as a failed produce it is aborted and the batch is read again (step 2).
                         raise KafkaException(KafkaError(
                             KafkaError._QUEUE_FULL, "the producer's queue stayed full after a 0.1 s poll",
                             txn_requires_abort=True)) from None
@@ -112,7 +167,8 @@ class Transaction:
     def commit(self, offsets: list[TopicPartition], group_metadata: Any) -> None:
         """Steps 3, 4, 5, after at least one :meth:`emit`: the input ``offsets`` (next offset to
         process per partition) and everything emitted, committed together. Raises
-        :class:`TransactionFailed` on any failure; on return the batch is committed."""
+        :class:`TransactionFailed` on any failure, and at step 5 for a batch that did commit; on
+        return the batch is committed and no transaction is open."""
         if not self.open:
             raise RuntimeError("commit without an open transaction: a batch with no output commits nothing")
         try:
@@ -126,8 +182,9 @@ class Transaction:
             raise TransactionFailed(exc) from exc
 
     def abort(self, failure: TransactionFailed) -> None:
-        """After ``failure``: abort the open transaction, or raise :class:`TransactionFatal` when
-        the error is fatal or the abort itself fails. The caller then rebuilds its state."""
+        """Step 7, after ``failure``: abort the open transaction, if one is, and forget the
+        delivery errors; or raise :class:`TransactionFatal` when the error is fatal or the abort
+        itself fails. The caller then rebuilds its state from what committed (step 6)."""
         exc = failure.error
         err = exc.args[0] if exc.args else None
         log.error("transaction failed error=%s; aborting and rebuilding partitions", err)
