@@ -181,10 +181,6 @@ class DTCPosterior:
         """R (m, r) of :func:`_root_pinv`, a pure function of the dictionary (a view)."""
         return self.score_map[:, : self.rank]
 
-    def embed(self, x: np.ndarray) -> np.ndarray:
-        """z(x) for every row of x: (n, r)."""
-        return rowwise.matmul(self.kernel(x, self.dict_points), np.ascontiguousarray(self.root))
-
     def mean_s2(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """eq. (4): (mu~_t(x), sigma~_t^2(x)) for every row of x, sigma~^2 on the 1/lambda scale."""
         return self._mean_s2(self.kernel(x, self.dict_points), self.kernel.diag(x))

@@ -66,8 +66,3 @@ def table(curves, settings: list[str], learners: list[str]) -> tuple[str, dict]:
 
 def mean_of(stats: dict, setting: str, learner: str, key: str) -> float:
     return float(np.mean(stats[(setting, learner)][key]))
-
-
-def sd_of(stats: dict, setting: str, learner: str, key: str) -> float:
-    v = stats[(setting, learner)][key]
-    return float(np.std(v, ddof=1)) if len(v) > 1 else 0.0
