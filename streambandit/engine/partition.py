@@ -32,26 +32,13 @@ from typing import Any
 import numpy as np
 
 from streambandit.config.models import ModelsConfig
+from streambandit.engine import admission
+from streambandit.engine.admission import Refusal
 from streambandit.engine.decision import decide
 from streambandit.errors import StreambanditError
-from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy, features_ok
+from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
-from streambandit.reasons import (
-    BAD_DIMENSION,
-    DUPLICATE_ARM_ID,
-    DUPLICATE_EVENT,
-    DUPLICATE_REWARD,
-    EVENT_TIME_AHEAD,
-    FEATURE_OUT_OF_RANGE,
-    ID_TOO_LONG,
-    LATE_REWARD,
-    MODEL_KEY_MISMATCH,
-    REWARD_OUT_OF_RANGE,
-    TOO_MANY_MODELS,
-    UNKNOWN_EVENT,
-    UNKNOWN_MODEL,
-    UPDATE_FAILED,
-)
+from streambandit.reasons import DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, UNKNOWN_EVENT, UPDATE_FAILED
 from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
@@ -89,15 +76,9 @@ class PartitionEngine:
                  max_models: int | None = None) -> None:
         self.config = config
         self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
-        # Bounds on what a client controls (docs/schemas.md has the reason codes): ids longer than
-        # max_id_bytes would make outputs no producer accepts, and an event time far ahead of the
-        # record's own Kafka timestamp would move the watermark past every open window for good.
-        # Both are judged from the record alone, so a replay judges them the same.
+        # Bounds on what a client controls, applied by the admission rule (engine/admission.py).
         self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
-        # The most models held (None: no bound). Where the model key comes from a client (the HTTP
-        # API), each new key would otherwise cost a model's state for good.
-        self.max_models = max_models
-        self._max_id_chars = max_id_bytes // 4  # a str this long is within the bound whatever its characters
+        self.max_models = max_models  # None: no bound
         self.models: dict[str, Policy] = {}
         self._specs: dict[str, Any] = {}  # model key -> its spec, for keys with a model (bounded like models)
         self.pending: dict[str, _Pending] = {}  # insertion order = decision order
@@ -127,7 +108,7 @@ class PartitionEngine:
     def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
         # The worker's hot path (once per context): the rules as stated in the module docstring.
         # bench/results/e2e.md part 3 has its cost.
-        if source is not None and (refused := self._refuse(ev, source)):
+        if refused := self._refuse(ev, source):
             return refused
         out, spec, model = self._admit(ev, source)
         if model is None:
@@ -136,48 +117,38 @@ class PartitionEngine:
             d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id,
                        seed=spec.seed)
         except ValueError as exc:
-            # Decoding refused NaN, infinities and a wrong shape; what a learner refuses beyond
-            # that is a feature past its bound (kernels.MAX_ABS_FEATURE).
-            return out + [self._reject(FEATURE_OUT_OF_RANGE, str(exc), source)]
+            return out + [self._refused(admission.learner_refusal(exc), source)]
         return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source)
 
     def on_decision(self, ev: ReplicaDecision, source: Any = None) -> list[Action | Joined | Rejected]:
         """A decision a replica made and logged (a learn-only worker's input): checked as a
         context is, then opened as the decision the record names, not one this engine makes. Its
         action carries the replica's model version; the joined record, this engine's."""
-        if source is not None and (refused := self._refuse(ev, source)):
+        if refused := self._refuse(ev, source):
             return refused
         out, spec, model = self._admit(ev, source)
         if model is None:
             return out
-        if not features_ok(ev.features):
-            return out + [self._reject(FEATURE_OUT_OF_RANGE, BAD_ARMS_MESSAGE, source)]
+        if refusal := admission.feature_bound_refusal(ev.features):
+            return out + [self._refused(refusal, source)]
         return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source)
 
     def _admit(self, ev: Context | ReplicaDecision, source: Any) -> tuple[list, Any, Policy | None]:
-        """Move event time to the context's, then check what a decision needs: a configured
-        model key, distinct arm ids, the model's dimension, a new event id, room for a new model.
-        ``(outputs so far, spec, model)``, the model None when the context is refused (its
-        refusal is then the last output)."""
+        """Move event time to the context's, then apply the admission rule's checks of the model:
+        a configured model key, distinct arm ids, the model's dimension, a new event id, room for
+        a new model. ``(outputs so far, spec, model)``, the model None when the context is
+        refused (its refusal is then the last output)."""
         ts, key = ev.timestamp_ms, ev.model_key
         out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
         spec = self._specs.get(key) or self._spec_of(key)
-        if spec is None:
-            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {key!r}", source)], None, None
-        arm_ids = ev.arm_ids
-        if len(set(arm_ids)) != len(arm_ids):
-            return out + [self._reject(DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates: an action "
-                                                         f"names its arm by id", source)], None, None
-        if ev.features.shape[1] != spec.dim:
-            return out + [self._reject(BAD_DIMENSION, f"features have dimension {ev.features.shape[1]}, model "
-                                                      f"{key!r} expects {spec.dim}", source)], None, None
-        if ev.event_id in self.pending or ev.event_id in self.recent:
-            return out + [self._reject(DUPLICATE_EVENT, f"event id {ev.event_id!r} was already decided", source)], None, None
+        refusal = (admission.context_refusal(key, ev.arm_ids, ev.features, spec)
+                   or admission.decided_before(ev.event_id, self.pending, self.recent))
         model = self.models.get(key)
+        if model is None and refusal is None:
+            refusal = admission.model_room_refusal(key, self.models, self.max_models)
+        if refusal is not None:
+            return out + [self._refused(refusal, source)], None, None
         if model is None:
-            if self.max_models is not None and len(self.models) >= self.max_models:
-                return out + [self._reject(TOO_MANY_MODELS, f"model key {key!r} would be model {len(self.models) + 1}, "
-                                                            f"over max_models = {self.max_models}", source)], None, None
             model = self.models[key] = spec.build()
             self._specs[key] = spec
             self.changed.add(key)
@@ -188,9 +159,8 @@ class PartitionEngine:
         """Publish the decision on arm ``index`` and hold it open for its reward window."""
         ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
         arm_id = ev.arm_ids[index]
-        if len(arm_id) > self._max_id_chars and len(arm_id.encode()) > self.max_id_bytes:
-            return out + [self._reject(ID_TOO_LONG, f"the chosen arm's id has {len(arm_id.encode())} bytes, "
-                                                    f"more than max_id_bytes = {self.max_id_bytes}", source)]
+        if refusal := admission.id_refusal("chosen arm's id", arm_id, self.max_id_bytes):
+            return out + [self._refused(refusal, source)]
         action = Action(event_id, ev.model_key, arm_id, index, score, propensity, version, ts,
                         ev.features[index].copy(), *self._trigger)
         out.append(action)
@@ -216,7 +186,7 @@ class PartitionEngine:
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
-        if source is not None and (refused := self._refuse(ev, source)):
+        if refused := self._refuse(ev, source):
             return refused
         out = self.advance_to(ev.timestamp_ms, source)
         if ev.event_id in self.pending:
@@ -228,7 +198,7 @@ class PartitionEngine:
                                                f"({'with a reward' if observed else 'with the default reward'})", source)]
         spec = self.config.resolve(ev.model_key)
         if spec is None:
-            return out + [self._reject(UNKNOWN_MODEL, f"no configuration matches model key {ev.model_key!r}", source)]
+            return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
         # Early: the context may still come. Keep it until its own window has passed.
         if sum(map(len, self.early.values())) >= self.max_early_rewards:
             out += self._expire_oldest_early()
@@ -240,7 +210,7 @@ class PartitionEngine:
     def on_tick(self, ev: Tick, source: Any = None) -> list[Joined | Rejected]:
         """A watermark tick read from the rewards log: :meth:`advance_to` its time, unless that is
         beyond the input bounds (a tick is a record like any other: a client can write one)."""
-        if source is not None and (refused := self._refuse(ev, source)):
+        if refused := self._refuse(ev, source):
             return refused
         return self.advance_to(ev.timestamp_ms, source)
 
@@ -280,23 +250,12 @@ class PartitionEngine:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _refuse(self, ev: Context | Reward | Tick, source: Any) -> list[Rejected]:
-        """The refusal of a record beyond the engine's input bounds (before it moves the
+    def _refuse(self, ev: Context | ReplicaDecision | Reward | Tick, source: Any) -> list[Rejected]:
+        """The refusal of a record by the admission rule's record checks (before it moves the
         watermark or anything else), or ``[]``."""
-        record_ms = getattr(source, "timestamp_ms", 0)
-        if record_ms > 0 and ev.timestamp_ms > record_ms + self.max_event_time_ahead_ms:
-            self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
-            return [self._reject(EVENT_TIME_AHEAD, f"event time {ev.timestamp_ms} is more than max_event_time_ahead_ms = "
-                                                   f"{self.max_event_time_ahead_ms} ahead of the record's timestamp "
-                                                   f"{record_ms}", source)]
-        if isinstance(ev, Tick):
-            return []
-        for what, value in (("event id", ev.event_id), ("model key", ev.model_key)):
-            if len(value) > self._max_id_chars and len(value.encode()) > self.max_id_bytes:
-                self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
-                return [self._reject(ID_TOO_LONG, f"the {what} has {len(value.encode())} bytes, more than "
-                                                  f"max_id_bytes = {self.max_id_bytes}", source)]
-        return []
+        refusal = admission.record_refusal(ev, getattr(source, "timestamp_ms", 0), self.max_event_time_ahead_ms,
+                                           self.max_id_bytes)
+        return [] if refusal is None else [self._refused(refusal, source)]
 
     def _spec_of(self, model_key: str) -> Any:
         """``config.resolve`` with a cache for the keys that have a model (as bounded as models)."""
@@ -317,10 +276,9 @@ class PartitionEngine:
         if ev.model_key != p.action.model_key:
             return [self._reject(MODEL_KEY_MISMATCH, f"reward for model {ev.model_key!r}, decision was made by "
                                                      f"{p.action.model_key!r}", source)]
-        try:
-            value = self.models[p.action.model_key].validate_reward(ev.value)
-        except ValueError as exc:
-            return [self._reject(REWARD_OUT_OF_RANGE, str(exc), source)]
+        if refusal := admission.reward_refusal(self.models[p.action.model_key], ev.value):
+            return [self._refused(refusal, source)]
+        value = float(ev.value)
         aggregation = self._spec_of(p.action.model_key).aggregation
         self.counters["rewards"] += 1
         if aggregation == "first":
@@ -548,3 +506,6 @@ class PartitionEngine:
     def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
         self.counters[f"rejected.{reason}"] += 1
         return Rejected(reason, detail, source)
+
+    def _refused(self, refusal: Refusal, source: Any) -> Rejected:
+        return self._reject(refusal.reason, refusal.detail, source)

@@ -34,7 +34,6 @@ Decider per thread, or a lock around it.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
@@ -45,21 +44,13 @@ import numpy as np
 from streambandit import reasons
 from streambandit.atomic import write_atomically
 from streambandit.config.models import ModelsConfig, load_models_config, parse_models_config
+from streambandit.engine.admission import DecisionError, call_context, call_id, call_reward, call_time
 from streambandit.engine.partition import PartitionEngine, Rejected
-from streambandit.errors import StreambanditError
-from streambandit.wire import Action, Context, InputRef, Joined, Reward, pack_snapshot, unpack_snapshot
+from streambandit.wire import Action, InputRef, Joined, Reward, pack_snapshot, unpack_snapshot
 
 __all__ = ["Decider", "Ranking", "DecisionError"]
 
 _CONTEXT, _REWARD = 0, 1  # InputRef.source of a call, as the worker's inputs
-
-
-class DecisionError(StreambanditError, ValueError):
-    """A rank or reward call refused; ``reason`` is the worker's reason code for it."""
-
-    def __init__(self, reason: str, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason, self.detail = reason, detail
 
 
 class Ranking(NamedTuple):
@@ -99,17 +90,14 @@ class Decider:
              features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
         """Choose one of ``arms`` for the event: a mapping of arm id to its feature vector, or a
         sequence of arm ids with ``features`` a (K, d) matrix, row k the features of arm k."""
-        arm_ids, x = check_arms(arms, features)
-        ts = self._now(timestamp_ms)
-        check_id("event id", event_id)
-        check_id("model key", model_key)
+        context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
         ref = self._ref(_CONTEXT)
-        out = self.engine.on_context(Context(event_id, model_key, ts, arm_ids, x), ref)
+        out = self.engine.on_context(context, ref)
         self._emit(out, ref)  # raises if the engine refused this context
         action = next(o for o in out if isinstance(o, Action))
         model = self.engine.models[model_key]
         return Ranking(event_id, model_key, action.arm_id, action.arm_index, action.propensity, action.score,
-                       model.scores(x), action.model_version)
+                       model.scores(context.features), action.model_version)
 
     def reward(self, event_id: str, value: float, *, model_key: str | None = None,
                timestamp_ms: int | None = None) -> None:
@@ -118,7 +106,7 @@ class Decider:
         left out for an open decision (it is the decision's); a reward for an event not decided
         yet needs it, and is held until its window passes, as the worker holds it."""
         ts = self._now(timestamp_ms)
-        check_id("event id", event_id)
+        call_id("event id", event_id)
         if model_key is None:
             pending = self.engine.pending.get(event_id)
             if pending is None:
@@ -128,8 +116,8 @@ class Decider:
                 raise DecisionError(reason, f"no open decision {event_id!r} (give model_key to hold a reward that "
                                             "comes before its decision)")
             model_key = pending.action.model_key
-        check_id("model key", model_key)
-        value = check_reward(value)
+        call_id("model key", model_key)
+        value = call_reward(value)
         ref = self._ref(_REWARD)
         self._emit(self.engine.on_reward(Reward(event_id, model_key, ts, value), ref), ref)
 
@@ -166,7 +154,7 @@ class Decider:
     # -- internals -----------------------------------------------------------------------------
 
     def _now(self, timestamp_ms: int | None) -> int:
-        return event_time(timestamp_ms, self._clock)
+        return call_time(timestamp_ms, self._clock)
 
     def _ref(self, source: int) -> InputRef:
         """This call's position, as an input record's: the engine names it in what it refuses.
@@ -194,58 +182,3 @@ def _config(models: ModelsConfig | Mapping[str, Any] | str | Path) -> ModelsConf
     if isinstance(models, Mapping):
         return parse_models_config(dict(models))
     return load_models_config(models)
-
-
-def check_reward(value: Any) -> float:
-    """A reward value as a float, or the refusal of a value that is not a finite number."""
-    try:
-        value = float(value)
-    except (TypeError, ValueError):
-        raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
-    if not math.isfinite(value):
-        raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not finite")
-    return value
-
-
-def event_time(timestamp_ms: Any, clock: Callable[[], int]) -> int:
-    """A call's event time: ``timestamp_ms``, or the clock's when it is None."""
-    if timestamp_ms is None:
-        return int(clock())
-    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)) or timestamp_ms < 0:
-        raise DecisionError("bad_timestamp", f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
-    return int(timestamp_ms)
-
-
-def check_id(what: str, value: Any) -> None:
-    if not isinstance(value, str) or not value:
-        raise DecisionError(reasons.MALFORMED, f"the {what} must be a non-empty string, got {value!r}")
-
-
-def check_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
-    """``(arm ids, (K, d) float64 features)`` of a rank call, checked as the worker's decoder
-    checks a context."""
-    if isinstance(arms, Mapping):
-        if features is not None:
-            raise DecisionError(reasons.MALFORMED, "arms given as a mapping carry their features: leave features out")
-        ids = tuple(arms)
-        rows = list(arms.values())
-    else:
-        if features is None:
-            raise DecisionError(reasons.MALFORMED, "arms given as ids need features, a (K, d) matrix")
-        ids = tuple(arms)
-        rows = features
-    if not ids:
-        raise DecisionError(reasons.EMPTY_ARMS, "no arms to choose from")
-    for a in ids:
-        if type(a) is not str or not a:
-            raise DecisionError(reasons.MALFORMED, f"arm ids must be non-empty strings, got {a!r}")
-    try:
-        x = np.asarray(rows, dtype=np.float64)  # no copy of a float64 matrix: the engine keeps none of it
-    except (TypeError, ValueError):
-        raise DecisionError(reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm") from None
-    if x.ndim != 2 or x.shape[0] != len(ids) or x.shape[1] == 0:
-        raise DecisionError(reasons.BAD_DIMENSION, f"features of shape {x.shape} for {len(ids)} arms")
-    if not np.isfinite(x).all():
-        raise DecisionError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
-    # Beyond the learners' bound (MAX_ABS_FEATURE): the engine refuses them, feature_out_of_range.
-    return ids, x

@@ -30,11 +30,12 @@ sequence: recovery, export and replay read it as they read a deciding worker's.
   (``fetch.wait.max.ms`` of ``[kafka.consumer]``): ``python -m bench.freshness`` measures it.
   Aggregations ``sum`` and ``last`` add the reward window, as in the worker.
 
-Decisions are checked as the worker checks a context (the same reason codes), except what needs
-the learner's state: a duplicate event id is refused here only among this replica's recent
-decisions (``max_recent``); across replicas the learner dead-letters it (``duplicate_event``),
-and a reward is refused by the learner, not here, when it is late, a duplicate or for an unknown
-event. Thread-safe: ``rank`` and ``reward`` may be called from many threads.
+Decisions and rewards are judged by the worker's admission rule (engine/admission.py: the same
+checks, the same reason codes), except what needs the learner's state: a duplicate event id is
+refused here only among this replica's recent decisions (``max_recent``); across replicas the
+learner dead-letters it (``duplicate_event``), and a reward is refused by the learner, not here,
+when it is late, a duplicate or for an unknown event. Thread-safe: ``rank`` and ``reward`` may be
+called from many threads.
 """
 
 from __future__ import annotations
@@ -51,16 +52,18 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from streambandit import reasons
 from streambandit.config.kafka import for_client, reader_settings
 from streambandit.config.worker import WorkerConfig
+from streambandit.engine import admission
+from streambandit.engine.admission import DecisionError, call_context, call_id, call_reward, call_time, raise_if
 from streambandit.engine.decision import decide
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.engine.partition import PartitionEngine
 from streambandit.policies.base import Policy
-from streambandit.serving.decider import DecisionError, Ranking, check_arms, check_id, check_reward, event_time
+from streambandit.serving.decider import Ranking
 from streambandit.serving.staleness import Staleness
 from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.snapshots import SnapshotStore, load_latest
-from streambandit.wire import DecodeError, Joined, ReplicaDecision, Reward, decode, encode
+from streambandit.wire import Context, DecodeError, Joined, ReplicaDecision, Reward, decode, encode
 
 __all__ = ["Replica", "NOT_READY", "STALE_REPLICA"]
 
@@ -158,42 +161,23 @@ class Replica:
         if self.max_staleness_s is not None and (behind := self.staleness_s()) > self.max_staleness_s:
             raise DecisionError(STALE_REPLICA, f"the copy may be {behind:.1f} s behind the learners, more than "
                                                f"max_staleness_s = {self.max_staleness_s:g}")
-        arm_ids, x = check_arms(arms, features)
-        check_id("event id", event_id)
-        check_id("model key", model_key)
-        ts = event_time(timestamp_ms, self._clock)
+        context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
+        arm_ids, x, ts = context.arm_ids, context.features, context.timestamp_ms
+        raise_if(self._record_refusal(context))
         spec = self.config.resolve(model_key)
-        if spec is None:
-            raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
-        if x.shape[1] != spec.dim:
-            raise DecisionError(reasons.BAD_DIMENSION, f"features have dimension {x.shape[1]}, model {model_key!r} "
-                                                       f"expects {spec.dim}")
-        if len(set(arm_ids)) != len(arm_ids):
-            raise DecisionError(reasons.DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates")
-        limit = self.worker_config.max_id_bytes
-        for what, value in (("event id", event_id), ("model key", model_key)):
-            if len(value.encode()) > limit:
-                raise DecisionError(reasons.ID_TOO_LONG, f"the {what} has {len(value.encode())} bytes, more than "
-                                                         f"max_id_bytes = {limit}")
-        if ts > self._clock() + self.worker_config.max_event_time_ahead_ms:
-            raise DecisionError(reasons.EVENT_TIME_AHEAD, f"event time {ts} is more than max_event_time_ahead_ms = "
-                                                          f"{self.worker_config.max_event_time_ahead_ms} ahead of the clock")
+        raise_if(admission.context_refusal(model_key, arm_ids, x, spec))
         with self._lock:
-            if event_id in self._recent:
-                raise DecisionError(reasons.DUPLICATE_EVENT, f"event id {event_id!r} was already decided")
+            raise_if(admission.decided_before(event_id, self._recent))
             model = self.models.get(model_key)
             if model is None:
-                if self.max_models is not None and len(self.models) >= self.max_models:
-                    raise DecisionError(reasons.TOO_MANY_MODELS, f"model key {model_key!r} would be model "
-                                                                 f"{len(self.models) + 1}, over max_models = {self.max_models}")
+                raise_if(admission.model_room_refusal(model_key, self.models, self.max_models))
                 model = spec.build()  # version 0, as the learners' is until its first update
             try:
                 d = decide(model, x, epsilon=spec.epsilon, model_key=model_key, event_id=event_id, seed=spec.seed)
             except ValueError as exc:
-                raise DecisionError(reasons.FEATURE_OUT_OF_RANGE, str(exc)) from None
-            if len(arm_ids[d.index].encode()) > limit:
-                raise DecisionError(reasons.ID_TOO_LONG, f"the chosen arm's id has {len(arm_ids[d.index].encode())} "
-                                                         f"bytes, more than max_id_bytes = {limit}")
+                refused = admission.learner_refusal(exc)
+                raise DecisionError(refused.reason, refused.detail) from None
+            raise_if(admission.id_refusal("chosen arm's id", arm_ids[d.index], self.worker_config.max_id_bytes))
             version, scores = model.n_updates, model.scores(x)
             self.models.setdefault(model_key, model)
             self._recent[event_id] = model_key
@@ -208,20 +192,33 @@ class Replica:
                timestamp_ms: int | None = None) -> None:
         """Log a reward for the learners. ``model_key`` may be left out for a decision this
         replica made recently; the learners judge the rest (late, duplicate, unknown)."""
-        check_id("event id", event_id)
-        ts = event_time(timestamp_ms, self._clock)
+        ts = call_time(timestamp_ms, self._clock)
+        call_id("event id", event_id)
         if model_key is None:
             with self._lock:
                 model_key = self._recent.get(event_id)
             if model_key is None:
                 raise DecisionError(reasons.UNKNOWN_EVENT, f"this replica made no recent decision {event_id!r}: give "
                                                            "its model key")
-        check_id("model key", model_key)
-        value = check_reward(value)
-        if self.config.resolve(model_key) is None:
-            raise DecisionError(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
-        self._produce(self.worker_config.topics.rewards, model_key, encode(Reward(event_id, model_key, ts, value)))
+        call_id("model key", model_key)
+        reward = Reward(event_id, model_key, ts, call_reward(value))
+        raise_if(self._record_refusal(reward))
+        spec = self.config.resolve(model_key)
+        if spec is None:
+            raise_if(admission.unknown_model_refusal(model_key))
+        with self._lock:
+            model = self.models.get(model_key)
+        # A key this replica holds no model of yet: a fresh one of its configuration judges the
+        # value as the learners' model will (the range is the link's, not the state's).
+        raise_if(admission.reward_refusal(model if model is not None else spec.build(), reward.value))
+        self._produce(self.worker_config.topics.rewards, model_key, encode(reward))
         self.counters["rewards"] += 1
+
+    def _record_refusal(self, ev: Context | Reward) -> admission.Refusal | None:
+        """The admission rule's record checks, with the clock as the record's timestamp: the
+        learners judge the logged record by the broker's, a moment later."""
+        c = self.worker_config
+        return admission.record_refusal(ev, int(self._clock()), c.max_event_time_ahead_ms, c.max_id_bytes)
 
     def staleness_s(self) -> float:
         """How far behind the learners the copy may be: the time since it last held everything

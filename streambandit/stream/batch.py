@@ -20,6 +20,7 @@ from typing import Any, Callable
 
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.admission import too_far_ahead
 from streambandit.engine.chains import ChainPosition
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
@@ -175,7 +176,7 @@ class BatchProcessor:
             src, offset = sources[msg.topic()], msg.offset()
             record_ms = msg.timestamp()[1]
             ref = InputRef(src, p, offset, msg.key(), value, record_ms)
-            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
+            if type(ev) in _TIMED and not too_far_ahead(ev.timestamp_ms, record_ms, ahead):
                 runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
             else:
                 # A DecodeError, or an event time the engine will refuse as too far ahead (merged
