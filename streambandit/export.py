@@ -67,16 +67,11 @@ def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, in
                 out.append(ev)
         return out
 
-    def trigger(e):
-        return (e.trigger_source, e.trigger_offset)
-
     contexts: dict[str, Context | ReplicaDecision] = {}
     for c in decoded(topics.first_input(learn_only), committed[CONTEXTS], ReplicaDecision if learn_only else Context):
         contexts.setdefault(c.event_id, c)  # a duplicate event id was answered by the first decision
-    actions = {a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action),
-                                                      key=lambda e: e.event_id, trigger=trigger, committed=committed)}
-    for j in committed_view(decoded(topics.joined, _TO_EOF, Joined), key=lambda e: e.event_id, trigger=trigger,
-                            committed=committed):
+    actions = {a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action), committed)}
+    for j in committed_view(decoded(topics.joined, _TO_EOF, Joined), committed):
         ctx, action = contexts.get(j.event_id), actions.get(j.event_id)
         if ctx is None or action is None:
             raise ValueError(f"partition {p}: joined event {j.event_id!r} has no committed context or action")

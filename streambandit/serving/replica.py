@@ -272,8 +272,7 @@ class Replica:
         got = self._group.committed([TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30)
         committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
         records = [j for m in self._reader.read(t.joined, p, start, end) if isinstance(j := _decoded(m.value()), Joined)]
-        for j in committed_view(records, key=lambda e: e.event_id, trigger=lambda e: (e.trigger_source, e.trigger_offset),
-                                committed=committed):
+        for j in committed_view(records, committed):
             model = models.get(j.model_key)
             if model is None:
                 model = models[j.model_key] = self._spec(j.model_key).build()

@@ -11,7 +11,7 @@ redo of an aborted batch writes the same records again later in the log.
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -19,7 +19,17 @@ from streambandit.stream.errors import WorkerError
 
 __all__ = ["read_range", "committed_view", "high_watermark", "LogReader", "OpenTransactionTimeout"]
 
-T = TypeVar("T")
+class Logged(Protocol):
+    """An output record as committed_view reads it (wire/records.py: Action, Joined, DeadLetter)."""
+
+    @property
+    def natural_key(self) -> Hashable: ...
+
+    @property
+    def trigger(self) -> tuple[int, int]: ...
+
+
+T = TypeVar("T", bound=Logged)
 
 
 def high_watermark(consumer: Consumer, topic: str, partition: int, timeout_s: float = 10.0) -> int:
@@ -62,19 +72,19 @@ def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: 
         consumer.unassign()
 
 
-def committed_view(records: Iterable[T], key: Callable[[T], Any], trigger: Callable[[T], tuple[int, int]],
-                   committed: dict[int, int]) -> list[T]:
+def committed_view(records: Iterable[T], committed: dict[int, int]) -> list[T]:
     """The records a committed transaction wrote, in log order (see the module docstring).
 
-    ``trigger(r)`` is (input source, input offset); ``committed[source]`` the committed offset of
-    that input (the next offset to process). A record without a trigger (source -1) is kept.
+    A record's ``trigger`` is (input source, input offset); ``committed[source]`` the committed
+    offset of that input (the next offset to process). A record without a trigger (source -1) is
+    kept.
     """
     kept: dict[Any, tuple[int, T]] = {}
     for i, r in enumerate(records):
-        src, off = trigger(r)
+        src, off = r.trigger
         if src >= 0 and off >= committed.get(src, 0):
             continue  # written by a batch whose input offsets never committed
-        kept[key(r)] = (i, r)  # the last occurrence wins: a redo follows the aborted original
+        kept[r.natural_key] = (i, r)  # the last occurrence wins: a redo follows the aborted original
     return [r for _, r in sorted(kept.values(), key=lambda t: t[0])]
 
 

@@ -90,16 +90,9 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
                 out.append((None, m))
         return out
 
-    def trig(e: Any) -> tuple[int, int]:
-        return (e.trigger_source, e.trigger_offset)
-
-    joined = committed_view([e for e, _ in events_of(t.joined, start[t.joined]) if e is not None],
-                            key=lambda e: e.event_id, trigger=trig, committed=committed)
-    actions = committed_view([e for e, _ in events_of(t.actions, start[t.actions]) if e is not None],
-                             key=lambda e: e.event_id, trigger=trig, committed=committed)
-    dead = committed_view([e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None],
-                          key=lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""),
-                          trigger=trig, committed=committed)
+    joined = committed_view([e for e, _ in events_of(t.joined, start[t.joined]) if e is not None], committed)
+    actions = committed_view([e for e, _ in events_of(t.actions, start[t.actions]) if e is not None], committed)
+    dead = committed_view([e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None], committed)
     inputs = events_of(t.rewards, start["rewards"], committed[REWARDS])
     contexts = events_of(c.first_input, start["contexts"], committed[CONTEXTS])
     rewards = [(e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))

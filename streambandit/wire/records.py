@@ -12,7 +12,8 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef", "ReplicaDecision"]
+__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef", "ReplicaDecision", "Trigger",
+           "NO_TRIGGER"]
 
 
 @dataclasses.dataclass(slots=True)
@@ -55,6 +56,10 @@ class Tick:
     group_id: str = ""  # the consumer group whose worker wrote it
 
 
+Trigger = tuple[int, int]  # (input source, input offset) of the record whose processing wrote an output
+NO_TRIGGER: Trigger = (-1, -1)  # an output written by no input (an idle partition's tick, a Decider's advance)
+
+
 @dataclasses.dataclass(slots=True)
 class Action:
     event_id: str
@@ -68,6 +73,15 @@ class Action:
     features: np.ndarray
     trigger_source: int = -1
     trigger_offset: int = -1
+
+    @property
+    def natural_key(self) -> str:
+        """What a redo of this record's batch writes again the same (stream/logs.py, committed_view)."""
+        return self.event_id
+
+    @property
+    def trigger(self) -> Trigger:
+        return (self.trigger_source, self.trigger_offset)
 
 
 @dataclasses.dataclass(slots=True)
@@ -84,6 +98,15 @@ class Joined:
     trigger_source: int = -1
     trigger_offset: int = -1
 
+    @property
+    def natural_key(self) -> str:
+        """What a redo of this record's batch writes again the same (stream/logs.py, committed_view)."""
+        return self.event_id
+
+    @property
+    def trigger(self) -> Trigger:
+        return (self.trigger_source, self.trigger_offset)
+
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class DeadLetter:
@@ -97,6 +120,17 @@ class DeadLetter:
     timestamp_ms: int
     trigger_source: int = -1
     trigger_offset: int = -1
+
+    @property
+    def natural_key(self) -> tuple[str, int, bytes | None]:
+        """What a redo of this record's batch writes again the same (stream/logs.py,
+        committed_view): the refused input's position. A failed update's dead letter has no
+        input position (offset -1); the action it holds names the decision."""
+        return (self.source_topic, self.source_offset, self.value if self.source_offset < 0 else b"")
+
+    @property
+    def trigger(self) -> Trigger:
+        return (self.trigger_source, self.trigger_offset)
 
 
 @dataclasses.dataclass(slots=True, eq=False)
@@ -112,6 +146,12 @@ class InputRef:
     key: bytes | None = None
     value: bytes | None = None
     timestamp_ms: int = 0
+
+    @property
+    def trigger(self) -> Trigger:
+        """What the outputs of this input carry as their trigger: its source and offset (the
+        partition is the outputs' own)."""
+        return (self.source, self.offset)
 
     def _pos(self) -> tuple[int, int, int]:
         return (self.source, self.partition, self.offset)

@@ -51,15 +51,13 @@ def outputs(broker, topics, group: str, partitions: int = 2, first_input: str | 
     committed = {p: {0: committed_offsets(broker, group, first_input or topics.contexts, partitions)[p],
                      1: committed_offsets(broker, group, topics.rewards, partitions)[p]} for p in range(partitions)}
     out: dict = {"raw_counts": {}}
-    for name, key in (("actions", lambda e: e.event_id), ("joined", lambda e: e.event_id),
-                      ("dead_letter", lambda e: (e.source_topic, e.source_offset, e.value if e.source_offset < 0 else b""))):
+    for name in ("actions", "joined", "dead_letter"):
         msgs = read_all(broker, getattr(topics, name), partitions)
         out["raw_counts"][name] = len(msgs)
         recs = []
         for p in range(partitions):
             events = [decode(m.value()) for m in msgs if m.partition() == p]
-            recs += committed_view(events, key=key, trigger=lambda e: (e.trigger_source, e.trigger_offset),
-                                   committed=committed[p])
+            recs += committed_view(events, committed[p])
         out[name] = recs
     return out
 
