@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.config.models import ModelsConfig
+from streambandit.config.models import ModelsConfig, ModelSpec
 from streambandit.engine import admission
 from streambandit.engine.admission import Refusal
 from streambandit.engine.decision import decide
@@ -39,7 +39,7 @@ from streambandit.errors import StreambanditError
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, UNKNOWN_EVENT, UPDATE_FAILED
-from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
+from streambandit.wire import NO_TRIGGER, Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick, Trigger
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
 
@@ -80,14 +80,13 @@ class PartitionEngine:
         self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
         self.max_models = max_models  # None: no bound
         self.models: dict[str, Policy] = {}
-        self._specs: dict[str, Any] = {}  # model key -> its spec, for keys with a model (bounded like models)
+        self._specs: dict[str, ModelSpec] = {}  # spec_of's cache: keys with a model (bounded like models)
         self.pending: dict[str, _Pending] = {}  # insertion order = decision order
         self.early: dict[str, list[tuple[Reward, Any]]] = {}
         self.recent: collections.OrderedDict[str, bool] = collections.OrderedDict()  # joined id -> observed
         self.watermark_ms = -(2**63)
         self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
         self._seq = 0
-        self._trigger = (-1, -1)
         # What this object did since it was built or restored, as a process's metrics count: not
         # state. A restore starts them at zero (they are in a snapshot for diagnostics only), so
         # a recovered engine never reports, as its own, counts that recovery then adds again.
@@ -110,7 +109,8 @@ class PartitionEngine:
         # bench/results/e2e.md part 3 has its cost.
         if refused := self._refuse(ev, source):
             return refused
-        out, spec, model = self._admit(ev, source)
+        trigger = _trigger_of(source)
+        out, spec, model = self._admit(ev, source, trigger)
         if model is None:
             return out
         try:
@@ -118,7 +118,7 @@ class PartitionEngine:
                        seed=spec.seed)
         except ValueError as exc:
             return out + [self._refused(admission.learner_refusal(exc), source)]
-        return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source)
+        return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source, trigger)
 
     def on_decision(self, ev: ReplicaDecision, source: Any = None) -> list[Action | Joined | Rejected]:
         """A decision a replica made and logged (a learn-only worker's input): checked as a
@@ -126,21 +126,23 @@ class PartitionEngine:
         action carries the replica's model version; the joined record, this engine's."""
         if refused := self._refuse(ev, source):
             return refused
-        out, spec, model = self._admit(ev, source)
+        trigger = _trigger_of(source)
+        out, spec, model = self._admit(ev, source, trigger)
         if model is None:
             return out
         if refusal := admission.feature_bound_refusal(ev.features):
             return out + [self._refused(refusal, source)]
-        return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source)
+        return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger)
 
-    def _admit(self, ev: Context | ReplicaDecision, source: Any) -> tuple[list, Any, Policy | None]:
+    def _admit(self, ev: Context | ReplicaDecision, source: Any,
+               trigger: Trigger) -> tuple[list, ModelSpec | None, Policy | None]:
         """Move event time to the context's, then apply the admission rule's checks of the model:
         a configured model key, distinct arm ids, the model's dimension, a new event id, room for
         a new model. ``(outputs so far, spec, model)``, the model None when the context is
         refused (its refusal is then the last output)."""
         ts, key = ev.timestamp_ms, ev.model_key
-        out = self.advance_to(ts, source) if self._deadlines or ts > self.watermark_ms else self._no_advance(source)
-        spec = self._specs.get(key) or self._spec_of(key)
+        out = self._advance(ts, trigger) if self._deadlines or ts > self.watermark_ms else []
+        spec = self.spec_of(key)
         refusal = (admission.context_refusal(key, ev.arm_ids, ev.features, spec)
                    or admission.decided_before(ev.event_id, self.pending, self.recent))
         model = self.models.get(key)
@@ -150,25 +152,24 @@ class PartitionEngine:
             return out + [self._refused(refusal, source)], None, None
         if model is None:
             model = self.models[key] = spec.build()
-            self._specs[key] = spec
             self.changed.add(key)
         return out, spec, model
 
-    def _open(self, ev: Context | ReplicaDecision, spec: Any, index: int, score: float, propensity: float,
-              version: int, out: list, source: Any) -> list[Action | Joined | Rejected]:
+    def _open(self, ev: Context | ReplicaDecision, spec: ModelSpec, index: int, score: float, propensity: float,
+              version: int, out: list, source: Any, trigger: Trigger) -> list[Action | Joined | Rejected]:
         """Publish the decision on arm ``index`` and hold it open for its reward window."""
         ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
         arm_id = ev.arm_ids[index]
         if refusal := admission.id_refusal("chosen arm's id", arm_id, self.max_id_bytes):
             return out + [self._refused(refusal, source)]
         action = Action(event_id, ev.model_key, arm_id, index, score, propensity, version, ts,
-                        ev.features[index].copy(), *self._trigger)
+                        ev.features[index].copy(), *trigger)
         out.append(action)
         self.counters["actions"] += 1
         if len(pending) >= self.max_pending:
             oldest = next(iter(pending))
             self.counters["evicted_pending"] += 1
-            out += self._close(oldest, ts)
+            out += self._close(oldest, ts, trigger)
         deadline = ts + spec.reward_window_ms
         pending[event_id] = _Pending(action, deadline)
         self._seq += 1
@@ -176,27 +177,28 @@ class PartitionEngine:
         if self.early:
             for reward, src in self.early.pop(event_id, ()):
                 if event_id in pending:
-                    out += self._accept_reward(reward, src, ts)
+                    out += self._accept_reward(reward, src, ts, trigger)
                 else:  # an earlier one of these rewards already closed it (aggregation "first")
                     out.append(self._reject(DUPLICATE_REWARD, f"event {event_id!r} was already joined with a reward", src))
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
         if self._deadlines[0][0] <= self.watermark_ms:
-            out += self.advance_to(self.watermark_ms, source)
+            out += self._advance(self.watermark_ms, trigger)
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
         if refused := self._refuse(ev, source):
             return refused
-        out = self.advance_to(ev.timestamp_ms, source)
+        trigger = _trigger_of(source)
+        out = self._advance(ev.timestamp_ms, trigger)
         if ev.event_id in self.pending:
-            return out + self._accept_reward(ev, source, ev.timestamp_ms)
+            return out + self._accept_reward(ev, source, ev.timestamp_ms, trigger)
         if ev.event_id in self.recent:
             observed = self.recent[ev.event_id]
             reason = DUPLICATE_REWARD if observed else LATE_REWARD
             return out + [self._reject(reason, f"event {ev.event_id!r} was already joined "
                                                f"({'with a reward' if observed else 'with the default reward'})", source)]
-        spec = self.config.resolve(ev.model_key)
+        spec = self.spec_of(ev.model_key)
         if spec is None:
             return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
         # Early: the context may still come. Keep it until its own window has passed.
@@ -219,7 +221,9 @@ class PartitionEngine:
 
         ``source`` is the input record being processed; when it is an :class:`InputRef` every
         output records it as its trigger (readers use it to drop outputs of uncommitted batches)."""
-        self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
+        return self._advance(timestamp_ms, _trigger_of(source))
+
+    def _advance(self, timestamp_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
         if timestamp_ms > self.watermark_ms:
             self.watermark_ms = timestamp_ms
         out: list[Joined | Rejected] = []
@@ -229,14 +233,14 @@ class PartitionEngine:
             if kind == "decision":
                 p = self.pending.get(event_id)
                 if p is not None and p.deadline_ms == deadline:
-                    out += self._close(event_id, deadline)
+                    out += self._close(event_id, deadline, trigger)
             else:
                 held = self.early.get(event_id)
                 if held:
                     # Dead-letter the early rewards whose window has passed; keep younger ones.
                     keep = []
                     for reward, src in held:
-                        spec = self.config.resolve(reward.model_key)
+                        spec = self.spec_of(reward.model_key)
                         if spec is None or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms:
                             out.append(self._reject(UNKNOWN_EVENT, f"no decision for event {event_id!r} within the "
                                                                    f"reward window", src))
@@ -257,8 +261,10 @@ class PartitionEngine:
                                            self.max_id_bytes)
         return [] if refusal is None else [self._refused(refusal, source)]
 
-    def _spec_of(self, model_key: str) -> Any:
-        """``config.resolve`` with a cache for the keys that have a model (as bounded as models)."""
+    def spec_of(self, model_key: str) -> ModelSpec | None:
+        """The configuration of ``model_key`` (None: no entry matches it), the one way the engine
+        finds a model's spec. Cached for the keys that have a model: looked up for every record,
+        and the cache is bounded as the models are."""
         spec = self._specs.get(model_key)
         if spec is None:
             spec = self.config.resolve(model_key)
@@ -266,12 +272,15 @@ class PartitionEngine:
                 self._specs[model_key] = spec
         return spec
 
-    def _no_advance(self, source: Any) -> list:
-        """``advance_to`` when nothing can close (no deadline, watermark not moving): set the trigger only."""
-        self._trigger = (source.source, source.offset) if isinstance(source, InputRef) else (-1, -1)
-        return []
+    def _configured(self, model_key: str, held_by: str, error: type[Exception]) -> ModelSpec:
+        """:meth:`spec_of` for a model that ``held_by`` (a snapshot, the log) holds: ``error``
+        when the configuration no longer has it."""
+        spec = self.spec_of(model_key)
+        if spec is None:
+            raise error(f"{held_by} holds model {model_key!r} but the configuration has no entry for it")
+        return spec
 
-    def _accept_reward(self, ev: Reward, source: Any, now_ms: int) -> list[Joined | Rejected]:
+    def _accept_reward(self, ev: Reward, source: Any, now_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
         p = self.pending[ev.event_id]
         if ev.model_key != p.action.model_key:
             return [self._reject(MODEL_KEY_MISMATCH, f"reward for model {ev.model_key!r}, decision was made by "
@@ -279,21 +288,21 @@ class PartitionEngine:
         if refusal := admission.reward_refusal(self.models[p.action.model_key], ev.value):
             return [self._refused(refusal, source)]
         value = float(ev.value)
-        aggregation = self._spec_of(p.action.model_key).aggregation
+        aggregation = self.spec_of(p.action.model_key).aggregation
         self.counters["rewards"] += 1
         if aggregation == "first":
             p.reward, p.n_rewards = value, 1
-            return self._close(ev.event_id, now_ms)
+            return self._close(ev.event_id, now_ms, trigger)
         p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
         p.n_rewards += 1
         return []
 
-    def _close(self, event_id: str, now_ms: int) -> list[Joined | Rejected]:
+    def _close(self, event_id: str, now_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
         """Join one open decision: apply its update and emit the joined record."""
         p = self.pending.pop(event_id)
         a = p.action
         observed = p.n_rewards > 0
-        reward = p.reward if observed else self._spec_of(a.model_key).default_reward
+        reward = p.reward if observed else self.spec_of(a.model_key).default_reward
         model = self.models[a.model_key]
         version = model.n_updates
         try:
@@ -310,7 +319,7 @@ class PartitionEngine:
             recent.popitem(last=False)
         self.counters["joined_observed" if observed else "joined_default"] += 1
         return [Joined(event_id, a.model_key, a.features, float(reward), observed, a.propensity,
-                       a.decision_timestamp_ms, now_ms, version, *self._trigger)]
+                       a.decision_timestamp_ms, now_ms, version, *trigger)]
 
     def _remember(self, event_id: str, observed: bool) -> None:
         self.recent[event_id] = observed
@@ -342,7 +351,7 @@ class PartitionEngine:
                 self._push_deadline(reward.timestamp_ms + self._window(reward.model_key), "early", event_id)
 
     def _window(self, model_key: str) -> int:
-        spec = self.config.resolve(model_key)
+        spec = self.spec_of(model_key)
         return spec.reward_window_ms if spec is not None else 0
 
     # -- snapshot, restore and recovery (docs/design.md, invariant 3) -------------------------
@@ -389,7 +398,7 @@ class PartitionEngine:
             for block in getattr(layer, "blocks", ()):
                 e._restore_block(block)
             for key, state in getattr(layer, "records", layer).items():
-                model = e._spec_of_snapshot_model(key).build()
+                model = e._configured(key, "snapshot", ValueError).build()
                 model.load_state_dict(state)  # raises if the configuration changed incompatibly
                 e.models[key] = model
         for p in snap["pending"]:
@@ -407,16 +416,10 @@ class PartitionEngine:
         e._rebuild_deadlines()
         return e
 
-    def _spec_of_snapshot_model(self, key: str) -> Any:
-        spec = self.config.resolve(key)
-        if spec is None:
-            raise ValueError(f"snapshot holds model {key!r} but the configuration has no entry for it")
-        return spec
-
     def _restore_block(self, block: Any) -> None:
         """The models of a StateBlock, a column at a time for each configuration its keys
         resolve to now (one, unless the configuration moved keys between entries)."""
-        specs = [self._spec_of_snapshot_model(key) for key in block.keys]
+        specs = [self._configured(key, "snapshot", ValueError) for key in block.keys]
         groups: dict[int, tuple[Any, list[int]]] = {}
         if specs and all(spec is specs[0] for spec in specs):
             groups[id(specs[0])] = (specs[0], [])
@@ -461,7 +464,7 @@ class PartitionEngine:
         for j in joined:
             model = self.models.get(j.model_key)
             if model is None:
-                model = self.models[j.model_key] = self._spec(j.model_key).build()
+                model = self.models[j.model_key] = self._configured(j.model_key, "the log", RecoveryError).build()
             if model.n_updates != j.model_version_before:
                 raise RecoveryError(f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
                                     f"of model {j.model_key!r}, but replay reached version {model.n_updates}")
@@ -476,7 +479,7 @@ class PartitionEngine:
             self._remember(event_id, False)
         for a in actions:
             if a.model_key not in self.models:
-                self.models[a.model_key] = self._spec(a.model_key).build()
+                self.models[a.model_key] = self._configured(a.model_key, "the log", RecoveryError).build()
                 self.changed.add(a.model_key)
             if a.event_id not in self.recent:
                 self.pending[a.event_id] = _Pending(a, a.decision_timestamp_ms + self._window(a.model_key))
@@ -490,18 +493,12 @@ class PartitionEngine:
             if p is None:
                 self.early.setdefault(reward.event_id, []).append((reward, src))
                 continue
-            aggregation = self.config.resolve(p.action.model_key).aggregation
+            aggregation = self.spec_of(p.action.model_key).aggregation
             value = float(reward.value)
             p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
             p.n_rewards += 1
         self.watermark_ms = max(self.watermark_ms, max_input_timestamp_ms)
         self._rebuild_deadlines()
-
-    def _spec(self, model_key: str):
-        spec = self.config.resolve(model_key)
-        if spec is None:
-            raise RecoveryError(f"the log holds model {model_key!r} but the configuration has no entry for it")
-        return spec
 
     def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
         self.counters[f"rejected.{reason}"] += 1
@@ -509,3 +506,9 @@ class PartitionEngine:
 
     def _refused(self, refusal: Refusal, source: Any) -> Rejected:
         return self._reject(refusal.reason, refusal.detail, source)
+
+
+def _trigger_of(source: Any) -> Trigger:
+    """The trigger of the outputs an input causes: an input record's position (stream/logs.py
+    drops the outputs of a batch whose input never committed); a call or a test's input, none."""
+    return source.trigger if isinstance(source, InputRef) else NO_TRIGGER

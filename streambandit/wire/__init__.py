@@ -20,12 +20,24 @@ from streambandit.wire.codec import (
                                      features_from_bytes,
                                      features_to_bytes,
 )
-from streambandit.wire.records import Action, Context, DeadLetter, InputRef, Joined, ReplicaDecision, Reward, Tick
+from streambandit.wire.records import (
+                                       NO_TRIGGER,
+                                       Action,
+                                       Context,
+                                       DeadLetter,
+                                       InputRef,
+                                       Joined,
+                                       ReplicaDecision,
+                                       Reward,
+                                       Tick,
+                                       Trigger,
+)
 from streambandit.wire.schemas import register_writer_schema
 from streambandit.wire.snapshot import SnapshotError, pack_snapshot, unpack_snapshot
 
 __all__ = [
-    "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "ReplicaDecision", "InputRef", "DecodeError", "SnapshotError",
+    "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "ReplicaDecision", "InputRef", "Trigger", "NO_TRIGGER",
+    "DecodeError", "SnapshotError",
     "encode", "decode", "pack_snapshot", "unpack_snapshot", "features_to_bytes", "features_from_bytes",
     "encode_context_v1", "encode_action", "encode_joined", "register_writer_schema",
 ]
