@@ -20,12 +20,12 @@ import logging
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from streambandit.wire import Snapshot
+from streambandit.wire.snapshot_header import POSITIONS
+
 __all__ = ["ChainPosition", "compose", "plan_snapshot", "next_chain_id"]
 
 log = logging.getLogger("streambandit")
-
-# The positions in a snapshot, which an increment may only move forward.
-_OFFSETS = ("contexts_offset", "rewards_offset", "actions_offset", "joined_offset", "dead_letter_offset")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,33 +81,35 @@ class _Overlay(Mapping):
         return len(self._index())
 
 
-def compose(base: dict, increments: list[dict]) -> dict:
+def compose(base: Snapshot | Mapping[str, Any], increments: list[Snapshot | Mapping[str, Any]]) -> Snapshot:
     """The snapshot ``base`` and its ``increments`` make (unpacked snapshots, increments in any
-    order). Increments are used in sequence from 1 while they continue the chain: the first one
-    missing, of another chain or moving a position backwards ends it (reported), and the result is
-    the state of the last one used. The result is a base (``seq`` 0 in a chain of its own) only
-    when no increment is used."""
-    if base.get("seq", 0) != 0:
-        raise ValueError(f"snapshot seq {base['seq']} is an increment, not a base")
-    by_seq = {inc["seq"]: inc for inc in increments if inc.get("chain") == base.get("chain")}
-    used: list[dict] = []
+    order; a mapping is taken as ``Snapshot.of`` takes it). Increments are used in sequence from
+    1 while they continue the chain: the first one missing, of another chain or moving a position
+    backwards ends it (reported), and the result is the state of the last one used. The result is
+    a base (``seq`` 0 in a chain of its own) only when no increment is used."""
+    base = Snapshot.of(base)
+    b = base.header
+    if b.seq != 0:
+        raise ValueError(f"snapshot seq {b.seq} is an increment, not a base")
+    by_seq = {inc.header.seq: inc for inc in map(Snapshot.of, increments) if inc.header.chain == b.chain}
+    used: list[Snapshot] = []
     last = base
     while (inc := by_seq.get(len(used) + 1)) is not None:
-        behind = [k for k in _OFFSETS if inc[k] < last[k]]
-        if inc["partition"] != base["partition"] or behind:
+        behind = [k for k in POSITIONS if getattr(inc.header, k) < getattr(last.header, k)]
+        if inc.header.partition != b.partition or behind:
             log.error("snapshot increment does not continue its chain partition=%d chain=%d seq=%d behind=%s; "
-                      "using the chain up to seq %d", base["partition"], base["chain"], inc["seq"], behind, len(used))
+                      "using the chain up to seq %d", b.partition, b.chain, inc.header.seq, behind, len(used))
             break
         used.append(inc)
         last = inc
     if len(used) < len(by_seq):
         log.warning("snapshot chain partition=%d chain=%d: increments %s not used (a gap before them)",
-                    base["partition"], base.get("chain", 0), sorted(set(by_seq) - set(range(1, len(used) + 1))))
+                    b.partition, b.chain, sorted(set(by_seq) - set(range(1, len(used) + 1))))
     if not used:
         return base
-    engine = dict(last["engine"])
-    engine["models"] = _Overlay([base["engine"]["models"], *(inc["engine"]["models"] for inc in used)])
+    engine = dict(last.engine)
+    engine["models"] = _Overlay([base.engine["models"], *(inc.engine["models"] for inc in used)])
     # An increment's recent ids are those joined since the previous snapshot: in join order after
     # the base's (restore keeps the newest max_recent of them, as the live engine did).
-    engine["recent"] = [r for snap in (base, *used) for r in snap["engine"]["recent"]]
-    return {**last, "engine": engine}
+    engine["recent"] = [r for snap in (base, *used) for r in snap.engine["recent"]]
+    return Snapshot(last.header, engine)

@@ -57,7 +57,7 @@ def read_model_states(path: str | os.PathLike) -> Mapping[str, dict[str, Any]]:
         snap = unpack_snapshot(data)
     except SnapshotError as exc:
         raise ValueError(f"{path}: neither a file of model states nor a worker snapshot ({exc})") from None
-    if snap.get("seq", 0) != 0:
+    if snap.header.seq != 0:
         raise ValueError(f"{path}: a snapshot increment (it holds only the models changed since its base); "
                          "give the base snapshot")
-    return snap["engine"]["models"]
+    return snap.engine["models"]

@@ -46,7 +46,7 @@ from streambandit.atomic import write_atomically
 from streambandit.config.models import ModelsConfig, load_models_config, parse_models_config
 from streambandit.engine.admission import DecisionError, call_context, call_id, call_reward, call_time
 from streambandit.engine.partition import PartitionEngine, Rejected
-from streambandit.wire import Action, InputRef, Joined, Reward, pack_snapshot, unpack_snapshot
+from streambandit.wire import Action, InputRef, Joined, Reward, Snapshot, SnapshotHeader, pack_snapshot, unpack_snapshot
 
 __all__ = ["Decider", "Ranking", "DecisionError"]
 
@@ -138,17 +138,18 @@ class Decider:
     def save(self, path: str | Path) -> None:
         """The whole state as one snapshot file, written atomically (a crash leaves the previous one)."""
         p = Path(path)
-        head = {"partition": 0, "created_ms": self._clock(), "contexts_offset": self._calls, "rewards_offset": 0,
-                "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0}
-        write_atomically(p.with_name(p.name + ".tmp"), p, pack_snapshot(head | {"engine": self.engine.snapshot()}))
+        # The calls made stand where a worker's contexts offset would: load continues their count.
+        head = SnapshotHeader(partition=0, created_ms=self._clock(), contexts_offset=self._calls, rewards_offset=0,
+                              actions_offset=0, joined_offset=0, dead_letter_offset=0)
+        write_atomically(p.with_name(p.name + ".tmp"), p, pack_snapshot(Snapshot(head, self.engine.snapshot())))
 
     @classmethod
     def load(cls, models: ModelsConfig | Mapping[str, Any] | str | Path, path: str | Path, **kwargs: Any) -> Decider:
         """A Decider in the state :meth:`save` wrote (its configuration must fit the models saved)."""
         snap = unpack_snapshot(Path(path).read_bytes())
         d = cls(models, **kwargs)
-        d.engine = PartitionEngine.restore(d.config, snap["engine"], **d.limits)
-        d._calls = int(snap["contexts_offset"])
+        d.engine = PartitionEngine.restore(d.config, snap.engine, **d.limits)
+        d._calls = int(snap.header.contexts_offset)
         return d
 
     # -- internals -----------------------------------------------------------------------------

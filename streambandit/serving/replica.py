@@ -266,8 +266,8 @@ class Replica:
         it; swapped in whole. Returns the offset to follow from."""
         config, t = self.worker_config, self.worker_config.topics
         snap = load_latest(self.store, p) if self.store is not None else None
-        models = dict(PartitionEngine.restore(config.models, snap["engine"]).models) if snap is not None else {}
-        start = snap["joined_offset"] if snap is not None else 0
+        models = dict(PartitionEngine.restore(config.models, snap.engine).models) if snap is not None else {}
+        start = snap.header.joined_offset if snap is not None else 0
         end = self._reader.settle(t.joined, p)
         got = self._group.committed([TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30)
         committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}

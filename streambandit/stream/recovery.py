@@ -22,7 +22,7 @@ from streambandit.stream.batch import PartitionState
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
-from streambandit.wire import Context, DecodeError, InputRef, ReplicaDecision, Reward, Tick, decode
+from streambandit.wire import Context, DecodeError, InputRef, ReplicaDecision, Reward, Snapshot, Tick, decode
 
 __all__ = ["recover_partition"]
 
@@ -56,11 +56,11 @@ def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader
                                   f"({exc}); restore the configuration the log was written with") from exc
             metrics["snapshot_fallbacks"] += 1
             log.error("snapshot does not fit partition=%d created_ms=%d error=%s; falling back to an older one "
-                      "or the joined log", p, snap["created_ms"], exc)
+                      "or the joined log", p, snap.header.created_ms, exc)
     raise AssertionError("unreachable")
 
 
-def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
+def _recover_from(p: int, snap: Snapshot | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
                   committed: dict[int, int], metrics: Any) -> PartitionState:
     c, t = config, config.topics
     limits = c.engine_limits()
@@ -68,9 +68,10 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
         engine = PartitionEngine(c.models, **limits)
         start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}
     else:
-        engine = PartitionEngine.restore(c.models, snap["engine"], **limits)
-        start = {"contexts": snap["contexts_offset"], "rewards": snap["rewards_offset"], t.actions: snap["actions_offset"],
-                 t.joined: snap["joined_offset"], t.dead_letter: snap["dead_letter_offset"]}
+        engine = PartitionEngine.restore(c.models, snap.engine, **limits)
+        h = snap.header
+        start = {"contexts": h.contexts_offset, "rewards": h.rewards_offset, t.actions: h.actions_offset,
+                 t.joined: h.joined_offset, t.dead_letter: h.dead_letter_offset}
     if committed[CONTEXTS] < start["contexts"] or committed[REWARDS] < start["rewards"]:
         # Its state holds input the group never committed (the group's offsets were moved back,
         # or a commit was lost): an older snapshot, or the joined log, is used instead.
@@ -110,4 +111,5 @@ def _recover_from(p: int, snap: dict | None, config: WorkerConfig, reader: LogRe
     metrics["recovered_joined"] += len(joined)
     return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),
                           committed_offset=dict(committed),
-                          chain=ChainPosition(snap["chain"], snap["seq"]) if snap is not None and snap["chain"] else None)
+                          chain=ChainPosition(snap.header.chain, snap.header.seq) if snap is not None and snap.header.chain
+                          else None)

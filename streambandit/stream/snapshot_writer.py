@@ -34,12 +34,13 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any, Iterator
 
 import numpy as np
 
 from streambandit.stream.snapshots import SnapshotStore
-from streambandit.wire import pack_snapshot
+from streambandit.wire import Snapshot, SnapshotHeader, pack_snapshot
 
 __all__ = ["SnapshotWriter", "LockedReads", "CAN_FORK"]
 
@@ -90,20 +91,25 @@ class SnapshotWriter:
         metrics.setdefault("snapshot_forks", 0)
         self.lock = threading.Lock()
         self.reads = LockedReads(store, self.lock)
-        self._queue: queue.Queue[tuple[int, dict, tuple[int, int] | None] | None] = queue.Queue()
+        # (partition, header, the snapshot to pack or None, the forked child writing it or None)
+        self._queue: queue.Queue[tuple[int, SnapshotHeader, Snapshot | None, tuple[int, int, bool] | None] | None] = \
+            queue.Queue()
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._done = threading.Condition()
         self._failures: dict[int, str] = {}
         self._thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self._thread.start()
 
-    def submit(self, partition: int, snap: dict[str, Any]) -> None:
-        """Pack and store ``snap`` (a base when ``snap["seq"]`` is 0, else an increment)."""
+    def submit(self, partition: int, snap: Snapshot | Mapping[str, Any]) -> None:
+        """Pack and store ``snap`` (a base when its header's ``seq`` is 0, else an increment; a
+        mapping taken as ``Snapshot.of`` takes it)."""
+        snap = Snapshot.of(snap)
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, snap, None))
+        self._queue.put((partition, snap.header, snap, None))
 
-    def submit_forked(self, partition: int, head: dict[str, Any], engine: Any, models: list[str] | None) -> None:
+    def submit_forked(self, partition: int, head: SnapshotHeader | Mapping[str, Any], engine: Any,
+                      models: list[str] | None) -> None:
         """Store ``head`` with ``engine.snapshot(models)`` (``models`` None: a base) as they are
         now, taken and packed by a forked child, which also stores it into a ``fork_safe``
         store; into another, it sends the bytes back and this thread stores them.
@@ -112,6 +118,7 @@ class SnapshotWriter:
         once, and must not overtake an earlier snapshot of the same partition."""
         if not CAN_FORK:
             raise ValueError("snapshots are forked on Linux only")
+        head = SnapshotHeader.of(head)
         self.wait(partition)
         direct = getattr(self.store, "fork_safe", False)
         read_end, write_end = os.pipe()
@@ -128,7 +135,7 @@ class SnapshotWriter:
         self.metrics["snapshot_forks"] += 1
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, head, (pid, read_end, not direct)))
+        self._queue.put((partition, head, None, (pid, read_end, not direct)))
 
     def busy(self, partition: int) -> bool:
         with self._done:
@@ -154,42 +161,39 @@ class SnapshotWriter:
         self._queue.put(None)
         self._thread.join(timeout_s)
 
-    def _store(self, partition: int, snap: dict[str, Any], data: bytes | memoryview) -> None:
+    def _store(self, partition: int, head: SnapshotHeader, data: bytes | memoryview) -> None:
         with self.lock:
-            if snap["seq"] == 0:
-                self.store.save(partition, data)
-            else:
-                self.store.save_increment(partition, snap["chain"], snap["seq"], data)
+            _save(self.store, partition, head, data)
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            partition, snap, child = item
+            partition, head, snap, child = item
             started = time.monotonic()
-            kind = "increment" if snap["seq"] else "base"
+            kind = "increment" if head.seq else "base"
             try:
                 if child is None:
                     data = pack_snapshot(snap)
-                    self._store(partition, snap, data)
-                    size, models, pending = len(data), len(snap["engine"]["models"]), len(snap["engine"]["pending"])
+                    self._store(partition, head, data)
+                    size, models, pending = len(data), len(snap.engine["models"]), len(snap.engine["pending"])
                 else:
                     pid, read_end, sent = child
                     size, models, pending, data = _wait_for_child(pid, read_end, with_data=sent)
                     if sent:
-                        self._store(partition, snap, data)
+                        self._store(partition, head, data)
                 del data
             except Exception as exc:  # noqa: BLE001 (reported to the loop, which starts a new chain)
-                log.error("snapshot not stored partition=%d chain=%d seq=%d error=%s", partition, snap["chain"],
-                          snap["seq"], exc)
+                log.error("snapshot not stored partition=%d chain=%d seq=%d error=%s", partition, head.chain,
+                          head.seq, exc)
                 with self._done:
                     self._failures[partition] = str(exc)
                 self.metrics["snapshot_failures"] += 1
             else:
                 self.metrics["snapshots"] += 1
-                self.metrics["snapshot_increments" if snap["seq"] else "snapshot_bases"] += 1
+                self.metrics["snapshot_increments" if head.seq else "snapshot_bases"] += 1
                 self.metrics["snapshot_bytes"] = size
                 self.metrics["snapshot_write_us"] = int((time.monotonic() - started) * 1e6)
                 log.info("snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s", partition, kind,
-                         snap["chain"], snap["seq"], size, models, pending, "" if child is None else " forked")
+                         head.chain, head.seq, size, models, pending, "" if child is None else " forked")
             finally:
                 del snap, item
                 with self._done:
@@ -249,7 +253,15 @@ def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None,
     return size, models, pending, data
 
 
-def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, partition: int, head: dict[str, Any],
+def _save(store: SnapshotStore, partition: int, head: SnapshotHeader, data: bytes | memoryview) -> None:
+    """Into the store as a base or as an increment of its chain, as ``head`` says."""
+    if head.seq == 0:
+        store.save(partition, data)
+    else:
+        store.save_increment(partition, head.chain, head.seq, data)
+
+
+def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, partition: int, head: SnapshotHeader,
                   engine: Any, models: list[str] | None) -> None:
     """In the forked child: snapshot, pack, store (``store`` None: send the bytes after the
     report line instead), report on ``write_end``, exit. Nothing here may return into the
@@ -266,17 +278,14 @@ def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, part
         if os.getppid() != parent:
             os._exit(1)
         gc.disable()  # garbage is freed at exit; a collection would only copy pages
-        snap = head | {"engine": engine.snapshot(models)}
+        snap = Snapshot(head, engine.snapshot(models))
         data = pack_snapshot(snap)
-        report = f"ok {len(data)} {len(snap['engine']['models'])} {len(snap['engine']['pending'])}\n".encode()
+        report = f"ok {len(data)} {len(snap.engine['models'])} {len(snap.engine['pending'])}\n".encode()
         if store is None:
             _write_all(write_end, report)
             _write_all(write_end, data)
         else:
-            if snap["seq"] == 0:
-                store.save(partition, data)
-            else:
-                store.save_increment(partition, snap["chain"], snap["seq"], data)
+            _save(store, partition, head, data)
             _write_all(write_end, report)
         code = 0
     except BaseException as exc:  # noqa: BLE001 (reported to the parent through the pipe)

@@ -41,7 +41,7 @@ from streambandit.config.kafka import for_client, reader_settings
 from streambandit.engine.chains import compose
 from streambandit.errors import StreambanditError
 from streambandit.stream.logs import read_range
-from streambandit.wire import SnapshotError, unpack_snapshot
+from streambandit.wire import Snapshot, SnapshotError, unpack_snapshot
 
 __all__ = ["SnapshotStore", "DirectoryStore", "TopicStore", "SnapshotStoreError", "load_latest", "usable_snapshots",
            "create_snapshot_topic", "chunk_key", "pack_chunk"]
@@ -462,7 +462,7 @@ def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *
     return True
 
 
-def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[dict]:
+def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[Snapshot]:
     """The snapshots of ``partition`` that pass their checksum, newest first, each base with the
     increments of its chain laid over it (engine/chains.py). A damaged one is reported (logged)
     and skipped; a damaged increment ends its chain there."""
@@ -472,19 +472,20 @@ def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[dict]:
         except SnapshotError as exc:
             log.error("snapshot unusable partition=%d candidate=%d error=%s; trying an older one", partition, i, exc)
             continue
-        if snap["partition"] != partition or snap["seq"] != 0:
-            log.error("snapshot for partition=%d is labelled partition=%d seq=%d; skipped", partition, snap["partition"],
-                      snap["seq"])
+        head = snap.header
+        if head.partition != partition or head.seq != 0:
+            log.error("snapshot for partition=%d is labelled partition=%d seq=%d; skipped", partition, head.partition,
+                      head.seq)
             continue
         increments = []
-        for data in store.increments(partition, snap["chain"]) if snap["chain"] else []:
+        for data in store.increments(partition, head.chain) if head.chain else []:
             try:
                 increments.append(unpack_snapshot(data))
             except SnapshotError as exc:
-                log.error("snapshot increment unusable partition=%d chain=%d error=%s", partition, snap["chain"], exc)
+                log.error("snapshot increment unusable partition=%d chain=%d error=%s", partition, head.chain, exc)
         yield compose(snap, increments)
 
 
-def load_latest(store: SnapshotStore, partition: int) -> dict | None:
+def load_latest(store: SnapshotStore, partition: int) -> Snapshot | None:
     """The newest usable snapshot of ``partition``, or None."""
     return next(usable_snapshots(store, partition), None)

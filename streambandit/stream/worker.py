@@ -41,6 +41,7 @@ from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
 from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
+from streambandit.wire import Snapshot, SnapshotHeader
 
 __all__ = ["Worker", "WorkerError", "freeze_long_lived"]
 
@@ -471,15 +472,15 @@ class Worker:
         else:
             part.chain = ChainPosition(part.chain.chain, part.chain.seq + 1)
             models = sorted(changed)
-        head = {"partition": p, "created_ms": now_ms(), "chain": part.chain.chain, "seq": part.chain.seq,
-                "contexts_offset": part.next_offset[CONTEXTS], "rewards_offset": part.next_offset[REWARDS],
-                "actions_offset": out_next[t.actions], "joined_offset": out_next[t.joined],
-                "dead_letter_offset": out_next[t.dead_letter]}
+        head = SnapshotHeader(partition=p, created_ms=now_ms(), chain=part.chain.chain, seq=part.chain.seq,
+                              contexts_offset=part.next_offset[CONTEXTS], rewards_offset=part.next_offset[REWARDS],
+                              actions_offset=out_next[t.actions], joined_offset=out_next[t.joined],
+                              dead_letter_offset=out_next[t.dead_letter])
         fork_at = self.config.snapshot_fork_models
         if self.fork_snapshots and fork_at and len(engine.models if models is None else models) >= fork_at:
             self.writer.submit_forked(p, head, engine, models)
         else:
-            self.writer.submit(p, head | {"engine": engine.snapshot(models)})
+            self.writer.submit(p, Snapshot(head, engine.snapshot(models)))
         part.updates_at_snapshot = engine.updates
         part.snapshot_wall = time.monotonic()
         part.snapshot_took_s = part.snapshot_wall - started

@@ -7,7 +7,8 @@ of the worker's hot path, and the snapshot format. No pickle anywhere.
 - ``codec``: one record to bytes and back (``encode``, ``decode``, ``DecodeError``);
 - ``batch_decode`` / ``batch_encode``: a poll batch decoded, and a batch's outputs encoded, in one
   compiled pass each (the same records and bytes as ``codec``);
-- ``snapshot``: a partition's snapshot to bytes and back (``pack_snapshot``, ``unpack_snapshot``).
+- ``snapshot``: a partition's snapshot to bytes and back (``pack_snapshot``, ``unpack_snapshot``);
+- ``snapshot_header``: a snapshot as typed values (``SnapshotHeader``, ``Snapshot``).
 """
 
 from streambandit.wire.codec import (
@@ -34,10 +35,11 @@ from streambandit.wire.records import (
 )
 from streambandit.wire.schemas import register_writer_schema
 from streambandit.wire.snapshot import SnapshotError, pack_snapshot, unpack_snapshot
+from streambandit.wire.snapshot_header import Snapshot, SnapshotHeader
 
 __all__ = [
     "Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "ReplicaDecision", "InputRef", "Trigger", "NO_TRIGGER",
-    "DecodeError", "SnapshotError",
+    "DecodeError", "SnapshotError", "Snapshot", "SnapshotHeader",
     "encode", "decode", "pack_snapshot", "unpack_snapshot", "features_to_bytes", "features_from_bytes",
     "encode_context_v1", "encode_action", "encode_joined", "register_writer_schema",
 ]

@@ -37,6 +37,7 @@ from streambandit.wire import avro
 from streambandit.wire.codec import action_body, features_from_bytes
 from streambandit.wire.records import InputRef
 from streambandit.wire.schemas import READERS, VERSIONS, WRITERS
+from streambandit.wire.snapshot_header import Snapshot, SnapshotHeader
 
 __all__ = ["SnapshotError", "SnapshotModels", "pack_snapshot", "unpack_snapshot", "state_from_avro", "state_to_avro",
            "MODEL_STATE_SCHEMA"]
@@ -50,9 +51,6 @@ _SNAPSHOT_ID = 6
 _COMPRESS_ABOVE = 4096
 _RECORD_AT = 16  # header 3, flags 1, CRC32 4, the record's length 8
 _ALIGN = 8  # buffers start at multiples of 8 from the snapshot's first byte (aligned float64 reads)
-# The worker's header fields: the partition, when, and where in every topic this state stands.
-_POSITIONS = ("partition", "created_ms", "contexts_offset", "rewards_offset", "actions_offset", "joined_offset",
-              "dead_letter_offset")
 
 
 def state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
@@ -160,10 +158,12 @@ def _encode_block(block: StateBlock, buffers: _Buffers) -> bytes:
     ))
 
 
-def pack_snapshot(snap: dict[str, Any]) -> bytes:
-    """Serialise a partition snapshot (the worker's header fields plus the engine's state); the
-    engine's ``models`` a :class:`ModelStates` or any mapping of state dicts."""
-    eng = snap["engine"]
+def pack_snapshot(snap: Snapshot | Mapping[str, Any]) -> bytes:
+    """Serialise a partition snapshot (its header and the engine's state; a mapping of the same
+    names is taken as :meth:`Snapshot.of` takes it); the engine's ``models`` a
+    :class:`ModelStates` or any mapping of state dicts."""
+    snap = Snapshot.of(snap)
+    eng = snap.engine
     states = eng["models"]
     records = states.records if isinstance(states, ModelStates) else states
     buffers = _Buffers()
@@ -178,9 +178,7 @@ def pack_snapshot(snap: dict[str, Any]) -> bytes:
         early.append({"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
                       "value": e["value"], "source_partition": src.partition, "source_offset": src.offset,
                       "key": src.key, "raw": src.value, "source_timestamp_ms": src.timestamp_ms})
-    head = {k: snap[k] for k in _POSITIONS}
-    head["chain"], head["seq"] = snap.get("chain", 0), snap.get("seq", 0)  # a base of no chain unless told
-    head["watermark_ms"] = eng["watermark_ms"]
+    head = snap.header.as_dict() | {"watermark_ms": eng["watermark_ms"]}
     # The record's fields back to back: those before ``models``, the models, then pending, early,
     # recent and counters (the reader splits the schema the same way, _SNAPSHOT_PARTS). Models,
     # pending and recent are written by hand: they are most of a snapshot's bytes and time.
@@ -302,7 +300,7 @@ def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
     return d
 
 
-def unpack_snapshot(data: bytes | mmap.mmap) -> dict[str, Any]:
+def unpack_snapshot(data: bytes | mmap.mmap) -> Snapshot:
     """Inverse of :func:`pack_snapshot`; raises :class:`SnapshotError` on any damage.
 
     ``data`` may be a writable ``mmap`` of a snapshot file, which must be a private
@@ -343,6 +341,4 @@ def unpack_snapshot(data: bytes | mmap.mmap) -> dict[str, Any]:
         "watermark_ms": d["watermark_ms"],
         "counters": dict(d["counters"]),
     }
-    out = {k: d[k] for k in (*_POSITIONS, "chain", "seq")}
-    out["engine"] = engine
-    return out
+    return Snapshot(SnapshotHeader.of(d), engine)
