@@ -13,7 +13,8 @@ In the order a caller applies them:
 1. A call's form (:func:`call_context`, :func:`call_id`, :func:`call_time`, :func:`call_reward`):
    what application code passes must have the types of a record. A record read off a topic has
    them by construction (wire/codec.py), so only the Decider and a replica apply these; they
-   raise :class:`DecisionError`.
+   raise :class:`DecisionError`. They also refuse an empty id and a negative event time, which a
+   record may carry and the worker accepts.
 2. The record alone (:func:`record_refusal`), before it moves event time: an event time too far
    ahead of the record's own timestamp, an id too long, arms that are not one finite (K, d)
    matrix, a reward that is not finite. A record refused here leaves event time where it was, as
@@ -216,8 +217,9 @@ def context_refusal(model_key: str, arm_ids: tuple[str, ...], features: np.ndarr
 
 def decided_before(event_id: str, *decided: Container[str]) -> Refusal | None:
     """An event id among those its holder decided (and still remembers)."""
-    if any(event_id in ids for ids in decided):
-        return Refusal(reasons.DUPLICATE_EVENT, f"event id {event_id!r} was already decided")
+    for ids in decided:
+        if event_id in ids:
+            return Refusal(reasons.DUPLICATE_EVENT, f"event id {event_id!r} was already decided")
     return None
 
 
