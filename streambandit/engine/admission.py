@@ -16,13 +16,19 @@ In the order a caller applies them:
    raise :class:`DecisionError`. They also refuse an empty id and a negative event time, which a
    record may carry and the worker accepts.
 2. The record alone (:func:`record_refusal`), before it moves event time: an event time too far
-   ahead of the record's own timestamp, an id too long, arms that are not one finite (K, d)
-   matrix, a reward that is not finite. A record refused here leaves event time where it was, as
-   one the decoder refused does; recovery counts on that (stream/recovery.py).
+   ahead of the record's own timestamp, an id too long, arms that are not one (K, d) matrix, a
+   reward that is not finite. A record refused here leaves event time where it was, as one the
+   decoder refused does; recovery counts on that (stream/recovery.py).
 3. The model (:func:`context_refusal`, :func:`decided_before`, :func:`model_room_refusal`,
-   :func:`learner_refusal`, :func:`feature_bound_refusal`, :func:`reward_refusal`, and
-   :func:`id_refusal` of the chosen arm): a configured model key, distinct arm ids, the model's
-   dimension, a new event id, room for a new model, features and a reward the learner accepts.
+   :func:`learner_refusal`, :func:`reward_refusal`, and :func:`id_refusal` of the chosen arm): a
+   configured model key, distinct arm ids, the model's dimension, a new event id, room for a new
+   model, features and a reward the learner accepts.
+
+The features' values (:func:`feature_values_refusal`: NaN, infinities, magnitudes past the
+learners' bound) are judged before anything else in a call, and of a logged decision, which no
+learner scores again; of a context, by the learner that scores it (:func:`learner_refusal`): a
+record's values were judged by the decoder already, and the check would cost the worker's hot
+path a pass over every feature.
 """
 
 from __future__ import annotations
@@ -43,7 +49,7 @@ from streambandit.wire import Context, ReplicaDecision, Reward, Tick
 __all__ = ["Refusal", "DecisionError", "BAD_TIMESTAMP", "raise_if", "call_context", "call_arms", "call_id", "call_time",
            "call_reward", "record_refusal", "too_far_ahead", "event_time_refusal", "id_refusal", "arms_refusal",
            "reward_value_refusal", "unknown_model_refusal", "context_refusal", "decided_before", "model_room_refusal",
-           "learner_refusal", "feature_bound_refusal", "reward_refusal"]
+           "learner_refusal", "feature_values_refusal", "reward_refusal"]
 
 # Not a reason code of reasons.py: a record's event time is a long by its schema; only a call can
 # pass something else.
@@ -89,7 +95,7 @@ def call_context(event_id: Any, model_key: Any, arms: Any, features: Any, timest
 def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
     """``(arm ids, features as float64)`` of a rank call: ``arms`` a mapping of arm id to its
     feature vector, or a sequence of arm ids with ``features`` a (K, d) matrix. The matrix's
-    shape and values are the record's rule (:func:`arms_refusal`)."""
+    shape is the record's rule (:func:`arms_refusal`)."""
     if isinstance(arms, Mapping):
         if features is not None:
             raise DecisionError(reasons.MALFORMED, "arms given as a mapping carry their features: leave features out")
@@ -107,6 +113,7 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
         x = np.asarray(rows, dtype=np.float64)  # no copy of a float64 matrix: the engine keeps none of it
     except (TypeError, ValueError):
         raise DecisionError(reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm") from None
+    raise_if(feature_values_refusal(x))
     return ids, x
 
 
@@ -176,15 +183,23 @@ def id_refusal(what: str, value: str, max_id_bytes: int) -> Refusal | None:
 
 def arms_refusal(arm_ids: tuple[str, ...], features: np.ndarray) -> Refusal | None:
     """The candidates of a context: at least one, one row of features each, all rows of one
-    positive dimension, every value finite (what the decoder makes of a record's bytes)."""
+    positive dimension (what the decoder makes of a record's bytes)."""
     k = len(arm_ids)
     if not k:
         return Refusal(reasons.EMPTY_ARMS, "the context has no candidate arms")
     if features.ndim != 2 or features.shape[0] != k or features.shape[1] == 0:
         return Refusal(reasons.BAD_DIMENSION, f"features of shape {features.shape} for {k} arms")
+    return None
+
+
+def feature_values_refusal(features: np.ndarray) -> Refusal | None:
+    """Features a learner does not take: NaN or infinite (the decoder's code for them), or past
+    the learners' bound (kernels.MAX_ABS_FEATURE)."""
+    if features_ok(features):
+        return None
     if not np.isfinite(features).all():
         return Refusal(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
-    return None
+    return Refusal(reasons.FEATURE_OUT_OF_RANGE, BAD_ARMS_MESSAGE)
 
 
 def reward_value_refusal(value: float) -> Refusal | None:
@@ -232,19 +247,10 @@ def model_room_refusal(model_key: str, models: Sized, max_models: int | None) ->
     return None
 
 
-def learner_refusal(exc: ValueError) -> Refusal:
-    """The learner refused to score the arms. The record's rule has refused NaN, infinities and
-    a wrong shape; what a learner refuses beyond that is a feature past its bound
-    (kernels.MAX_ABS_FEATURE)."""
-    return Refusal(reasons.FEATURE_OUT_OF_RANGE, str(exc))
-
-
-def feature_bound_refusal(features: np.ndarray) -> Refusal | None:
-    """Features past the learners' bound, judged without a learner: a logged decision is opened
-    as it was made, not scored again, and its chosen arm's features would fail the update."""
-    if not features_ok(features):
-        return Refusal(reasons.FEATURE_OUT_OF_RANGE, BAD_ARMS_MESSAGE)
-    return None
+def learner_refusal(exc: ValueError, features: np.ndarray) -> Refusal:
+    """The learner refused to score ``features`` (raising ``exc``): for their values, if they
+    are what :func:`feature_values_refusal` refuses; else for what the learner says."""
+    return feature_values_refusal(features) or Refusal(reasons.FEATURE_OUT_OF_RANGE, str(exc))
 
 
 def reward_refusal(model: Policy, value: float) -> Refusal | None:

@@ -117,7 +117,7 @@ class PartitionEngine:
             d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id,
                        seed=spec.seed)
         except ValueError as exc:
-            return out + [self._refused(admission.learner_refusal(exc), source)]
+            return out + [self._refused(admission.learner_refusal(exc, ev.features), source)]
         return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source, trigger)
 
     def on_decision(self, ev: ReplicaDecision, source: Any = None) -> list[Action | Joined | Rejected]:
@@ -130,7 +130,7 @@ class PartitionEngine:
         out, spec, model = self._admit(ev, source, trigger)
         if model is None:
             return out
-        if refusal := admission.feature_bound_refusal(ev.features):
+        if refusal := admission.feature_values_refusal(ev.features):
             return out + [self._refused(refusal, source)]
         return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger)
 

@@ -175,7 +175,7 @@ class Replica:
             try:
                 d = decide(model, x, epsilon=spec.epsilon, model_key=model_key, event_id=event_id, seed=spec.seed)
             except ValueError as exc:
-                refused = admission.learner_refusal(exc)
+                refused = admission.learner_refusal(exc, x)
                 raise DecisionError(refused.reason, refused.detail) from None
             raise_if(admission.id_refusal("chosen arm's id", arm_ids[d.index], self.worker_config.max_id_bytes))
             version, scores = model.n_updates, model.scores(x)

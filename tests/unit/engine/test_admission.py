@@ -204,26 +204,29 @@ def test_a_features_argument_that_is_not_numbers_is_refused_alike(callers):
 
 
 # Each function of the rule, replaced by one that refuses everything with its own name as the
-# reason, and a call that reaches it: the three refuse with that name, so each asks the rule and
-# none decides by a check of its own.
+# reason, and a call that reaches it (with the functions that would refuse it first made to pass):
+# the three refuse with that name, so each asks the rule and none decides by a check of its own.
 RULE_CALLS = {
-    "record_refusal": rank(),
-    "id_refusal": rank(),
-    "arms_refusal": rank(),
-    "event_time_refusal": rank(timestamp_ms=CLOCK + AHEAD_MS + 1),
-    "context_refusal": rank(),
-    "unknown_model_refusal": rank(model_key="nobody"),
-    "decided_before": rank(),
-    "model_room_refusal": rank(model_key="ads-new"),
-    "learner_refusal": rank(features=with_value(1e300)),
-    "reward_value_refusal": reward(),
-    "reward_refusal": reward(),
+    "record_refusal": (rank(), ()),
+    "id_refusal": (rank(), ()),
+    "arms_refusal": (rank(), ()),
+    "event_time_refusal": (rank(timestamp_ms=CLOCK + AHEAD_MS + 1), ()),
+    "context_refusal": (rank(), ()),
+    "unknown_model_refusal": (rank(model_key="nobody"), ()),
+    "decided_before": (rank(), ()),
+    "model_room_refusal": (rank(model_key="ads-new"), ()),
+    "feature_values_refusal": (rank(features=with_value(1e300)), ()),
+    "learner_refusal": (rank(features=with_value(1e300)), ("feature_values_refusal",)),
+    "reward_value_refusal": (reward(), ()),
+    "reward_refusal": (reward(), ()),
 }
 
 
-@pytest.mark.parametrize("function, call", RULE_CALLS.items(), ids=RULE_CALLS.keys())
-def test_each_of_the_three_refuses_through_the_rule(callers, monkeypatch, function, call):
+@pytest.mark.parametrize("function, call, passing", [(f, *v) for f, v in RULE_CALLS.items()], ids=RULE_CALLS.keys())
+def test_each_of_the_three_refuses_through_the_rule(callers, monkeypatch, function, call, passing):
     monkeypatch.setattr(admission, function, lambda *args: Refusal(function, "the rule, replaced"))
+    for other in passing:
+        monkeypatch.setattr(admission, other, lambda *args: None)
     for name, c in callers.items():
         with pytest.raises(DecisionError) as err:
             call(c)
