@@ -4,17 +4,41 @@ import ast
 from pathlib import Path
 
 # Each benchmark writes bench/results/NAME.{json,md}; the other modules here are shared pieces.
-BENCHMARKS = ("policies", "sketch", "bkb", "bkb_stream", "regret_vs_oful", "calls", "peers", "replay", "decider", "api_http",
-              "freshness",
-              "worker_path", "memory", "handoff", "join",
-              "recovery", "snapshots", "scaling", "tansu", "e2e")
+BENCHMARKS = (
+    "policies",
+    "sketch",
+    "bkb",
+    "bkb_stream",
+    "regret_vs_oful",
+    "calls",
+    "peers",
+    "replay",
+    "decider",
+    "api_http",
+    "freshness",
+    "worker_path",
+    "memory",
+    "handoff",
+    "join",
+    "recovery",
+    "snapshots",
+    "scaling",
+    "tansu",
+    "e2e",
+)
 
 
 def summary(name: str) -> tuple[str, str]:
     """The docstring's first line, and the comment of its full-run usage line (time, output)."""
     doc = ast.get_docstring(ast.parse((Path(__file__).parent / f"{name}.py").read_text())) or ""
-    usage = next((line.split("#", 1)[1].strip() for line in doc.splitlines()
-                  if line.strip().startswith(f"python -m bench.{name} ") and "#" in line), "")
+    usage = next(
+        (
+            line.split("#", 1)[1].strip()
+            for line in doc.splitlines()
+            if line.strip().startswith(f"python -m bench.{name} ") and "#" in line
+        ),
+        "",
+    )
     return doc.splitlines()[0], usage
 
 

@@ -68,8 +68,13 @@ async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> d
     import aiohttp
 
     rng = np.random.default_rng(int(rate))
-    pool = [[{"id": f"ad-{k}", "features": [float(v) for v in row]} for k, row in enumerate(rng.standard_normal((K, D)) / 5)]
-            for _ in range(64)]
+    pool = [
+        [
+            {"id": f"ad-{k}", "features": [float(v) for v in row]}
+            for k, row in enumerate(rng.standard_normal((K, D)) / 5)
+        ]
+        for _ in range(64)
+    ]
     lat: list[float] = []
     errors = 0
     total = int(rate * (warm_s + seconds))
@@ -80,7 +85,11 @@ async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> d
         async def one(i: int) -> None:
             nonlocal errors
             due = start + i / rate
-            body = {"eventId": f"q{i}", "modelKey": f"ads-{i % KEYS}", "actions": pool[i % len(pool)]}
+            body = {
+                "eventId": f"q{i}",
+                "modelKey": f"ads-{i % KEYS}",
+                "actions": pool[i % len(pool)],
+            }
             async with session.post(f"{url}/rank", json=body) as resp:
                 await resp.read()
                 ok = resp.status == 200
@@ -102,17 +111,27 @@ async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> d
         await asyncio.gather(*tasks)
         wall = time.perf_counter() - start
     a = np.array(lat) if lat else np.array([np.nan])
-    return {"offered_per_s": rate, "achieved_per_s": total / wall, "n": len(lat), "errors": errors,
-            "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-            "p999_ms": float(np.percentile(a, 99.9))}
+    return {
+        "offered_per_s": rate,
+        "achieved_per_s": total / wall,
+        "n": len(lat),
+        "errors": errors,
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "p999_ms": float(np.percentile(a, 99.9)),
+    }
 
 
 def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
     models = workdir / "models.toml"
     models.write_text(MODELS)
     port = _free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", str(port)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
@@ -127,7 +146,15 @@ def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
 
 def measure(args: argparse.Namespace) -> dict:
     seconds, runs = (2.0, 1) if args.quick else (10.0, RUNS)
-    res: dict = {"d": D, "K": K, "keys": KEYS, "seconds": seconds, "runs": runs, "http": [], "kafka": None}
+    res: dict = {
+        "d": D,
+        "K": K,
+        "keys": KEYS,
+        "seconds": seconds,
+        "runs": runs,
+        "http": [],
+        "kafka": None,
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for rate in RATES:
@@ -139,53 +166,84 @@ def measure(args: argparse.Namespace) -> dict:
                 finally:
                     proc.terminate()
                     proc.wait(30)
-                print(f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in rows[-1].items()), flush=True)
+                print(
+                    f"http {rate}/s: " + ", ".join(f"{k} {v:,.2f}" for k, v in rows[-1].items()),
+                    flush=True,
+                )
             # The median run of each figure (the runs themselves are in the JSON).
-            res["http"].append({k: harness.median([r[k] for r in rows]) for k in rows[0]} | {"each": rows})
+            res["http"].append(
+                {k: harness.median([r[k] for r in rows]) for k in rows[0]} | {"each": rows}
+            )
         from streambandit.dev.tansu import EmbeddedBroker
 
         with EmbeddedBroker() as broker:
-            kafka = [latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS) for _ in range(runs)]
-        res["kafka"] = {k: harness.median([r[k] for r in kafka]) for k in ("offered_per_s", "answered_per_s", "p50_ms",
-                                                                          "p99_ms", "p999_ms", "unanswered")}
+            kafka = [
+                latency_run(broker, "oful", 1_000.0, seconds, work, LATENCY_DEFAULTS)
+                for _ in range(runs)
+            ]
+        res["kafka"] = {
+            k: harness.median([r[k] for r in kafka])
+            for k in (
+                "offered_per_s",
+                "answered_per_s",
+                "p50_ms",
+                "p99_ms",
+                "p999_ms",
+                "unanswered",
+            )
+        }
         res["kafka"]["each"] = kafka
-        print(f"kafka 1000/s: p50 {res['kafka']['p50_ms']:.1f} ms, p99 {res['kafka']['p99_ms']:.1f} ms", flush=True)
+        print(
+            f"kafka 1000/s: p50 {res['kafka']['p50_ms']:.1f} ms, p99 {res['kafka']['p99_ms']:.1f} ms",
+            flush=True,
+        )
     return res
 
 
 def render(res: dict) -> str:
     k = res["kafka"]
-    rows = [f"| HTTP `streambandit api` | {r['offered_per_s']:,} | {r['achieved_per_s']:,.0f} | {r['p50_ms']:.2f} | "
-            f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['errors']} |" for r in res["http"]]
-    rows.append(f"| Kafka round trip (`serve`) | {k['offered_per_s']:,.0f} | {k['answered_per_s']:,.0f} | {k['p50_ms']:.2f} | "
-                f"{k['p99_ms']:.2f} | {k['p999_ms']:.2f} | {k['unanswered']} |")
+    rows = [
+        f"| HTTP `streambandit api` | {r['offered_per_s']:,} | {r['achieved_per_s']:,.0f} | {r['p50_ms']:.2f} | "
+        f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['errors']} |"
+        for r in res["http"]
+    ]
+    rows.append(
+        f"| Kafka round trip (`serve`) | {k['offered_per_s']:,.0f} | {k['answered_per_s']:,.0f} | {k['p50_ms']:.2f} | "
+        f"{k['p99_ms']:.2f} | {k['p999_ms']:.2f} | {k['unanswered']} |"
+    )
     first = res["http"][0]
-    verdict = (f"At {first['offered_per_s']:,} requests/s the HTTP p99 is {first['p99_ms']:.2f} ms: the target of "
-               f"{TARGET_P99_MS:g} ms is {'met' if first['p99_ms'] < TARGET_P99_MS else 'not met'}; the Kafka round "
-               f"trip's p99 in the same run is {k['p99_ms'] / first['p99_ms']:.0f}x it.")
+    verdict = (
+        f"At {first['offered_per_s']:,} requests/s the HTTP p99 is {first['p99_ms']:.2f} ms: the target of "
+        f"{TARGET_P99_MS:g} ms is {'met' if first['p99_ms'] < TARGET_P99_MS else 'not met'}; the Kafka round "
+        f"trip's p99 in the same run is {k['p99_ms'] / first['p99_ms']:.0f}x it."
+    )
     for r in res["http"][1:]:
         kept = r["achieved_per_s"] >= 0.95 * r["offered_per_s"]
-        verdict += (f" At {r['offered_per_s']:,}/s the server and the load generator (sharing the machine's two cores) "
-                    f"{'kept up' if kept else 'did not keep up'} ({r['achieved_per_s']:,.0f}/s achieved), p99 "
-                    f"{r['p99_ms']:.2f} ms.")
-    return "\n".join([
-        "# Decisions over HTTP against the Kafka round trip",
-        "",
-        harness.provenance(res, "BLAS pinned to one thread."),
-        "",
-        f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; medians of "
-        f"{res.get('runs', 1)} runs per path and load, each {res['seconds']:g} s "
-        "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, latency from each request's "
-        "due time to its response, a Reward after one Rank in three (not timed). Kafka: a context produced until its "
-        "action is read back (read_committed), `bench.e2e`'s load generator and the worker's latency defaults.",
-        "",
-        "| path | offered / s | achieved / s | p50 ms | p99 ms | p99.9 ms | errors (HTTP) / unanswered (Kafka) |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        verdict,
-        "",
-    ])
+        verdict += (
+            f" At {r['offered_per_s']:,}/s the server and the load generator (sharing the machine's two cores) "
+            f"{'kept up' if kept else 'did not keep up'} ({r['achieved_per_s']:,.0f}/s achieved), p99 "
+            f"{r['p99_ms']:.2f} ms."
+        )
+    return "\n".join(
+        [
+            "# Decisions over HTTP against the Kafka round trip",
+            "",
+            harness.provenance(res, "BLAS pinned to one thread."),
+            "",
+            f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; medians of "
+            f"{res.get('runs', 1)} runs per path and load, each {res['seconds']:g} s "
+            "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, latency from each request's "
+            "due time to its response, a Reward after one Rank in three (not timed). Kafka: a context produced until its "
+            "action is read back (read_committed), `bench.e2e`'s load generator and the worker's latency defaults.",
+            "",
+            "| path | offered / s | achieved / s | p50 ms | p99 ms | p99.9 ms | errors (HTTP) / unanswered (Kafka) |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            verdict,
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

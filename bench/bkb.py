@@ -39,7 +39,9 @@ LAM = XI**2
 def problem(n_arms: int, rounds: int, seed: int):
     rng = np.random.default_rng(seed)
     arms = rng.uniform(0.0, 1.0, (n_arms, 2))
-    f = kernel_matrix("rbf", BW, arms, rng.uniform(0.0, 1.0, (BUMPS, 2))) @ rng.standard_normal(BUMPS)
+    f = kernel_matrix("rbf", BW, arms, rng.uniform(0.0, 1.0, (BUMPS, 2))) @ rng.standard_normal(
+        BUMPS
+    )
     return arms, f, XI * rng.standard_normal(rounds)
 
 
@@ -52,7 +54,9 @@ def effective_dimension(points: np.ndarray, counts: np.ndarray) -> float:
     return float((ev / (ev + LAM)).sum())
 
 
-def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndarray, repeats: int) -> float:
+def textbook_round_seconds(
+    history: np.ndarray, arms: np.ndarray, x_new: np.ndarray, repeats: int
+) -> float:
     """One textbook GP-UCB round at t = len(history): extend the Cholesky factor of K_t + lam I
     by the new pull (O(t^2)), then mu and sigma^2 of every arm (O(A t^2)). The mean's weights are
     omitted (one more O(t^2) solve), so this is a lower bound on the round."""
@@ -61,9 +65,13 @@ def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndar
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        c = solve_triangular(chol, kernel_matrix("rbf", BW, history, x_new[None, :])[:, 0], lower=True)
+        c = solve_triangular(
+            chol, kernel_matrix("rbf", BW, history, x_new[None, :])[:, 0], lower=True
+        )
         d = np.sqrt(1.0 + LAM - c @ c)
-        g = solve_triangular(chol, kernel_matrix("rbf", BW, history, arms), lower=True)  # L^-1 k_t(arms)
+        g = solve_triangular(
+            chol, kernel_matrix("rbf", BW, history, arms), lower=True
+        )  # L^-1 k_t(arms)
         g_new = (kernel_matrix("rbf", BW, x_new[None, :], arms)[0] - c @ g) / d
         var = kernel_diag("rbf", arms) - np.einsum("ij,ij->j", g, g) - g_new**2
         times.append(time.perf_counter() - start)
@@ -71,7 +79,9 @@ def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndar
     return harness.median(times)
 
 
-def run(n_arms: int, rounds: int, checkpoints: list[int], window: int, seed: int, textbook_repeats: int) -> dict:
+def run(
+    n_arms: int, rounds: int, checkpoints: list[int], window: int, seed: int, textbook_repeats: int
+) -> dict:
     """One seed; ``textbook_repeats = 0`` skips the textbook timings."""
     arms, f, noise = problem(n_arms, rounds, seed)
     best = float(f.max())
@@ -115,24 +125,49 @@ def run(n_arms: int, rounds: int, checkpoints: list[int], window: int, seed: int
     # The paper's baseline, on the exact learner's own history, after the run (its memory is t^2).
     for row in rows if textbook_repeats else []:
         t = row["t"]
-        row["textbook_ms"] = textbook_round_seconds(pulls_exact[:t - 1], arms, pulls_exact[t - 1], textbook_repeats) * 1e3
+        row["textbook_ms"] = (
+            textbook_round_seconds(pulls_exact[: t - 1], arms, pulls_exact[t - 1], textbook_repeats)
+            * 1e3
+        )
         print(f"t={t} textbook {row['textbook_ms']:.1f} ms", flush=True)
-    return {"seed": seed, "f_range": float(f.max() - f.min()), "rows": rows,
-            "total_s": {k: float(v.sum()) for k, v in secs.items()}}
+    return {
+        "seed": seed,
+        "f_range": float(f.max() - f.min()),
+        "rows": rows,
+        "total_s": {k: float(v.sum()) for k, v in secs.items()},
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
     if args.quick:
         n_arms, rounds, checkpoints, window, repeats = 300, 600, [100, 300, 600], 30, 2
     else:
-        n_arms, rounds, checkpoints, window, repeats = 1000, 5000, [100, 500, 1000, 2000, 5000], 50, 3
+        n_arms, rounds, checkpoints, window, repeats = (
+            1000,
+            5000,
+            [100, 500, 1000, 2000, 5000],
+            50,
+            3,
+        )
     result = run(n_arms, rounds, checkpoints, window, seed=0, textbook_repeats=repeats)
     # Regret on more problems (different arms, f and noise), without the textbook timings.
     others = [run(n_arms, rounds, [rounds], window, seed=s, textbook_repeats=0) for s in SEEDS[1:]]
     bkb_defaults = make_policy("bkb", dim=2).config()
-    return {"setup": {"arms": n_arms, "rounds": rounds, "bandwidth": BW, "noise_sd": XI, "lam": LAM, "bumps": BUMPS,
-                      "qbar": bkb_defaults["qbar"], "beta_rule": bkb_defaults["beta_rule"], "window": window},
-            **result, "other_seeds": others}
+    return {
+        "setup": {
+            "arms": n_arms,
+            "rounds": rounds,
+            "bandwidth": BW,
+            "noise_sd": XI,
+            "lam": LAM,
+            "bumps": BUMPS,
+            "qbar": bkb_defaults["qbar"],
+            "beta_rule": bkb_defaults["beta_rule"],
+            "window": window,
+        },
+        **result,
+        "other_seeds": others,
+    }
 
 
 def render(result: dict) -> str:
@@ -141,7 +176,9 @@ def render(result: dict) -> str:
     lines = [
         "# BKB against exact GP-UCB",
         "",
-        harness.provenance(result, f"scipy {result['machine']['scipy']}; BLAS pinned to one thread."),
+        harness.provenance(
+            result, f"scipy {result['machine']['scipy']}; BLAS pinned to one thread."
+        ),
         "",
         f"Problem: A = {n_arms:,} fixed arms uniform in [0,1]^2, RBF bandwidth {setup['bandwidth']}, "
         f"f = {setup['bumps']} kernel bumps, noise sd {setup['noise_sd']}, lam = {setup['lam']:g}; "
@@ -161,7 +198,8 @@ def render(result: dict) -> str:
         lines.append(
             f"| {r['t']:,} | {r['bkb_ms']:.2f} | {r['exact_ms']:.2f} | {r['textbook_ms']:.1f} | {r['dictionary_size']} "
             f"| {r['bkb_distinct_pulled']} | {r['exact_distinct_pulled']} | {r['d_eff_bkb_pulls']:.1f} "
-            f"| {r['regret_bkb']:.1f} | {r['regret_exact']:.1f} |")
+            f"| {r['regret_bkb']:.1f} | {r['regret_exact']:.1f} |"
+        )
     first, last = result["rows"][0], result["rows"][-1]
     lines += [
         "",
@@ -182,9 +220,11 @@ def render(result: dict) -> str:
     ]
     for res in [result, *others]:
         r = res["rows"][-1]
-        lines.append(f"| {res['seed']} | {res['f_range']:.2f} | {r['regret_bkb']:.1f} | {r['regret_exact']:.1f} "
-                     f"| {r['regret_bkb'] / r['regret_exact']:.2f} | {r['dictionary_size']} | {r['bkb_distinct_pulled']} "
-                     f"| {r['exact_distinct_pulled']} | {r['d_eff_bkb_pulls']:.1f} | {r['bkb_ms']:.2f} | {r['exact_ms']:.2f} |")
+        lines.append(
+            f"| {res['seed']} | {res['f_range']:.2f} | {r['regret_bkb']:.1f} | {r['regret_exact']:.1f} "
+            f"| {r['regret_bkb'] / r['regret_exact']:.2f} | {r['dictionary_size']} | {r['bkb_distinct_pulled']} "
+            f"| {r['exact_distinct_pulled']} | {r['d_eff_bkb_pulls']:.1f} | {r['bkb_ms']:.2f} | {r['exact_ms']:.2f} |"
+        )
     lines += ["", "What these figures say about the paper's claim: docs/experiments.md, BKB.", ""]
     return "\n".join(lines)
 

@@ -50,13 +50,22 @@ def _stream(policy, d: int, checkpoints: tuple[int, ...], window: int, seed: int
         upd.append(t2 - t1)
         if t in checkpoints:
             w = min(window, t)
-            out.append({"t": t, "update_ms_median": 1e3 * float(np.median(upd[-w:])),
-                        "update_ms_mean": 1e3 * float(np.mean(upd[-w:])),
-                        "decision_ms_median": 1e3 * float(np.median(sel[-w:])),
-                        "state_bytes": policy.state_nbytes(), "points": policy.n_points,
-                        "resparsifications": getattr(policy, "resparsifications", 0)})
-            print(f"{policy.name} d={d} t={t}: " + ", ".join(f"{k} {v:.3g}" for k, v in out[-1].items() if k != "t"),
-                  flush=True)
+            out.append(
+                {
+                    "t": t,
+                    "update_ms_median": 1e3 * float(np.median(upd[-w:])),
+                    "update_ms_mean": 1e3 * float(np.mean(upd[-w:])),
+                    "decision_ms_median": 1e3 * float(np.median(sel[-w:])),
+                    "state_bytes": policy.state_nbytes(),
+                    "points": policy.n_points,
+                    "resparsifications": getattr(policy, "resparsifications", 0),
+                }
+            )
+            print(
+                f"{policy.name} d={d} t={t}: "
+                + ", ".join(f"{k} {v:.3g}" for k, v in out[-1].items() if k != "t"),
+                flush=True,
+            )
         if len(upd) > window:
             del upd[:-window], sel[:-window]
     return out
@@ -89,13 +98,17 @@ def render(res: dict) -> str:
     ]
     for d, rows in res["stream"].items():
         for r in rows:
-            lines.append(f"| bkb_stream | {d} | {r['t']:,} | {r['update_ms_median']:.3f} | {r['update_ms_mean']:.3f} | "
-                         f"{r['decision_ms_median']:.3f} | {r['points']} | {r['resparsifications']} | "
-                         f"{r['state_bytes']:,} | {bound[d]:,} |")
+            lines.append(
+                f"| bkb_stream | {d} | {r['t']:,} | {r['update_ms_median']:.3f} | {r['update_ms_mean']:.3f} | "
+                f"{r['decision_ms_median']:.3f} | {r['points']} | {r['resparsifications']} | "
+                f"{r['state_bytes']:,} | {bound[d]:,} |"
+            )
     for d, rows in res["exact"].items():
         for r in rows:
-            lines.append(f"| bkb (exact) | {d} | {r['t']:,} | {r['update_ms_median']:.3f} | {r['update_ms_mean']:.3f} | "
-                         f"{r['decision_ms_median']:.3f} | {r['points']} | - | {r['state_bytes']:,} | - |")
+            lines.append(
+                f"| bkb (exact) | {d} | {r['t']:,} | {r['update_ms_median']:.3f} | {r['update_ms_mean']:.3f} | "
+                f"{r['decision_ms_median']:.3f} | {r['points']} | - | {r['state_bytes']:,} | - |"
+            )
     verdicts = []
     for d, rows in res["stream"].items():
         first, last = rows[0], rows[-1]
@@ -105,11 +118,16 @@ def render(res: dict) -> str:
             f"d = {d}: the mean update takes {worst:.3f} ms at worst ({'under' if worst < TARGET_UPDATE_MS else 'over'} "
             f"the {TARGET_UPDATE_MS:g} ms target), the median {last['update_ms_median'] / first['update_ms_median']:.2f}x "
             f"and the decision {last['decision_ms_median'] / first['decision_ms_median']:.2f}x from t = {first['t']:,} to "
-            f"{last['t']:,}; the state stays within its bound ({'yes' if within else 'NO'})")
+            f"{last['t']:,}; the state stays within its bound ({'yes' if within else 'NO'})"
+        )
     exact = next(iter(res["exact"].values()))
-    lines += ["", "; ".join(verdicts) + ".",
-              f"Exact bkb on the same stream: {exact[0]['update_ms_median']:.1f} ms per update at t = {exact[0]['t']} and "
-              f"{exact[-1]['update_ms_median']:.1f} ms at t = {exact[-1]['t']}, holding every pulled point.", ""]
+    lines += [
+        "",
+        "; ".join(verdicts) + ".",
+        f"Exact bkb on the same stream: {exact[0]['update_ms_median']:.1f} ms per update at t = {exact[0]['t']} and "
+        f"{exact[-1]['update_ms_median']:.1f} ms at t = {exact[-1]['t']}, holding every pulled point.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -37,8 +37,19 @@ def per_call_us(f) -> float:
 
 
 def measure(args: argparse.Namespace) -> dict:
-    spec = parse_models_config({"models": [{"match": "m-*", "policy": "oful", "dim": D, "reward_window_ms": 100,
-                                            "default_reward": 0.0}]}).resolve("m-1")
+    spec = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m-*",
+                    "policy": "oful",
+                    "dim": D,
+                    "reward_window_ms": 100,
+                    "default_reward": 0.0,
+                }
+            ]
+        }
+    ).resolve("m-1")
     rng = np.random.default_rng(0)
     arms = rng.standard_normal((K, D)) / np.sqrt(D)
     model = spec.build()
@@ -58,33 +69,46 @@ def measure(args: argparse.Namespace) -> dict:
 
     us = {
         "build": per_call_us(build),
-        "decide": per_call_us(lambda: decide(model, arms, epsilon=0.0, model_key="m-1", event_id="e", seed=0)),
+        "decide": per_call_us(
+            lambda: decide(model, arms, epsilon=0.0, model_key="m-1", event_id="e", seed=0)
+        ),
         "scores_argmax": per_call_us(scores_argmax),
         "best": per_call_us(lambda: model.best(arms)) if hasattr(model, "best") else float("nan"),
         "select_update": per_call_us(lambda: model.update(arms[model.select(arms)], 0.5)),
     }
-    return {"d": D, "K": K, "number": NUMBER, "repeats": REPEATS, "us": us,
-            "package": str(Path(decide.__code__.co_filename).parents[1])}
+    return {
+        "d": D,
+        "K": K,
+        "number": NUMBER,
+        "repeats": REPEATS,
+        "us": us,
+        "package": str(Path(decide.__code__.co_filename).parents[1]),
+    }
 
 
 def render(res: dict) -> str:
     us = res["us"]
-    return "\n".join([
-        "# Per-call costs on the worker's path",
-        "",
-        harness.provenance(res, f"streambandit from {res['package']}. `oful`, d = {res['d']}, K = {res['K']}; "
-                                f"minimum over {res['repeats']} runs of {res['number']:,} calls."),
-        "",
-        "| call | us |",
-        "|---|---:|",
-        f"| a new model (`ModelSpec.build`: what the engine does for a new model key, and recovery per model) | "
-        f"{us['build']:.1f} |",
-        f"| the decision without exploration (`decide`, epsilon 0) | {us['decide']:.2f} |",
-        f"| `scores` then argmax, two calls | {us['scores_argmax']:.2f} |",
-        f"| `Policy.best` (one compiled call, what `decide` calls) | {us['best']:.2f} |",
-        f"| `select` + `update`, one call each | {us['select_update']:.2f} |",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# Per-call costs on the worker's path",
+            "",
+            harness.provenance(
+                res,
+                f"streambandit from {res['package']}. `oful`, d = {res['d']}, K = {res['K']}; "
+                f"minimum over {res['repeats']} runs of {res['number']:,} calls.",
+            ),
+            "",
+            "| call | us |",
+            "|---|---:|",
+            f"| a new model (`ModelSpec.build`: what the engine does for a new model key, and recovery per model) | "
+            f"{us['build']:.1f} |",
+            f"| the decision without exploration (`decide`, epsilon 0) | {us['decide']:.2f} |",
+            f"| `scores` then argmax, two calls | {us['scores_argmax']:.2f} |",
+            f"| `Policy.best` (one compiled call, what `decide` calls) | {us['best']:.2f} |",
+            f"| `select` + `update`, one call each | {us['select_update']:.2f} |",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -23,8 +23,18 @@ from streambandit import Decider, make_policy
 
 D, K, KEYS = 20, 10, 4
 TARGET_P99_US = 100.0
-MODELS = {"models": [{"match": "ads-*", "policy": "oful", "dim": D, "reward_window_ms": 1_000,
-                      "default_reward": 0.0, "epsilon": 0.1}]}
+MODELS = {
+    "models": [
+        {
+            "match": "ads-*",
+            "policy": "oful",
+            "dim": D,
+            "reward_window_ms": 1_000,
+            "default_reward": 0.0,
+            "epsilon": 0.1,
+        }
+    ]
+}
 
 
 def _run(n: int, seed: int) -> dict:
@@ -53,10 +63,16 @@ def _run(n: int, seed: int) -> dict:
         bare.update(arms[i, j], float(clicks[i]))
         bare_ns[i] = time.perf_counter_ns() - t0
     rw = np.array(reward_ns)
-    return {"rank_p50_us": np.percentile(rank_ns, 50) / 1e3, "rank_p99_us": np.percentile(rank_ns, 99) / 1e3,
-            "reward_p50_us": np.percentile(rw, 50) / 1e3, "reward_p99_us": np.percentile(rw, 99) / 1e3,
-            "events_per_s": (n + len(rw)) / seconds, "requests_per_s": n / seconds,
-            "bare_p50_us": np.percentile(bare_ns, 50) / 1e3, "bare_p99_us": np.percentile(bare_ns, 99) / 1e3}
+    return {
+        "rank_p50_us": np.percentile(rank_ns, 50) / 1e3,
+        "rank_p99_us": np.percentile(rank_ns, 99) / 1e3,
+        "reward_p50_us": np.percentile(rw, 50) / 1e3,
+        "reward_p99_us": np.percentile(rw, 99) / 1e3,
+        "events_per_s": (n + len(rw)) / seconds,
+        "requests_per_s": n / seconds,
+        "bare_p50_us": np.percentile(bare_ns, 50) / 1e3,
+        "bare_p99_us": np.percentile(bare_ns, 99) / 1e3,
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -70,27 +86,33 @@ def measure(args: argparse.Namespace) -> dict:
 
 def render(res: dict) -> str:
     med = {k: harness.median([r[k] for r in res["runs"]]) for k in res["runs"][0]}
-    verdict = "met" if med["rank_p99_us"] < TARGET_P99_US and med["reward_p99_us"] < TARGET_P99_US else "not met"
-    return "\n".join([
-        "# The in-process Decider: rank and reward",
-        "",
-        harness.provenance(res, "BLAS pinned to one thread."),
-        "",
-        f"d = {res['d']}, K = {res['K']} arms (ids and a matrix), `oful` with epsilon 0.1 on {res['keys']} model keys, "
-        f"a reward for one request in two; {res['requests']:,} requests per run, median of {res['repeats']} runs of "
-        "each run's percentiles. *bare learner*: `select` + `update` of a lone `oful`, timed in the same run.",
-        "",
-        "| call | p50 us | p99 us |",
-        "|---|---:|---:|",
-        f"| rank | {med['rank_p50_us']:.1f} | {med['rank_p99_us']:.1f} |",
-        f"| reward | {med['reward_p50_us']:.1f} | {med['reward_p99_us']:.1f} |",
-        f"| bare learner select + update | {med['bare_p50_us']:.1f} | {med['bare_p99_us']:.1f} |",
-        "",
-        f"{med['requests_per_s']:,.0f} requests/s ({med['events_per_s']:,.0f} rank and reward calls/s) on one core. "
-        f"The target of a p99 under {TARGET_P99_US:g} us for each call is {verdict}; rank's p50 is "
-        f"{med['rank_p50_us'] / med['bare_p50_us']:.1f}x the bare learner's select + update.",
-        "",
-    ])
+    verdict = (
+        "met"
+        if med["rank_p99_us"] < TARGET_P99_US and med["reward_p99_us"] < TARGET_P99_US
+        else "not met"
+    )
+    return "\n".join(
+        [
+            "# The in-process Decider: rank and reward",
+            "",
+            harness.provenance(res, "BLAS pinned to one thread."),
+            "",
+            f"d = {res['d']}, K = {res['K']} arms (ids and a matrix), `oful` with epsilon 0.1 on {res['keys']} model keys, "
+            f"a reward for one request in two; {res['requests']:,} requests per run, median of {res['repeats']} runs of "
+            "each run's percentiles. *bare learner*: `select` + `update` of a lone `oful`, timed in the same run.",
+            "",
+            "| call | p50 us | p99 us |",
+            "|---|---:|---:|",
+            f"| rank | {med['rank_p50_us']:.1f} | {med['rank_p99_us']:.1f} |",
+            f"| reward | {med['reward_p50_us']:.1f} | {med['reward_p99_us']:.1f} |",
+            f"| bare learner select + update | {med['bare_p50_us']:.1f} | {med['bare_p99_us']:.1f} |",
+            "",
+            f"{med['requests_per_s']:,.0f} requests/s ({med['events_per_s']:,.0f} rank and reward calls/s) on one core. "
+            f"The target of a p99 under {TARGET_P99_US:g} us for each call is {verdict}; rank's p50 is "
+            f"{med['rank_p50_us'] / med['bare_p50_us']:.1f}x the bare learner's select + update.",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -24,7 +24,17 @@ import argparse
 import json
 import os
 
-from bench import e2e_ceiling, e2e_codec, e2e_hops, e2e_latency, e2e_profile, e2e_snapshot, e2e_throughput, harness, traffic
+from bench import (
+    e2e_ceiling,
+    e2e_codec,
+    e2e_hops,
+    e2e_latency,
+    e2e_profile,
+    e2e_snapshot,
+    e2e_throughput,
+    harness,
+    traffic,
+)
 from streambandit.config.worker import WorkerConfig
 from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.stream.batch import EMIT_EVERY
@@ -32,9 +42,16 @@ from streambandit.stream.batch import EMIT_EVERY
 D, K, PARTITIONS = traffic.D, traffic.K, traffic.PARTITIONS
 
 # The report's sections, in its order (5a, one record at a time, comes before 5).
-RENDERERS = (("ceiling", e2e_ceiling.render), ("codec", e2e_codec.render), ("profile", e2e_profile.render),
-             ("throughput", e2e_throughput.render), ("hops", e2e_hops.render), ("latency", e2e_latency.render_latency),
-             ("floor", e2e_latency.render_floor), ("snapshot", e2e_snapshot.render))
+RENDERERS = (
+    ("ceiling", e2e_ceiling.render),
+    ("codec", e2e_codec.render),
+    ("profile", e2e_profile.render),
+    ("throughput", e2e_throughput.render),
+    ("hops", e2e_hops.render),
+    ("latency", e2e_latency.render_latency),
+    ("floor", e2e_latency.render_floor),
+    ("snapshot", e2e_snapshot.render),
+)
 
 
 def render(res: dict) -> str:
@@ -42,11 +59,14 @@ def render(res: dict) -> str:
     lines = [
         "# End to end on the embedded broker",
         "",
-        harness.provenance(res, "The cores are shared by the broker, the worker, librdkafka's threads and the load "
-                           "generator (and other jobs: figures are medians and the comparisons are ratios within one "
-                           f"run). Broker: embedded Tansu (in-memory). d = {res['d']}, K = {res['K']}, {partitions} "
-                           "partitions, 4 model keys, a reward for every third context; events = input records "
-                           "(contexts + rewards). Transactions on, read_committed everywhere."),
+        harness.provenance(
+            res,
+            "The cores are shared by the broker, the worker, librdkafka's threads and the load "
+            "generator (and other jobs: figures are medians and the comparisons are ratios within one "
+            f"run). Broker: embedded Tansu (in-memory). d = {res['d']}, K = {res['K']}, {partitions} "
+            "partitions, 4 model keys, a reward for every third context; events = input records "
+            "(contexts + rewards). Transactions on, read_committed everywhere.",
+        ),
         "",
     ]
     for key, part in RENDERERS:
@@ -59,12 +79,28 @@ PARTS = ("ceiling", "codec", "profile", "throughput", "hops", "latency", "floor"
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--only", choices=PARTS, action="append", help="run only these parts (printed, not written)")
-    ap.add_argument("--max-rate", type=float, help="contexts/s that latency and floor take fractions of (latency: "
-                    "no live-maximum probe; floor's default: this run's live maximum, else the one in e2e.json)")
-    ap.add_argument("--seconds", type=float, help="measured seconds per latency / floor run (default 8, --quick 5)")
-    ap.add_argument("--repeats", type=int, help="runs per rate and knob set of latency / floor (default 2, --quick 1)")
-    ap.add_argument("--broker-per-run", action="store_true", help="each latency / floor run on a fresh broker")
+    ap.add_argument(
+        "--only", choices=PARTS, action="append", help="run only these parts (printed, not written)"
+    )
+    ap.add_argument(
+        "--max-rate",
+        type=float,
+        help="contexts/s that latency and floor take fractions of (latency: "
+        "no live-maximum probe; floor's default: this run's live maximum, else the one in e2e.json)",
+    )
+    ap.add_argument(
+        "--seconds",
+        type=float,
+        help="measured seconds per latency / floor run (default 8, --quick 5)",
+    )
+    ap.add_argument(
+        "--repeats",
+        type=int,
+        help="runs per rate and knob set of latency / floor (default 2, --quick 1)",
+    )
+    ap.add_argument(
+        "--broker-per-run", action="store_true", help="each latency / floor run on a fresh broker"
+    )
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -76,9 +112,16 @@ def measure(args: argparse.Namespace) -> dict:
     lat_repeats = args.repeats or (1 if args.quick else 2)
     if os.environ.get("E2E_N"):
         n = int(os.environ["E2E_N"])
-    res: dict = {"d": D, "K": K, "partitions": PARTITIONS, "batch_max_records": WorkerConfig.batch_max_records,
-                 "emit_every": EMIT_EVERY, "snapshot_every_updates": WorkerConfig.snapshot_every_updates,
-                 "snapshot_interval_s": WorkerConfig.snapshot_interval_s, "broker_per_run": args.broker_per_run}
+    res: dict = {
+        "d": D,
+        "K": K,
+        "partitions": PARTITIONS,
+        "batch_max_records": WorkerConfig.batch_max_records,
+        "emit_every": EMIT_EVERY,
+        "snapshot_every_updates": WorkerConfig.snapshot_every_updates,
+        "snapshot_interval_s": WorkerConfig.snapshot_interval_s,
+        "broker_per_run": args.broker_per_run,
+    }
     policies = ("oful", "glb_omd")
     with EmbeddedBroker() as broker:
         if "ceiling" in parts:
@@ -90,28 +133,51 @@ def measure(args: argparse.Namespace) -> dict:
         if "throughput" in parts:
             res["throughput"] = e2e_throughput.throughput(broker, policies, n, repeats)
         if "hops" in parts:
-            res["hops"] = [e2e_hops.hops(broker, fetch_wait=fw, linger=lg) for fw, lg in ((10, 5), (10, 0), (5, 0), (1, 0))]
+            res["hops"] = [
+                e2e_hops.hops(broker, fetch_wait=fw, linger=lg)
+                for fw, lg in ((10, 5), (10, 0), (5, 0), (1, 0))
+            ]
         if "latency" in parts:
             tp = res.get("throughput")
-            max_ctx = harness.median([x["contexts_per_s"] for x in tp["oful"]["worker"]]) if tp else float(
-                os.environ.get("E2E_MAX_CONTEXTS", 8000))
+            max_ctx = (
+                harness.median([x["contexts_per_s"] for x in tp["oful"]["worker"]])
+                if tp
+                else float(os.environ.get("E2E_MAX_CONTEXTS", 8000))
+            )
             knob_sets = e2e_latency.LATENCY_SETS
             if os.environ.get("E2E_KNOBS"):
                 knob_sets = json.loads(os.environ["E2E_KNOBS"])
             res["latency_max_contexts_per_s"] = max_ctx
-            res["latency"] = e2e_latency.latency(broker, "oful", max_ctx, lat_s, lat_repeats, knob_sets,
-                                                 given_max=args.max_rate, broker_per_run=args.broker_per_run)
+            res["latency"] = e2e_latency.latency(
+                broker,
+                "oful",
+                max_ctx,
+                lat_s,
+                lat_repeats,
+                knob_sets,
+                given_max=args.max_rate,
+                broker_per_run=args.broker_per_run,
+            )
         if "floor" in parts:
             if args.max_rate:
                 max_ctx, src = args.max_rate, "given"
             elif "latency" in res:
-                max_ctx, src = res["latency"]["live_max"]["answered_per_s"], "this run's live maximum"
+                max_ctx, src = (
+                    res["latency"]["live_max"]["answered_per_s"],
+                    "this run's live maximum",
+                )
             else:
                 max_ctx = harness.load("e2e")["latency"]["live_max"]["answered_per_s"]
                 src = "the live maximum recorded in bench/results/e2e.json"
-            knob_sets = json.loads(os.environ["E2E_FLOOR_KNOBS"]) if os.environ.get("E2E_FLOOR_KNOBS") else e2e_latency.FLOOR_SETS
+            knob_sets = (
+                json.loads(os.environ["E2E_FLOOR_KNOBS"])
+                if os.environ.get("E2E_FLOOR_KNOBS")
+                else e2e_latency.FLOOR_SETS
+            )
             res["floor_max"] = {"contexts_per_s": max_ctx, "from": src}
-            res["floor"] = e2e_latency.floor(broker, max_ctx, lat_s, lat_repeats, knob_sets, args.broker_per_run)
+            res["floor"] = e2e_latency.floor(
+                broker, max_ctx, lat_s, lat_repeats, knob_sets, args.broker_per_run
+            )
         if "snapshot" in parts:
             live_max = res.get("latency", {}).get("live_max", {}).get("answered_per_s", 11_000)
             res["snapshot"] = e2e_snapshot.snapshot_pause(live_max / 2)

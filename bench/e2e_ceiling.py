@@ -41,18 +41,39 @@ def sample_records(n: int) -> tuple[list[bytes], list[bytes], list[bytes], bytes
     keys = [c.model_key.encode() for c, _ in events]
     rew = [encode(r) for _, r in events if r is not None]
     c0 = events[0][0]
-    action = encode(records.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
-                              c0.features[0], 0, 12345))
+    action = encode(
+        records.Action(
+            c0.event_id,
+            c0.model_key,
+            c0.arm_ids[0],
+            0,
+            0.5,
+            1.0,
+            12345,
+            c0.timestamp_ms,
+            c0.features[0],
+            0,
+            12345,
+        )
+    )
     return ctx, keys, rew, action
 
 
-def producer_rate(broker: EmbeddedBroker, records: list[bytes], keys: list[bytes], transactional: bool) -> float:
+def producer_rate(
+    broker: EmbeddedBroker, records: list[bytes], keys: list[bytes], transactional: bool
+) -> float:
     """Records per second of one producer writing ``records`` and waiting for every delivery."""
     (topic,) = fresh(broker, ["prod"])
-    conf = {"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
-            "enable.idempotence": True}
+    conf = {
+        "bootstrap.servers": broker.bootstrap_servers,
+        "partitioner": "murmur2_random",
+        "linger.ms": 5,
+        "enable.idempotence": True,
+    }
     if transactional:
-        conf = producer_settings(broker.bootstrap_servers, f"ceiling-{topic}", {}) | {"partitioner": "murmur2_random"}
+        conf = producer_settings(broker.bootstrap_servers, f"ceiling-{topic}", {}) | {
+            "partitioner": "murmur2_random"
+        }
     p = Producer(conf)
     if transactional:
         p.init_transactions(30)
@@ -60,7 +81,7 @@ def producer_rate(broker: EmbeddedBroker, records: list[bytes], keys: list[bytes
     if transactional:
         for lo in range(0, len(records), 2000):
             p.begin_transaction()
-            for v, k in zip(records[lo:lo + 2000], keys[lo:lo + 2000]):
+            for v, k in zip(records[lo : lo + 2000], keys[lo : lo + 2000]):
                 p.produce(topic, value=v, key=k)
             p.commit_transaction(30)
     else:
@@ -77,11 +98,19 @@ def producer_rate(broker: EmbeddedBroker, records: list[bytes], keys: list[bytes
     return len(records) / (time.perf_counter() - start)
 
 
-def preload(broker: EmbeddedBroker, n: int, ctx: list[bytes], keys: list[bytes], rew: list[bytes]) -> tuple[list[str], int]:
+def preload(
+    broker: EmbeddedBroker, n: int, ctx: list[bytes], keys: list[bytes], rew: list[bytes]
+) -> tuple[list[str], int]:
     """Topics contexts/rewards/out holding n contexts and a reward for every third (as traffic.backlog)."""
     topics = fresh(broker, ["c", "r", "a"])
-    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
-                  "enable.idempotence": True})
+    p = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "enable.idempotence": True,
+        }
+    )
     total = 0
     for i in range(n):
         p.produce(topics[0], value=ctx[i % len(ctx)], key=keys[i % len(keys)])
@@ -95,8 +124,14 @@ def preload(broker: EmbeddedBroker, n: int, ctx: list[bytes], keys: list[bytes],
     return topics, total
 
 
-def passthrough(broker: EmbeddedBroker, topics: list[str], total: int, out_value: bytes, *,
-                batch: int = WorkerConfig.batch_max_records) -> dict:
+def passthrough(
+    broker: EmbeddedBroker,
+    topics: list[str],
+    total: int,
+    out_value: bytes,
+    *,
+    batch: int = WorkerConfig.batch_max_records,
+) -> dict:
     """Consume -> produce one output per input -> send offsets -> commit, per batch, like
     ``Worker.step`` with no decode, no merge and no learner. Events per second."""
     c_t, r_t, a_t = topics
@@ -133,8 +168,11 @@ def passthrough(broker: EmbeddedBroker, topics: list[str], total: int, out_value
             nxt[(m.topic(), m.partition())] = m.offset() + 1
         producer.poll(0)
         t2 = time.perf_counter()
-        producer.send_offsets_to_transaction([TopicPartition(t, p, o) for (t, p), o in nxt.items()],
-                                             consumer.consumer_group_metadata(), 30)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(t, p, o) for (t, p), o in nxt.items()],
+            consumer.consumer_group_metadata(),
+            30,
+        )
         producer.commit_transaction(30)
         t3 = time.perf_counter()
         t_poll, t_prod, t_commit = t_poll + t1 - t0, t_prod + t2 - t1, t_commit + t3 - t2
@@ -143,8 +181,16 @@ def passthrough(broker: EmbeddedBroker, topics: list[str], total: int, out_value
     elapsed = time.perf_counter() - start
     consumer.close()
     producer.flush(10)
-    return {"events_per_s": total / elapsed, "transactions": tx, "events_per_transaction": total / max(tx, 1),
-            "share": {"poll": t_poll / elapsed, "produce": t_prod / elapsed, "commit": t_commit / elapsed}}
+    return {
+        "events_per_s": total / elapsed,
+        "transactions": tx,
+        "events_per_transaction": total / max(tx, 1),
+        "share": {
+            "poll": t_poll / elapsed,
+            "produce": t_prod / elapsed,
+            "commit": t_commit / elapsed,
+        },
+    }
 
 
 def ceiling(broker: EmbeddedBroker, n: int, repeats: int) -> dict:
@@ -162,13 +208,27 @@ def ceiling(broker: EmbeddedBroker, n: int, repeats: int) -> dict:
         cpu0, t0 = kafka_io.broker_cpu(pid), time.perf_counter()
         pt = passthrough(broker, topics, total, action)
         pt["broker_cpu"] = (kafka_io.broker_cpu(pid) - cpu0) / (time.perf_counter() - t0)
-        runs.append({"producer_per_s": prod, "producer_broker_cpu": prod_cpu, "producer_tx_per_s": prod_tx,
-                     "passthrough": pt})
-        print(f"ceiling run {r}: producer {prod:,.0f}/s (broker cpu {prod_cpu:.0%}), transactional producer "
-              f"{prod_tx:,.0f}/s, pass-through {pt['events_per_s']:,.0f} events/s "
-              f"({pt['events_per_transaction']:.0f}/tx, broker cpu {pt['broker_cpu']:.0%}, {pt['share']})", flush=True)
-    return {"records": n, "context_bytes": len(ctx[0]), "reward_bytes": len(rew[0]), "action_bytes": len(action),
-            "runs": runs}
+        runs.append(
+            {
+                "producer_per_s": prod,
+                "producer_broker_cpu": prod_cpu,
+                "producer_tx_per_s": prod_tx,
+                "passthrough": pt,
+            }
+        )
+        print(
+            f"ceiling run {r}: producer {prod:,.0f}/s (broker cpu {prod_cpu:.0%}), transactional producer "
+            f"{prod_tx:,.0f}/s, pass-through {pt['events_per_s']:,.0f} events/s "
+            f"({pt['events_per_transaction']:.0f}/tx, broker cpu {pt['broker_cpu']:.0%}, {pt['share']})",
+            flush=True,
+        )
+    return {
+        "records": n,
+        "context_bytes": len(ctx[0]),
+        "reward_bytes": len(rew[0]),
+        "action_bytes": len(action),
+        "runs": runs,
+    }
 
 
 def render(res: dict) -> list[str]:

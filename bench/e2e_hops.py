@@ -20,12 +20,29 @@ def hops(broker: EmbeddedBroker, n: int = 40, fetch_wait: int = 10, linger: int 
     send offsets, commit) -> output read by a read_committed consumer."""
     c_t, a_t = fresh(broker, ["hc", "ha"])
     ctx, keys, _, action = sample_records(1)
-    prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": linger, "enable.idempotence": True})
-    consumer = Consumer(consumer_settings(broker.bootstrap_servers, f"hops-{c_t}", {"fetch.wait.max.ms": fetch_wait}))
+    prod = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "linger.ms": linger,
+            "enable.idempotence": True,
+        }
+    )
+    consumer = Consumer(
+        consumer_settings(
+            broker.bootstrap_servers, f"hops-{c_t}", {"fetch.wait.max.ms": fetch_wait}
+        )
+    )
     tx = Producer(producer_settings(broker.bootstrap_servers, f"hops-{c_t}", {"linger.ms": linger}))
     tx.init_transactions(30)
-    app = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"hops-app-{c_t}",
-                    "isolation.level": "read_committed", "fetch.wait.max.ms": fetch_wait, "enable.auto.commit": False})
+    app = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": f"hops-app-{c_t}",
+            "isolation.level": "read_committed",
+            "fetch.wait.max.ms": fetch_wait,
+            "enable.auto.commit": False,
+        }
+    )
     app.assign([TopicPartition(a_t, 0, 0)])
     assigned: list = []
     consumer.subscribe([c_t], on_assign=lambda c, tps: assigned.extend(tps))
@@ -45,7 +62,9 @@ def hops(broker: EmbeddedBroker, n: int = 40, fetch_wait: int = 10, linger: int 
         m = msgs[0]
         tx.begin_transaction()
         tx.produce(a_t, value=action, key=m.key(), partition=0)
-        tx.send_offsets_to_transaction([TopicPartition(c_t, 0, m.offset() + 1)], consumer.consumer_group_metadata(), 30)
+        tx.send_offsets_to_transaction(
+            [TopicPartition(c_t, 0, m.offset() + 1)], consumer.consumer_group_metadata(), 30
+        )
         t2a = time.perf_counter()
         tx.commit_transaction(30)
         t2 = time.perf_counter()
@@ -53,16 +72,24 @@ def hops(broker: EmbeddedBroker, n: int = 40, fetch_wait: int = 10, linger: int 
         while not got:
             got = app.consume(1, 1.0)
         t3 = time.perf_counter()
-        rows.append(((t1 - t0) * 1e3, (t2a - t1) * 1e3, (t2 - t2a) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3))
+        rows.append(
+            ((t1 - t0) * 1e3, (t2a - t1) * 1e3, (t2 - t2a) * 1e3, (t3 - t2) * 1e3, (t3 - t0) * 1e3)
+        )
     consumer.close()
     app.close()
     a = np.array(rows[5:])
     names = ["fetch_in", "produce_send_offsets", "commit", "fetch_out", "total"]
-    out = {"fetch_wait_ms": fetch_wait, "linger_ms": linger,
-           "p50_ms": dict(zip(names, np.percentile(a, 50, axis=0).tolist())),
-           "max_ms": dict(zip(names, a.max(axis=0).tolist()))}
-    print(f"hops fetch.wait.max.ms={fetch_wait} linger.ms={linger}: " +
-          ", ".join(f"{k} {v:.1f}" for k, v in out["p50_ms"].items()), flush=True)
+    out = {
+        "fetch_wait_ms": fetch_wait,
+        "linger_ms": linger,
+        "p50_ms": dict(zip(names, np.percentile(a, 50, axis=0).tolist())),
+        "max_ms": dict(zip(names, a.max(axis=0).tolist())),
+    }
+    print(
+        f"hops fetch.wait.max.ms={fetch_wait} linger.ms={linger}: "
+        + ", ".join(f"{k} {v:.1f}" for k, v in out["p50_ms"].items()),
+        flush=True,
+    )
     return out
 
 
@@ -80,7 +107,9 @@ def render(res: dict) -> list[str]:
     ]
     for h in res["hops"]:
         q = h["p50_ms"]
-        lines.append(f"| {h['fetch_wait_ms']} | {h['linger_ms']} | {q['fetch_in']:.1f} | {q['produce_send_offsets']:.1f} | "
-                     f"{q['commit']:.1f} | {q['fetch_out']:.1f} | {q['total']:.1f} |")
+        lines.append(
+            f"| {h['fetch_wait_ms']} | {h['linger_ms']} | {q['fetch_in']:.1f} | {q['produce_send_offsets']:.1f} | "
+            f"{q['commit']:.1f} | {q['fetch_out']:.1f} | {q['total']:.1f} |"
+        )
     lines.append("")
     return lines

@@ -39,10 +39,16 @@ LOW_LATENCY = {"fetch_wait": 5, "linger": 0, "merge_wait": 5, "poll_timeout": 50
 # fastest for one record (part 5a), saturates Tansu under load: the floor's "fastest" row shows it,
 # and the worker with it fell behind at every load when tried (E2E_KNOBS runs any other set).
 MERGE_WAIT_0 = {"fetch_wait": 10, "linger": 5, "merge_wait": 0, "poll_timeout": 50}
-LATENCY_SETS = {"defaults": LATENCY_DEFAULTS, "merge-wait-0": MERGE_WAIT_0, "low-latency": LOW_LATENCY}
+LATENCY_SETS = {
+    "defaults": LATENCY_DEFAULTS,
+    "merge-wait-0": MERGE_WAIT_0,
+    "low-latency": LOW_LATENCY,
+}
 # The floor (bare pass-through) with the default Kafka settings and with the fastest of part 5a.
-FLOOR_SETS = {"defaults": {"fetch_wait": 10, "linger": 5, "poll_timeout": 50},
-              "fastest": {"fetch_wait": 1, "linger": 0, "poll_timeout": 50}}
+FLOOR_SETS = {
+    "defaults": {"fetch_wait": 10, "linger": 5, "poll_timeout": 50},
+    "fastest": {"fetch_wait": 1, "linger": 0, "poll_timeout": 50},
+}
 
 
 def _event_id(action: bytes) -> str:
@@ -51,8 +57,15 @@ def _event_id(action: bytes) -> str:
     return action[start:end].decode()
 
 
-def latency_run(broker: EmbeddedBroker, policy: str, rate: float, seconds: float, workdir: Path, knobs: dict,
-                floor: bool = False) -> dict:
+def latency_run(
+    broker: EmbeddedBroker,
+    policy: str,
+    rate: float,
+    seconds: float,
+    workdir: Path,
+    knobs: dict,
+    floor: bool = False,
+) -> dict:
     """Offered ``rate`` contexts/s (and a reward for every third, 5 ms of event time later) to a
     ``serve`` subprocess, or with ``floor`` to the bare pass-through as a subprocess
     (bench/passthrough_serve.py; ``merge_wait`` does not apply to it); latency = context produced
@@ -60,20 +73,64 @@ def latency_run(broker: EmbeddedBroker, policy: str, rate: float, seconds: float
     t = kafka_io.fresh_topics(broker)
     group = f"{'floor' if floor else 'lat'}-{t.contexts}"
     if floor:
-        cmd = [sys.executable, "-m", "bench.passthrough_serve",
-               "--bootstrap-servers", broker.bootstrap_servers, "--contexts", t.contexts, "--rewards", t.rewards,
-               "--actions", t.actions, "--group", group, "--fetch-wait", str(knobs["fetch_wait"]),
-               "--linger", str(knobs["linger"]), "--poll-timeout", str(knobs["poll_timeout"])]
+        cmd = [
+            sys.executable,
+            "-m",
+            "bench.passthrough_serve",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--contexts",
+            t.contexts,
+            "--rewards",
+            t.rewards,
+            "--actions",
+            t.actions,
+            "--group",
+            group,
+            "--fetch-wait",
+            str(knobs["fetch_wait"]),
+            "--linger",
+            str(knobs["linger"]),
+            "--poll-timeout",
+            str(knobs["poll_timeout"]),
+        ]
     else:
         cfg = workdir / f"{group}.toml"
-        cfg.write_text(kafka_io.worker_toml(
-            group, t, traffic.models_toml(policy), consumer={"fetch.wait.max.ms": knobs["fetch_wait"]},
-            producer={"linger.ms": knobs["linger"]},
-            worker={"merge_wait_ms": knobs["merge_wait"], "poll_timeout_ms": knobs["poll_timeout"]}))
-        cmd = [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-               "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group), "--processes", "1"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        cfg.write_text(
+            kafka_io.worker_toml(
+                group,
+                t,
+                traffic.models_toml(policy),
+                consumer={"fetch.wait.max.ms": knobs["fetch_wait"]},
+                producer={"linger.ms": knobs["linger"]},
+                worker={
+                    "merge_wait_ms": knobs["merge_wait"],
+                    "poll_timeout_ms": knobs["poll_timeout"],
+                },
+            )
+        )
+        cmd = [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "-v",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--snapshot-dir",
+            str(workdir / group),
+            "--processes",
+            "1",
+        ]
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         kafka_io.wait_for_line(proc, r"partition assigned", PARTITIONS)
         proc.stderr.close()  # the log is not read any more (an unread pipe would block the worker)
@@ -86,15 +143,29 @@ def latency_run(broker: EmbeddedBroker, policy: str, rate: float, seconds: float
             proc.kill()
 
 
-def _offer(broker: EmbeddedBroker, t, rate: float, seconds: float, knobs: dict, server_pid: int) -> dict:
+def _offer(
+    broker: EmbeddedBroker, t, rate: float, seconds: float, knobs: dict, server_pid: int
+) -> dict:
     """The load generator: contexts at ``rate``/s on ``t.contexts`` (a reward for every third 5 ms
     later), actions read from ``t.actions``; 3 s of warm-up, then ``seconds`` measured. Also the
     CPU (of one core) the broker and the server process (worker or pass-through) used meanwhile."""
-    prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random",
-                     "linger.ms": knobs["linger"], "enable.idempotence": True})
-    cons = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"app-{t.contexts}",
-                     "isolation.level": "read_committed", "enable.auto.commit": False,
-                     "fetch.wait.max.ms": knobs["fetch_wait"]})
+    prod = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "linger.ms": knobs["linger"],
+            "enable.idempotence": True,
+        }
+    )
+    cons = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": f"app-{t.contexts}",
+            "isolation.level": "read_committed",
+            "enable.auto.commit": False,
+            "fetch.wait.max.ms": knobs["fetch_wait"],
+        }
+    )
     cons.assign([TopicPartition(t.actions, p, 0) for p in range(PARTITIONS)])
     cons.consume(100, 1.0)
     pool = traffic.backlog(64)
@@ -121,7 +192,9 @@ def _offer(broker: EmbeddedBroker, t, rate: float, seconds: float, knobs: dict, 
             sent[eid] = time.perf_counter()
             prod.produce(t.contexts, key=key.encode(), value=value)
             if i % 3 == 0:
-                rewards.append((sent[eid] + 0.005, key.encode(), encode(Reward(eid, key, ts + 5, 1.0))))
+                rewards.append(
+                    (sent[eid] + 0.005, key.encode(), encode(Reward(eid, key, ts + 5, 1.0)))
+                )
             i += 1
         while rewards and rewards[0][0] <= now:
             _, k, v = rewards.pop(0)
@@ -135,18 +208,35 @@ def _offer(broker: EmbeddedBroker, t, rate: float, seconds: float, knobs: dict, 
                 lat.append((time.perf_counter() - t0) * 1000.0)
                 answered += 1
     wall = time.perf_counter() - cpu0[2]
-    cpu = {"broker_cpu": (kafka_io.broker_cpu(broker._proc.pid) - cpu0[0]) / wall,  # noqa: SLF001
-           "server_cpu": (kafka_io.broker_cpu(server_pid) - cpu0[1]) / wall}
+    cpu = {
+        "broker_cpu": (kafka_io.broker_cpu(broker._proc.pid) - cpu0[0]) / wall,  # noqa: SLF001
+        "server_cpu": (kafka_io.broker_cpu(server_pid) - cpu0[1]) / wall,
+    }
     prod.flush(10)
     cons.close()
     a = np.array(lat) if lat else np.array([np.nan])
-    return {"offered_per_s": rate, "answered_per_s": answered / seconds, "unanswered": len(sent),
-            "p50_ms": float(np.percentile(a, 50)), "p99_ms": float(np.percentile(a, 99)),
-            "p999_ms": float(np.percentile(a, 99.9)), "n": len(lat), **cpu}
+    return {
+        "offered_per_s": rate,
+        "answered_per_s": answered / seconds,
+        "unanswered": len(sent),
+        "p50_ms": float(np.percentile(a, 50)),
+        "p99_ms": float(np.percentile(a, 99)),
+        "p999_ms": float(np.percentile(a, 99.9)),
+        "n": len(lat),
+        **cpu,
+    }
 
 
-def latency(broker: EmbeddedBroker, policy: str, max_rate: float, seconds: float, repeats: int, knob_sets: dict,
-            given_max: float | None = None, broker_per_run: bool = False) -> dict:
+def latency(
+    broker: EmbeddedBroker,
+    policy: str,
+    max_rate: float,
+    seconds: float,
+    repeats: int,
+    knob_sets: dict,
+    given_max: float | None = None,
+    broker_per_run: bool = False,
+) -> dict:
     """First the live maximum: the rate a ``serve`` worker answers when offered the drain maximum
     (the load generator and the broker share the machine with it, so it is lower); then the
     percentiles at fractions of that. With ``given_max`` (contexts/s) no probe: the fractions are
@@ -157,17 +247,42 @@ def latency(broker: EmbeddedBroker, policy: str, max_rate: float, seconds: float
             out["live_max"] = {"answered_per_s": given_max, "given": True}
             max_rate = given_max
         else:
-            probe = latency_run(broker, policy, round(max_rate), seconds, Path(tmp), LATENCY_DEFAULTS)
+            probe = latency_run(
+                broker, policy, round(max_rate), seconds, Path(tmp), LATENCY_DEFAULTS
+            )
             out["live_max"] = probe
             max_rate = probe["answered_per_s"]
-            print(f"live maximum: offered {probe['offered_per_s']}/s, answered {max_rate:.0f}/s contexts", flush=True)
-        out.update(_at_fractions(broker, policy, max_rate, seconds, repeats, knob_sets, Path(tmp), "latency",
-                                 broker_per_run))
+            print(
+                f"live maximum: offered {probe['offered_per_s']}/s, answered {max_rate:.0f}/s contexts",
+                flush=True,
+            )
+        out.update(
+            _at_fractions(
+                broker,
+                policy,
+                max_rate,
+                seconds,
+                repeats,
+                knob_sets,
+                Path(tmp),
+                "latency",
+                broker_per_run,
+            )
+        )
     return out
 
 
-def _at_fractions(broker: EmbeddedBroker, policy: str, max_rate: float, seconds: float, repeats: int, knob_sets: dict,
-                  workdir: Path, what: str, broker_per_run: bool) -> dict:
+def _at_fractions(
+    broker: EmbeddedBroker,
+    policy: str,
+    max_rate: float,
+    seconds: float,
+    repeats: int,
+    knob_sets: dict,
+    workdir: Path,
+    what: str,
+    broker_per_run: bool,
+) -> dict:
     out: dict = {}
     for label, knobs in knob_sets.items():
         for frac in FRACTIONS:
@@ -178,33 +293,58 @@ def _at_fractions(broker: EmbeddedBroker, policy: str, max_rate: float, seconds:
                 # with what it held, so on one broker later runs met a busier broker than earlier ones.
                 if broker_per_run:
                     with EmbeddedBroker() as own:
-                        runs.append(latency_run(own, policy, rate, seconds, workdir, knobs, floor=what == "floor"))
+                        runs.append(
+                            latency_run(
+                                own, policy, rate, seconds, workdir, knobs, floor=what == "floor"
+                            )
+                        )
                 else:
-                    runs.append(latency_run(broker, policy, rate, seconds, workdir, knobs, floor=what == "floor"))
+                    runs.append(
+                        latency_run(
+                            broker, policy, rate, seconds, workdir, knobs, floor=what == "floor"
+                        )
+                    )
             out[f"{label}@{frac}"] = {"knobs": knobs, "fraction": frac, "runs": runs}
-            print(f"{what} {label} at {frac:.0%} ({rate}/s contexts): " + "; ".join(
-                f"p50 {x['p50_ms']:.1f} p99 {x['p99_ms']:.1f} p99.9 {x['p999_ms']:.1f} ms, answered {x['answered_per_s']:.0f}/s, "
-                f"cpu broker {x['broker_cpu']:.0%} server {x['server_cpu']:.0%}" for x in runs), flush=True)
+            print(
+                f"{what} {label} at {frac:.0%} ({rate}/s contexts): "
+                + "; ".join(
+                    f"p50 {x['p50_ms']:.1f} p99 {x['p99_ms']:.1f} p99.9 {x['p999_ms']:.1f} ms, answered {x['answered_per_s']:.0f}/s, "
+                    f"cpu broker {x['broker_cpu']:.0%} server {x['server_cpu']:.0%}"
+                    for x in runs
+                ),
+                flush=True,
+            )
     return out
 
 
-def floor(broker: EmbeddedBroker, max_rate: float, seconds: float, repeats: int, knob_sets: dict,
-          broker_per_run: bool = False) -> dict:
+def floor(
+    broker: EmbeddedBroker,
+    max_rate: float,
+    seconds: float,
+    repeats: int,
+    knob_sets: dict,
+    broker_per_run: bool = False,
+) -> dict:
     """Part 5's measurement with the bare transactional pass-through (part 1's loop, a subprocess:
     bench/passthrough_serve.py) in place of the worker, at the same fractions of ``max_rate``: the
     decision latency no worker can beat on this broker with these Kafka settings."""
     with tempfile.TemporaryDirectory() as tmp:
-        return _at_fractions(broker, "", max_rate, seconds, repeats, knob_sets, Path(tmp), "floor", broker_per_run)
+        return _at_fractions(
+            broker, "", max_rate, seconds, repeats, knob_sets, Path(tmp), "floor", broker_per_run
+        )
 
 
 def _summary(v: dict) -> dict:
     med = harness.median
     runs = v["runs"]
-    return {"fraction": v["fraction"], "offered": runs[0]["offered_per_s"],
-            **{k: med([x[f"{k}_ms"] for x in runs]) for k in ("p50", "p99", "p999")},
-            "answered": med([x["answered_per_s"] for x in runs]),
-            "broker_cpu": med([x.get("broker_cpu", float("nan")) for x in runs]),
-            "server_cpu": med([x.get("server_cpu", float("nan")) for x in runs])}
+    return {
+        "fraction": v["fraction"],
+        "offered": runs[0]["offered_per_s"],
+        **{k: med([x[f"{k}_ms"] for x in runs]) for k in ("p50", "p99", "p999")},
+        "answered": med([x["answered_per_s"] for x in runs]),
+        "broker_cpu": med([x.get("broker_cpu", float("nan")) for x in runs]),
+        "server_cpu": med([x.get("server_cpu", float("nan")) for x in runs]),
+    }
 
 
 def _pct(x: float) -> str:
@@ -218,10 +358,14 @@ def _latency_rows(part: dict) -> list[str]:
             continue
         q = _summary(v)
         knobs = ", ".join(f"{k} {x}" for k, x in v["knobs"].items())
-        behind = " (fell behind)" if q["answered"] < 0.95 * q["offered"] else ""  # percentiles of the answered only
-        out.append(f"| {key.rsplit('@', 1)[0]}: {knobs} | {q['fraction']:.0%} | {q['offered']:,.0f} | "
-                   f"{q['answered']:,.0f}{behind} | {q['p50']:.1f} | {q['p99']:.1f} | {q['p999']:.1f} | "
-                   f"{_pct(q['broker_cpu'])} | {_pct(q['server_cpu'])} |")
+        behind = (
+            " (fell behind)" if q["answered"] < 0.95 * q["offered"] else ""
+        )  # percentiles of the answered only
+        out.append(
+            f"| {key.rsplit('@', 1)[0]}: {knobs} | {q['fraction']:.0%} | {q['offered']:,.0f} | "
+            f"{q['answered']:,.0f}{behind} | {q['p50']:.1f} | {q['p99']:.1f} | {q['p999']:.1f} | "
+            f"{_pct(q['broker_cpu'])} | {_pct(q['server_cpu'])} |"
+        )
     return out
 
 
@@ -235,7 +379,9 @@ def _floor_pairs(res: dict) -> list[tuple[str, str, dict, dict]]:
         if key == "live_max":
             continue
         for fkey, f in res["floor"].items():
-            if f["fraction"] == v["fraction"] and all(f["knobs"][k] == v["knobs"][k] for k in ("fetch_wait", "linger")):
+            if f["fraction"] == v["fraction"] and all(
+                f["knobs"][k] == v["knobs"][k] for k in ("fetch_wait", "linger")
+            ):
                 out.append((key, fkey, _summary(v), _summary(f)))
                 break
     return out
@@ -250,15 +396,23 @@ def render_latency(res: dict) -> list[str]:
         "",
         "The worker is a `streambandit serve` subprocess; the load generator (encoding and producing contexts, "
         "a reward for every third 5 ms later, reading the actions) is this process, on the same two cores as the "
-        "broker. " + (f"The rates below are 10 %, 50 % and 90 % of a given maximum of "
-                      f"{res['latency']['live_max']['answered_per_s']:,.0f} contexts/s (no probe in this run). "
-                      if given else "Offered the drain maximum of part 4 "
-                      f"({res['latency_max_contexts_per_s']:,.0f} contexts/s), the live worker answered "
-                      f"{res['latency']['live_max']['answered_per_s']:,.0f} contexts/s: that is the live maximum, "
-                      "and the rates below are 10 %, 50 % and 90 % of it. ") +
-        "Median over runs of each run's percentile; CPU (of one core) of the broker and of the worker process "
-        "over the measured seconds. " + ("Each run on a broker of its own." if res.get("broker_per_run") else
-                                         "All runs on one broker, one after another."),
+        "broker. "
+        + (
+            f"The rates below are 10 %, 50 % and 90 % of a given maximum of "
+            f"{res['latency']['live_max']['answered_per_s']:,.0f} contexts/s (no probe in this run). "
+            if given
+            else "Offered the drain maximum of part 4 "
+            f"({res['latency_max_contexts_per_s']:,.0f} contexts/s), the live worker answered "
+            f"{res['latency']['live_max']['answered_per_s']:,.0f} contexts/s: that is the live maximum, "
+            "and the rates below are 10 %, 50 % and 90 % of it. "
+        )
+        + "Median over runs of each run's percentile; CPU (of one core) of the broker and of the worker process "
+        "over the measured seconds. "
+        + (
+            "Each run on a broker of its own."
+            if res.get("broker_per_run")
+            else "All runs on one broker, one after another."
+        ),
         "",
         "| knobs | load | offered contexts / s | answered / s | p50 ms | p99 ms | p99.9 ms | broker CPU | worker CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
@@ -298,8 +452,10 @@ def render_floor(res: dict) -> list[str]:
             "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for key, fkey, q, f in pairs:
-            lines.append(f"| {key.rsplit('@', 1)[0]} | {fkey.rsplit('@', 1)[0]} | {q['fraction']:.0%} | "
-                         f"{q['p50']:.1f} | {f['p50']:.1f} | {q['p50'] / f['p50']:.1f} | "
-                         f"{q['p99']:.1f} | {f['p99']:.1f} | {q['p99'] / f['p99']:.1f} |")
+            lines.append(
+                f"| {key.rsplit('@', 1)[0]} | {fkey.rsplit('@', 1)[0]} | {q['fraction']:.0%} | "
+                f"{q['p50']:.1f} | {f['p50']:.1f} | {q['p50'] / f['p50']:.1f} | "
+                f"{q['p99']:.1f} | {f['p99']:.1f} | {q['p99'] / f['p99']:.1f} |"
+            )
         lines.append("")
     return lines

@@ -25,9 +25,16 @@ def worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **setti
 
     t = kafka_io.fresh_topics(broker)
     n_records = sum(kafka_io.produce(broker, t, events).values())
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(traffic.models(policy, 100)),
-                       topics=t, group_id=f"e2e-{t.contexts}", snapshot_interval_s=1e9, snapshot_every_updates=10**9,
-                       kafka={"consumer": FAST_FETCH}, **settings)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(traffic.models(policy, 100)),
+        topics=t,
+        group_id=f"e2e-{t.contexts}",
+        snapshot_interval_s=1e9,
+        snapshot_every_updates=10**9,
+        kafka={"consumer": FAST_FETCH},
+        **settings,
+    )
     snaps = tempfile.mkdtemp()
     w = Worker(cfg, DirectoryStore(snaps))
     w.start()  # run() without its loop
@@ -45,7 +52,11 @@ def warm(policy: str) -> None:
 
 
 def check_exact(m: dict, what: str) -> None:
-    wrong = {k: v for k, v in m.items() if (k.startswith("dead_letter.") or k == "merge_out_of_order") and v}
+    wrong = {
+        k: v
+        for k, v in m.items()
+        if (k.startswith("dead_letter.") or k == "merge_out_of_order") and v
+    }
     if wrong:
         raise RuntimeError(f"{what} was not exact: {wrong}")
 
@@ -66,31 +77,64 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
     def is_learner(f) -> bool:
         return "/policies/" in f[0] or f[0].endswith(("numerics/linalg.py", "numerics/kernels.py"))
 
-    learner = sum(c[3] for f, v in st.items() if is_learner(f) for caller, c in v[4].items() if not is_learner(caller)
-                  and "numba" not in caller[0])
+    learner = sum(
+        c[3]
+        for f, v in st.items()
+        if is_learner(f)
+        for caller, c in v[4].items()
+        if not is_learner(caller) and "numba" not in caller[0]
+    )
     name = lambda f, file, fn: f[0].endswith(file) and f[2] == fn  # noqa: E731
     out = {
-        "poll": sum(ct(lambda f, fn=fn: name(f, "stream/worker.py", fn)) for fn in ("_poll_batch", "_inputs_behind")),
+        "poll": sum(
+            ct(lambda f, fn=fn: name(f, "stream/worker.py", fn))
+            for fn in ("_poll_batch", "_inputs_behind")
+        ),
         "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
-        "merge": sum(ct(lambda f, fn=fn: name(f, "engine/merge.py", fn)) for fn in ("extend", "push", "pop_ready")),
+        "merge": sum(
+            ct(lambda f, fn=fn: name(f, "engine/merge.py", fn))
+            for fn in ("extend", "push", "pop_ready")
+        ),
         # Outputs: actions and joined records in bulk (batch_encode, from batch.py's _Outputs.take),
         # dead letters and ticks one by one (codec.encode).
-        "encode": sum(c[3] for f, v in st.items()
-                      if (f[0].endswith("batch_encode.py") and f[2] in ("encode_actions", "encode_joined_records"))
-                      or (f[0].endswith("codec.py") and f[2] == "encode")
-                      for caller, c in v[4].items() if caller[0].endswith("stream/batch.py")),
-        "produce": sum(v[3] for f, v in st.items() if f[2] in ("<method 'produce' of 'cimpl.Producer' objects>",
-                                                              "<method 'poll' of 'cimpl.Producer' objects>")),
-        "commit": sum(v[3] for f, v in st.items() if f[2] in (
-            "<method 'begin_transaction' of 'cimpl.Producer' objects>",
-            "<method 'send_offsets_to_transaction' of 'cimpl.Producer' objects>",
-            "<method 'commit_transaction' of 'cimpl.Producer' objects>")),
+        "encode": sum(
+            c[3]
+            for f, v in st.items()
+            if (
+                f[0].endswith("batch_encode.py")
+                and f[2] in ("encode_actions", "encode_joined_records")
+            )
+            or (f[0].endswith("codec.py") and f[2] == "encode")
+            for caller, c in v[4].items()
+            if caller[0].endswith("stream/batch.py")
+        ),
+        "produce": sum(
+            v[3]
+            for f, v in st.items()
+            if f[2]
+            in (
+                "<method 'produce' of 'cimpl.Producer' objects>",
+                "<method 'poll' of 'cimpl.Producer' objects>",
+            )
+        ),
+        "commit": sum(
+            v[3]
+            for f, v in st.items()
+            if f[2]
+            in (
+                "<method 'begin_transaction' of 'cimpl.Producer' objects>",
+                "<method 'send_offsets_to_transaction' of 'cimpl.Producer' objects>",
+                "<method 'commit_transaction' of 'cimpl.Producer' objects>",
+            )
+        ),
         "learner": learner,
     }
     # The engine's entry points, called from BatchProcessor.release's loop (the common case) and
     # _other (the rest); the learner's calls are inside them.
-    process = (sum(ct(lambda f, fn=fn: name(f, "engine/partition.py", fn)) for fn in ("on_context", "on_reward"))
-               + ct(lambda f: name(f, "stream/batch.py", "_other")))
+    process = sum(
+        ct(lambda f, fn=fn: name(f, "engine/partition.py", fn))
+        for fn in ("on_context", "on_reward")
+    ) + ct(lambda f: name(f, "stream/batch.py", "_other"))
     out["engine"] = process - out["learner"]
     out["other"] = total - sum(out.values())
     return out
@@ -113,12 +157,23 @@ def profile(broker: EmbeddedBroker, policy: str, n: int) -> dict:
     stats = pstats.Stats(pr)
     total = sum(v[3] for f, v in stats.stats.items() if f[2] == "step")  # type: ignore[attr-defined]
     stages = _stages(stats, total)
-    top = sorted(((v[2], f"{Path(f[0]).name}:{f[2]}") for f, v in stats.stats.items()), reverse=True)[:15]  # type: ignore[attr-defined]
-    out = {"policy": policy, "events": n_records, "profiled_s": total, "events_per_s_profiled": n_records / elapsed,
-           "stages_s": stages, "share": {k: v / total for k, v in stages.items()},
-           "us_per_event": {k: v / n_records * 1e6 for k, v in stages.items()},
-           "top_tottime": [[name, t] for t, name in top]}
-    print(f"profile {policy}: " + ", ".join(f"{k} {v:.0%}" for k, v in out["share"].items()), flush=True)
+    top = sorted(
+        ((v[2], f"{Path(f[0]).name}:{f[2]}") for f, v in stats.stats.items()), reverse=True
+    )[:15]  # type: ignore[attr-defined]
+    out = {
+        "policy": policy,
+        "events": n_records,
+        "profiled_s": total,
+        "events_per_s_profiled": n_records / elapsed,
+        "stages_s": stages,
+        "share": {k: v / total for k, v in stages.items()},
+        "us_per_event": {k: v / n_records * 1e6 for k, v in stages.items()},
+        "top_tottime": [[name, t] for t, name in top],
+    }
+    print(
+        f"profile {policy}: " + ", ".join(f"{k} {v:.0%}" for k, v in out["share"].items()),
+        flush=True,
+    )
     return out
 
 
@@ -135,7 +190,10 @@ def render(res: dict) -> list[str]:
         "|---|---:|" + "---:|" * len(STAGES),
     ]
     for p, v in res["profile"].items():
-        lines.append(f"| {p} | {v['events_per_s_profiled']:,.0f} | " + " | ".join(
-            f"{v['share'][k]:.0%} ({v['us_per_event'][k]:.1f})" for k in STAGES) + " |")
+        lines.append(
+            f"| {p} | {v['events_per_s_profiled']:,.0f} | "
+            + " | ".join(f"{v['share'][k]:.0%} ({v['us_per_event'][k]:.1f})" for k in STAGES)
+            + " |"
+        )
     lines.append("")
     return lines

@@ -25,8 +25,15 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
     for i, (ctx, _) in enumerate(traffic.backlog(n)):
         ctx.timestamp_ms = traffic.T0_MS + int(i * 1000 / per_partition)
         eng.on_context(ctx, InputRef(0, 0, i))
-    head = {"partition": 0, "created_ms": 0, "contexts_offset": n, "rewards_offset": 0, "actions_offset": 0,
-            "joined_offset": 0, "dead_letter_offset": 0}
+    head = {
+        "partition": 0,
+        "created_ms": 0,
+        "contexts_offset": n,
+        "rewards_offset": 0,
+        "actions_offset": 0,
+        "joined_offset": 0,
+        "dead_letter_offset": 0,
+    }
     snap_ms, pack_ms, size = [], [], 0
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -36,9 +43,17 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
         t2 = time.perf_counter()
         snap_ms.append((t1 - t0) * 1000)
         pack_ms.append((t2 - t1) * 1000)
-    out = {"contexts_per_s": contexts_per_s, "window_ms": window_ms, "partitions": traffic.PARTITIONS,
-           "pending": len(eng.pending), "recent": len(eng.recent), "snapshot_ms": harness.median(snap_ms),
-           "pack_ms": harness.median(pack_ms), "bytes": size, "repeats": repeats}
+    out = {
+        "contexts_per_s": contexts_per_s,
+        "window_ms": window_ms,
+        "partitions": traffic.PARTITIONS,
+        "pending": len(eng.pending),
+        "recent": len(eng.recent),
+        "snapshot_ms": harness.median(snap_ms),
+        "pack_ms": harness.median(pack_ms),
+        "bytes": size,
+        "repeats": repeats,
+    }
     print(f"snapshot: {out}", flush=True)
     return out
 

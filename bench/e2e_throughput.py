@@ -38,7 +38,9 @@ class GCPauses:
         gc.callbacks.remove(self._cb)
 
 
-def drain(broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = True, **settings) -> dict:
+def drain(
+    broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = True, **settings
+) -> dict:
     """One worker draining ``events``. ``freeze=False``: the worker without ``freeze_long_lived``
     (and everything frozen before unfrozen), for the comparison in the same run."""
     import streambandit.stream.worker as worker_module
@@ -69,10 +71,17 @@ def drain(broker: EmbeddedBroker, policy: str, events: list, *, freeze: bool = T
     check_exact(m, "throughput run")
     # Per CPU second of the worker's own thread: what a core it had to itself would give (the
     # librdkafka threads and the broker run beside it; the machine is shared).
-    return {"events_per_s": n_records / elapsed, "contexts_per_s": len(events) / elapsed,
-            "events_per_s_with_first_fetch": n_records / (end - begin), "first_fetch_ms": 1000 * (first or 0.0),
-            "events_per_cpu_s": n_records / cpu, "events_per_transaction": n_records / max(m["transactions"], 1),
-            "gc_count": pauses.count, "gc_ms": pauses.ms, "gc_longest_ms": pauses.longest_ms}
+    return {
+        "events_per_s": n_records / elapsed,
+        "contexts_per_s": len(events) / elapsed,
+        "events_per_s_with_first_fetch": n_records / (end - begin),
+        "first_fetch_ms": 1000 * (first or 0.0),
+        "events_per_cpu_s": n_records / cpu,
+        "events_per_transaction": n_records / max(m["transactions"], 1),
+        "gc_count": pauses.count,
+        "gc_ms": pauses.ms,
+        "gc_longest_ms": pauses.longest_ms,
+    }
 
 
 def bare(policy: str, events: list) -> float:
@@ -105,9 +114,11 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
         for p in policies:
             out[p]["worker"].append(drain(broker, p, events))
             out[p]["bare_learner_events_per_s"].append(bare(p, events))
-            print(f"throughput run {r} {p}: worker {out[p]['worker'][-1]['events_per_s']:,.0f} events/s, "
-                  f"pass-through {out['passthrough'][-1]:,.0f}, bare learner {out[p]['bare_learner_events_per_s'][-1]:,.0f}",
-                  flush=True)
+            print(
+                f"throughput run {r} {p}: worker {out[p]['worker'][-1]['events_per_s']:,.0f} events/s, "
+                f"pass-through {out['passthrough'][-1]:,.0f}, bare learner {out[p]['bare_learner_events_per_s'][-1]:,.0f}",
+                flush=True,
+            )
     return out
 
 
@@ -133,12 +144,14 @@ def render(res: dict) -> list[str]:
         if p in ("passthrough", "oful_no_freeze", "oful_batch_2000"):
             continue
         w = v["worker"]
-        lines.append(f"| {p} | {med([x['events_per_s'] for x in w]):,.0f} | {med([x['contexts_per_s'] for x in w]):,.0f} | "
-                     f"{med([x['events_per_cpu_s'] for x in w]):,.0f} | "
-                     f"{med([x['events_per_transaction'] for x in w]):,.0f} | "
-                     f"{med([x.get('first_fetch_ms', float('nan')) for x in w]):,.0f} | "
-                     f"{med([x.get('events_per_s_with_first_fetch', float('nan')) for x in w]):,.0f} | {pt:,.0f} | "
-                     f"{med(v['bare_learner_events_per_s']):,.0f} |")
+        lines.append(
+            f"| {p} | {med([x['events_per_s'] for x in w]):,.0f} | {med([x['contexts_per_s'] for x in w]):,.0f} | "
+            f"{med([x['events_per_cpu_s'] for x in w]):,.0f} | "
+            f"{med([x['events_per_transaction'] for x in w]):,.0f} | "
+            f"{med([x.get('first_fetch_ms', float('nan')) for x in w]):,.0f} | "
+            f"{med([x.get('events_per_s_with_first_fetch', float('nan')) for x in w]):,.0f} | {pt:,.0f} | "
+            f"{med(v['bare_learner_events_per_s']):,.0f} |"
+        )
     lines.append("")
     if tp.get("oful_no_freeze"):
         lines += [
@@ -148,11 +161,16 @@ def render(res: dict) -> list[str]:
             "| worker | events / s | full (gen 2) collections | their ms | longest pause ms | gen 0 + gen 1 ms |",
             "|---|---:|---:|---:|---:|---:|",
         ]
-        for label, w in (("as shipped (frozen)", tp["oful"]["worker"]), ("without the freeze", tp["oful_no_freeze"])):
-            lines.append(f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
-                         f"{med([x['gc_count'][2] for x in w]):.0f} | {med([x['gc_ms'][2] for x in w]):.1f} | "
-                         f"{med([x['gc_longest_ms'] for x in w]):.1f} | "
-                         f"{med([x['gc_ms'][0] + x['gc_ms'][1] for x in w]):.1f} |")
+        for label, w in (
+            ("as shipped (frozen)", tp["oful"]["worker"]),
+            ("without the freeze", tp["oful_no_freeze"]),
+        ):
+            lines.append(
+                f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
+                f"{med([x['gc_count'][2] for x in w]):.0f} | {med([x['gc_ms'][2] for x in w]):.1f} | "
+                f"{med([x['gc_longest_ms'] for x in w]):.1f} | "
+                f"{med([x['gc_ms'][0] + x['gc_ms'][1] for x in w]):.1f} |"
+            )
         lines.append("")
     if tp.get("oful_batch_2000"):
         lines += [
@@ -161,10 +179,14 @@ def render(res: dict) -> list[str]:
             "| batch_max_records | events / s | events per CPU s | events per transaction |",
             "|---:|---:|---:|---:|",
         ]
-        for label, w in ((f"{batch_max:,} (default)", tp["oful"]["worker"]),
-                         ("2,000", tp["oful_batch_2000"])):
-            lines.append(f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
-                         f"{med([x['events_per_cpu_s'] for x in w]):,.0f} | "
-                         f"{med([x['events_per_transaction'] for x in w]):,.0f} |")
+        for label, w in (
+            (f"{batch_max:,} (default)", tp["oful"]["worker"]),
+            ("2,000", tp["oful_batch_2000"]),
+        ):
+            lines.append(
+                f"| {label} | {med([x['events_per_s'] for x in w]):,.0f} | "
+                f"{med([x['events_per_cpu_s'] for x in w]):,.0f} | "
+                f"{med([x['events_per_transaction'] for x in w]):,.0f} |"
+            )
         lines.append("")
     return lines

@@ -45,12 +45,23 @@ def _run(broker: EmbeddedBroker, workdir: Path, fetch_wait: int, seconds: float,
     from streambandit.stream.snapshots import DirectoryStore
 
     t0 = kafka_io.fresh_topics(broker)
-    t = Topics(contexts=t0.contexts, decisions=f"dec-{t0.contexts}", rewards=t0.rewards, actions=t0.actions,
-               joined=t0.joined, dead_letter=t0.dead_letter)
+    t = Topics(
+        contexts=t0.contexts,
+        decisions=f"dec-{t0.contexts}",
+        rewards=t0.rewards,
+        actions=t0.actions,
+        joined=t0.joined,
+        dead_letter=t0.dead_letter,
+    )
     broker.create_topics([t.decisions], partitions=traffic.PARTITIONS)
     group = f"fresh-{t.decisions}"
-    text = kafka_io.worker_toml(group, t, traffic.models_toml("oful", epsilon=0.1), worker={"learn_only": True},
-                                consumer={"fetch.wait.max.ms": fetch_wait})
+    text = kafka_io.worker_toml(
+        group,
+        t,
+        traffic.models_toml("oful", epsilon=0.1),
+        worker={"learn_only": True},
+        consumer={"fetch.wait.max.ms": fetch_wait},
+    )
     proc = kafka_io.serve(broker, text, workdir, group)
     rewarded: dict[str, float] = {}
     fresh: list[float] = []
@@ -66,9 +77,12 @@ def _run(broker: EmbeddedBroker, workdir: Path, fetch_wait: int, seconds: float,
     try:
         kafka_io.wait_for_line(proc, r"partition assigned", traffic.PARTITIONS)
         proc.stderr.close()
-        config, _ = load_worker_config(workdir / f"{group}.toml", bootstrap_servers=broker.bootstrap_servers)
-        replica = Replica(config, DirectoryStore(workdir / group), on_update=applied,
-                          poll_s=fetch_wait / 1e3).start(60)
+        config, _ = load_worker_config(
+            workdir / f"{group}.toml", bootstrap_servers=broker.bootstrap_servers
+        )
+        replica = Replica(
+            config, DirectoryStore(workdir / group), on_update=applied, poll_s=fetch_wait / 1e3
+        ).start(60)
         rng = np.random.default_rng(seed)
         pool = rng.standard_normal((64, K, D)) / 5
         ids = [f"ad-{k}" for k in range(K)]
@@ -102,10 +116,17 @@ def _run(broker: EmbeddedBroker, workdir: Path, fetch_wait: int, seconds: float,
         proc.send_signal(signal.SIGINT)
         proc.wait(timeout=60)
     f, r = np.array(fresh), np.array(rank_us)
-    return {"fetch_wait_ms": fetch_wait, "events": len(rank_us), "applied": len(fresh), "missing": len(rewarded),
-            "fresh_p50_ms": float(np.percentile(f, 50)), "fresh_p99_ms": float(np.percentile(f, 99)),
-            "fresh_max_ms": float(f.max()), "rank_p50_us": float(np.percentile(r, 50)),
-            "rank_p99_us": float(np.percentile(r, 99))}
+    return {
+        "fetch_wait_ms": fetch_wait,
+        "events": len(rank_us),
+        "applied": len(fresh),
+        "missing": len(rewarded),
+        "fresh_p50_ms": float(np.percentile(f, 50)),
+        "fresh_p99_ms": float(np.percentile(f, 99)),
+        "fresh_max_ms": float(f.max()),
+        "rank_p50_us": float(np.percentile(r, 50)),
+        "rank_p99_us": float(np.percentile(r, 99)),
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -124,34 +145,42 @@ def render(res: dict) -> str:
     rows, verdict = [], []
     for fw in FETCH_WAITS:
         mine = [r for r in res["runs"] if r["fetch_wait_ms"] == fw]
-        med = {k: harness.median([r[k] for r in mine]) for k in ("fresh_p50_ms", "fresh_p99_ms", "fresh_max_ms",
-                                                                   "rank_p50_us", "rank_p99_us")}
+        med = {
+            k: harness.median([r[k] for r in mine])
+            for k in ("fresh_p50_ms", "fresh_p99_ms", "fresh_max_ms", "rank_p50_us", "rank_p99_us")
+        }
         missing = sum(r["missing"] for r in mine)
-        rows.append(f"| {fw} | {len(mine)} | {sum(r['events'] for r in mine):,} | {med['fresh_p50_ms']:.1f} | "
-                    f"{med['fresh_p99_ms']:.1f} | {med['fresh_max_ms']:.1f} | {missing} | {med['rank_p50_us']:.0f} | "
-                    f"{med['rank_p99_us']:.0f} |")
-        verdict.append(f"fetch.wait.max.ms = {fw}: p50 {med['fresh_p50_ms']:.0f} ms, p99 {med['fresh_p99_ms']:.0f} ms "
-                       f"({med['fresh_p50_ms'] / fw:.1f}x the setting at the median)")
-    return "\n".join([
-        "# Freshness: a reward through a replica until the replica's model has learned it",
-        "",
-        harness.provenance(res, "BLAS pinned to one thread."),
-        "",
-        f"d = {res['d']}, K = {res['K']}, `oful` (epsilon 0.1) on {res['keys']} model keys, {res['rate']:.0f} events/s "
-        f"(rank + reward each) for {res['seconds']:g} s after {WARM_S:g} s of warm-up, per run. One replica in the "
-        "benchmark's process, one learn-only `streambandit serve` worker as a subprocess, the embedded broker: all on "
-        "the machine's two cores. Freshness: the reward's `reward` call returned -> the replica applied the event's "
-        "joined record. Medians over the runs of each run's percentile. Rank times are of calls paced 5 ms apart "
-        "(back to back: `python -m bench.decider`).",
-        "",
-        "| fetch.wait.max.ms | runs | events | freshness p50 ms | p99 ms | max ms | never applied | rank p50 us | "
-        "rank p99 us |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        "; ".join(verdict) + ".",
-        "",
-    ])
+        rows.append(
+            f"| {fw} | {len(mine)} | {sum(r['events'] for r in mine):,} | {med['fresh_p50_ms']:.1f} | "
+            f"{med['fresh_p99_ms']:.1f} | {med['fresh_max_ms']:.1f} | {missing} | {med['rank_p50_us']:.0f} | "
+            f"{med['rank_p99_us']:.0f} |"
+        )
+        verdict.append(
+            f"fetch.wait.max.ms = {fw}: p50 {med['fresh_p50_ms']:.0f} ms, p99 {med['fresh_p99_ms']:.0f} ms "
+            f"({med['fresh_p50_ms'] / fw:.1f}x the setting at the median)"
+        )
+    return "\n".join(
+        [
+            "# Freshness: a reward through a replica until the replica's model has learned it",
+            "",
+            harness.provenance(res, "BLAS pinned to one thread."),
+            "",
+            f"d = {res['d']}, K = {res['K']}, `oful` (epsilon 0.1) on {res['keys']} model keys, {res['rate']:.0f} events/s "
+            f"(rank + reward each) for {res['seconds']:g} s after {WARM_S:g} s of warm-up, per run. One replica in the "
+            "benchmark's process, one learn-only `streambandit serve` worker as a subprocess, the embedded broker: all on "
+            "the machine's two cores. Freshness: the reward's `reward` call returned -> the replica applied the event's "
+            "joined record. Medians over the runs of each run's percentile. Rank times are of calls paced 5 ms apart "
+            "(back to back: `python -m bench.decider`).",
+            "",
+            "| fetch.wait.max.ms | runs | events | freshness p50 ms | p99 ms | max ms | never applied | rank p50 us | "
+            "rank p99 us |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "; ".join(verdict) + ".",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

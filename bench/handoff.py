@@ -39,8 +39,11 @@ TARGET_S = 2.0
 
 def _models_toml(policy: str) -> str:
     hyper = "".join(f"{k} = {traffic.toml_value(v)}\n" for k, v in HYPER[policy].items())
-    return (f'[[models]]\nmatch = "m-*"\npolicy = "{policy}"\ndim = {D}\nreward_window_ms = {WINDOW_MS}\n'
-            f'default_reward = 0.0\naggregation = "first"\n' + (f"[models.hyper]\n{hyper}" if hyper else ""))
+    return (
+        f'[[models]]\nmatch = "m-*"\npolicy = "{policy}"\ndim = {D}\nreward_window_ms = {WINDOW_MS}\n'
+        f'default_reward = 0.0\naggregation = "first"\n'
+        + (f"[models.hyper]\n{hyper}" if hyper else "")
+    )
 
 
 def _store_state(policy: str, n: int, snap_dir: Path, group: str) -> float:
@@ -50,8 +53,17 @@ def _store_state(policy: str, n: int, snap_dir: Path, group: str) -> float:
 
     engine = run_engine(policy, n, feature_pool())
     close_windows(engine)
-    head = {"partition": 0, "created_ms": int(time.time() * 1000), "chain": 1, "seq": 0, "contexts_offset": 0,
-            "rewards_offset": 0, "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0}
+    head = {
+        "partition": 0,
+        "created_ms": int(time.time() * 1000),
+        "chain": 1,
+        "seq": 0,
+        "contexts_offset": 0,
+        "rewards_offset": 0,
+        "actions_offset": 0,
+        "joined_offset": 0,
+        "dead_letter_offset": 0,
+    }
     started = time.perf_counter()
     data = pack_snapshot(head | {"engine": engine.snapshot()})
     took = time.perf_counter() - started
@@ -84,7 +96,9 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
     group = f"handoff-{t.contexts}"
     pack_s = _store_state(policy, n, workdir / group, group)
     cfg = workdir / f"{group}.toml"
-    cfg.write_text(kafka_io.worker_toml(group, t, _models_toml(policy), worker={"snapshot_interval_s": 3600}))
+    cfg.write_text(
+        kafka_io.worker_toml(group, t, _models_toml(policy), worker={"snapshot_interval_s": 3600})
+    )
     logs = {w: workdir / f"{group}-{w}.log" for w in "AB"}
 
     def serve(w: str) -> subprocess.Popen:
@@ -95,8 +109,14 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
     try:
         line, _ = _wait_line(logs["A"], r"partition assigned partition=0", 300)
         a_recovered_ms = int(re.search(r"recovered_in_ms=(\d+)", line).group(1))
-        probes = Probes(broker, t, partitions=1, key=lambda i: f"m-{(i * 7919) % n}", rate=PROBE_RATE,
-                        group="handoff-probe")
+        probes = Probes(
+            broker,
+            t,
+            partitions=1,
+            key=lambda i: f"m-{(i * 7919) % n}",
+            rate=PROBE_RATE,
+            group="handoff-probe",
+        )
         procs["B"] = serve("B")
         _wait_line(logs["B"], r"worker started", 120)
         time.sleep(8.0)  # B joins the group while the probes flow
@@ -124,16 +144,26 @@ def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: st
         deadline = time.monotonic() + 60
         # The first action read after the assignment is the taker's: the holder, revoked or dead
         # before it, committed its last ones earlier, and they were read within a fetch.
-        while (served := probes.first_answer_after(assigned)) is None and time.monotonic() < deadline:
+        while (
+            served := probes.first_answer_after(assigned)
+        ) is None and time.monotonic() < deadline:
             time.sleep(0.05)
     finally:
         if probes is not None:
             probes.close()
         kafka_io.stop_all(procs.values(), 120)
-    return {"policy": policy, "models": n, "how": how, "pack_s": pack_s, "a_recovered_ms": a_recovered_ms,
-            "stop_to_assign_s": assigned - stopped, "recovered_ms": recovered_ms,
-            "assign_to_serve_s": None if served is None else served - assigned,
-            "taker_models": int(joined_line.group(1)) if joined_line else None, "taker": taker}
+    return {
+        "policy": policy,
+        "models": n,
+        "how": how,
+        "pack_s": pack_s,
+        "a_recovered_ms": a_recovered_ms,
+        "stop_to_assign_s": assigned - stopped,
+        "recovered_ms": recovered_ms,
+        "assign_to_serve_s": None if served is None else served - assigned,
+        "taker_models": int(joined_line.group(1)) if joined_line else None,
+        "taker": taker,
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -153,37 +183,44 @@ def render(res: dict) -> str:
     rows, verdict = [], []
     for r in res["cases"]:
         serve = r["assign_to_serve_s"]
-        rows.append(f"| {r['policy']} | {r['how']} | {r.get('taker', 'B')} | {r['models']:,} | {r['stop_to_assign_s']:.1f} | "
-                    f"{r['recovered_ms']:,} | "
-                    + ("no probe answered" if serve is None else f"{serve:.2f}") + " |")
+        rows.append(
+            f"| {r['policy']} | {r['how']} | {r.get('taker', 'B')} | {r['models']:,} | {r['stop_to_assign_s']:.1f} | "
+            f"{r['recovered_ms']:,} | "
+            + ("no probe answered" if serve is None else f"{serve:.2f}")
+            + " |"
+        )
         if serve is not None:
-            verdict.append(f"{r['policy']} ({'clean leave' if r['how'] == 'leave' else 'SIGKILL'}): {serve:.2f} s, the "
-                           f"{TARGET_S:g} s target {'met' if serve <= TARGET_S else 'NOT met'}")
-    return "\n".join([
-        "# A partition with many models moves to another worker",
-        "",
-        harness.provenance(res, "BLAS pinned to one thread."),
-        "",
-        f"One partition holding {res['models']:,} models (d = {res['d']}, K = {res['K']}), stored as a base snapshot "
-        "in the group's snapshot directory; worker A (`streambandit serve`) recovers it and serves probe contexts "
-        f"({res['probe_rate']:.0f}/s) for those models; worker B joins the group (and may take the partition at "
-        "its join). The worker holding it then "
-        "leaves (SIGTERM) or is killed (SIGKILL), "
-        "and the other one takes it. *stop -> assigned*: the holder's exit until the taker's log says it was "
-        "assigned the partition (negative when the taker had it before the holder's process ended). *recovered*: "
-        "the taker's own time from the assignment to the partition "
-        "rebuilt (snapshot loaded, the joined log after it re-applied). *assigned -> serving*: from the assignment to "
-        "the first action read back (read_committed) after it, which only the taker can have written. For the "
-        "SIGKILL the probes pause for a second before it and resume after it, so that no "
-        "transaction of the holder's is open when it dies (why: docs/architecture.md, instance ids). One run per case.",
-        "",
-        "| policy | the holder stops by | taker | models | stop -> assigned s | recovered ms | assigned -> serving s |",
-        "|---|---|---|---:|---:|---:|---:|",
-        *rows,
-        "",
-        "; ".join(verdict) + ".",
-        "",
-    ])
+            verdict.append(
+                f"{r['policy']} ({'clean leave' if r['how'] == 'leave' else 'SIGKILL'}): {serve:.2f} s, the "
+                f"{TARGET_S:g} s target {'met' if serve <= TARGET_S else 'NOT met'}"
+            )
+    return "\n".join(
+        [
+            "# A partition with many models moves to another worker",
+            "",
+            harness.provenance(res, "BLAS pinned to one thread."),
+            "",
+            f"One partition holding {res['models']:,} models (d = {res['d']}, K = {res['K']}), stored as a base snapshot "
+            "in the group's snapshot directory; worker A (`streambandit serve`) recovers it and serves probe contexts "
+            f"({res['probe_rate']:.0f}/s) for those models; worker B joins the group (and may take the partition at "
+            "its join). The worker holding it then "
+            "leaves (SIGTERM) or is killed (SIGKILL), "
+            "and the other one takes it. *stop -> assigned*: the holder's exit until the taker's log says it was "
+            "assigned the partition (negative when the taker had it before the holder's process ended). *recovered*: "
+            "the taker's own time from the assignment to the partition "
+            "rebuilt (snapshot loaded, the joined log after it re-applied). *assigned -> serving*: from the assignment to "
+            "the first action read back (read_committed) after it, which only the taker can have written. For the "
+            "SIGKILL the probes pause for a second before it and resume after it, so that no "
+            "transaction of the holder's is open when it dies (why: docs/architecture.md, instance ids). One run per case.",
+            "",
+            "| policy | the holder stops by | taker | models | stop -> assigned s | recovered ms | assigned -> serving s |",
+            "|---|---|---|---:|---:|---:|---:|",
+            *rows,
+            "",
+            "; ".join(verdict) + ".",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

@@ -29,8 +29,13 @@ def machine() -> dict:
     from streambandit.benchmarks import cpu_model
 
     try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                check=False, cwd=Path(__file__).resolve().parent).stdout.strip()
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=Path(__file__).resolve().parent,
+        ).stdout.strip()
     except OSError:
         commit = ""
     return {
@@ -48,8 +53,10 @@ def machine() -> dict:
 def provenance(result: dict, extra: str = "") -> str:
     """The report's first paragraph: the command, the machine, and what the benchmark adds."""
     m = result["machine"]
-    text = (f"Command: `{result['command']}`. Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
-            f"numpy {m['numpy']}, commit {m['commit']}, {m['date']}.")
+    text = (
+        f"Command: `{result['command']}`. Machine: {m['cpu']}, {m['cores']} cores, Python {m['python']}, "
+        f"numpy {m['numpy']}, commit {m['commit']}, {m['date']}."
+    )
     return text + (" " + extra if extra else "")
 
 
@@ -77,17 +84,38 @@ def load(name: str) -> dict:
 
 
 def parser(name: str, doc: str) -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=f"python -m bench.{name}", description=doc,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, for a smoke run: the report is printed, not written")
-    ap.add_argument("--print", dest="print_only", action="store_true",
-                    help="measure and print the report, write nothing (e.g. another checkout on PYTHONPATH)")
-    ap.add_argument("--render", action="store_true", help=f"rewrite results/{name}.md from results/{name}.json, measure nothing")
+    ap = argparse.ArgumentParser(
+        prog=f"python -m bench.{name}",
+        description=doc,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="small sizes, for a smoke run: the report is printed, not written",
+    )
+    ap.add_argument(
+        "--print",
+        dest="print_only",
+        action="store_true",
+        help="measure and print the report, write nothing (e.g. another checkout on PYTHONPATH)",
+    )
+    ap.add_argument(
+        "--render",
+        action="store_true",
+        help=f"rewrite results/{name}.md from results/{name}.json, measure nothing",
+    )
     return ap
 
 
-def main(name: str, doc: str, measure: Callable[[argparse.Namespace], dict], render: Callable[[dict], str],
-         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None, argv: list[str] | None = None) -> int:
+def main(
+    name: str,
+    doc: str,
+    measure: Callable[[argparse.Namespace], dict],
+    render: Callable[[dict], str],
+    add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+    argv: list[str] | None = None,
+) -> int:
     ap = parser(name, doc)
     if add_arguments is not None:
         add_arguments(ap)

@@ -43,8 +43,10 @@ _ASSIGNED = re.compile(r"rebalance: assigned partitions=\[([\d, ]*)\]")
 
 
 def _models_toml() -> str:
-    return (f'[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = {D}\nreward_window_ms = 60000\n'
-            'default_reward = 0.0\naggregation = "first"\n')
+    return (
+        f'[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = {D}\nreward_window_ms = 60000\n'
+        'default_reward = 0.0\naggregation = "first"\n'
+    )
 
 
 def _assignments(path: Path) -> list[tuple[float, set[int]]]:
@@ -64,7 +66,9 @@ def _owned_at(assignments: list[tuple[float, set[int]]], t: float) -> set[int]:
     return held
 
 
-def _latencies(probes: Probes, parts: set[int], t0: float, t1: float, until: float) -> tuple[list[float], int]:
+def _latencies(
+    probes: Probes, parts: set[int], t0: float, t1: float, until: float
+) -> tuple[list[float], int]:
     """Latencies (ms) of the probes of ``parts`` sent in [t0, t1), and how many went unanswered
     (each counted as waiting until ``until``)."""
     lat, missing = [], 0
@@ -83,8 +87,15 @@ def _longest_gap(probes: Probes, parts: set[int], t0: float, t1: float) -> float
     """The longest time (ms) in [t0, t1] a partition of ``parts`` went without an action read."""
     longest = 0.0
     for p in parts:
-        times = sorted([t0] + [r for e, r in list(probes.read.items())
-                               if probes.sent.get(e, (-1, 0))[0] == p and t0 <= r <= t1] + [t1])
+        times = sorted(
+            [t0]
+            + [
+                r
+                for e, r in list(probes.read.items())
+                if probes.sent.get(e, (-1, 0))[0] == p and t0 <= r <= t1
+            ]
+            + [t1]
+        )
         longest = max(longest, max(b - a for a, b in zip(times, times[1:])))
     return longest * 1000
 
@@ -98,7 +109,9 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
     t = kafka_io.fresh_topics(broker, partitions=PARTITIONS)
     group = f"join-{t.contexts}"
     cfg = workdir / f"{group}.toml"
-    cfg.write_text(kafka_io.worker_toml(group, t, _models_toml(), worker={"snapshot_interval_s": 3600}))
+    cfg.write_text(
+        kafka_io.worker_toml(group, t, _models_toml(), worker={"snapshot_interval_s": 3600})
+    )
     logs = {w: workdir / f"{group}-{w}.log" for w in "ABC"}
 
     def serve(w: str) -> subprocess.Popen:
@@ -109,8 +122,14 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
     try:
         for w in "AB":
             _wait_line(logs[w], r"worker started", 120)
-        probes = Probes(broker, t, partitions=PARTITIONS, key=lambda i: f"m-{i % PARTITIONS}-{(i // PARTITIONS) % 50}",
-                        rate=PROBE_RATE, group="join-probe")
+        probes = Probes(
+            broker,
+            t,
+            partitions=PARTITIONS,
+            key=lambda i: f"m-{i % PARTITIONS}-{(i // PARTITIONS) % 50}",
+            rate=PROBE_RATE,
+            group="join-probe",
+        )
         # Both members hold partitions and every partition answers: the group is settled.
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
@@ -140,26 +159,48 @@ def one_run(broker: EmbeddedBroker, workdir: Path, run: int) -> dict:
         if probes is not None:
             probes.close()
         kafka_io.stop_all(procs.values(), 60)
-    row = {"run": run, "non_moving": sorted(stay), "before": {w: sorted(v) for w, v in before.items()},
-           "after": {w: sorted(v) for w, v in after.items()}, "window_s": window_end - joined,
-           "steady_n": len(steady), "steady_p50_ms": _pct(steady, 0.5), "steady_p99_ms": _pct(steady, 0.99),
-           "during_n": len(during), "during_p50_ms": _pct(during, 0.5), "during_p99_ms": _pct(during, 0.99),
-           "unanswered": unanswered, "longest_gap_ms": gap}
+    row = {
+        "run": run,
+        "non_moving": sorted(stay),
+        "before": {w: sorted(v) for w, v in before.items()},
+        "after": {w: sorted(v) for w, v in after.items()},
+        "window_s": window_end - joined,
+        "steady_n": len(steady),
+        "steady_p50_ms": _pct(steady, 0.5),
+        "steady_p99_ms": _pct(steady, 0.99),
+        "during_n": len(during),
+        "during_p50_ms": _pct(during, 0.5),
+        "during_p99_ms": _pct(during, 0.99),
+        "unanswered": unanswered,
+        "longest_gap_ms": gap,
+    }
     row["p99_ratio"] = row["during_p99_ms"] / row["steady_p99_ms"]
     return row
 
 
 def measure(args: argparse.Namespace) -> dict:
     runs = 1 if args.quick else args.runs
-    res: dict = {"partitions": PARTITIONS, "probe_rate": PROBE_RATE, "steady_s": STEADY_S, "margin_s": MARGIN_S,
-                 "runs": []}
+    res: dict = {
+        "partitions": PARTITIONS,
+        "probe_rate": PROBE_RATE,
+        "steady_s": STEADY_S,
+        "margin_s": MARGIN_S,
+        "runs": [],
+    }
     with tempfile.TemporaryDirectory() as tmp, EmbeddedBroker() as broker:
         for r in range(runs):
             row = one_run(broker, Path(tmp), r + 1)
             res["runs"].append(row)
             print(", ".join(f"{k} {v}" for k, v in row.items()), flush=True)
-    for k in ("steady_p50_ms", "steady_p99_ms", "during_p50_ms", "during_p99_ms", "longest_gap_ms", "p99_ratio",
-              "window_s"):
+    for k in (
+        "steady_p50_ms",
+        "steady_p99_ms",
+        "during_p50_ms",
+        "during_p99_ms",
+        "longest_gap_ms",
+        "p99_ratio",
+        "window_s",
+    ):
         res[k] = harness.median([r[k] for r in res["runs"]])
     return res
 
@@ -169,33 +210,38 @@ def _options(ap: argparse.ArgumentParser) -> None:
 
 
 def render(res: dict) -> str:
-    rows = [f"| {r['run']} | {', '.join(map(str, r['non_moving'])) or 'none'} | {r['steady_p50_ms']:.0f} | "
-            f"{r['steady_p99_ms']:.0f} | {r['during_p50_ms']:,.0f} | {r['during_p99_ms']:,.0f} | {r['p99_ratio']:.1f} | "
-            f"{r['longest_gap_ms']:,.0f} | {r['unanswered']} |" for r in res["runs"]]
+    rows = [
+        f"| {r['run']} | {', '.join(map(str, r['non_moving'])) or 'none'} | {r['steady_p50_ms']:.0f} | "
+        f"{r['steady_p99_ms']:.0f} | {r['during_p50_ms']:,.0f} | {r['during_p99_ms']:,.0f} | {r['p99_ratio']:.1f} | "
+        f"{r['longest_gap_ms']:,.0f} | {r['unanswered']} |"
+        for r in res["runs"]
+    ]
     met = res["p99_ratio"] <= TARGET_RATIO
-    return "\n".join([
-        "# A third worker joins: the partitions that do not move",
-        "",
-        harness.provenance(res, "BLAS pinned to one thread."),
-        "",
-        f"{res['partitions']} partitions, workers A and B (`streambandit serve`, eager `range` assignor), probe "
-        f"contexts at {res['probe_rate']:.0f}/s over all partitions, their actions read back read_committed. "
-        f"*Steady*: the probes of the partitions that keep their owner, sent in {res['steady_s']:.0f} s before C "
-        f"starts. *During*: theirs sent from C's join (its start-up line) until every partition is assigned again "
-        f"plus {res['margin_s']:.0f} s (median window {res['window_s']:.1f} s); a probe never answered counts as "
-        "waiting until the end. *Longest gap*: the longest a non-moving partition went without an action read in "
-        "that window. Latencies in ms.",
-        "",
-        "| run | partitions that stay | steady p50 | steady p99 | during p50 | during p99 | p99 during / steady | "
-        "longest gap | unanswered |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
-        *rows,
-        "",
-        f"Medians over the runs: steady p99 {res['steady_p99_ms']:.0f} ms, during the rebalance p99 "
-        f"{res['during_p99_ms']:,.0f} ms, {res['p99_ratio']:.1f}x: the {TARGET_RATIO:g}x target "
-        f"{'met' if met else 'NOT met'}.",
-        "",
-    ])
+    return "\n".join(
+        [
+            "# A third worker joins: the partitions that do not move",
+            "",
+            harness.provenance(res, "BLAS pinned to one thread."),
+            "",
+            f"{res['partitions']} partitions, workers A and B (`streambandit serve`, eager `range` assignor), probe "
+            f"contexts at {res['probe_rate']:.0f}/s over all partitions, their actions read back read_committed. "
+            f"*Steady*: the probes of the partitions that keep their owner, sent in {res['steady_s']:.0f} s before C "
+            f"starts. *During*: theirs sent from C's join (its start-up line) until every partition is assigned again "
+            f"plus {res['margin_s']:.0f} s (median window {res['window_s']:.1f} s); a probe never answered counts as "
+            "waiting until the end. *Longest gap*: the longest a non-moving partition went without an action read in "
+            "that window. Latencies in ms.",
+            "",
+            "| run | partitions that stay | steady p50 | steady p99 | during p50 | during p99 | p99 during / steady | "
+            "longest gap | unanswered |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+            *rows,
+            "",
+            f"Medians over the runs: steady p99 {res['steady_p99_ms']:.0f} ms, during the rebalance p99 "
+            f"{res['during_p99_ms']:,.0f} ms, {res['p99_ratio']:.1f}x: the {TARGET_RATIO:g}x target "
+            f"{'met' if met else 'NOT met'}.",
+            "",
+        ]
+    )
 
 
 if __name__ == "__main__":

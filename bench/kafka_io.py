@@ -27,7 +27,13 @@ FAST_FETCH = {"fetch.wait.max.ms": 10}
 
 def fresh_topics(broker: EmbeddedBroker, partitions: int = traffic.PARTITIONS) -> Topics:
     tag = uuid.uuid4().hex[:8]
-    t = Topics(contexts=f"c-{tag}", rewards=f"r-{tag}", actions=f"a-{tag}", joined=f"j-{tag}", dead_letter=f"d-{tag}")
+    t = Topics(
+        contexts=f"c-{tag}",
+        rewards=f"r-{tag}",
+        actions=f"a-{tag}",
+        joined=f"j-{tag}",
+        dead_letter=f"d-{tag}",
+    )
     broker.create_topics(t.all(), partitions=partitions)
     return t
 
@@ -36,8 +42,14 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
     """Produce the events; returns per (topic, partition) the offset after the last record, from
     the delivery reports (the embedded broker reports too low a high watermark for batched,
     non-transactional writes: docs/notes/tansu.md)."""
-    p = Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
-                  "enable.idempotence": True})
+    p = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "enable.idempotence": True,
+        }
+    )
     ends: dict = {}
 
     def delivered(err, msg) -> None:
@@ -51,7 +63,9 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
         p.produce(t.contexts, key=ctx.model_key.encode(), value=encode(ctx), on_delivery=delivered)
         n += 1
         if rew is not None:
-            p.produce(t.rewards, key=rew.model_key.encode(), value=encode(rew), on_delivery=delivered)
+            p.produce(
+                t.rewards, key=rew.model_key.encode(), value=encode(rew), on_delivery=delivered
+            )
             n += 1
         if n % 5000 == 0:
             p.poll(0)
@@ -59,19 +73,39 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
     return ends
 
 
-def worker_toml(group: str, t: Topics, models_toml: str, worker: dict | None = None,
-                consumer: dict | None = None, producer: dict | None = None) -> str:
+def worker_toml(
+    group: str,
+    t: Topics,
+    models_toml: str,
+    worker: dict | None = None,
+    consumer: dict | None = None,
+    producer: dict | None = None,
+) -> str:
     """A ``streambandit serve`` configuration: group, topics, models, and the settings given."""
+
     def table(name: str, values: dict) -> list[str]:
         quote = name.startswith("kafka")  # librdkafka's dotted names are quoted TOML keys
-        return [f"[{name}]", *((f'"{k}"' if quote else k) + f" = {traffic.toml_value(v)}"
-                               for k, v in values.items()), ""]
+        return [
+            f"[{name}]",
+            *(
+                (f'"{k}"' if quote else k) + f" = {traffic.toml_value(v)}"
+                for k, v in values.items()
+            ),
+            "",
+        ]
 
-    lines = [*table("kafka.consumer", {**FAST_FETCH, **(consumer or {})}),
-             *(table("kafka.producer", producer) if producer else []),
-             *table("worker", {"group_id": group, "snapshot_interval_s": 30, **(worker or {})}),
-             *table("topics", {k: getattr(t, k) for k in ("contexts", "decisions", "rewards", "actions", "joined",
-                                                         "dead_letter")})]
+    lines = [
+        *table("kafka.consumer", {**FAST_FETCH, **(consumer or {})}),
+        *(table("kafka.producer", producer) if producer else []),
+        *table("worker", {"group_id": group, "snapshot_interval_s": 30, **(worker or {})}),
+        *table(
+            "topics",
+            {
+                k: getattr(t, k)
+                for k in ("contexts", "decisions", "rewards", "actions", "joined", "dead_letter")
+            },
+        ),
+    ]
     return "\n".join(lines) + models_toml
 
 
@@ -79,30 +113,68 @@ def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -
     """``streambandit serve`` as deployed, its log (-v) on a pipe for ``wait_for_line``."""
     cfg = workdir / f"{group}.toml"
     cfg.write_text(config_text)
-    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group),
-                             "--processes", "1"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "-v",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--snapshot-dir",
+            str(workdir / group),
+            "--processes",
+            "1",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
-def serve_to_file(broker: EmbeddedBroker, config: Path, snapshot_dir: Path, instance: str, log: Path) -> subprocess.Popen:
+def serve_to_file(
+    broker: EmbeddedBroker, config: Path, snapshot_dir: Path, instance: str, log: Path
+) -> subprocess.Popen:
     """``streambandit serve`` as deployed (one process, its own instance id), its log in ``log``."""
-    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(config),
-                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(snapshot_dir),
-                             "--processes", "1", "--instance-id", instance],
-                            stdout=subprocess.DEVNULL, stderr=open(log, "w"))
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(config),
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--snapshot-dir",
+            str(snapshot_dir),
+            "--processes",
+            "1",
+            "--instance-id",
+            instance,
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=open(log, "w"),
+    )
 
 
-def wait_for_line(proc: subprocess.Popen, pattern: str, count: int, timeout_s: float = 120) -> list[re.Match]:
+def wait_for_line(
+    proc: subprocess.Popen, pattern: str, count: int, timeout_s: float = 120
+) -> list[re.Match]:
     """Read the worker's log until ``pattern`` matched ``count`` times."""
     found, deadline, tail = [], time.monotonic() + timeout_s, collections.deque(maxlen=20)
     while len(found) < count:
         line = proc.stderr.readline()
         if not line:
             proc.wait(10)
-            raise RuntimeError(f"the worker exited (code {proc.returncode}) before logging {pattern!r}; its last "
-                               f"lines:\n{''.join(tail)}")
+            raise RuntimeError(
+                f"the worker exited (code {proc.returncode}) before logging {pattern!r}; its last "
+                f"lines:\n{''.join(tail)}"
+            )
         tail.append(line)
         if time.monotonic() > deadline:
             raise TimeoutError(f"no {pattern!r} within {timeout_s} s")
@@ -130,7 +202,13 @@ def stop_all(procs, timeout_s: float = 120) -> None:
 
 def caught_up(broker: EmbeddedBroker, group: str, ends: dict) -> bool:
     """Whether the group's committed offsets reached ``ends`` ((topic, partition) -> offset)."""
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
     try:
         got = c.committed([TopicPartition(topic, p) for topic, p in ends], timeout=10)
         return all(tp.offset >= ends[(tp.topic, tp.partition)] for tp in got)

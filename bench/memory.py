@@ -66,7 +66,9 @@ WINDOW_MS = 60_000
 HYPER = {
     "oful": {},
     "glb_omd": ad_hyper("glb_omd"),
-    "soful": {"sketch_size": 5},  # a sketched learner, for contrast: small state, more Python objects
+    "soful": {
+        "sketch_size": 5
+    },  # a sketched learner, for contrast: small state, more Python objects
 }
 POLICIES = tuple(HYPER)
 RESTORE_POLICIES = ("oful", "glb_omd")  # packing 100,000 models takes ~20 s each
@@ -96,9 +98,21 @@ def trimmed_rss() -> int:
 def models_config(policy: str):
     from streambandit.config.models import parse_models_config
 
-    return parse_models_config({"models": [{"match": "m-*", "policy": policy, "dim": D, "hyper": HYPER[policy],
-                                            "reward_window_ms": WINDOW_MS, "default_reward": 0.0,
-                                            "aggregation": "first"}]})
+    return parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m-*",
+                    "policy": policy,
+                    "dim": D,
+                    "hyper": HYPER[policy],
+                    "reward_window_ms": WINDOW_MS,
+                    "default_reward": 0.0,
+                    "aggregation": "first",
+                }
+            ]
+        }
+    )
 
 
 def feature_pool(n: int = 64, seed: int = 0) -> list[np.ndarray]:
@@ -153,9 +167,18 @@ def close_windows(engine) -> None:
 def pack(engine) -> bytes:
     from streambandit.wire import pack_snapshot
 
-    return pack_snapshot({"partition": 0, "created_ms": 0, "contexts_offset": 0, "rewards_offset": 0,
-                          "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0,
-                          "engine": engine.snapshot()})
+    return pack_snapshot(
+        {
+            "partition": 0,
+            "created_ms": 0,
+            "contexts_offset": 0,
+            "rewards_offset": 0,
+            "actions_offset": 0,
+            "joined_offset": 0,
+            "dead_letter_offset": 0,
+            "engine": engine.snapshot(),
+        }
+    )
 
 
 def child_restore(policy: str, n: int, path: str) -> dict:
@@ -176,14 +199,25 @@ def child_restore(policy: str, n: int, path: str) -> dict:
     del snap
     rss1 = settled_rss()
     assert len(engine.models) == n
-    return {"policy": policy, "mode": "restore", "n": n, "rss_growth": rss1 - rss0,
-            "rss_growth_trimmed": trimmed_rss() - rss0, "snapshot_bytes": len(data),
-            "seconds": time.perf_counter() - t0, "recent": len(engine.recent)}
+    return {
+        "policy": policy,
+        "mode": "restore",
+        "n": n,
+        "rss_growth": rss1 - rss0,
+        "rss_growth_trimmed": trimmed_rss() - rss0,
+        "snapshot_bytes": len(data),
+        "seconds": time.perf_counter() - t0,
+        "recent": len(engine.recent),
+    }
 
 
 def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) -> dict:
     pool = feature_pool()
-    warm = run_engine(policy, 1, pool, start=10**9) if mode == "engine" else run_bare(policy, 1, pool, start=10**9)
+    warm = (
+        run_engine(policy, 1, pool, start=10**9)
+        if mode == "engine"
+        else run_bare(policy, 1, pool, start=10**9)
+    )
     rss0 = settled_rss()
     t0 = time.perf_counter()
     if mode == "bare":
@@ -196,9 +230,13 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
         rss1 = settled_rss()
         close_windows(engine)
         rss2 = settled_rss()
-        res = {"rss_growth": rss1 - rss0, "rss_growth_windows_closed": rss2 - rss0,
-               "rss_growth_windows_closed_trimmed": trimmed_rss() - rss0,
-               "recent": len(engine.recent), "pending": len(engine.pending)}
+        res = {
+            "rss_growth": rss1 - rss0,
+            "rss_growth_windows_closed": rss2 - rss0,
+            "rss_growth_windows_closed_trimmed": trimmed_rss() - rss0,
+            "recent": len(engine.recent),
+            "pending": len(engine.pending),
+        }
         holder = engine.models
         assert len(holder) == n + 0 and engine.counters["joined_observed"] >= n, engine.counters
     elapsed = time.perf_counter() - t0
@@ -208,18 +246,32 @@ def child_rss(policy: str, mode: str, n: int, snapshot_path: str | None = None) 
         res["pack_seconds"] = time.perf_counter() - t1  # what Worker._snapshot spends packing
         Path(snapshot_path).write_bytes(data)
     first = next(iter(holder.values()))
-    res.update(policy=policy, mode=mode, n=n, seconds=elapsed, state_nbytes=first.state_nbytes(),
-               state_nbytes_total=sum(m.state_nbytes() for m in holder.values()))
+    res.update(
+        policy=policy,
+        mode=mode,
+        n=n,
+        seconds=elapsed,
+        state_nbytes=first.state_nbytes(),
+        state_nbytes_total=sum(m.state_nbytes() for m in holder.values()),
+    )
     del warm
     return res
 
 
 # -- child: attribution under tracemalloc ----------------------------------------------------
 
+
 def split_model(p, other) -> dict:
     """Bytes of one live model by cause (sys.getsizeof over what it owns, and its row)."""
-    parts = {"array_data": 0, "array_headers": 0, "row_scalars": 0, "config_dict": 0, "config_values": 0,
-             "other_objects": 0, "instance": 0}
+    parts = {
+        "array_data": 0,
+        "array_headers": 0,
+        "row_scalars": 0,
+        "config_dict": 0,
+        "config_values": 0,
+        "other_objects": 0,
+        "instance": 0,
+    }
     for column, nbytes in owned_rows(p).items():
         parts["array_data" if column in p._state_arrays else "row_scalars"] += nbytes
     cfg = p._config
@@ -316,23 +368,39 @@ def child_attribute(policy: str, n: int) -> dict:
         "deadline_heap": (m0 - m1) / n,
         "recent_ids": (m1 - m2) / n,
         "pending": sys.getsizeof(e.pending) / n,
-        "engine_models_dict_entry": (sys.getsizeof(e.models) + sum(sys.getsizeof(k) for k in e.models)) / n,
-        "heap_entries": n_heap, "recent_entries": n_recent, "pending_entries": n_pending,
+        "engine_models_dict_entry": (
+            sys.getsizeof(e.models) + sum(sys.getsizeof(k) for k in e.models)
+        )
+        / n,
+        "heap_entries": n_heap,
+        "recent_entries": n_recent,
+        "pending_entries": n_pending,
     }
     del warm_b, warm_e
-    return {"policy": policy, "n": n, "bare_traced_per_model": bare_traced / n,
-            "engine_traced_per_model": engine_traced / n, "split": split, "engine_split": engine_split,
-            "state_nbytes": ms[0].state_nbytes(), "instance_getsizeof": sys.getsizeof(ms[0]),
-            "row_nbytes": rows_in_use.store.row_nbytes if rows_in_use.store else None,
-            "rows_per_chunk": rows_in_use.store.rows_per_chunk if rows_in_use.store else None}
+    return {
+        "policy": policy,
+        "n": n,
+        "bare_traced_per_model": bare_traced / n,
+        "engine_traced_per_model": engine_traced / n,
+        "split": split,
+        "engine_split": engine_split,
+        "state_nbytes": ms[0].state_nbytes(),
+        "instance_getsizeof": sys.getsizeof(ms[0]),
+        "row_nbytes": rows_in_use.store.row_nbytes if rows_in_use.store else None,
+        "rows_per_chunk": rows_in_use.store.rows_per_chunk if rows_in_use.store else None,
+    }
 
 
 # -- parent ----------------------------------------------------------------------------------
 
 
 def run_child(args: list[str]) -> dict:
-    out = subprocess.run([sys.executable, "-m", "bench.memory", "--child", *args], capture_output=True, text=True,
-                         check=False)
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.memory", "--child", *args],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if out.returncode != 0:
         raise RuntimeError(f"child {args} failed:\n{out.stderr}")
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -357,14 +425,28 @@ def measure(a: argparse.Namespace) -> dict:
 
     pkg = Path(streambandit.__file__).resolve().parent
     source = {"streambandit": str(pkg)}
-    if (pkg.parent / "COMMIT").exists():  # an exported package: its commit, not the working tree's HEAD
+    if (
+        pkg.parent / "COMMIT"
+    ).exists():  # an exported package: its commit, not the working tree's HEAD
         source["commit"] = (pkg.parent / "COMMIT").read_text().strip()
     else:  # the working tree: say so when the measured package differs from that commit
-        status = subprocess.run(["git", "status", "--porcelain", "--", str(pkg)], capture_output=True, text=True,
-                                check=False, cwd=pkg.parent)
+        status = subprocess.run(
+            ["git", "status", "--porcelain", "--", str(pkg)],
+            capture_output=True,
+            text=True,
+            check=False,
+            cwd=pkg.parent,
+        )
         source["uncommitted"] = bool(status.stdout.strip())
-    res: dict = {**source, "d": D, "K": K, "n_models": n, "n_attribute": N_ATTRIBUTE,
-                 "hyper": {p: HYPER[p] for p in policies}, "cases": {}}
+    res: dict = {
+        **source,
+        "d": D,
+        "K": K,
+        "n_models": n,
+        "n_attribute": N_ATTRIBUTE,
+        "hyper": {p: HYPER[p] for p in policies},
+        "cases": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         for p in policies:
             c = res["cases"][p] = {}
@@ -372,17 +454,24 @@ def measure(a: argparse.Namespace) -> dict:
             for mode in ("bare", "engine"):
                 extra = [snap] if (mode == "engine" and p in RESTORE_POLICIES) else []
                 c[mode] = run_child([mode, p, str(n), *extra])
-                print(f"{p} {mode}: {c[mode]['rss_growth'] / n:,.0f} B/model ({c[mode]['seconds']:.1f} s)", file=sys.stderr)
+                print(
+                    f"{p} {mode}: {c[mode]['rss_growth'] / n:,.0f} B/model ({c[mode]['seconds']:.1f} s)",
+                    file=sys.stderr,
+                )
             if p in RESTORE_POLICIES:
                 c["restore"] = run_child(["restore", p, str(n), snap])
-                print(f"{p} restore: {c['restore']['rss_growth'] / n:,.0f} B/model", file=sys.stderr)
+                print(
+                    f"{p} restore: {c['restore']['rss_growth'] / n:,.0f} B/model", file=sys.stderr
+                )
             c["attribute"] = run_child(["attribute", p, str(N_ATTRIBUTE)])
     res["seconds"] = time.perf_counter() - t0
     return res
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("--policies", default=",".join(POLICIES), help="comma-separated (default: %(default)s)")
+    ap.add_argument(
+        "--policies", default=",".join(POLICIES), help="comma-separated (default: %(default)s)"
+    )
 
 
 def render(res: dict) -> str:
@@ -391,15 +480,19 @@ def render(res: dict) -> str:
         source = f"the package exported from commit {res['commit']} ({res['streambandit']})"
     else:
         source = f"the package at {res['streambandit']}" + (
-            ", with uncommitted changes" if res.get("uncommitted") else "")
+            ", with uncommitted changes" if res.get("uncommitted") else ""
+        )
     lines = [
         "# Resident memory per live model",
         "",
-        harness.provenance(res, f"{res['seconds']:.0f} s; {source}; glibc malloc. d = {res['d']}, "
-                           f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
-                           "subprocess. RSS from /proc/self/statm after gc.collect(), growth over the same process "
-                           "after imports and a one-model warm-up. RSS is not timing-sensitive: other jobs running on "
-                           "the machine at the same time do not bias it."),
+        harness.provenance(
+            res,
+            f"{res['seconds']:.0f} s; {source}; glibc malloc. d = {res['d']}, "
+            f"K = {res['K']}, {n:,} models, each decided once and updated once; every case in a fresh "
+            "subprocess. RSS from /proc/self/statm after gc.collect(), growth over the same process "
+            "after imports and a one-model warm-up. RSS is not timing-sensitive: other jobs running on "
+            "the machine at the same time do not bias it.",
+        ),
         "",
         "Last column of the first table: RSS growth / the learner's own state (`state_nbytes()`).",
         "",
@@ -420,16 +513,29 @@ def render(res: dict) -> str:
     ]
     for p, c in res["cases"].items():
         s = c["bare"]["state_nbytes_total"] / c["bare"]["n"]
-        rows = [("bare", c["bare"]["rss_growth"], c["bare"]["rss_growth_trimmed"]),
-                ("engine, windows open", c["engine"]["rss_growth"], None),
-                ("engine, windows closed", c["engine"]["rss_growth_windows_closed"],
-                 c["engine"]["rss_growth_windows_closed_trimmed"])]
+        rows = [
+            ("bare", c["bare"]["rss_growth"], c["bare"]["rss_growth_trimmed"]),
+            ("engine, windows open", c["engine"]["rss_growth"], None),
+            (
+                "engine, windows closed",
+                c["engine"]["rss_growth_windows_closed"],
+                c["engine"]["rss_growth_windows_closed_trimmed"],
+            ),
+        ]
         if "restore" in c:
-            rows.append(("engine restored from its snapshot", c["restore"]["rss_growth"], c["restore"]["rss_growth_trimmed"]))
+            rows.append(
+                (
+                    "engine restored from its snapshot",
+                    c["restore"]["rss_growth"],
+                    c["restore"]["rss_growth_trimmed"],
+                )
+            )
         for name, g, tr in rows:
             g /= n
             trim = "" if tr is None else f"{tr / n:,.0f}"
-            lines.append(f"| {p} | {name} | {g:,.0f} | {s:,.0f} | {g - s:,.0f} | {g / s:.2f} | {trim} |")
+            lines.append(
+                f"| {p} | {name} | {g:,.0f} | {s:,.0f} | {g - s:,.0f} | {g / s:.2f} | {trim} |"
+            )
     lines += [
         "",
         f"## Where the bytes go ({res['n_attribute']:,} models under tracemalloc, sys.getsizeof over what each model owns)",
@@ -450,10 +556,12 @@ def render(res: dict) -> str:
         t = c["attribute"]["bare_traced_per_model"]
         r = c["bare"]["rss_growth"] / n
         inst = s["instance"] + s["inline_attribute_values"]
-        lines.append(f"| {p} | {s['array_data']:,.0f} | {s['array_headers']:,.0f} | {s['row_scalars']:,.0f} | "
-                     f"{s['config_dict'] + s['config_values']:,.0f} ({s['config_dict']:,} + {s['config_values']:,}) | "
-                     f"{s['other_objects']:,.0f} | {inst:,.0f} | {s['models_dict_entry']:,.0f} | {t:,.0f} | "
-                     f"{r:,.0f} | {r - t:,.0f} |")
+        lines.append(
+            f"| {p} | {s['array_data']:,.0f} | {s['array_headers']:,.0f} | {s['row_scalars']:,.0f} | "
+            f"{s['config_dict'] + s['config_values']:,.0f} ({s['config_dict']:,} + {s['config_values']:,}) | "
+            f"{s['other_objects']:,.0f} | {inst:,.0f} | {s['models_dict_entry']:,.0f} | {t:,.0f} | "
+            f"{r:,.0f} | {r - t:,.0f} |"
+        )
     lines += [
         "",
         "Engine bookkeeping per model (same small run, windows still open): the engine's own "
@@ -466,13 +574,18 @@ def render(res: dict) -> str:
     ]
     for p, c in res["cases"].items():
         a, e = c["attribute"], c["attribute"]["engine_split"]
-        lines.append(f"| {p} | {e['engine_models_dict_entry']:,.0f} | {e['deadline_heap']:,.0f} | "
-                     f"{e['recent_ids']:,.0f} | {e['pending']:,.0f} | {a['engine_traced_per_model']:,.0f} | "
-                     f"{a['bare_traced_per_model']:,.0f} | "
-                     f"{a['engine_traced_per_model'] - a['bare_traced_per_model']:,.0f} |")
+        lines.append(
+            f"| {p} | {e['engine_models_dict_entry']:,.0f} | {e['deadline_heap']:,.0f} | "
+            f"{e['recent_ids']:,.0f} | {e['pending']:,.0f} | {a['engine_traced_per_model']:,.0f} | "
+            f"{a['bare_traced_per_model']:,.0f} | "
+            f"{a['engine_traced_per_model'] - a['bare_traced_per_model']:,.0f} |"
+        )
     lines += ["", "Snapshot bytes per model at d = 20 and 100: bench/results/recovery.md."]
-    snaps = [(p, c["engine"], c["restore"]) for p, c in res["cases"].items()
-             if "restore" in c and "pack_seconds" in c["engine"]]
+    snaps = [
+        (p, c["engine"], c["restore"])
+        for p, c in res["cases"].items()
+        if "restore" in c and "pack_seconds" in c["engine"]
+    ]
     if snaps:
         lines += [
             "",
@@ -486,8 +599,10 @@ def render(res: dict) -> str:
             "|---|---:|---:|---:|---:|",
         ]
         for p, e, r in snaps:
-            lines.append(f"| {p} | {r['snapshot_bytes'] / 1e6:,.0f} | {e['pack_seconds']:.1f} | "
-                         f"{1e6 * e['pack_seconds'] / n:,.0f} | {r['seconds']:.1f} |")
+            lines.append(
+                f"| {p} | {r['snapshot_bytes'] / 1e6:,.0f} | {e['pack_seconds']:.1f} | "
+                f"{1e6 * e['pack_seconds'] / n:,.0f} | {r['seconds']:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -50,8 +50,21 @@ def event_id_span(value: bytes) -> tuple[int, int]:
 def template() -> bytes:
     """An action-sized record (the one part 1 of bench.e2e writes)."""
     c0 = traffic.backlog(1)[0][0]
-    return encode(records.Action(c0.event_id, c0.model_key, c0.arm_ids[0], 0, 0.5, 1.0, 12345, c0.timestamp_ms,
-                            c0.features[0], 0, 12345))
+    return encode(
+        records.Action(
+            c0.event_id,
+            c0.model_key,
+            c0.arm_ids[0],
+            0,
+            0.5,
+            1.0,
+            12345,
+            c0.timestamp_ms,
+            c0.features[0],
+            0,
+            12345,
+        )
+    )
 
 
 def main() -> None:
@@ -63,13 +76,21 @@ def main() -> None:
     ap.add_argument("--group", required=True)
     ap.add_argument("--fetch-wait", type=int, default=10, help="fetch.wait.max.ms of the consumer")
     ap.add_argument("--linger", type=int, default=5, help="linger.ms of the transactional producer")
-    ap.add_argument("--poll-timeout", type=int, default=50, help="ms to wait for the first record of a batch")
+    ap.add_argument(
+        "--poll-timeout", type=int, default=50, help="ms to wait for the first record of a batch"
+    )
     args = ap.parse_args()
 
     action = template()
-    head, tail = action[:3], action[event_id_span(action)[1]:]
-    consumer = Consumer(consumer_settings(args.bootstrap_servers, args.group, {"fetch.wait.max.ms": args.fetch_wait}))
-    producer = Producer(producer_settings(args.bootstrap_servers, f"{args.group}-tx", {"linger.ms": args.linger}))
+    head, tail = action[:3], action[event_id_span(action)[1] :]
+    consumer = Consumer(
+        consumer_settings(
+            args.bootstrap_servers, args.group, {"fetch.wait.max.ms": args.fetch_wait}
+        )
+    )
+    producer = Producer(
+        producer_settings(args.bootstrap_servers, f"{args.group}-tx", {"linger.ms": args.linger})
+    )
     producer.init_transactions(30)
 
     def on_assign(_c, tps) -> None:
@@ -95,12 +116,15 @@ def main() -> None:
             if m.error():
                 continue
             v = m.value()
-            out = head + v[3:event_id_span(v)[1]] + tail if m.topic() == args.contexts else action
+            out = head + v[3 : event_id_span(v)[1]] + tail if m.topic() == args.contexts else action
             producer.produce(args.actions, value=out, key=m.key(), partition=m.partition())
             nxt[(m.topic(), m.partition())] = m.offset() + 1
         producer.poll(0)
-        producer.send_offsets_to_transaction([TopicPartition(t, p, o) for (t, p), o in nxt.items()],
-                                             consumer.consumer_group_metadata(), 30)
+        producer.send_offsets_to_transaction(
+            [TopicPartition(t, p, o) for (t, p), o in nxt.items()],
+            consumer.consumer_group_metadata(),
+            30,
+        )
         producer.commit_transaction(30)
     consumer.close()
     producer.flush(10)

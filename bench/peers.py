@@ -27,8 +27,12 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def render(res: dict) -> str:
-    return inprocess.render_markdown(res, command=res["command"], machine_desc={**res["machine"], "versions": res["versions"]})
+    return inprocess.render_markdown(
+        res, command=res["command"], machine_desc={**res["machine"], "versions": res["versions"]}
+    )
 
 
 if __name__ == "__main__":
-    raise SystemExit(harness.main("peers", __doc__, measure, render, add_arguments=inprocess.add_stream_options))
+    raise SystemExit(
+        harness.main("peers", __doc__, measure, render, add_arguments=inprocess.add_stream_options)
+    )

@@ -38,7 +38,11 @@ class NaiveOFUL:
     def select(self, arms: np.ndarray) -> int:
         vinv = np.linalg.inv(self.v)
         theta = vinv @ self.b
-        return int(np.argmax(arms @ theta + self.beta * np.sqrt(np.einsum("kd,de,ke->k", arms, vinv, arms))))
+        return int(
+            np.argmax(
+                arms @ theta + self.beta * np.sqrt(np.einsum("kd,de,ke->k", arms, vinv, arms))
+            )
+        )
 
     def update(self, x: np.ndarray, r: float) -> None:
         self.v += np.outer(x, x)
@@ -89,11 +93,17 @@ def per_round_table(dims, rounds, repeats):
                 times[name].append(time_block(p, arms[block], rewards[block]))
         med = {name: harness.median(ts) * 1e6 for name, ts in times.items()}
         for name in POLICY_PARAMS:
-            rows.append({
-                "policy": name, "d": d, "K": K, "us_per_round": med[name],
-                "naive_oful_us": med["naive_oful"], "speedup_vs_naive": med["naive_oful"] / med[name],
-                "runs": [t * 1e6 for t in times[name]],
-            })
+            rows.append(
+                {
+                    "policy": name,
+                    "d": d,
+                    "K": K,
+                    "us_per_round": med[name],
+                    "naive_oful_us": med["naive_oful"],
+                    "speedup_vs_naive": med["naive_oful"] / med[name],
+                    "runs": [t * 1e6 for t in times[name]],
+                }
+            )
     return rows
 
 
@@ -108,21 +118,41 @@ def flat_in_t_table(checkpoints, block, d=20):
         t = 0
         for c in sorted(checkpoints):
             time_block(p, arms[t:c], rewards[t:c])  # advance to t = c
-            at[c] = time_block(p, arms[c:c + block], rewards[c:c + block]) * 1e6
+            at[c] = time_block(p, arms[c : c + block], rewards[c : c + block]) * 1e6
             t = c + block
-        rows.append({"policy": name, "d": d, "us_at_t": at, "ratio_last_first": at[max(checkpoints)] / at[min(checkpoints)]})
+        rows.append(
+            {
+                "policy": name,
+                "d": d,
+                "us_at_t": at,
+                "ratio_last_first": at[max(checkpoints)] / at[min(checkpoints)],
+            }
+        )
     return rows
 
 
 def measure(args: argparse.Namespace) -> dict:
     dims, rounds, repeats = ((10, 50), 200, 3) if args.quick else ((10, 50, 200), 1000, 7)
     checkpoints, block = ((1_000, 5_000), 200) if args.quick else ((1_000, 10_000, 100_000), 1000)
-    return {"K": K, "rounds": rounds, "repeats": repeats, "block": block, "checkpoints": list(checkpoints),
-            "per_round": per_round_table(dims, rounds, repeats), "flat_in_t": flat_in_t_table(checkpoints, block)}
+    return {
+        "K": K,
+        "rounds": rounds,
+        "repeats": repeats,
+        "block": block,
+        "checkpoints": list(checkpoints),
+        "per_round": per_round_table(dims, rounds, repeats),
+        "flat_in_t": flat_in_t_table(checkpoints, block),
+    }
 
 
 def render(res: dict) -> str:
-    k, repeats, rounds, block, checkpoints = res["K"], res["repeats"], res["rounds"], res["block"], res["checkpoints"]
+    k, repeats, rounds, block, checkpoints = (
+        res["K"],
+        res["repeats"],
+        res["rounds"],
+        res["block"],
+        res["checkpoints"],
+    )
     lines = [
         "# Learners: select + update cost",
         "",
@@ -137,11 +167,17 @@ def render(res: dict) -> str:
         "|---|---:|---:|---:|---:|",
     ]
     for r in res["per_round"]:
-        lines.append(f"| {r['policy']} | {r['d']} | {r['us_per_round']:.1f} | {r['naive_oful_us']:.1f} "
-                     f"| {r['speedup_vs_naive']:.1f}x |")
-    lines += ["", f"## Per-round time against t (d = 20, K = {k}, blocks of {block} rounds starting at t)", "",
-              "| policy | " + " | ".join(f"t = {c:,}" for c in checkpoints) + " | last / first |",
-              "|---|" + "---:|" * (len(checkpoints) + 1)]
+        lines.append(
+            f"| {r['policy']} | {r['d']} | {r['us_per_round']:.1f} | {r['naive_oful_us']:.1f} "
+            f"| {r['speedup_vs_naive']:.1f}x |"
+        )
+    lines += [
+        "",
+        f"## Per-round time against t (d = 20, K = {k}, blocks of {block} rounds starting at t)",
+        "",
+        "| policy | " + " | ".join(f"t = {c:,}" for c in checkpoints) + " | last / first |",
+        "|---|" + "---:|" * (len(checkpoints) + 1),
+    ]
     for r in res["flat_in_t"]:
         cells = " | ".join(f"{r['us_at_t'][str(c)]:.1f} us" for c in checkpoints)
         lines.append(f"| {r['policy']} | {cells} | {r['ratio_last_first']:.2f} |")

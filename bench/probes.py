@@ -19,8 +19,16 @@ class Probes:
     (while ``paused`` is clear); ``sent[event_id]`` is (partition, wall time) and ``read[event_id]``
     the wall time its action was read."""
 
-    def __init__(self, broker: EmbeddedBroker, t, *, partitions: int, key: Callable[[int], str], rate: float,
-                 group: str) -> None:
+    def __init__(
+        self,
+        broker: EmbeddedBroker,
+        t,
+        *,
+        partitions: int,
+        key: Callable[[int], str],
+        rate: float,
+        group: str,
+    ) -> None:
         from confluent_kafka import Consumer, Producer, TopicPartition
 
         self.sent: dict[str, tuple[int, float]] = {}
@@ -28,9 +36,15 @@ class Probes:
         self.paused = threading.Event()
         self._stop = threading.Event()
         self._prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "linger.ms": 0})
-        self._cons = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group,
-                               "isolation.level": "read_committed", "enable.auto.commit": False,
-                               "fetch.wait.max.ms": 10})
+        self._cons = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap_servers,
+                "group.id": group,
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "fetch.wait.max.ms": 10,
+            }
+        )
         self._cons.assign([TopicPartition(t.actions, p, 0) for p in range(partitions)])
         self._t, self._partitions, self._key, self._rate = t, partitions, key, rate
         self._threads = [threading.Thread(target=f, daemon=True) for f in (self._send, self._read)]

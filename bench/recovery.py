@@ -34,8 +34,12 @@ def recovery(broker: EmbeddedBroker, policy: str, events: list, workdir: Path) -
     t = kafka_io.fresh_topics(broker)
     ends = kafka_io.produce(broker, t, events)
     group = f"rec-{t.contexts}"
-    config = kafka_io.worker_toml(group, t, traffic.models_toml(policy), worker={
-        "snapshot_interval_s": 1e9, "snapshot_every_updates": 10**9, "idle_tick_ms": 10**9})
+    config = kafka_io.worker_toml(
+        group,
+        t,
+        traffic.models_toml(policy),
+        worker={"snapshot_interval_s": 1e9, "snapshot_every_updates": 10**9, "idle_tick_ms": 10**9},
+    )
     proc = kafka_io.serve(broker, config, workdir, group)
     kafka_io.wait_for_line(proc, r"partition assigned", traffic.PARTITIONS)
     while not kafka_io.caught_up(broker, group, ends):
@@ -51,13 +55,18 @@ def recovery(broker: EmbeddedBroker, policy: str, events: list, workdir: Path) -
         lines = traffic.PARTITIONS * (2 if case == "from_logs" else 1)
         got = kafka_io.wait_for_line(proc, assigned + r"|snapshot partition=\d+ base", lines)
         resumed_s = time.perf_counter() - started
-        out[case] = {"recover_ms": [int(m.group(1)) for m in got if m.group(1)], "restart_to_resumed_s": resumed_s}
+        out[case] = {
+            "recover_ms": [int(m.group(1)) for m in got if m.group(1)],
+            "restart_to_resumed_s": resumed_s,
+        }
         kafka_io.stop(proc, signal.SIGKILL)
     out["joined_replayed"] = len(events)
     return out
 
 
-def snapshot_bytes_per_model(policy: str, dim: int, n_models: int = 100, updates_per_model: int = 50) -> dict:
+def snapshot_bytes_per_model(
+    policy: str, dim: int, n_models: int = 100, updates_per_model: int = 50
+) -> dict:
     cfg = parse_models_config(traffic.models(policy, 10**12, match="m-*", dim=dim))
     engine = PartitionEngine(cfg)
     rng = np.random.default_rng(0)
@@ -68,22 +77,43 @@ def snapshot_bytes_per_model(policy: str, dim: int, n_models: int = 100, updates
             model.update(x, float(rng.random() < 0.1))
     empty = len(pack_snapshot(_snap(PartitionEngine(cfg))))
     full = len(pack_snapshot(_snap(engine)))
-    return {"bytes_per_model": (full - empty) / n_models, "state_nbytes": engine.models["m-0"].state_nbytes(),
-            "models": n_models}
+    return {
+        "bytes_per_model": (full - empty) / n_models,
+        "state_nbytes": engine.models["m-0"].state_nbytes(),
+        "models": n_models,
+    }
 
 
 def _snap(engine: PartitionEngine) -> dict:
-    return {"partition": 0, "created_ms": 0, "contexts_offset": 0, "rewards_offset": 0, "actions_offset": 0,
-            "joined_offset": 0, "dead_letter_offset": 0, "engine": engine.snapshot()}
+    return {
+        "partition": 0,
+        "created_ms": 0,
+        "contexts_offset": 0,
+        "rewards_offset": 0,
+        "actions_offset": 0,
+        "joined_offset": 0,
+        "dead_letter_offset": 0,
+        "engine": engine.snapshot(),
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
     n, repeats = (2000, 1) if args.quick else (20_000, 2)
-    res: dict = {"d": traffic.D, "K": traffic.K, "partitions": traffic.PARTITIONS, "contexts": n, "repeats": repeats}
+    res: dict = {
+        "d": traffic.D,
+        "K": traffic.K,
+        "partitions": traffic.PARTITIONS,
+        "contexts": n,
+        "repeats": repeats,
+    }
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        res["recovery"] = {p: [recovery(broker, p, traffic.backlog(n, seed=1), Path(tmp)) for _ in range(repeats)]
-                           for p in POLICIES}
-    res["snapshot"] = {f"{p}@d={d}": snapshot_bytes_per_model(p, d) for p in POLICIES for d in (20, 100)}
+        res["recovery"] = {
+            p: [recovery(broker, p, traffic.backlog(n, seed=1), Path(tmp)) for _ in range(repeats)]
+            for p in POLICIES
+        }
+    res["snapshot"] = {
+        f"{p}@d={d}": snapshot_bytes_per_model(p, d) for p in POLICIES for d in (20, 100)
+    }
     return res
 
 
@@ -92,8 +122,11 @@ def render(res: dict) -> str:
     lines = [
         "# What a restart costs",
         "",
-        harness.provenance(res, f"Broker: embedded Tansu (in-memory), same machine. d = {res['d']}, K = {res['K']} arms, "
-                                f"{res['partitions']} partitions, 4 model keys, transactions on (read_committed)."),
+        harness.provenance(
+            res,
+            f"Broker: embedded Tansu (in-memory), same machine. d = {res['d']}, K = {res['K']} arms, "
+            f"{res['partitions']} partitions, 4 model keys, transactions on (read_committed).",
+        ),
         "",
         f"## Recovery after SIGKILL ({res['contexts']:,} contexts, one model version per joined record)",
         "",

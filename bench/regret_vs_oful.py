@@ -64,35 +64,68 @@ def final_regrets(label, setup, rounds, seeds):
             r = run_policy(make_policy(policy, dim=env.dim, **kw), env, rounds, seed)
             finals.setdefault(name, []).append(r.final_regret)
         finals.setdefault("uniform random", []).append(run_uniform(env, rounds, seed).final_regret)
-    return {"setup": label, "rounds": rounds, "seeds": list(seeds),
-            "final_regret": {k: {"mean": float(np.mean(v)), "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
-                                 "median": float(np.median(v)), "per_seed": v} for k, v in finals.items()}}
+    return {
+        "setup": label,
+        "rounds": rounds,
+        "seeds": list(seeds),
+        "final_regret": {
+            k: {
+                "mean": float(np.mean(v)),
+                "sd": float(np.std(v, ddof=1)) if len(v) > 1 else 0.0,
+                "median": float(np.median(v)),
+                "per_seed": v,
+            }
+            for k, v in finals.items()
+        },
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
     seeds = range(2) if args.quick else range(10)
     t_log, t_heavy = (1000, 3000) if args.quick else (5000, 18000)
-    return {"rows": [
-        final_regrets("logistic, S = 3", lambda s: logistic_setup(3.0, s), t_log, seeds),
-        final_regrets("logistic, S = 5", lambda s: logistic_setup(5.0, s), t_log, seeds),
-        final_regrets("Student-t (df 2.1) noise", lambda s: heavy_setup("student_t", s, t_heavy), t_heavy, seeds),
-        final_regrets("Gaussian N(0,1) noise", lambda s: heavy_setup("gaussian", s, t_heavy), t_heavy, seeds),
-    ]}
+    return {
+        "rows": [
+            final_regrets("logistic, S = 3", lambda s: logistic_setup(3.0, s), t_log, seeds),
+            final_regrets("logistic, S = 5", lambda s: logistic_setup(5.0, s), t_log, seeds),
+            final_regrets(
+                "Student-t (df 2.1) noise",
+                lambda s: heavy_setup("student_t", s, t_heavy),
+                t_heavy,
+                seeds,
+            ),
+            final_regrets(
+                "Gaussian N(0,1) noise",
+                lambda s: heavy_setup("gaussian", s, t_heavy),
+                t_heavy,
+                seeds,
+            ),
+        ]
+    }
 
 
 def render(res: dict) -> str:
     n_seeds = len(res["rows"][0]["seeds"])
-    lines = ["# Regret next to OFUL on the same rounds", "",
-             harness.provenance(res, "Final cumulative pseudo-regret, mean +- sd (median) over "
-                                     f"{n_seeds} seeds; each seed is a new problem instance and new noise."), "",
-             "| setup | T | learner | final regret | uniform random |", "|---|---:|---|---:|---:|"]
+    lines = [
+        "# Regret next to OFUL on the same rounds",
+        "",
+        harness.provenance(
+            res,
+            "Final cumulative pseudo-regret, mean +- sd (median) over "
+            f"{n_seeds} seeds; each seed is a new problem instance and new noise.",
+        ),
+        "",
+        "| setup | T | learner | final regret | uniform random |",
+        "|---|---:|---|---:|---:|",
+    ]
     for row in res["rows"]:
         rnd = row["final_regret"]["uniform random"]["mean"]
         for name, f in row["final_regret"].items():
             if name == "uniform random":
                 continue
-            lines.append(f"| {row['setup']} | {row['rounds']:,} | {name} | {f['mean']:.1f} +- {f['sd']:.1f} "
-                         f"({f['median']:.1f}) | {rnd:.1f} |")
+            lines.append(
+                f"| {row['setup']} | {row['rounds']:,} | {name} | {f['mean']:.1f} +- {f['sd']:.1f} "
+                f"({f['median']:.1f}) | {rnd:.1f} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -71,9 +71,26 @@ def own_log(policy: str, n: int, seed: int = 0) -> list[LoggedDecision]:
         spec = cfg.resolve(key)
         model = models.get(key) or models.setdefault(key, spec.build())
         req = traffic.request(rng)
-        d = decide(model, req.features, epsilon=spec.epsilon, model_key=key, event_id=f"e{t}", seed=spec.seed)
+        d = decide(
+            model,
+            req.features,
+            epsilon=spec.epsilon,
+            model_key=key,
+            event_id=f"e{t}",
+            seed=spec.seed,
+        )
         reward = float(traffic.click(rng, float(req.click_rates[d.index])))
-        rec = LoggedDecision(t, f"e{t}", key, req.ad_ids, req.features, d.index, d.propensity, reward, model.n_updates)
+        rec = LoggedDecision(
+            t,
+            f"e{t}",
+            key,
+            req.ad_ids,
+            req.features,
+            d.index,
+            d.propensity,
+            reward,
+            model.n_updates,
+        )
         heapq.heappush(due, (t + int(rng.integers(1, MAX_DELAY)), t, rec))
     while due:
         _, _, rec = heapq.heappop(due)
@@ -88,8 +105,18 @@ def uniform_log(n: int, seed: int = 1, dim: int = D) -> list[LoggedDecision]:
     for t in range(n):
         req = traffic.request(rng)
         a = int(rng.integers(K))
-        log.append(LoggedDecision(t, f"e{t}", KEYS[int(rng.integers(len(KEYS)))], req.ad_ids, req.features, a,
-                                  1.0 / K, float(traffic.click(rng, float(req.click_rates[a])))))
+        log.append(
+            LoggedDecision(
+                t,
+                f"e{t}",
+                KEYS[int(rng.integers(len(KEYS)))],
+                req.ad_ids,
+                req.features,
+                a,
+                1.0 / K,
+                float(traffic.click(rng, float(req.click_rates[a]))),
+            )
+        )
     return log
 
 
@@ -97,10 +124,17 @@ def run_runner(policy: str, log: list[LoggedDecision], dim: int = D) -> dict:
     t0 = time.perf_counter()
     r = replay(log, config(policy, dim))
     s = time.perf_counter() - t0
-    return {"rows_per_s": len(log) / s, "seconds": s, "matched": r.matched, "off_version": r.off_version}
+    return {
+        "rows_per_s": len(log) / s,
+        "seconds": s,
+        "matched": r.matched,
+        "off_version": r.off_version,
+    }
 
 
-def run_bare(policy: str, log: list[LoggedDecision], decisions: dict[str, int], dim: int = D) -> float:
+def run_bare(
+    policy: str, log: list[LoggedDecision], decisions: dict[str, int], dim: int = D
+) -> float:
     """The target's own work: scores for every event, an update for every matched one."""
     cfg = config(policy, dim)
     models = {k: cfg.resolve(k).build() for k in {d.model_key for d in log}}
@@ -116,7 +150,17 @@ def run_bare(policy: str, log: list[LoggedDecision], decisions: dict[str, int], 
 def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
     cfg = work / f"{policy}.toml"
     cfg.write_text(toml(policy))
-    cmd = [sys.executable, "-m", "streambandit", "replay", str(avro), "--config", str(cfg), "--out", str(work / "out")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "streambandit",
+        "replay",
+        str(avro),
+        "--config",
+        str(cfg),
+        "--out",
+        str(work / "out"),
+    ]
     t0 = time.perf_counter()
     out = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT, check=False)
     s = time.perf_counter() - t0
@@ -127,8 +171,16 @@ def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     repeats, n = (1, 2000) if args.quick else (3, 20_000)
-    res: dict = {"d": D, "K": K, "model_keys": len(KEYS), "epsilon": EPSILON,
-                 "max_delay_events": MAX_DELAY, "events": n, "repeats": repeats, "runs": {}}
+    res: dict = {
+        "d": D,
+        "K": K,
+        "model_keys": len(KEYS),
+        "epsilon": EPSILON,
+        "max_delay_events": MAX_DELAY,
+        "events": n,
+        "repeats": repeats,
+        "runs": {},
+    }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         logs: dict = {}
@@ -153,13 +205,20 @@ def measure(args: argparse.Namespace) -> dict:
                     row = runs.setdefault(f"{p}/{kind}", {"runner": [], "cli": [], "bare": []})
                     rr = run_runner(p, log)
                     row["runner"].append(rr)
-                    decisions = replay(log, config(p)).decisions if r == 0 and "decisions" not in row else None
+                    decisions = (
+                        replay(log, config(p)).decisions
+                        if r == 0 and "decisions" not in row
+                        else None
+                    )
                     if decisions is not None:
                         row["decisions"] = decisions
                     row["bare"].append(run_bare(p, log, row["decisions"]))
                     row["cli"].append(run_cli(p, avro, work, n))
-                    print(f"{p} {kind} run {r}: runner {rr['rows_per_s']:,.0f} rows/s (matched {rr['matched']}), "
-                          f"cli {row['cli'][-1]['rows_per_s']:,.0f} rows/s, bare {row['bare'][-1]:,.0f}/s", flush=True)
+                    print(
+                        f"{p} {kind} run {r}: runner {rr['rows_per_s']:,.0f} rows/s (matched {rr['matched']}), "
+                        f"cli {row['cli'][-1]['rows_per_s']:,.0f} rows/s, bare {row['bare'][-1]:,.0f}/s",
+                        flush=True,
+                    )
         for row in runs.values():
             row.pop("decisions", None)
         res["runs"] = runs
@@ -173,8 +232,10 @@ def measure(args: argparse.Namespace) -> dict:
             for r in range(repeats):
                 entry["runner"].append(run_runner("oful", log, dim)["rows_per_s"])
                 entry["bare"].append(run_bare("oful", log, decisions, dim))
-                print(f"oful d={dim} run {r}: runner {entry['runner'][-1]:,.0f} rows/s, bare {entry['bare'][-1]:,.0f}/s",
-                      flush=True)
+                print(
+                    f"oful d={dim} run {r}: runner {entry['runner'][-1]:,.0f} rows/s, bare {entry['bare'][-1]:,.0f}/s",
+                    flush=True,
+                )
         res["by_dim"] = by_dim
         res["command_fixed_seconds"] = startup
     return res
@@ -211,8 +272,10 @@ def render(res: dict) -> str:
         bare = med(row["bare"])
         matched = row["runner"][0]["matched"]
         after = n / (cli_s - fixed) if cli_s > fixed else float("nan")
-        lines.append(f"| {p} | {kind} | {matched:,} | {runner:,.0f} | {cli:,.0f} | {cli_s:.1f} | {after:,.0f} | "
-                     f"{bare:,.0f} | {runner / bare:.0%} |")
+        lines.append(
+            f"| {p} | {kind} | {matched:,} | {runner:,.0f} | {cli:,.0f} | {cli_s:.1f} | {after:,.0f} | "
+            f"{bare:,.0f} | {runner / bare:.0%} |"
+        )
     lines += [
         "",
         f"The command has a fixed cost of {fixed:.2f} s (median of the same command on a 10-row log: interpreter "
@@ -221,16 +284,21 @@ def render(res: dict) -> str:
     ]
     if "by_dim" in res:
         lines += [
-            f"## oful by dimension (uniform log, K = {res['K']}; the target is {TARGET_ROWS_PER_S:,} rows/s)", "",
+            f"## oful by dimension (uniform log, K = {res['K']}; the target is {TARGET_ROWS_PER_S:,} rows/s)",
+            "",
             "| d | events | runner rows / s | bare learner rows / s | runner / bare | runner / target |",
             "|---:|---:|---:|---:|---:|---:|",
         ]
         verdicts = []
         for dim, e in res["by_dim"].items():
             runner, bare = med(e["runner"]), med(e["bare"])
-            lines.append(f"| {dim} | {e['events']:,} | {runner:,.0f} | {bare:,.0f} | {runner / bare:.0%} | "
-                         f"{runner / TARGET_ROWS_PER_S:.2f} |")
-            verdict = f"d = {dim}: the target is {'met' if runner >= TARGET_ROWS_PER_S else 'not met'}"
+            lines.append(
+                f"| {dim} | {e['events']:,} | {runner:,.0f} | {bare:,.0f} | {runner / bare:.0%} | "
+                f"{runner / TARGET_ROWS_PER_S:.2f} |"
+            )
+            verdict = (
+                f"d = {dim}: the target is {'met' if runner >= TARGET_ROWS_PER_S else 'not met'}"
+            )
             if bare < TARGET_ROWS_PER_S:
                 verdict += f", and cannot be: the bare learner runs {bare:,.0f} rows/s"
             verdicts.append(verdict)

@@ -37,7 +37,12 @@ def events(n: int) -> list:
     out = []
     for i, (ctx, rew) in enumerate(traffic.backlog(n)):
         key = f"placement-{i % PLACEMENTS}"
-        out.append((dataclasses.replace(ctx, model_key=key), rew and dataclasses.replace(rew, model_key=key)))
+        out.append(
+            (
+                dataclasses.replace(ctx, model_key=key),
+                rew and dataclasses.replace(rew, model_key=key),
+            )
+        )
     return out
 
 
@@ -61,7 +66,13 @@ def _cpu(pids: list[int]) -> float:
 def committed(broker: EmbeddedBroker, group: str, ends: dict) -> int:
     from confluent_kafka import Consumer, TopicPartition
 
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
     try:
         got = c.committed([TopicPartition(topic, p) for topic, p in ends], timeout=10)
         return sum(max(tp.offset, 0) for tp in got)
@@ -77,18 +88,36 @@ def one_run(broker: EmbeddedBroker, workers: int, evs: list, workdir: Path) -> d
     cfg = workdir / f"{group}.toml"
     cfg.write_text(kafka_io.worker_toml(group, t, traffic.models_toml("oful")))
     log = open(workdir / f"{group}.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(workdir / group),
-                             "--processes", str(workers)], stdout=subprocess.DEVNULL, stderr=log,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "-v",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--snapshot-dir",
+            str(workdir / group),
+            "--processes",
+            str(workers),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     broker_pid = broker._proc.pid  # noqa: SLF001 (benchmark only: the broker's CPU time)
     marks: dict[str, tuple[float, int, float, float]] = {}
     try:
         deadline = time.monotonic() + 600
         while "end" not in marks:
             if time.monotonic() > deadline or proc.poll() is not None:
-                raise RuntimeError(f"{workers} workers: {committed(broker, group, ends)} of {total} committed; "
-                                   f"log {workdir / f'{group}.log'}")
+                raise RuntimeError(
+                    f"{workers} workers: {committed(broker, group, ends)} of {total} committed; "
+                    f"log {workdir / f'{group}.log'}"
+                )
             pids = [proc.pid, *_children(proc.pid)]  # the supervisor (W > 1) and its workers
             done = committed(broker, group, ends)
             now, cpu_w, cpu_b = time.perf_counter(), _cpu(pids), kafka_io.broker_cpu(broker_pid)
@@ -102,11 +131,20 @@ def one_run(broker: EmbeddedBroker, workers: int, evs: list, workdir: Path) -> d
         log.close()
     (t0, d0, w0, b0), (t1, d1, w1, b1) = marks["start"], marks["end"]
     seconds = t1 - t0
-    out = {"workers": workers, "events": d1 - d0, "seconds": seconds, "events_per_s": (d1 - d0) / seconds,
-           "worker_cpu_s": w1 - w0, "broker_cpu_s": b1 - b0, "events_per_worker_cpu_s": (d1 - d0) / (w1 - w0)}
-    print(f"{workers} workers: {out['events_per_s']:,.0f} events/s, {out['events_per_worker_cpu_s']:,.0f} per worker "
-          f"CPU-s (workers {out['worker_cpu_s'] / seconds:.2f} cores, broker {out['broker_cpu_s'] / seconds:.2f})",
-          flush=True)
+    out = {
+        "workers": workers,
+        "events": d1 - d0,
+        "seconds": seconds,
+        "events_per_s": (d1 - d0) / seconds,
+        "worker_cpu_s": w1 - w0,
+        "broker_cpu_s": b1 - b0,
+        "events_per_worker_cpu_s": (d1 - d0) / (w1 - w0),
+    }
+    print(
+        f"{workers} workers: {out['events_per_s']:,.0f} events/s, {out['events_per_worker_cpu_s']:,.0f} per worker "
+        f"CPU-s (workers {out['worker_cpu_s'] / seconds:.2f} cores, broker {out['broker_cpu_s'] / seconds:.2f})",
+        flush=True,
+    )
     return out
 
 
@@ -116,21 +154,36 @@ def measure(a: argparse.Namespace) -> dict:
     evs = events(n)
     runs: dict[int, list] = {w: [] for w in WORKERS}
     with EmbeddedBroker() as broker, tempfile.TemporaryDirectory() as tmp:
-        for _ in range(repeats):  # interleaved, so a slow spell of the machine hits every count alike
+        for _ in range(
+            repeats
+        ):  # interleaved, so a slow spell of the machine hits every count alike
             for w in WORKERS:
                 runs[w].append(one_run(broker, w, evs, Path(tmp)))
     rows = []
     for w in WORKERS:
         rs = runs[w]
-        rows.append({"workers": w, "events_per_s": harness.median([r["events_per_s"] for r in rs]),
-                     "events_per_worker_cpu_s": harness.median([r["events_per_worker_cpu_s"] for r in rs]),
-                     "worker_cores": harness.median([r["worker_cpu_s"] / r["seconds"] for r in rs]),
-                     "broker_cores": harness.median([r["broker_cpu_s"] / r["seconds"] for r in rs]),
-                     "runs": rs})
+        rows.append(
+            {
+                "workers": w,
+                "events_per_s": harness.median([r["events_per_s"] for r in rs]),
+                "events_per_worker_cpu_s": harness.median(
+                    [r["events_per_worker_cpu_s"] for r in rs]
+                ),
+                "worker_cores": harness.median([r["worker_cpu_s"] / r["seconds"] for r in rs]),
+                "broker_cores": harness.median([r["broker_cpu_s"] / r["seconds"] for r in rs]),
+                "runs": rs,
+            }
+        )
     one = rows[0]["events_per_s"]
     for r in rows:
         r["ratio_to_one_worker"] = r["events_per_s"] / one
-    return {"contexts": n, "repeats": repeats, "partitions": PARTITIONS, "placements": PLACEMENTS, "rows": rows}
+    return {
+        "contexts": n,
+        "repeats": repeats,
+        "partitions": PARTITIONS,
+        "placements": PLACEMENTS,
+        "rows": rows,
+    }
 
 
 def _options(ap: argparse.ArgumentParser) -> None:
@@ -140,26 +193,40 @@ def _options(ap: argparse.ArgumentParser) -> None:
 
 def render(res: dict) -> str:
     per_cpu = min(r["events_per_worker_cpu_s"] for r in res["rows"])  # the cautious one
-    lines = ["# Scaling: 1, 2 and 4 workers on 8 partitions", "",
-             harness.provenance(res, f"Embedded broker on the same machine; a backlog of {res['contexts']:,} contexts "
-                                     f"(and a click for every third) on {res['placements']} placements, oful, d = 20, "
-                                     f"K = 10; `streambandit serve --processes W`; medians of {res['repeats']} runs, "
-                                     "taken between 10 % and 90 % of the backlog committed."), "",
-             "| workers | events/s | ratio to 1 worker | events per worker CPU-second | worker cores busy "
-             "| broker cores busy |",
-             "|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Scaling: 1, 2 and 4 workers on 8 partitions",
+        "",
+        harness.provenance(
+            res,
+            f"Embedded broker on the same machine; a backlog of {res['contexts']:,} contexts "
+            f"(and a click for every third) on {res['placements']} placements, oful, d = 20, "
+            f"K = 10; `streambandit serve --processes W`; medians of {res['repeats']} runs, "
+            "taken between 10 % and 90 % of the backlog committed.",
+        ),
+        "",
+        "| workers | events/s | ratio to 1 worker | events per worker CPU-second | worker cores busy "
+        "| broker cores busy |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in res["rows"]:
-        lines.append(f"| {r['workers']} | {r['events_per_s']:,.0f} | {r['ratio_to_one_worker']:.2f} | "
-                     f"{r['events_per_worker_cpu_s']:,.0f} | {r['worker_cores']:.2f} | {r['broker_cores']:.2f} |")
+        lines.append(
+            f"| {r['workers']} | {r['events_per_s']:,.0f} | {r['ratio_to_one_worker']:.2f} | "
+            f"{r['events_per_worker_cpu_s']:,.0f} | {r['worker_cores']:.2f} | {r['broker_cores']:.2f} |"
+        )
     cores = 1_000_000 / per_cpu
-    lines += ["", "The machine has 2 cores and the broker needs a share of them, so more workers than cores here "
-              "divide the same CPU: the events per worker CPU-second are the figure that carries over to a machine "
-              "with a core per worker.", "",
-              f"**For 1,000,000 events/s** at the lowest figure above ({per_cpu:,.0f} events per worker CPU-second): "
-              f"about {cores:,.0f} worker cores (one worker process per core), so at least {cores:,.0f} partitions "
-              f"of `contexts` and `rewards` (a partition is served by one worker at a time; 1.5-2x that many leaves "
-              "room to rebalance evenly and to grow), on brokers sized for the same rate of transactional "
-              "writes; each worker process holds only its partitions' models.", ""]
+    lines += [
+        "",
+        "The machine has 2 cores and the broker needs a share of them, so more workers than cores here "
+        "divide the same CPU: the events per worker CPU-second are the figure that carries over to a machine "
+        "with a core per worker.",
+        "",
+        f"**For 1,000,000 events/s** at the lowest figure above ({per_cpu:,.0f} events per worker CPU-second): "
+        f"about {cores:,.0f} worker cores (one worker process per core), so at least {cores:,.0f} partitions "
+        f"of `contexts` and `rewards` (a partition is served by one worker at a time; 1.5-2x that many leaves "
+        "room to rebalance evenly and to grow), on brokers sized for the same rate of transactional "
+        "writes; each worker process holds only its partitions' models.",
+        "",
+    ]
     return "\n".join(lines)
 
 

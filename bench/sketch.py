@@ -68,7 +68,9 @@ def bench_dim(d: int, block: int, repeats: int) -> list[dict]:
     times = {name: [] for name in POLICIES}
     peaks = {name: 0 for name in POLICIES}
     peaks_sketching = {name: 0 for name in POLICIES}
-    phase = {name: [] for name in POLICIES}  # per timed block: "sketching", "exact" or "switch" (both)
+    phase = {
+        name: [] for name in POLICIES
+    }  # per timed block: "sketching", "exact" or "switch" (both)
     for i in range(repeats + 1):  # block 0 warms caches and the sketches; it is not timed
         sl = slice(i * block, (i + 1) * block)
         for name, p in learners.items():
@@ -88,21 +90,32 @@ def bench_dim(d: int, block: int, repeats: int) -> list[dict]:
         sketching = [t for t, ph in zip(times[name], phase[name]) if ph == "sketching"]
         exact = [t for t, ph in zip(times[name], phase[name]) if ph == "exact"]
         row = {
-            "policy": name, "d": d, "K": K, "rounds": block * (repeats + 1), "block": block,
+            "policy": name,
+            "d": d,
+            "K": K,
+            "rounds": block * (repeats + 1),
+            "block": block,
             "us_per_round": harness.median(times[name]) * 1e6,
             "us_sketching": harness.median(sketching) * 1e6 if sketching else None,
             "us_exact": harness.median(exact) * 1e6 if exact else None,
-            "bytes_end": p.state_nbytes(), "bytes_peak": peaks[name],
+            "bytes_end": p.state_nbytes(),
+            "bytes_peak": peaks[name],
             "bytes_peak_sketching": None if name == "oful" else peaks_sketching[name] or None,
-            "runs_us": [t * 1e6 for t in times[name]], "phases": phase[name],
+            "runs_us": [t * 1e6 for t in times[name]],
+            "phases": phase[name],
         }
         row["oful_over_ours"] = oful_us / (row["us_sketching"] or row["us_per_round"])
         row["oful_bytes_over_peak"] = oful_bytes / row["bytes_peak"]
-        row["oful_bytes_over_peak_sketching"] = (oful_bytes / row["bytes_peak_sketching"]
-                                                 if row["bytes_peak_sketching"] else None)
+        row["oful_bytes_over_peak_sketching"] = (
+            oful_bytes / row["bytes_peak_sketching"] if row["bytes_peak_sketching"] else None
+        )
         if name == "dbs_linucb":
-            row.update(bmax=max_blocks(d, p.config()["l0"]), blocks_closed=sk.n_closed, exact_at_end=sk.fallback,
-                       shrink_total=sk.shrink_total)
+            row.update(
+                bmax=max_blocks(d, p.config()["l0"]),
+                blocks_closed=sk.n_closed,
+                exact_at_end=sk.fallback,
+                shrink_total=sk.shrink_total,
+            )
         elif sk is not None:
             row.update(shrink_total=sk.shrink_total)
         rows.append(row)
@@ -123,8 +136,13 @@ def fmt_ratio(v: float | None) -> str:
 
 def measure(args: argparse.Namespace) -> dict:
     dims, block, repeats = ((100, 200), 50, 3) if args.quick else ((100, 500, 1000), 200, 9)
-    return {"rows": [r for d in dims for r in bench_dim(d, block, repeats)], "beta": BETA, "K": K,
-            "block": block, "repeats": repeats}
+    return {
+        "rows": [r for d in dims for r in bench_dim(d, block, repeats)],
+        "beta": BETA,
+        "K": K,
+        "block": block,
+        "repeats": repeats,
+    }
 
 
 def render(res: dict) -> str:
@@ -151,14 +169,20 @@ def render(res: dict) -> str:
             sketching, exact = r["us_per_round"], None
         state = ""
         if r["policy"] == "dbs_linucb":
-            state = (f"Bmax = {r['bmax']}, {r['blocks_closed']} blocks, "
-                     + ("exact (OFUL) mode" if r["exact_at_end"] else "sketching"))
+            state = f"Bmax = {r['bmax']}, {r['blocks_closed']} blocks, " + (
+                "exact (OFUL) mode" if r["exact_at_end"] else "sketching"
+            )
         lines.append(
             f"| {r['policy']} | {r['d']} | {fmt_us(sketching)} | {fmt_us(exact)} | {r['oful_over_ours']:.2f}x "
             f"| {r['bytes_end']:,} | {fmt_int(r['bytes_peak_sketching'])} | {fmt_ratio(r['oful_bytes_over_peak_sketching'])} "
-            f"| {r['bytes_peak']:,} | {state} |")
-    lines += ["", "\"OFUL time / ours\" compares with dbs_linucb's sketching blocks when it has any, else with all "
-              "its blocks.", ""]
+            f"| {r['bytes_peak']:,} | {state} |"
+        )
+    lines += [
+        "",
+        '"OFUL time / ours" compares with dbs_linucb\'s sketching blocks when it has any, else with all '
+        "its blocks.",
+        "",
+    ]
     return "\n".join(lines)
 
 

@@ -49,8 +49,17 @@ def _update(engine, keys: list[int], pool, serial: int) -> int:
 
 
 def _head(chain: int, seq: int) -> dict:
-    return {"partition": 0, "created_ms": 0, "contexts_offset": 0, "rewards_offset": 0, "actions_offset": 0,
-            "joined_offset": 0, "dead_letter_offset": 0, "chain": chain, "seq": seq}
+    return {
+        "partition": 0,
+        "created_ms": 0,
+        "contexts_offset": 0,
+        "rewards_offset": 0,
+        "actions_offset": 0,
+        "joined_offset": 0,
+        "dead_letter_offset": 0,
+        "chain": chain,
+        "seq": seq,
+    }
 
 
 def _longest_step(engine, pool, serial: int, busy, min_steps: int = 200) -> tuple[float, int, int]:
@@ -72,8 +81,17 @@ def _longest_step(engine, pool, serial: int, busy, min_steps: int = 200) -> tupl
     return longest * 1000, steps, serial
 
 
-def _one_snapshot(engine, writer, metrics, pool, serial: int, how: str, chain: int, seq: int,
-                  keys: list[str] | None) -> tuple[dict, int]:
+def _one_snapshot(
+    engine,
+    writer,
+    metrics,
+    pool,
+    serial: int,
+    how: str,
+    chain: int,
+    seq: int,
+    keys: list[str] | None,
+) -> tuple[dict, int]:
     """One snapshot (``keys`` None: a base) taken ``how`` ("loop": copied on the loop and packed
     by the writer's thread; "fork": by a forked child), while the loop keeps stepping."""
     t1 = time.perf_counter()
@@ -85,16 +103,25 @@ def _one_snapshot(engine, writer, metrics, pool, serial: int, how: str, chain: i
     longest, _, serial = _longest_step(engine, pool, serial, lambda: writer.busy(0))
     writer.wait()
     assert not writer.take_failures()
-    return {"pause_ms": pause, "write_ms": metrics["snapshot_write_us"] / 1000, "bytes": metrics["snapshot_bytes"],
-            "longest_ms": longest}, serial
+    return {
+        "pause_ms": pause,
+        "write_ms": metrics["snapshot_write_us"] / 1000,
+        "bytes": metrics["snapshot_bytes"],
+        "longest_ms": longest,
+    }, serial
 
 
 def _row(policy: str, kind: str, models: int, how: str, runs: list[dict]) -> dict:
-    row = {"policy": policy, "snapshot": kind, "models": models, "taken_by": how,
-           "loop_pause_ms": harness.median([r["pause_ms"] for r in runs]),
-           "write_ms": harness.median([r["write_ms"] for r in runs]),
-           "bytes": harness.median([r["bytes"] for r in runs]),
-           "longest_step_while_writing_ms": max(r["longest_ms"] for r in runs)}
+    row = {
+        "policy": policy,
+        "snapshot": kind,
+        "models": models,
+        "taken_by": how,
+        "loop_pause_ms": harness.median([r["pause_ms"] for r in runs]),
+        "write_ms": harness.median([r["write_ms"] for r in runs]),
+        "bytes": harness.median([r["bytes"] for r in runs]),
+        "longest_step_while_writing_ms": max(r["longest_ms"] for r in runs),
+    }
     print(f"{policy}: {row}", file=sys.stderr, flush=True)
     return row
 
@@ -117,7 +144,11 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
     close_windows(engine)
     engine.take_changed()
     freeze_long_lived()  # as the worker does after a recovery: the models leave the collector's walks
-    print(f"{policy}, {how}: {n:,} models built in {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+    print(
+        f"{policy}, {how}: {n:,} models built in {time.perf_counter() - t0:.0f} s",
+        file=sys.stderr,
+        flush=True,
+    )
     metrics: collections.Counter = collections.Counter()
     out: dict = {"policy": policy, "taken_by": how, "models": n, "rss_mb": _rss_mb(), "rows": []}
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
@@ -150,16 +181,28 @@ def one_case(policy: str, how: str, n: int, repeats: int) -> dict:
                 serial = _update(engine, [(start + j) % n for j in range(changed)], pool, serial)
                 keys = sorted(engine.take_changed())
                 assert len(keys) >= changed
-                run, serial = _one_snapshot(engine, writer, metrics, pool, serial, how, repeats, r + 1, keys)
+                run, serial = _one_snapshot(
+                    engine, writer, metrics, pool, serial, how, repeats, r + 1, keys
+                )
                 runs.append(run)
                 engine.take_changed()  # the steps' models: not part of the next measured increment
             out["rows"].append(_row(policy, "increment", changed, how, runs))
         writer.close()
         if how != "loop":  # what was just written, as the next owner of the partition loads it
             where = tmp if how == "fork" else f"topic:{broker.bootstrap_servers}"
-            runs = [json.loads(subprocess.run([sys.executable, "-m", "bench.snapshots", "--restore", policy, where],
-                                              stdout=subprocess.PIPE, text=True, check=True).stdout.strip().splitlines()[-1])
-                    for _ in range(repeats)]
+            runs = [
+                json.loads(
+                    subprocess.run(
+                        [sys.executable, "-m", "bench.snapshots", "--restore", policy, where],
+                        stdout=subprocess.PIPE,
+                        text=True,
+                        check=True,
+                    )
+                    .stdout.strip()
+                    .splitlines()[-1]
+                )
+                for _ in range(repeats)
+            ]
             out["restore"] = {k: harness.median([r[k] for r in runs]) for k in runs[0]}
             print(f"{policy}: restore {out['restore']}", file=sys.stderr, flush=True)
     return out
@@ -174,7 +217,11 @@ def restore_case(policy: str, where: str) -> dict:
     from streambandit.stream.snapshots import DirectoryStore, TopicStore, usable_snapshots
 
     config = models_config(policy)
-    store = TopicStore(where[len("topic:"):], "snapshots") if where.startswith("topic:") else DirectoryStore(where)
+    store = (
+        TopicStore(where[len("topic:") :], "snapshots")
+        if where.startswith("topic:")
+        else DirectoryStore(where)
+    )
     t0 = time.perf_counter()
     snap = next(usable_snapshots(store, 0))
     t1 = time.perf_counter()
@@ -186,7 +233,9 @@ def restore_case(policy: str, where: str) -> dict:
     # its pages then: the first update of a model against its second.
     pool = feature_pool()
     key = next(iter(engine.models))
-    config.resolve(key).build().update(pool[0][0], 1.0)  # the compiled update loaded, on a model of its own
+    config.resolve(key).build().update(
+        pool[0][0], 1.0
+    )  # the compiled update loaded, on a model of its own
     models = list(engine.models.values())[::5]
     per_update = []
     for reward in (1.0, 0.0):
@@ -194,9 +243,15 @@ def restore_case(policy: str, where: str) -> dict:
         for j, m in enumerate(models):
             m.update(pool[j % len(pool)][0], reward)
         per_update.append((time.perf_counter() - t) / len(models) * 1e6)
-    return {"load_ms": (t1 - t0) * 1000, "restore_ms": (t2 - t1) * 1000, "total_ms": (t2 - t0) * 1000,
-            "models": len(engine.models), "increments": snap_seq, "first_update_us": per_update[0],
-            "second_update_us": per_update[1]}
+    return {
+        "load_ms": (t1 - t0) * 1000,
+        "restore_ms": (t2 - t1) * 1000,
+        "total_ms": (t2 - t0) * 1000,
+        "models": len(engine.models),
+        "increments": snap_seq,
+        "first_update_us": per_update[0],
+        "second_update_us": per_update[1],
+    }
 
 
 def measure(a: argparse.Namespace) -> dict:
@@ -204,8 +259,21 @@ def measure(a: argparse.Namespace) -> dict:
     cases = []
     for policy in ("oful", "glb_omd"):
         for how in ("loop", "fork", "fork-topic"):
-            out = subprocess.run([sys.executable, "-m", "bench.snapshots", "--child", policy, how, str(n), str(a.repeats)],
-                                 stdout=subprocess.PIPE, text=True, check=True)
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    "-m",
+                    "bench.snapshots",
+                    "--child",
+                    policy,
+                    how,
+                    str(n),
+                    str(a.repeats),
+                ],
+                stdout=subprocess.PIPE,
+                text=True,
+                check=True,
+            )
             cases.append(json.loads(out.stdout.strip().splitlines()[-1]))
     return {"models": n, "repeats": a.repeats, "cases": cases}
 
@@ -216,47 +284,67 @@ def _options(ap: argparse.ArgumentParser) -> None:
 
 
 def render(res: dict) -> str:
-    lines = ["# Snapshots: the loop's pause and the bytes, base and increments", "",
-             harness.provenance(res, f"One partition with {res['models']:,} models (d = {D}); medians of "
-                                     f"{res['repeats']} snapshots, the longest step the worst of them."), "",
-             "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread; "
-             "`fork`: the loop forks and the child copies, packs and writes into a directory store; "
-             "`fork-topic`: the same into the snapshot topic of an embedded broker on the same machine (bases "
-             "only). *Loop pause*: the copy, or the fork. *Longest step*: the slowest decision-and-update of a "
-             "loop that keeps running while the snapshot is written; *quiet*: the same loop with nothing in "
-             "flight. *Worker memory*: the process's resident memory with the models built, before the first "
-             "snapshot (each policy and way runs in a process of its own). How the worker chooses between them: "
-             "docs/architecture.md.", "",
-             "| policy | snapshot | models in it | taken by | loop pause, ms | writing, ms | bytes | bytes per model "
-             "| longest step while writing, ms | longest step quiet, ms | worker memory, MB |",
-             "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        "# Snapshots: the loop's pause and the bytes, base and increments",
+        "",
+        harness.provenance(
+            res,
+            f"One partition with {res['models']:,} models (d = {D}); medians of "
+            f"{res['repeats']} snapshots, the longest step the worst of them.",
+        ),
+        "",
+        "*Taken by* `loop`: the state copied on the loop, packed and written by the writer's thread; "
+        "`fork`: the loop forks and the child copies, packs and writes into a directory store; "
+        "`fork-topic`: the same into the snapshot topic of an embedded broker on the same machine (bases "
+        "only). *Loop pause*: the copy, or the fork. *Longest step*: the slowest decision-and-update of a "
+        "loop that keeps running while the snapshot is written; *quiet*: the same loop with nothing in "
+        "flight. *Worker memory*: the process's resident memory with the models built, before the first "
+        "snapshot (each policy and way runs in a process of its own). How the worker chooses between them: "
+        "docs/architecture.md.",
+        "",
+        "| policy | snapshot | models in it | taken by | loop pause, ms | writing, ms | bytes | bytes per model "
+        "| longest step while writing, ms | longest step quiet, ms | worker memory, MB |",
+        "|---|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for p in res["cases"]:
         for r in p["rows"]:
-            lines.append(f"| {p['policy']} | {r['snapshot']} | {r['models']:,} | {r['taken_by']} | "
-                         f"{r['loop_pause_ms']:,.1f} | {r['write_ms']:,.0f} | {r['bytes']:,.0f} | "
-                         f"{r['bytes'] / r['models']:,.0f} | {r['longest_step_while_writing_ms']:.1f} | "
-                         f"{p['longest_step_quiet_ms']:.1f} | {p['rss_mb']:,.0f} |")
+            lines.append(
+                f"| {p['policy']} | {r['snapshot']} | {r['models']:,} | {r['taken_by']} | "
+                f"{r['loop_pause_ms']:,.1f} | {r['write_ms']:,.0f} | {r['bytes']:,.0f} | "
+                f"{r['bytes'] / r['models']:,.0f} | {r['longest_step_while_writing_ms']:.1f} | "
+                f"{p['longest_step_quiet_ms']:.1f} | {p['rss_mb']:,.0f} |"
+            )
     lines.append("")
     restored = [p for p in res["cases"] if "restore" in p]
     if restored:
-        lines += ["## Loading the partition elsewhere", "",
-                  "The chain the `fork` case left (its last base and the increments on it), and the last base "
-                  "the `fork-topic` case left in the topic, loaded in a fresh "
-                  "process: *load* reads the files or the topic, checks them and "
-                  "composes the chain (`usable_snapshots`), *restore* builds the engine "
-                  "(`PartitionEngine.restore`). The joined records written after the chain are re-applied after "
-                  "this (bench/results/recovery.md). Medians of as many loads as snapshots above.", "",
-                  "| policy | from | models | increments on the base | load, ms | restore, ms | total, ms | "
-                  "first update of a model, us | second, us |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        lines += [
+            "## Loading the partition elsewhere",
+            "",
+            "The chain the `fork` case left (its last base and the increments on it), and the last base "
+            "the `fork-topic` case left in the topic, loaded in a fresh "
+            "process: *load* reads the files or the topic, checks them and "
+            "composes the chain (`usable_snapshots`), *restore* builds the engine "
+            "(`PartitionEngine.restore`). The joined records written after the chain are re-applied after "
+            "this (bench/results/recovery.md). Medians of as many loads as snapshots above.",
+            "",
+            "| policy | from | models | increments on the base | load, ms | restore, ms | total, ms | "
+            "first update of a model, us | second, us |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
         for p in restored:
             r = p["restore"]
             source = "topic" if p["taken_by"] == "fork-topic" else "directory"
-            lines.append(f"| {p['policy']} | {source} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
-                         f"{r['restore_ms']:,.0f} | {r['total_ms']:,.0f} | {r.get('first_update_us', float('nan')):.1f} | "
-                         f"{r.get('second_update_us', float('nan')):.1f} |")
-        lines += ["", "*First update*: one update of each of a fifth of the models right after the restore; "
-                  "*second*: the same models again.", ""]
+            lines.append(
+                f"| {p['policy']} | {source} | {r['models']:,.0f} | {r['increments']:.0f} | {r['load_ms']:,.0f} | "
+                f"{r['restore_ms']:,.0f} | {r['total_ms']:,.0f} | {r.get('first_update_us', float('nan')):.1f} | "
+                f"{r.get('second_update_us', float('nan')):.1f} |"
+            )
+        lines += [
+            "",
+            "*First update*: one update of each of a fifth of the models right after the restore; "
+            "*second*: the same models again.",
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -33,8 +33,14 @@ def fetch_delay(b: EmbeddedBroker) -> list[dict]:
     p = Producer({"bootstrap.servers": b.bootstrap_servers, "linger.ms": 0})
     out = []
     for wait in (500, 100, 10):
-        c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe", "fetch.wait.max.ms": wait,
-                      "enable.auto.commit": False})
+        c = Consumer(
+            {
+                "bootstrap.servers": b.bootstrap_servers,
+                "group.id": "probe",
+                "fetch.wait.max.ms": wait,
+                "enable.auto.commit": False,
+            }
+        )
         c.assign([TopicPartition("probe-fetch", 0, 0)])
         c.consume(100, 1.0)
         lat = []
@@ -56,15 +62,26 @@ def high_watermark(b: EmbeddedBroker) -> list[dict]:
     for i in range(10):
         p.produce("probe-batch", b"v%d" % i)
     p.flush()
-    tp = Producer({"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe", "linger.ms": 50})
+    tp = Producer(
+        {"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe", "linger.ms": 50}
+    )
     tp.init_transactions(10)
     tp.begin_transaction()
     for i in range(10):
         tp.produce("probe-txn", b"v%d" % i)
     tp.commit_transaction(10)
     out = []
-    c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe", "enable.partition.eof": True})
-    for topic, how in (("probe-batch", "one batch, no transaction"), ("probe-txn", "one transaction")):
+    c = Consumer(
+        {
+            "bootstrap.servers": b.bootstrap_servers,
+            "group.id": "probe",
+            "enable.partition.eof": True,
+        }
+    )
+    for topic, how in (
+        ("probe-batch", "one batch, no transaction"),
+        ("probe-txn", "one transaction"),
+    ):
         _, hi = c.get_watermark_offsets(TopicPartition(topic, 0), timeout=5, cached=False)
         c.assign([TopicPartition(topic, 0, 0)])
         n = 0
@@ -90,10 +107,18 @@ def stop_time() -> list[dict]:
             proc.send_signal(sig)
             try:
                 proc.wait(timeout=15)
-                out.append({"signal": sig.name, "connected": connected, "seconds": time.monotonic() - t0,
-                            "exit_code": proc.returncode})
+                out.append(
+                    {
+                        "signal": sig.name,
+                        "connected": connected,
+                        "seconds": time.monotonic() - t0,
+                        "exit_code": proc.returncode,
+                    }
+                )
             except subprocess.TimeoutExpired:
-                out.append({"signal": sig.name, "connected": connected, "seconds": None, "exit_code": None})
+                out.append(
+                    {"signal": sig.name, "connected": connected, "seconds": None, "exit_code": None}
+                )
             b.stop()
             del client
     return out
@@ -101,8 +126,16 @@ def stop_time() -> list[dict]:
 
 def commit_time(b: EmbeddedBroker) -> list[dict]:
     b.create_topics(["probe-in", "probe-a", "probe-j"], partitions=2)
-    c = Consumer({"bootstrap.servers": b.bootstrap_servers, "group.id": "probe-g", "enable.auto.commit": False})
-    p = Producer({"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe-w", "linger.ms": 0})
+    c = Consumer(
+        {
+            "bootstrap.servers": b.bootstrap_servers,
+            "group.id": "probe-g",
+            "enable.auto.commit": False,
+        }
+    )
+    p = Producer(
+        {"bootstrap.servers": b.bootstrap_servers, "transactional.id": "probe-w", "linger.ms": 0}
+    )
     p.init_transactions(10)
     out, off = [], 0
     for block in range(6):
@@ -114,8 +147,11 @@ def commit_time(b: EmbeddedBroker) -> list[dict]:
                 p.produce("probe-a", b"x" * 300, partition=i % 2)
                 p.produce("probe-j", b"x" * 300, partition=i % 2)
             off += 5
-            p.send_offsets_to_transaction([TopicPartition("probe-in", 0, off), TopicPartition("probe-in", 1, off)],
-                                          c.consumer_group_metadata(), 10)
+            p.send_offsets_to_transaction(
+                [TopicPartition("probe-in", 0, off), TopicPartition("probe-in", 1, off)],
+                c.consumer_group_metadata(),
+                10,
+            )
             p.commit_transaction(10)
             ts.append((time.perf_counter() - t0) * 1000)
         out.append({"transactions": (block + 1) * 500, "median_ms": statistics.median(ts)})
@@ -132,7 +168,10 @@ def _broker_pid(parent: int) -> int | None:
     for d in Path("/proc").iterdir():
         if d.name.isdigit():
             try:
-                if "tansu" in (d / "cmdline").read_text() and f" {parent} " in (d / "stat").read_text():
+                if (
+                    "tansu" in (d / "cmdline").read_text()
+                    and f" {parent} " in (d / "stat").read_text()
+                ):
                     return int(d.name)
             except OSError:
                 continue
@@ -141,19 +180,44 @@ def _broker_pid(parent: int) -> int | None:
 
 def demo_cpu(seconds: int = 60) -> list[dict]:
     with open(os.devnull, "w") as null:
-        demo = subprocess.Popen([sys.executable, "-m", "streambandit", "demo", "--duration", str(seconds),
-                                 "--out", "/tmp/probe-demo"], stdout=null, stderr=null)
+        demo = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streambandit",
+                "demo",
+                "--duration",
+                str(seconds),
+                "--out",
+                "/tmp/probe-demo",
+            ],
+            stdout=null,
+            stderr=null,
+        )
         time.sleep(3)
         broker = _broker_pid(demo.pid)
-        out, last = [], (time.monotonic(), _cpu_seconds(demo.pid), _cpu_seconds(broker) if broker else 0.0)
+        out, last = (
+            [],
+            (time.monotonic(), _cpu_seconds(demo.pid), _cpu_seconds(broker) if broker else 0.0),
+        )
         while demo.poll() is None:
             time.sleep(10)
             try:
-                now = (time.monotonic(), _cpu_seconds(demo.pid), _cpu_seconds(broker) if broker else 0.0)
+                now = (
+                    time.monotonic(),
+                    _cpu_seconds(demo.pid),
+                    _cpu_seconds(broker) if broker else 0.0,
+                )
             except OSError:
                 break
             dt = now[0] - last[0]
-            out.append({"t_s": len(out) * 10 + 10, "broker": (now[2] - last[2]) / dt, "streambandit": (now[1] - last[1]) / dt})
+            out.append(
+                {
+                    "t_s": len(out) * 10 + 10,
+                    "broker": (now[2] - last[2]) / dt,
+                    "streambandit": (now[1] - last[1]) / dt,
+                }
+            )
             last = now
         demo.wait()
     return out
@@ -161,7 +225,11 @@ def demo_cpu(seconds: int = 60) -> list[dict]:
 
 def measure(args: argparse.Namespace) -> dict:
     with EmbeddedBroker() as b:
-        res = {"fetch_delay": fetch_delay(b), "high_watermark": high_watermark(b), "commit": commit_time(b)}
+        res = {
+            "fetch_delay": fetch_delay(b),
+            "high_watermark": high_watermark(b),
+            "commit": commit_time(b),
+        }
     res["stop"] = stop_time()
     if not args.no_demo:
         res["demo_cpu"] = demo_cpu(20 if args.quick else 60)
@@ -169,26 +237,63 @@ def measure(args: argparse.Namespace) -> dict:
 
 
 def render(res: dict) -> str:
-    stops = [f"| {r['signal']} | {'yes' if r['connected'] else 'no'} | "
-             + (f"{r['seconds']:.2f} | {r['exit_code']} |" if r["seconds"] is not None else "> 15 | still running |")
-             for r in res["stop"]]
-    lines = ["# The embedded broker (Tansu), probed", "",
-             harness.provenance(res, "Explained in docs/notes/tansu.md."), "",
-             "## Delivery delay of one record to an idle consumer (15 records each)", "",
-             "| fetch.wait.max.ms | median ms | max ms |", "|---:|---:|---:|",
-             *(f"| {r['fetch_wait_ms']} | {r['median_ms']:.0f} | {r['max_ms']:.0f} |" for r in res["fetch_delay"]), "",
-             "## Reported high watermark (ListOffsets) against records delivered", "",
-             "| written | records | reported high watermark | records a consumer reads |", "|---|---:|---:|---:|",
-             *(f"| {r['written']} | {r['records']} | {r['high_watermark']} | {r['read']} |" for r in res["high_watermark"]),
-             "", "## Time to stop", "", "| signal | a client connected | seconds | exit code |", "|---|---|---:|---:|",
-             *stops, "",
-             "## The worker's commit pattern (10 records over 2 topics x 2 partitions + offsets), median per 500",
-             "", "| transactions so far | ms per commit |", "|---:|---:|",
-             *(f"| {r['transactions']} | {r['median_ms']:.1f} |" for r in res["commit"]), ""]
+    stops = [
+        f"| {r['signal']} | {'yes' if r['connected'] else 'no'} | "
+        + (
+            f"{r['seconds']:.2f} | {r['exit_code']} |"
+            if r["seconds"] is not None
+            else "> 15 | still running |"
+        )
+        for r in res["stop"]
+    ]
+    lines = [
+        "# The embedded broker (Tansu), probed",
+        "",
+        harness.provenance(res, "Explained in docs/notes/tansu.md."),
+        "",
+        "## Delivery delay of one record to an idle consumer (15 records each)",
+        "",
+        "| fetch.wait.max.ms | median ms | max ms |",
+        "|---:|---:|---:|",
+        *(
+            f"| {r['fetch_wait_ms']} | {r['median_ms']:.0f} | {r['max_ms']:.0f} |"
+            for r in res["fetch_delay"]
+        ),
+        "",
+        "## Reported high watermark (ListOffsets) against records delivered",
+        "",
+        "| written | records | reported high watermark | records a consumer reads |",
+        "|---|---:|---:|---:|",
+        *(
+            f"| {r['written']} | {r['records']} | {r['high_watermark']} | {r['read']} |"
+            for r in res["high_watermark"]
+        ),
+        "",
+        "## Time to stop",
+        "",
+        "| signal | a client connected | seconds | exit code |",
+        "|---|---|---:|---:|",
+        *stops,
+        "",
+        "## The worker's commit pattern (10 records over 2 topics x 2 partitions + offsets), median per 500",
+        "",
+        "| transactions so far | ms per commit |",
+        "|---:|---:|",
+        *(f"| {r['transactions']} | {r['median_ms']:.1f} |" for r in res["commit"]),
+        "",
+    ]
     if "demo_cpu" in res:
-        lines += ["## CPU share over 10 s windows during a `streambandit demo` (500 requests/s)", "",
-                  "| t (s) | broker | streambandit |", "|---:|---:|---:|",
-                  *(f"| {r['t_s']} | {r['broker']:.0%} | {r['streambandit']:.0%} |" for r in res["demo_cpu"]), ""]
+        lines += [
+            "## CPU share over 10 s windows during a `streambandit demo` (500 requests/s)",
+            "",
+            "| t (s) | broker | streambandit |",
+            "|---:|---:|---:|",
+            *(
+                f"| {r['t_s']} | {r['broker']:.0%} | {r['streambandit']:.0%} |"
+                for r in res["demo_cpu"]
+            ),
+            "",
+        ]
     return "\n".join(lines)
 
 

@@ -22,10 +22,20 @@ WINDOW_MS = 2000
 T0_MS = 1_700_000_000_000
 
 
-def models(policy: str, window_ms: int = WINDOW_MS, *, match: str = "placement-*", dim: int = D, **extra) -> dict:
+def models(
+    policy: str, window_ms: int = WINDOW_MS, *, match: str = "placement-*", dim: int = D, **extra
+) -> dict:
     """The ``[[models]]`` configuration (as parsed TOML) of one policy for every placement."""
-    entry = {"match": match, "policy": policy, "dim": dim, "hyper": ad_hyper(policy), "reward_window_ms": window_ms,
-             "default_reward": 0.0, "aggregation": "first", **extra}
+    entry = {
+        "match": match,
+        "policy": policy,
+        "dim": dim,
+        "hyper": ad_hyper(policy),
+        "reward_window_ms": window_ms,
+        "default_reward": 0.0,
+        "aggregation": "first",
+        **extra,
+    }
     return {"models": [entry]}
 
 
@@ -57,5 +67,7 @@ def backlog(n: int, seed: int = 0) -> list[tuple[Context, Reward | None]]:
     for i in range(n):
         req, key = traffic.request(rng), MODEL_KEYS[i % len(MODEL_KEYS)]
         ctx = Context(f"e{i}", key, T0_MS + i, req.ad_ids, req.features)
-        out.append((ctx, Reward(ctx.event_id, key, ctx.timestamp_ms + 5, 1.0) if i % 3 == 0 else None))
+        out.append(
+            (ctx, Reward(ctx.event_id, key, ctx.timestamp_ms + 5, 1.0) if i % 3 == 0 else None)
+        )
     return out

@@ -50,7 +50,7 @@ STAGE_TEXT = {
     "buffer": "each record's `InputRef` made and pushed into its partition's merger (`BatchProcessor.buffer`)",
     "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
     "encode": "the worker's per-record loop and the outputs' encoding, in bulk per hand-over of 256 records "
-              "(`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
+    "(`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
     "produce": "every output handed to librdkafka (`Transaction.emit`, which `release` calls per hand-over)",
 }
 STAGES = tuple(STAGE_TEXT)
@@ -67,16 +67,28 @@ def messages(n: int) -> list[list[Message]]:
         p = int(ctx.model_key.rsplit("-", 1)[1]) % traffic.PARTITIONS
         for topic, ev in ((TOPICS.contexts, ctx), (TOPICS.rewards, rew)):
             if ev is not None:
-                out.append(Message(topic=topic, partition=p, offset=offsets[(topic, p)], key=ev.model_key.encode(),
-                                   value=encode(ev), timestamp=(1, ev.timestamp_ms)))
+                out.append(
+                    Message(
+                        topic=topic,
+                        partition=p,
+                        offset=offsets[(topic, p)],
+                        key=ev.model_key.encode(),
+                        value=encode(ev),
+                        timestamp=(1, ev.timestamp_ms),
+                    )
+                )
                 offsets[(topic, p)] += 1
-    return [out[i:i + BATCH] for i in range(0, len(out), BATCH)]
+    return [out[i : i + BATCH] for i in range(0, len(out), BATCH)]
 
 
 def processor(policy: str) -> BatchProcessor:
     """The worker's batch processor with both partitions assigned and fresh (no broker)."""
-    cfg = WorkerConfig(bootstrap_servers="unused", models=parse_models_config(traffic.models(policy, 100)), topics=TOPICS,
-                       merge_wait_ms=0)
+    cfg = WorkerConfig(
+        bootstrap_servers="unused",
+        models=parse_models_config(traffic.models(policy, 100)),
+        topics=TOPICS,
+        merge_wait_ms=0,
+    )
     b = BatchProcessor(cfg, collections.Counter())
     for p in range(traffic.PARTITIONS):
         b.partitions[p] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
@@ -86,11 +98,19 @@ def processor(policy: str) -> BatchProcessor:
 def _producer() -> Producer:
     """A producer with no broker and room for every output: ``Transaction.emit``'s produce calls
     run as in the worker, and nothing is ever sent."""
-    return Producer({"bootstrap.servers": "127.0.0.1:1", "log_level": 0, "queue.buffering.max.messages": 1_000_000,
-                     "queue.buffering.max.kbytes": 2_000_000})
+    return Producer(
+        {
+            "bootstrap.servers": "127.0.0.1:1",
+            "log_level": 0,
+            "queue.buffering.max.messages": 1_000_000,
+            "queue.buffering.max.kbytes": 2_000_000,
+        }
+    )
 
 
-_NOT_BEHIND = {p: (False, False) for p in range(traffic.PARTITIONS)}  # nothing held back for a fetch to come
+_NOT_BEHIND = {
+    p: (False, False) for p in range(traffic.PARTITIONS)
+}  # nothing held back for a fetch to come
 
 
 def _engine_only(b: BatchProcessor, now: int) -> None:
@@ -141,20 +161,34 @@ def run(policy: str, batches: list[list[Message]], level: int) -> float:
 def stages_of(policy: str, n: int, repeats: int) -> dict:
     batches = messages(n)
     run(policy, batches, 5)  # compile and warm
-    best = {lvl: min(run(policy, batches, lvl) for _ in range(repeats)) for lvl in range(1, len(STAGES) + 1)}
+    best = {
+        lvl: min(run(policy, batches, lvl) for _ in range(repeats))
+        for lvl in range(1, len(STAGES) + 1)
+    }
     stages, prev = {}, 0.0
     for lvl, name in enumerate(STAGES, start=1):
         stages[name] = best[lvl] - prev
         prev = best[lvl]
     n_events = sum(map(len, batches))
-    return {"policy": policy, "events": n_events, "contexts": n, "us_per_event": stages, "total_us_per_event": prev,
-            "events_per_cpu_s": 1e6 / prev}
+    return {
+        "policy": policy,
+        "events": n_events,
+        "contexts": n,
+        "us_per_event": stages,
+        "total_us_per_event": prev,
+        "events_per_cpu_s": 1e6 / prev,
+    }
 
 
 def measure(args: argparse.Namespace) -> dict:
     n, repeats = (3000, 2) if args.quick else (30000, REPEATS)
-    return {"contexts": n, "repeats": repeats, "batch_max_records": BATCH, "stages": STAGE_TEXT,
-            "runs": [stages_of(p, n, repeats) for p in ("oful", "glb_omd")]}
+    return {
+        "contexts": n,
+        "repeats": repeats,
+        "batch_max_records": BATCH,
+        "stages": STAGE_TEXT,
+        "runs": [stages_of(p, n, repeats) for p in ("oful", "glb_omd")],
+    }
 
 
 def render(res: dict) -> str:
@@ -162,19 +196,25 @@ def render(res: dict) -> str:
     lines = [
         "# The worker's CPU per event, by stage (no broker, no profiler)",
         "",
-        harness.provenance(res, "The worker's own batch code on real "
-                           f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of the ad-traffic backlog "
-                           f"(bench/traffic.py) and their rewards, batches of {res['batch_max_records']:,}), a producer "
-                           "with no broker; each level adds one stage, CPU time of the thread, best of "
-                           f"{res['repeats']} fresh runs per level. Kafka's network and transactions are not in these "
-                           "figures (e2e part 4 has them)."),
+        harness.provenance(
+            res,
+            "The worker's own batch code on real "
+            f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of the ad-traffic backlog "
+            f"(bench/traffic.py) and their rewards, batches of {res['batch_max_records']:,}), a producer "
+            "with no broker; each level adds one stage, CPU time of the thread, best of "
+            f"{res['repeats']} fresh runs per level. Kafka's network and transactions are not in these "
+            "figures (e2e part 4 has them).",
+        ),
         "",
         "| policy | " + " | ".join(stages) + " | total us / event | events per CPU s |",
         "|---|" + "---:|" * (len(stages) + 2),
     ]
     for r in res["runs"]:
-        lines.append(f"| {r['policy']} | " + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in stages)
-                     + f" | {r['total_us_per_event']:.2f} | {r['events_per_cpu_s']:,.0f} |")
+        lines.append(
+            f"| {r['policy']} | "
+            + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in stages)
+            + f" | {r['total_us_per_event']:.2f} | {r['events_per_cpu_s']:,.0f} |"
+        )
     lines += ["", "Each stage is the difference between a level and the one before it:", ""]
     lines += [f"- {name}: {what}" for name, what in res["stages"].items()]
     return "\n".join(lines) + "\n"

@@ -11,7 +11,15 @@
 
 from streambandit.policies import POLICIES, Policy, make_policy
 
-__all__ = ["POLICIES", "Policy", "make_policy", "Decider", "Ranking", "DecisionError", "__version__"]
+__all__ = [
+    "POLICIES",
+    "Policy",
+    "make_policy",
+    "Decider",
+    "Ranking",
+    "DecisionError",
+    "__version__",
+]
 __version__ = "0.1.0"
 
 _DECIDER = ("Decider", "Ranking", "DecisionError")

@@ -29,10 +29,17 @@ __all__ = ["read_logged_decisions"]
 _TO_EOF = 2**62  # read a partition to its end (the embedded broker's high watermark can be low)
 
 
-def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str, *,
-                          partitions: list[int] | None = None, from_ms: int | None = None,
-                          to_ms: int | None = None, kafka: dict | None = None,
-                          learn_only: bool = False) -> Iterator[LoggedDecision]:
+def read_logged_decisions(
+    bootstrap_servers: str,
+    topics: Topics,
+    group_id: str,
+    *,
+    partitions: list[int] | None = None,
+    from_ms: int | None = None,
+    to_ms: int | None = None,
+    kafka: dict | None = None,
+    learn_only: bool = False,
+) -> Iterator[LoggedDecision]:
     """The joined events of ``group_id``'s worker, partition by partition, in update order; a
     learn-only group's contexts are the decisions replicas logged (``decisions``).
 
@@ -43,7 +50,9 @@ def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str,
     group = Consumer({**reader_settings(bootstrap_servers, kafka), "group.id": group_id})
     try:
         if partitions is None:
-            partitions = sorted(reader.list_topics(topics.joined, timeout=10).topics[topics.joined].partitions)
+            partitions = sorted(
+                reader.list_topics(topics.joined, timeout=10).topics[topics.joined].partitions
+            )
         for p in partitions:
             first = topics.first_input(learn_only)
             got = group.committed([TopicPartition(first, p), TopicPartition(topics.rewards, p)], 30)
@@ -54,8 +63,15 @@ def read_logged_decisions(bootstrap_servers: str, topics: Topics, group_id: str,
         group.close()
 
 
-def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, int], from_ms: int | None,
-               to_ms: int | None, learn_only: bool) -> Iterator[LoggedDecision]:
+def _partition(
+    reader: Consumer,
+    topics: Topics,
+    p: int,
+    committed: dict[int, int],
+    from_ms: int | None,
+    to_ms: int | None,
+    learn_only: bool,
+) -> Iterator[LoggedDecision]:
     def decoded(topic: str, end: int, kind: type) -> list:
         out = []
         for m in read_range(reader, topic, p, 0, end):
@@ -68,15 +84,35 @@ def _partition(reader: Consumer, topics: Topics, p: int, committed: dict[int, in
         return out
 
     contexts: dict[str, Context | ReplicaDecision] = {}
-    for c in decoded(topics.first_input(learn_only), committed[CONTEXTS], ReplicaDecision if learn_only else Context):
-        contexts.setdefault(c.event_id, c)  # a duplicate event id was answered by the first decision
-    actions = {a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action), committed)}
+    for c in decoded(
+        topics.first_input(learn_only),
+        committed[CONTEXTS],
+        ReplicaDecision if learn_only else Context,
+    ):
+        contexts.setdefault(
+            c.event_id, c
+        )  # a duplicate event id was answered by the first decision
+    actions = {
+        a.event_id: a for a in committed_view(decoded(topics.actions, _TO_EOF, Action), committed)
+    }
     for j in committed_view(decoded(topics.joined, _TO_EOF, Joined), committed):
         ctx, action = contexts.get(j.event_id), actions.get(j.event_id)
         if ctx is None or action is None:
-            raise ValueError(f"partition {p}: joined event {j.event_id!r} has no committed context or action")
-        if (from_ms is not None and ctx.timestamp_ms < from_ms) or (to_ms is not None and ctx.timestamp_ms >= to_ms):
+            raise ValueError(
+                f"partition {p}: joined event {j.event_id!r} has no committed context or action"
+            )
+        if (from_ms is not None and ctx.timestamp_ms < from_ms) or (
+            to_ms is not None and ctx.timestamp_ms >= to_ms
+        ):
             continue
-        yield LoggedDecision(timestamp_ms=ctx.timestamp_ms, event_id=j.event_id, model_key=j.model_key,
-                             arm_ids=ctx.arm_ids, features=ctx.features, action=action.arm_index,
-                             propensity=j.propensity, reward=j.reward, decision_version=action.model_version)
+        yield LoggedDecision(
+            timestamp_ms=ctx.timestamp_ms,
+            event_id=j.event_id,
+            model_key=j.model_key,
+            arm_ids=ctx.arm_ids,
+            features=ctx.features,
+            action=action.arm_index,
+            propensity=j.propensity,
+            reward=j.reward,
+            decision_version=action.model_version,
+        )

@@ -21,8 +21,12 @@ class JsonFormatter(logging.Formatter):
 
     def format(self, record: logging.LogRecord) -> str:
         t = time.gmtime(record.created)
-        out = {"time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
-               "level": record.levelname, "logger": record.name, "message": record.getMessage()}
+        out = {
+            "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
         if record.exc_info:
             out["exception"] = self.formatException(record.exc_info)
         return json.dumps(out, ensure_ascii=False)

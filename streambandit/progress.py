@@ -12,7 +12,9 @@ __all__ = ["ProgressBar"]
 
 
 class ProgressBar:
-    def __init__(self, total: int, label: str, stream: TextIO | None = None, width: int = 30) -> None:
+    def __init__(
+        self, total: int, label: str, stream: TextIO | None = None, width: int = 30
+    ) -> None:
         self.total, self.label, self.width = max(int(total), 1), label, width
         self.stream = stream or sys.stderr
         self.tty = self.stream.isatty()

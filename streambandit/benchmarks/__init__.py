@@ -7,7 +7,6 @@ peak memory) and writes the table. The peer libraries are benchmark-only depende
 (``pip install 'streambandit[bench]'``): nothing here imports them at module level.
 """
 
-
 import platform
 from pathlib import Path
 

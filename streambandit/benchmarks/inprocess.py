@@ -34,10 +34,23 @@ from typing import Any
 
 from streambandit.benchmarks import cpu_model
 
-__all__ = ["main", "build_parser", "run_from_args", "run_benchmark", "render_markdown", "pin_one_thread", "REFERENCE"]
+__all__ = [
+    "main",
+    "build_parser",
+    "run_from_args",
+    "run_benchmark",
+    "render_markdown",
+    "pin_one_thread",
+    "REFERENCE",
+]
 
 REFERENCE = "oful_play"
-BLAS_THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "NUMBA_NUM_THREADS")
+BLAS_THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+)
 # The issue's targets at d = 20, K = 10, one core.
 TARGET_EVENTS_PER_S = 200_000
 TARGET_BATCH_PER_S = 1_000_000
@@ -113,15 +126,23 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
         from streambandit.benchmarks import peers
         from streambandit.benchmarks.stream import make_stream
 
-        adapter = peers.adapters(dim=spec["d"], n_arms=spec["K"], noise_sd=spec["noise_sd"], seed=spec["seed"])[spec["key"]]
-        stream = make_stream(spec["n"], spec["d"], spec["K"], noise_sd=spec["noise_sd"], seed=spec["seed"])
+        adapter = peers.adapters(
+            dim=spec["d"], n_arms=spec["K"], noise_sd=spec["noise_sd"], seed=spec["seed"]
+        )[spec["key"]]
+        stream = make_stream(
+            spec["n"], spec["d"], spec["K"], noise_sd=spec["noise_sd"], seed=spec["seed"]
+        )
         n_row = min(spec["n_slow"], spec["n"]) if adapter.slow else spec["n"]
         data = adapter.prepare(stream, n_row)
         # Warm-up on a tiny stream of 2 arms: numba compiles the same kernels (they are typed by
         # dtype and rank, not by size) and VW loads its code paths, while the memory it frees is
         # too small for the allocator to hand back to the timed learner and hide its footprint.
-        tiny = peers.adapters(dim=spec["d"], n_arms=2, noise_sd=spec["noise_sd"], seed=spec["seed"])[spec["key"]]
-        warm_stream = make_stream(spec["warmup"], spec["d"], 2, noise_sd=spec["noise_sd"], seed=spec["seed"] + 1)
+        tiny = peers.adapters(
+            dim=spec["d"], n_arms=2, noise_sd=spec["noise_sd"], seed=spec["seed"]
+        )[spec["key"]]
+        warm_stream = make_stream(
+            spec["warmup"], spec["d"], 2, noise_sd=spec["noise_sd"], seed=spec["seed"] + 1
+        )
         warm = tiny.prepare(warm_stream, spec["warmup"])
         learner = tiny.new()
         if tiny.train is not None:
@@ -151,10 +172,19 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
             adapter.close(learner)
             peak = _peak_bytes() - before
             del learner
-            conn.send({"seconds": seconds, "chosen": chosen, "peak_mib": max(peak, 0) / MIB, "peak_exact": exact})
+            conn.send(
+                {
+                    "seconds": seconds,
+                    "chosen": chosen,
+                    "peak_mib": max(peak, 0) / MIB,
+                    "peak_exact": exact,
+                }
+            )
             del chosen  # every repeat starts from the same heap
         except BaseException as exc:  # noqa: BLE001
-            conn.send({"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()})
+            conn.send(
+                {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc()}
+            )
             return
 
 
@@ -166,7 +196,11 @@ def _streambandit_path(key: str) -> str:
     if path == "play":
         return "play()" if has_method(name, "play") else "loop (play() not in this build)"
     if path == "batch":
-        return "select_batch()" if has_method(name, "select_batch") else "select() loop (select_batch() not in this build)"
+        return (
+            "select_batch()"
+            if has_method(name, "select_batch")
+            else "select() loop (select_batch() not in this build)"
+        )
     return "select + update"
 
 
@@ -206,13 +240,28 @@ def run_benchmark(
     procs: dict[str, tuple[Any, Any]] = {}
     for key in keys:
         a = table[key]
-        rows[key] = {"key": key, "label": a.label, "config": a.config, "kind": a.kind, "slow": a.slow}
+        rows[key] = {
+            "key": key,
+            "label": a.label,
+            "config": a.config,
+            "kind": a.kind,
+            "slow": a.slow,
+        }
         reason = peers.missing(a.module)
         if reason:
             rows[key]["status"] = reason
             continue
         parent, child = ctx.Pipe()
-        spec = {"key": key, "n": n, "n_slow": n_slow, "d": d, "K": K, "noise_sd": noise_sd, "seed": seed, "warmup": warmup}
+        spec = {
+            "key": key,
+            "n": n,
+            "n_slow": n_slow,
+            "d": d,
+            "K": K,
+            "noise_sd": noise_sd,
+            "seed": seed,
+            "warmup": warmup,
+        }
         proc = ctx.Process(target=_worker, args=(child, spec), daemon=True)
         proc.start()
         procs[key] = (proc, parent)
@@ -238,7 +287,9 @@ def run_benchmark(
                     del procs[key]
                     continue
                 rows[key]["runs"].append(msg)
-                log(f"repeat {r + 1}/{repeats} {key}: {msg['seconds'] / rows[key]['n'] * 1e6:.2f} us/event")
+                log(
+                    f"repeat {r + 1}/{repeats} {key}: {msg['seconds'] / rows[key]['n'] * 1e6:.2f} us/event"
+                )
     finally:
         for proc, conn in procs.values():
             try:
@@ -289,8 +340,18 @@ def run_benchmark(
             row["memory_ratio"] = row["peak_mib"] / max(ref["peak_mib"], MEMORY_FLOOR_MIB)
             row["memory_ratio_is_lower_bound"] = ref["peak_mib"] < MEMORY_FLOOR_MIB
     return {
-        "config": {"n": n, "n_slow": n_slow, "d": d, "K": K, "repeats": repeats, "slow_repeats": slow_repeats,
-                   "noise_sd": noise_sd, "seed": seed, "warmup": warmup, "reference": REFERENCE},
+        "config": {
+            "n": n,
+            "n_slow": n_slow,
+            "d": d,
+            "K": K,
+            "repeats": repeats,
+            "slow_repeats": slow_repeats,
+            "noise_sd": noise_sd,
+            "seed": seed,
+            "warmup": warmup,
+            "reference": REFERENCE,
+        },
         "rows": list(rows.values()),
         "targets": _targets(rows),
         "load_average_1min": {"start": load_start, "end": load_end},
@@ -317,20 +378,40 @@ def _targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
 
     for name in ("oful", "glb_omd"):
         eps = get(f"{name}_play", "events_per_s")
-        add(f"{name} decide + update, play()", f">= {TARGET_EVENTS_PER_S:,} events/s", eps,
-            None if eps is None else eps >= TARGET_EVENTS_PER_S, "events/s")
+        add(
+            f"{name} decide + update, play()",
+            f">= {TARGET_EVENTS_PER_S:,} events/s",
+            eps,
+            None if eps is None else eps >= TARGET_EVENTS_PER_S,
+            "events/s",
+        )
     for name in ("oful", "glb_omd"):
         bps = get(f"{name}_batch", "events_per_s")
-        add(f"{name} batch scoring, select_batch()", f">= {TARGET_BATCH_PER_S:,} decisions/s", bps,
-            None if bps is None else bps >= TARGET_BATCH_PER_S, "decisions/s")
+        add(
+            f"{name} batch scoring, select_batch()",
+            f">= {TARGET_BATCH_PER_S:,} decisions/s",
+            bps,
+            None if bps is None else bps >= TARGET_BATCH_PER_S,
+            "decisions/s",
+        )
     naive = get("naive_oful", "us_ratio")
-    add("naive numpy OFUL / oful play()", f">= {TARGET_VS_NAIVE:g}x", naive,
-        None if naive is None else naive >= TARGET_VS_NAIVE, "x")
+    add(
+        "naive numpy OFUL / oful play()",
+        f">= {TARGET_VS_NAIVE:g}x",
+        naive,
+        None if naive is None else naive >= TARGET_VS_NAIVE,
+        "x",
+    )
     for key in ("vw_squarecb", "vw_epsilon"):
         ratio, rr = get(key, "us_ratio"), get(key, "regret_ratio")
         met = None if ratio is None or rr is None else (ratio >= TARGET_VS_VW and rr >= 1.0)
-        add(f"{rows[key]['label'] if key in rows else key} / oful play(), regret no worse",
-            f">= {TARGET_VS_VW:g}x, and VW's regret ratio >= 1 (ours no worse)", ratio, met, "x")
+        add(
+            f"{rows[key]['label'] if key in rows else key} / oful play(), regret no worse",
+            f">= {TARGET_VS_VW:g}x, and VW's regret ratio >= 1 (ours no worse)",
+            ratio,
+            met,
+            "x",
+        )
     return out
 
 
@@ -346,8 +427,14 @@ def machine() -> dict[str, Any]:
             versions[dist] = importlib.metadata.version(dist)
         except importlib.metadata.PackageNotFoundError:
             versions[dist] = None
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": sys.version.split()[0], "versions": versions,
-            "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"), "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "versions": versions,
+        "blas_threads": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+    }
 
 
 def _f(x: float | None, fmt: str) -> str:
@@ -360,7 +447,9 @@ def _label(row: dict[str, Any]) -> str:
     return row["label"] + (f" [{path}]" if path and "not in this build" in path else "")
 
 
-def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[str, Any], note: str = "") -> str:
+def render_markdown(
+    result: dict[str, Any], *, command: str, machine_desc: dict[str, Any], note: str = ""
+) -> str:
     c = result["config"]
     m = machine_desc
     vers = ", ".join(f"{k} {v}" for k, v in m.get("versions", {}).items() if v)
@@ -369,7 +458,8 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
         "",
         f"Command: `{command}` (BLAS and numba pinned to one thread). Machine: {m.get('cpu')}, "
         f"{m.get('cores')} cores, Python {m.get('python')}; {vers}; {m.get('date', '')}"
-        + (f"; commit {m['commit']}" if m.get("commit") else "") + ".",
+        + (f"; commit {m['commit']}" if m.get("commit") else "")
+        + ".",
         "",
         f"Stream: d = {c['d']} features per arm, K = {c['K']} arms, a reward for every decision; arms and "
         f"theta* uniform on the unit sphere, reward = x'theta* + N(0, {c['noise_sd']:g}^2), seed {c['seed']} "
@@ -387,9 +477,12 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
     ]
     load = result.get("load_average_1min") or {}
     if load.get("start") is not None:
-        lines += ["", f"1-minute load average {load['start']:g} at the start and {load.get('end')} at the end, on "
-                  f"{m.get('cores')} cores: above 1, other work shared the machine, which the medians and the "
-                  "same-run ratios are meant to absorb (every repeat is in the JSON)."]
+        lines += [
+            "",
+            f"1-minute load average {load['start']:g} at the start and {load.get('end')} at the end, on "
+            f"{m.get('cores')} cores: above 1, other work shared the machine, which the medians and the "
+            "same-run ratios are meant to absorb (every repeat is in the JSON).",
+        ]
     if note:
         lines += ["", note]
     lines += [
@@ -411,11 +504,14 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
         if r.get("memory_ratio") is None:
             mem_ratio = f"both < {MEMORY_FLOOR_MIB:g} MiB"
         else:
-            mem_ratio = (">= " if r.get("memory_ratio_is_lower_bound") else "") + f"{r['memory_ratio']:.1f}x"
+            mem_ratio = (
+                ">= " if r.get("memory_ratio_is_lower_bound") else ""
+            ) + f"{r['memory_ratio']:.1f}x"
         lines.append(
             f"| {label} | {r['n']:,} | {r['us_per_event']:.2f} | {r['events_per_s']:,.0f} | {r['regret']:.1f} | "
             f"{r['regret_per_1000']:.2f} | {r['peak_mib']:.2f} | {_f(r.get('us_ratio'), '.1f')}x | "
-            f"{_f(r.get('regret_ratio'), '.2f')} | {mem_ratio} |")
+            f"{_f(r.get('regret_ratio'), '.2f')} | {mem_ratio} |"
+        )
     lines += [
         "",
         "## Batch scoring: decisions against the current state, no interleaved update",
@@ -431,14 +527,26 @@ def render_markdown(result: dict[str, Any], *, command: str, machine_desc: dict[
             lines.append(f"| {label} | {r.get('status')} |  |  |  |  |")
             continue
         best = 1e6 / min(r["us_runs"])
-        lines.append(f"| {label} | {r['n']:,} | {r['us_per_event']:.3f} | {r['events_per_s']:,.0f} | {best:,.0f} "
-                     f"| {r['peak_mib']:.2f} |")
-    lines += ["", "## Targets (d = 20, K = 10, one core)" if (c["d"], c["K"]) == (20, 10)
-              else f"## Targets (stated for d = 20, K = 10; this run: d = {c['d']}, K = {c['K']})", "",
-              "| target | goal | measured | met |", "|---|---|---:|---|"]
+        lines.append(
+            f"| {label} | {r['n']:,} | {r['us_per_event']:.3f} | {r['events_per_s']:,.0f} | {best:,.0f} "
+            f"| {r['peak_mib']:.2f} |"
+        )
+    lines += [
+        "",
+        "## Targets (d = 20, K = 10, one core)"
+        if (c["d"], c["K"]) == (20, 10)
+        else f"## Targets (stated for d = 20, K = 10; this run: d = {c['d']}, K = {c['K']})",
+        "",
+        "| target | goal | measured | met |",
+        "|---|---|---:|---|",
+    ]
     for t in result["targets"]:
         fmt = ",.0f" if t["unit"] != "x" else ".1f"
-        measured = "—" if t["measured"] is None else format(t["measured"], fmt) + (" x" if t["unit"] == "x" else f" {t['unit']}")
+        measured = (
+            "—"
+            if t["measured"] is None
+            else format(t["measured"], fmt) + (" x" if t["unit"] == "x" else f" {t['unit']}")
+        )
         met = {True: "yes", False: "no", None: "not measured"}[t["met"]]
         lines.append(f"| {t['target']} | {t['goal']} | {measured} | {met} |")
     lines += ["", "## How each row was configured", ""]
@@ -466,12 +574,21 @@ def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(
         prog="streambandit bench",
         description="streambandit's learners against Vowpal Wabbit, MABWiser and River on the same synthetic stream "
-                    "(us per decide + update, regret, peak memory, as ratios to streambandit oful). "
-                    "The peers are optional: pip install 'streambandit[bench]'.")
+        "(us per decide + update, regret, peak memory, as ratios to streambandit oful). "
+        "The peers are optional: pip install 'streambandit[bench]'.",
+    )
     add_stream_options(ap)
-    ap.add_argument("--quick", action="store_true", help="a smoke run: n 2000, n-slow 200, 2 repeats, 1 for slow peers")
-    ap.add_argument("--json", type=Path, default=None, metavar="PATH", help="write the result as JSON")
-    ap.add_argument("--md", type=Path, default=None, metavar="PATH", help="write the markdown report")
+    ap.add_argument(
+        "--quick",
+        action="store_true",
+        help="a smoke run: n 2000, n-slow 200, 2 repeats, 1 for slow peers",
+    )
+    ap.add_argument(
+        "--json", type=Path, default=None, metavar="PATH", help="write the result as JSON"
+    )
+    ap.add_argument(
+        "--md", type=Path, default=None, metavar="PATH", help="write the markdown report"
+    )
     return ap
 
 
@@ -479,15 +596,29 @@ def add_stream_options(ap: argparse.ArgumentParser) -> None:
     """The options of the run itself (sizes, repeats, stream), shared with the checkout's
     ``python -m bench.peers``, which writes its results in its own place."""
     ap.add_argument("--n", type=int, default=20_000, help="events in the stream (default 20000)")
-    ap.add_argument("--n-slow", type=int, default=2_000,
-                    help="events the slow peers (MABWiser, River) are timed on (default 2000)")
+    ap.add_argument(
+        "--n-slow",
+        type=int,
+        default=2_000,
+        help="events the slow peers (MABWiser, River) are timed on (default 2000)",
+    )
     ap.add_argument("--d", type=int, default=20, help="features per arm (default 20)")
     ap.add_argument("--K", type=int, default=10, help="arms per decision (default 10)")
-    ap.add_argument("--repeats", type=int, default=7, help="timed repeats per row, median reported (default 7)")
-    ap.add_argument("--slow-repeats", type=int, default=3, help="repeats for the slow peers (default 3)")
-    ap.add_argument("--noise-sd", type=float, default=0.1, help="sd of the Gaussian reward noise (default 0.1)")
+    ap.add_argument(
+        "--repeats", type=int, default=7, help="timed repeats per row, median reported (default 7)"
+    )
+    ap.add_argument(
+        "--slow-repeats", type=int, default=3, help="repeats for the slow peers (default 3)"
+    )
+    ap.add_argument(
+        "--noise-sd", type=float, default=0.1, help="sd of the Gaussian reward noise (default 0.1)"
+    )
     ap.add_argument("--seed", type=int, default=0, help="stream seed (default 0)")
-    ap.add_argument("--only", default=None, help="comma-separated row keys (the reference oful_play always runs)")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help="comma-separated row keys (the reference oful_play always runs)",
+    )
 
 
 def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
@@ -499,11 +630,24 @@ def run_from_args(args: argparse.Namespace) -> dict[str, Any]:
             raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     pin_one_thread()
     return run_benchmark(
-        n=args.n, n_slow=args.n_slow, d=args.d, K=args.K, repeats=args.repeats, slow_repeats=args.slow_repeats,
-        noise_sd=args.noise_sd, seed=args.seed, only=args.only.split(",") if args.only else None)
+        n=args.n,
+        n_slow=args.n_slow,
+        d=args.d,
+        K=args.K,
+        repeats=args.repeats,
+        slow_repeats=args.slow_repeats,
+        noise_sd=args.noise_sd,
+        seed=args.seed,
+        only=args.only.split(",") if args.only else None,
+    )
 
 
-def main(argv: list[str] | None = None, *, command: str | None = None, machine_desc: dict[str, Any] | None = None) -> int:
+def main(
+    argv: list[str] | None = None,
+    *,
+    command: str | None = None,
+    machine_desc: dict[str, Any] | None = None,
+) -> int:
     """Run the benchmark, print the markdown report, optionally write --json / --md. Returns the
     exit code: 0, or 1 when the reference row (streambandit oful, play) could not be measured."""
     argv = list(sys.argv[1:] if argv is None else argv)

@@ -67,8 +67,16 @@ class NaiveOFUL:
     pays one inversion per round and no more (its cost is not inflated by an extra slogdet).
     """
 
-    def __init__(self, dim: int, *, lam: float = 1.0, beta: float | None = None, noise_sd: float = 1.0,
-                 S: float = 1.0, delta: float = 0.05) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        lam: float = 1.0,
+        beta: float | None = None,
+        noise_sd: float = 1.0,
+        S: float = 1.0,
+        delta: float = 0.05,
+    ) -> None:
         self.v = lam * np.eye(dim)
         self.b = np.zeros(dim)
         self.beta_const = beta
@@ -167,20 +175,39 @@ def _streambandit(name: str, params: dict[str, Any], dim: int) -> dict[str, Adap
     def new() -> Any:
         return make_policy(name, dim=dim, seed=0, **params)
 
-    conf = ", ".join(f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items())
+    conf = ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in params.items()
+    )
     return {
         f"{name}_play": Adapter(
-            key=f"{name}_play", label=f"streambandit {name}, play()", module=None,
+            key=f"{name}_play",
+            label=f"streambandit {name}, play()",
+            module=None,
             config=f"{name}: {conf}; `play(arms, rewards)` over the whole stream in one call",
-            prepare=_np_prepare, new=new, run=_play),
+            prepare=_np_prepare,
+            new=new,
+            run=_play,
+        ),
         f"{name}_call": Adapter(
-            key=f"{name}_call", label=f"streambandit {name}, select + update per call", module=None,
+            key=f"{name}_call",
+            label=f"streambandit {name}, select + update per call",
+            module=None,
             config=f"{name}: {conf}; `select(arms)` then `update(x, r)` from a Python loop",
-            prepare=_np_prepare, new=new, run=_loop),
+            prepare=_np_prepare,
+            new=new,
+            run=_loop,
+        ),
         f"{name}_batch": Adapter(
-            key=f"{name}_batch", label=f"streambandit {name}, select_batch() (no update)", module=None,
+            key=f"{name}_batch",
+            label=f"streambandit {name}, select_batch() (no update)",
+            module=None,
             config=f"{name}: {conf}; trained by play() on the stream, then `select_batch` scores all n contexts",
-            prepare=_np_prepare, new=new, run=_select_batch, kind="batch", train=_play),
+            prepare=_np_prepare,
+            new=new,
+            run=_select_batch,
+            kind="batch",
+            train=_play,
+        ),
     }
 
 
@@ -190,9 +217,14 @@ def _streambandit(name: str, params: dict[str, Any], dim: int) -> dict[str, Adap
 def _naive(noise_sd: float, dim: int) -> Adapter:
     p = oful_params(noise_sd)
     return Adapter(
-        key="naive_oful", label="naive numpy OFUL (np.linalg.inv every round)", module=None,
+        key="naive_oful",
+        label="naive numpy OFUL (np.linalg.inv every round)",
+        module=None,
         config="the same rule and radius as streambandit oful; V kept, `np.linalg.inv(V)` every round",
-        prepare=_np_prepare, new=lambda: NaiveOFUL(dim, **p), run=_loop)
+        prepare=_np_prepare,
+        new=lambda: NaiveOFUL(dim, **p),
+        run=_loop,
+    )
 
 
 # -- Vowpal Wabbit -----------------------------------------------------------------------------
@@ -231,7 +263,9 @@ def _vw(key: str, seed: int) -> Adapter:
                     i = k
                     break
             labelled = list(lines)
-            labelled[i] = f"0:{-rewards[t, i]:.7g}:{pmf[i]:.7g} {lines[i]}"  # action:cost:probability
+            labelled[i] = (
+                f"0:{-rewards[t, i]:.7g}:{pmf[i]:.7g} {lines[i]}"  # action:cost:probability
+            )
             ws.learn(labelled)  # parse + learn
             chosen[t] = i
         return chosen
@@ -240,11 +274,17 @@ def _vw(key: str, seed: int) -> Adapter:
         ws.finish()
 
     return Adapter(
-        key=key, label=f"Vowpal Wabbit cb_explore_adf {VW_EXPLORATIONS[key]}", module="vowpalwabbit",
-        config=f"`Workspace(\"{args}\")`, defaults otherwise (cb_type mtr, -b 18); text prepared "
-               "beforehand, timed: predict(text) -> pmf, sample with a seeded RNG, learn(text with "
-               "`0:cost:prob` on the chosen action, cost = -reward)",
-        prepare=prepare, new=new, run=run, close=close)
+        key=key,
+        label=f"Vowpal Wabbit cb_explore_adf {VW_EXPLORATIONS[key]}",
+        module="vowpalwabbit",
+        config=f'`Workspace("{args}")`, defaults otherwise (cb_type mtr, -b 18); text prepared '
+        "beforehand, timed: predict(text) -> pmf, sample with a seeded RNG, learn(text with "
+        "`0:cost:prob` on the chosen action, cost = -reward)",
+        prepare=prepare,
+        new=new,
+        run=run,
+        close=close,
+    )
 
 
 # -- MABWiser ----------------------------------------------------------------------------------
@@ -257,7 +297,11 @@ def _mabwiser(n_arms: int, dim: int, seed: int) -> Adapter:
     def new() -> Any:
         from mabwiser.mab import MAB, LearningPolicy
 
-        return MAB(arms=list(range(n_arms)), learning_policy=LearningPolicy.LinUCB(alpha=1.0, l2_lambda=1.0), seed=seed)
+        return MAB(
+            arms=list(range(n_arms)),
+            learning_policy=LearningPolicy.LinUCB(alpha=1.0, l2_lambda=1.0),
+            seed=seed,
+        )
 
     def run(mab: Any, data: tuple[np.ndarray, np.ndarray]) -> np.ndarray:
         contexts, rewards = data
@@ -273,12 +317,17 @@ def _mabwiser(n_arms: int, dim: int, seed: int) -> Adapter:
         return chosen
 
     return Adapter(
-        key="mabwiser_linucb", label="MABWiser LinUCB (disjoint, concatenated arms as context)",
-        module="mabwiser", slow=True,
+        key="mabwiser_linucb",
+        label="MABWiser LinUCB (disjoint, concatenated arms as context)",
+        module="mabwiser",
+        slow=True,
         config=f"`MAB(arms=range({n_arms}), LearningPolicy.LinUCB(alpha=1, l2_lambda=1), seed={seed})`; "
-               f"context = the {n_arms} arm vectors concatenated ({n_arms * dim} numbers); first event "
-               "fit() on arm 0, then predict + partial_fit per event",
-        prepare=prepare, new=new, run=run)
+        f"context = the {n_arms} arm vectors concatenated ({n_arms * dim} numbers); first event "
+        "fit() on arm 0, then predict + partial_fit per event",
+        prepare=prepare,
+        new=new,
+        run=run,
+    )
 
 
 # -- River -------------------------------------------------------------------------------------
@@ -307,18 +356,25 @@ def _river_disjoint(n_arms: int, dim: int, seed: int) -> Adapter:
         return chosen
 
     return Adapter(
-        key="river_linucb", label="River bandit.LinUCBDisjoint (concatenated arms as context)",
-        module="river", slow=True,
+        key="river_linucb",
+        label="River bandit.LinUCBDisjoint (concatenated arms as context)",
+        module="river",
+        slow=True,
         config=f"`bandit.LinUCBDisjoint(alpha=1, beta=1, seed={seed})`; context = dict of the "
-               f"{n_arms} arm vectors concatenated ({n_arms * dim} keys, dicts built beforehand); pull + update per event",
-        prepare=prepare, new=new, run=run)
+        f"{n_arms} arm vectors concatenated ({n_arms * dim} keys, dicts built beforehand); pull + update per event",
+        prepare=prepare,
+        new=new,
+        run=run,
+    )
 
 
 def _river_shared(dim: int) -> Adapter:
     keys = [f"f{j}" for j in range(dim)]
 
     def prepare(stream: Stream, n: int) -> tuple[list[list[dict[str, float]]], np.ndarray]:
-        return [[dict(zip(keys, row)) for row in a] for a in stream.arms[:n].tolist()], stream.rewards[:n]
+        return [
+            [dict(zip(keys, row)) for row in a] for a in stream.arms[:n].tolist()
+        ], stream.rewards[:n]
 
     def new() -> Any:
         from river import linear_model
@@ -340,12 +396,17 @@ def _river_shared(dim: int) -> Adapter:
         return chosen
 
     return Adapter(
-        key="river_shared", label="River BayesianLinearRegression, shared model, UCB by hand",
-        module="river", slow=True,
+        key="river_shared",
+        label="River BayesianLinearRegression, shared model, UCB by hand",
+        module="river",
+        slow=True,
         config="one `linear_model.BayesianLinearRegression(alpha=1, beta=1)` on each arm's own "
-               "features; score mu + sigma of `predict_one(x, with_dist=True)` per arm (the bound "
-               "LinUCBDisjoint uses), `learn_one` on the chosen arm; dicts built beforehand",
-        prepare=prepare, new=new, run=run)
+        "features; score mu + sigma of `predict_one(x, with_dist=True)` per arm (the bound "
+        "LinUCBDisjoint uses), `learn_one` on the chosen arm; dicts built beforehand",
+        prepare=prepare,
+        new=new,
+        run=run,
+    )
 
 
 # -- the registry ------------------------------------------------------------------------------

@@ -54,7 +54,9 @@ def _unit_rows(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
     return x
 
 
-def make_stream(n: int, dim: int, n_arms: int, *, noise_sd: float = DEFAULT_NOISE_SD, seed: int = 0) -> Stream:
+def make_stream(
+    n: int, dim: int, n_arms: int, *, noise_sd: float = DEFAULT_NOISE_SD, seed: int = 0
+) -> Stream:
     """The stream of the module docstring, ``n`` events of ``n_arms`` arms in R^``dim``."""
     if n < 1 or dim < 1 or n_arms < 1:
         raise ValueError(f"n, dim and n_arms must be >= 1, got {n}, {dim}, {n_arms}")
@@ -65,7 +67,14 @@ def make_stream(n: int, dim: int, n_arms: int, *, noise_sd: float = DEFAULT_NOIS
     arms = _unit_rows(rng, (n, n_arms, dim))
     mean = arms @ theta
     rewards = mean + noise_sd * rng.standard_normal((n, n_arms))
-    return Stream(arms=arms, rewards=rewards, mean_rewards=mean, theta=theta, noise_sd=float(noise_sd), seed=seed)
+    return Stream(
+        arms=arms,
+        rewards=rewards,
+        mean_rewards=mean,
+        theta=theta,
+        noise_sd=float(noise_sd),
+        seed=seed,
+    )
 
 
 def _check_choices(stream: Stream, chosen: np.ndarray) -> np.ndarray:

@@ -41,13 +41,18 @@ def _cmd_simulate_ads(args: argparse.Namespace) -> int:
             i = policy.select(req.features)
             click = traffic.click(rng, float(req.click_rates[i]))
             policy.update(req.features[i], float(click))
-            clicks += float(req.click_rates[i])  # expected CTR of the choice: less noisy than clicks
+            clicks += float(
+                req.click_rates[i]
+            )  # expected CTR of the choice: less noisy than clicks
             best += float(req.click_rates.max())
             rand += float(req.click_rates.mean())
             n += 1
             now = time.perf_counter()
             if now - last >= 1.0 or n == args.requests:
-                print(f"{n:>9} {n / (now - start):>8.0f} {clicks / n:>12.4f} {best / n:>9.4f} {rand / n:>11.4f}", flush=True)
+                print(
+                    f"{n:>9} {n / (now - start):>8.0f} {clicks / n:>12.4f} {best / n:>9.4f} {rand / n:>11.4f}",
+                    flush=True,
+                )
                 last = now
     except KeyboardInterrupt:
         print("stopped")
@@ -83,7 +88,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
         topics = ", ".join(config.topics.all(config.learn_only))
         print(f"{args.config}: valid. group {config.group_id}, topics {topics}, models {models}")
         return 0
-    wait_for_brokers(config)  # one error line if none answers, before any store or worker process starts
+    wait_for_brokers(
+        config
+    )  # one error line if none answers, before any store or worker process starts
     instance = args.instance_id or socket.gethostname()
     processes = args.processes if args.processes is not None else len(os.sched_getaffinity(0))
     store = _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir)
@@ -105,7 +112,9 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _supervise(args: argparse.Namespace, instance: str, processes: int, metrics_port: int | None) -> int:
+def _supervise(
+    args: argparse.Namespace, instance: str, processes: int, metrics_port: int | None
+) -> int:
     """``serve --processes N``: N workers, each a ``serve --processes 1`` child with the instance
     id ``<instance>-<i>`` (stream/supervisor.py), until SIGTERM/SIGINT or ``--duration``. With a
     metrics port P, child i serves on P + i (P = 0: each on a free port of its own)."""
@@ -115,14 +124,40 @@ def _supervise(args: argparse.Namespace, instance: str, processes: int, metrics_
 
     if processes < 1:
         raise ValueError(f"--processes must be >= 1, got {processes}")
-    same = [a for name, value in (("--config", args.config), ("--bootstrap-servers", args.bootstrap_servers),
-                                  ("--snapshot-topic", args.snapshot_topic), ("--snapshot-dir", args.snapshot_dir))
-            if value for a in (name, str(value))] + (["-v"] if args.verbose else []) + ["--log-format", args.log_format]
+    same = (
+        [
+            a
+            for name, value in (
+                ("--config", args.config),
+                ("--bootstrap-servers", args.bootstrap_servers),
+                ("--snapshot-topic", args.snapshot_topic),
+                ("--snapshot-dir", args.snapshot_dir),
+            )
+            if value
+            for a in (name, str(value))
+        ]
+        + (["-v"] if args.verbose else [])
+        + ["--log-format", args.log_format]
+    )
 
     def command(i: int) -> list[str]:
-        port = [] if metrics_port is None else ["--metrics-port", str(metrics_port + i if metrics_port else 0)]
-        return [sys.executable, "-m", "streambandit", "serve", *same, *port, "--processes", "1", "--instance-id",
-                f"{instance}-{i}"]
+        port = (
+            []
+            if metrics_port is None
+            else ["--metrics-port", str(metrics_port + i if metrics_port else 0)]
+        )
+        return [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            *same,
+            *port,
+            "--processes",
+            "1",
+            "--instance-id",
+            f"{instance}-{i}",
+        ]
 
     supervisor = Supervisor(command, processes)
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -139,16 +174,35 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     if args.action == "create":
-        for topic, what in create_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic,
-                                         args.partitions, args.replication, max_chunk_bytes=snaps.max_chunk_bytes,
-                                         learn_only=config.learn_only):
+        for topic, what in create_topics(
+            config.bootstrap_servers,
+            config.kafka,
+            config.topics,
+            snaps.topic,
+            args.partitions,
+            args.replication,
+            max_chunk_bytes=snaps.max_chunk_bytes,
+            learn_only=config.learn_only,
+        ):
             print(f"{topic}: {what}")
         return 0
-    rows, co_partitioned = describe_topics(config.bootstrap_servers, config.kafka, config.topics, snaps.topic,
-                                           learn_only=config.learn_only)
+    rows, co_partitioned = describe_topics(
+        config.bootstrap_servers,
+        config.kafka,
+        config.topics,
+        snaps.topic,
+        learn_only=config.learn_only,
+    )
     for topic, n in rows:
         print(f"{topic}: {'missing' if n is None else f'{n} partitions'}")
-    print("co-partitioned: " + ("yes" if co_partitioned else "NO (the worker needs every topic, with one partition count)"))
+    print(
+        "co-partitioned: "
+        + (
+            "yes"
+            if co_partitioned
+            else "NO (the worker needs every topic, with one partition count)"
+        )
+    )
     return 0 if co_partitioned else 1
 
 
@@ -158,9 +212,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
     from streambandit.dev.demo import DemoConfig, run_demo
 
-    run_demo(DemoConfig(duration_s=args.duration, rate_per_s=args.rate, policy=args.policy, dim=args.dim,
-                        arms=args.arms, partitions=args.partitions, seed=args.seed, out_dir=Path(args.out),
-                        edge=args.edge))
+    run_demo(
+        DemoConfig(
+            duration_s=args.duration,
+            rate_per_s=args.rate,
+            policy=args.policy,
+            dim=args.dim,
+            arms=args.arms,
+            partitions=args.partitions,
+            seed=args.seed,
+            out_dir=Path(args.out),
+            edge=args.edge,
+        )
+    )
     return 0
 
 
@@ -173,13 +237,20 @@ def _snapshot_store(config: Any, snaps: Any, topic_arg: str | None, dir_arg: str
     directory = dir_arg or (None if topic_arg else snaps.dir)
     if topic:
         try:
-            return TopicStore(config.bootstrap_servers, topic, kafka=config.kafka, max_chunk_bytes=snaps.max_chunk_bytes)
+            return TopicStore(
+                config.bootstrap_servers,
+                topic,
+                kafka=config.kafka,
+                max_chunk_bytes=snaps.max_chunk_bytes,
+            )
         except SnapshotStoreError as exc:
             raise ValueError(str(exc)) from None
     if directory:
         return DirectoryStore(directory)
-    raise ValueError("no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
-                     "or pass --snapshot-topic or --snapshot-dir")
+    raise ValueError(
+        "no snapshot store: set [worker] snapshot_topic (a compacted topic) or snapshot_dir, "
+        "or pass --snapshot-topic or --snapshot-dir"
+    )
 
 
 def _cmd_api(args: argparse.Namespace) -> int:
@@ -189,29 +260,50 @@ def _cmd_api(args: argparse.Namespace) -> int:
     try:
         from streambandit.serving.api import serve_api
     except ImportError as exc:  # aiohttp is an optional dependency
-        raise ValueError(f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})") from None
+        raise ValueError(
+            f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})"
+        ) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     if (args.models is None) == (args.replica_of is None):
-        raise ValueError("give --models (decide and learn in this process) or --replica-of (decide with a replica "
-                         "of a learn-only group's models), not both")
+        raise ValueError(
+            "give --models (decide and learn in this process) or --replica-of (decide with a replica "
+            "of a learn-only group's models), not both"
+        )
     if args.replica_of is not None:
         from streambandit.config.app import load_worker_config
         from streambandit.serving.api import serve_replica
         from streambandit.serving.replica import Replica
 
-        config, snaps = load_worker_config(args.replica_of, bootstrap_servers=args.bootstrap_servers)
+        config, snaps = load_worker_config(
+            args.replica_of, bootstrap_servers=args.bootstrap_servers
+        )
         if not config.learn_only:
-            raise ValueError(f"{args.replica_of}: [worker] learn_only is not true: a replica follows a learn-only group "
-                             "(its workers would decide again what the replicas decided)")
-        replica = Replica(config, _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir),
-                          max_models=args.max_models, max_staleness_s=args.max_staleness)
+            raise ValueError(
+                f"{args.replica_of}: [worker] learn_only is not true: a replica follows a learn-only group "
+                "(its workers would decide again what the replicas decided)"
+            )
+        replica = Replica(
+            config,
+            _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir),
+            max_models=args.max_models,
+            max_staleness_s=args.max_staleness,
+        )
         serve_replica(replica, host=args.host, port=args.port, model_key=args.model_key)
         return 0
     if args.snapshot_topic or args.snapshot_dir:
-        raise ValueError("--snapshot-topic and --snapshot-dir name the learners' store: use them with --replica-of")
+        raise ValueError(
+            "--snapshot-topic and --snapshot-dir name the learners' store: use them with --replica-of"
+        )
     bound = {} if args.max_models is None else {"max_models": args.max_models}
-    serve_api(args.models, host=args.host, port=args.port, model_key=args.model_key, snapshot=args.snapshot,
-              save_every_s=args.save_every, **bound)
+    serve_api(
+        args.models,
+        host=args.host,
+        port=args.port,
+        model_key=args.model_key,
+        snapshot=args.snapshot,
+        save_every_s=args.save_every,
+        **bound,
+    )
     return 0
 
 
@@ -223,9 +315,16 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
-    decisions = read_logged_decisions(config.bootstrap_servers, config.topics, config.group_id, partitions=partitions,
-                                      from_ms=args.from_ms, to_ms=args.to_ms, kafka=config.kafka,
-                                      learn_only=config.learn_only)
+    decisions = read_logged_decisions(
+        config.bootstrap_servers,
+        config.topics,
+        config.group_id,
+        partitions=partitions,
+        from_ms=args.from_ms,
+        to_ms=args.to_ms,
+        kafka=config.kafka,
+        learn_only=config.learn_only,
+    )
     n = write_avro(args.out, decisions)
     print(f"wrote {n} logged decisions of group {config.group_id!r} to {args.out}")
     return 0
@@ -266,8 +365,10 @@ def _cmd_broker(args: argparse.Namespace) -> int:
     b = EmbeddedBroker(port=args.port)
     try:  # a signal at any point from here stops the broker (b.wait() handles it once it waits)
         b.start()
-        print(f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
-              flush=True)
+        print(
+            f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
+            flush=True,
+        )
         if args.create_topics:
             _broker_topics(b.bootstrap_servers, args)
         return b.wait()
@@ -287,12 +388,17 @@ def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
     if args.config:
         config, snaps = load_worker_config(args.config, bootstrap_servers=bootstrap)
         topics, snapshot_topic, learn_only = config.topics, snaps.topic, config.learn_only
-    for topic, what in create_topics(bootstrap, {}, topics, snapshot_topic, args.partitions, learn_only=learn_only):
+    for topic, what in create_topics(
+        bootstrap, {}, topics, snapshot_topic, args.partitions, learn_only=learn_only
+    ):
         print(f"{topic}: {what}", flush=True)
     # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
     # (docs/notes/tansu.md): the worker's configuration for it needs a small one.
-    print(f'client settings for this broker, in the worker\'s TOML:\n  [kafka]\n  "bootstrap.servers" = "{bootstrap}"\n'
-          f'  [kafka.consumer]\n  "fetch.wait.max.ms" = 10', flush=True)
+    print(
+        f'client settings for this broker, in the worker\'s TOML:\n  [kafka]\n  "bootstrap.servers" = "{bootstrap}"\n'
+        f'  [kafka.consumer]\n  "fetch.wait.max.ms" = 10',
+        flush=True,
+    )
 
 
 _LOG_FORMATS = ("csv", "avro", "obd", "dsjson")
@@ -307,10 +413,18 @@ def _log_format(path, given: str | None) -> str:
     if suffixes[-1:] == [".gz"]:
         suffixes = suffixes[:-1]
     suffix = suffixes[-1] if suffixes else ""
-    known = {".csv": "csv", ".avro": "avro", ".json": "dsjson", ".jsonl": "dsjson", ".dsjson": "dsjson"}
+    known = {
+        ".csv": "csv",
+        ".avro": "avro",
+        ".json": "dsjson",
+        ".jsonl": "dsjson",
+        ".dsjson": "dsjson",
+    }
     if suffix not in known:
-        raise ValueError(f"log {path}: unknown format {suffix or '(no extension)'!r}; expected .csv, .avro, "
-                         ".json/.dsjson (DSJSON) or an Open Bandit Dataset directory, or say --format")
+        raise ValueError(
+            f"log {path}: unknown format {suffix or '(no extension)'!r}; expected .csv, .avro, "
+            ".json/.dsjson (DSJSON) or an Open Bandit Dataset directory, or say --format"
+        )
     return known[suffix]
 
 
@@ -331,24 +445,46 @@ def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
         raise ValueError(f"log {path} does not exist")
     fmt = _log_format(path, args.format)
     if args.catalog and fmt != "csv":
-        raise ValueError(f"--catalog applies to CSV logs only ({fmt} logs carry their arms' features)")
+        raise ValueError(
+            f"--catalog applies to CSV logs only ({fmt} logs carry their arms' features)"
+        )
     if fmt == "csv":
-        return files.read_csv(path, args.catalog, skip_bad=args.skip_bad, counts=counts, combine=args.combine,
-                              hash_dim=args.hash_dim or 0), str(path)
+        return files.read_csv(
+            path,
+            args.catalog,
+            skip_bad=args.skip_bad,
+            counts=counts,
+            combine=args.combine,
+            hash_dim=args.hash_dim or 0,
+        ), str(path)
     if fmt == "avro":
         return files.read_avro(path, skip_bad=args.skip_bad, counts=counts), str(path)
     if fmt == "obd":
         from streambandit.replay.obd import read_obd
 
-        return read_obd(path, model_key=args.model_key or "obd", user_dim=args.user_dim, combine=args.combine,
-                        affinity=args.affinity, skip_bad=args.skip_bad, counts=counts), str(path)
+        return read_obd(
+            path,
+            model_key=args.model_key or "obd",
+            user_dim=args.user_dim,
+            combine=args.combine,
+            affinity=args.affinity,
+            skip_bad=args.skip_bad,
+            counts=counts,
+        ), str(path)
     from streambandit.replay.dsjson import read_dsjson
 
     hash_dim = args.hash_dim or dim
     if not hash_dim:
-        raise ValueError("a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)")
-    return read_dsjson(path, dim=hash_dim, model_key=args.model_key or "dsjson", skip_bad=args.skip_bad,
-                       counts=counts), str(path)
+        raise ValueError(
+            "a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)"
+        )
+    return read_dsjson(
+        path,
+        dim=hash_dim,
+        model_key=args.model_key or "dsjson",
+        skip_bad=args.skip_bad,
+        counts=counts,
+    ), str(path)
 
 
 def _named(value: str, what: str) -> tuple[str, str]:
@@ -399,7 +535,9 @@ def _progress_printer(what: str):
         if now - last >= (1.0 if tty else 5.0):
             last, shown = now, True
             line = f"{what}: {n} events, {n / (now - start):.0f} events/s"
-            print(f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True)
+            print(
+                f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
+            )
 
     def done(n: int) -> None:
         if shown:
@@ -419,21 +557,34 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     if args.clip is not None and not args.clip > 0:
         raise ValueError(f"--clip must be > 0, got {args.clip}")
     if args.reward_range and not args.reward_range[0] < args.reward_range[1]:
-        raise ValueError(f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}")
+        raise ValueError(
+            f"--reward-range needs LO < HI, got {args.reward_range[0]:g} {args.reward_range[1]:g}"
+        )
     targets = _replay_targets(args)
     if not targets:
-        raise ValueError("nothing to evaluate: give a --config (the models) or an --external target")
+        raise ValueError(
+            "nothing to evaluate: give a --config (the models) or an --external target"
+        )
     learners = [t for t in targets if t.models is not None]
     if args.save_state and len(learners) != 1:
-        raise ValueError(f"--save-state writes one target's models; there are {len(learners)} configured targets")
+        raise ValueError(
+            f"--save-state writes one target's models; there are {len(learners)} configured targets"
+        )
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
     decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
     decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer("replay")
-    results = replay_targets(decisions, targets, clip=args.clip, progress=progress, counts=counts,
-                             skip_bad=args.skip_bad, bootstrap=args.bootstrap,
-                             reward_range=tuple(args.reward_range) if args.reward_range else None)
+    results = replay_targets(
+        decisions,
+        targets,
+        clip=args.clip,
+        progress=progress,
+        counts=counts,
+        skip_bad=args.skip_bad,
+        bootstrap=args.bootstrap,
+        reward_range=tuple(args.reward_range) if args.reward_range else None,
+    )
     done(next(iter(results.values())).events)
     config = ", ".join(args.config or [])
     written = write_report(results, args.out, source=source, config=config, clip=args.clip)
@@ -462,9 +613,16 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
     decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer(f"tune ({len(cands)} candidates)")
-    results = replay_targets(decisions, tune.targets(cands), clip=args.clip, progress=progress, counts=counts,
-                             skip_bad=args.skip_bad, bootstrap=args.bootstrap,
-                             reward_range=tuple(args.reward_range) if args.reward_range else None)
+    results = replay_targets(
+        decisions,
+        tune.targets(cands),
+        clip=args.clip,
+        progress=progress,
+        counts=counts,
+        skip_bad=args.skip_bad,
+        bootstrap=args.bootstrap,
+        reward_range=tuple(args.reward_range) if args.reward_range else None,
+    )
     done(next(iter(results.values())).events)
     ranking = tune.rank(cands, results, args.estimator)
     out = Path(args.out)
@@ -472,26 +630,67 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     rows = []
     for i, (c, r) in enumerate(ranking.order, start=1):
         e = r.estimate(args.estimator)
-        rows.append({"rank": i, "candidate": c.name, "settings": c.settings, "value": e.value, "ci_low": e.ci_low,
-                     "ci_high": e.ci_high, "ess": e.ess, "matched": r.matched})
+        rows.append(
+            {
+                "rank": i,
+                "candidate": c.name,
+                "settings": c.settings,
+                "value": e.value,
+                "ci_low": e.ci_low,
+                "ci_high": e.ci_high,
+                "ess": e.ess,
+                "matched": r.matched,
+            }
+        )
     best, first = ranking.best, ranking.order[0][1]
-    verdict = (f"best: {best.name} ({args.estimator} {first.estimate(args.estimator).value:.4f}), separated from every "
-               "other candidate" if ranking.separated else
-               f"the log cannot separate {best.name} from {', '.join(ranking.tied_with_best)}: their "
-               f"{args.estimator} intervals overlap (a longer log, or a wider grid step, may)")
-    md = [f"Tuning on `{source}`: {first.events} events, {len(cands)} candidates, ranked by {args.estimator}.", "",
-          f"| rank | candidate | {args.estimator} | 95% interval | ESS | matched |", "|---:|---|---:|---|---:|---:|"]
-    md += [f"| {r['rank']} | {r['candidate']} | {r['value']:.4f} | [{r['ci_low']:.4f}, {r['ci_high']:.4f}] | "
-           f"{r['ess']:.1f} | {r['matched']} |" for r in rows]
-    md += ["", verdict, "", "Each candidate learned during the replay: its estimate is the value of its learning path "
-           "through this log (docs/replay_formats.md)."]
+    verdict = (
+        f"best: {best.name} ({args.estimator} {first.estimate(args.estimator).value:.4f}), separated from every "
+        "other candidate"
+        if ranking.separated
+        else f"the log cannot separate {best.name} from {', '.join(ranking.tied_with_best)}: their "
+        f"{args.estimator} intervals overlap (a longer log, or a wider grid step, may)"
+    )
+    md = [
+        f"Tuning on `{source}`: {first.events} events, {len(cands)} candidates, ranked by {args.estimator}.",
+        "",
+        f"| rank | candidate | {args.estimator} | 95% interval | ESS | matched |",
+        "|---:|---|---:|---|---:|---:|",
+    ]
+    md += [
+        f"| {r['rank']} | {r['candidate']} | {r['value']:.4f} | [{r['ci_low']:.4f}, {r['ci_high']:.4f}] | "
+        f"{r['ess']:.1f} | {r['matched']} |"
+        for r in rows
+    ]
+    md += [
+        "",
+        verdict,
+        "",
+        "Each candidate learned during the replay: its estimate is the value of its learning path "
+        "through this log (docs/replay_formats.md).",
+    ]
     (out / "tune.md").write_text("\n".join(md) + "\n")
-    (out / "tune.json").write_text(json.dumps({"source": source, "estimator": args.estimator, "events": first.events,
-                                               "separated": ranking.separated, "best": best.name,
-                                               "tied_with_best": ranking.tied_with_best,
-                                               "candidates": rows}, indent=2, default=str) + "\n")
-    header = [f"# streambandit tune {source}: the best of {len(cands)} candidates by {args.estimator}: {best.name}",
-              f"# {verdict}", "# Replace the [[models]] tables of the worker's configuration with these.", ""]
+    (out / "tune.json").write_text(
+        json.dumps(
+            {
+                "source": source,
+                "estimator": args.estimator,
+                "events": first.events,
+                "separated": ranking.separated,
+                "best": best.name,
+                "tied_with_best": ranking.tied_with_best,
+                "candidates": rows,
+            },
+            indent=2,
+            default=str,
+        )
+        + "\n"
+    )
+    header = [
+        f"# streambandit tune {source}: the best of {len(cands)} candidates by {args.estimator}: {best.name}",
+        f"# {verdict}",
+        "# Replace the [[models]] tables of the worker's configuration with these.",
+        "",
+    ]
     (out / "recommended.toml").write_text("\n".join(header) + dump_models_config(best.models))
     written = [out / "tune.md", out / "tune.json", out / "recommended.toml"]
     if plot_targets([r for _, r in ranking.order], out / "tune.png"):
@@ -503,13 +702,22 @@ def _cmd_tune(args: argparse.Namespace) -> int:
 
 # `streambandit bench WHAT ...`: each benchmark parses its own options (`streambandit bench WHAT -h`).
 _BENCHMARKS = {
-    "peers": ("streambandit.benchmarks.inprocess", "learners in process against Vowpal Wabbit, MABWiser, River "
-                                                   "and a naive numpy OFUL: us per decide + update, regret, memory"),
+    "peers": (
+        "streambandit.benchmarks.inprocess",
+        "learners in process against Vowpal Wabbit, MABWiser, River "
+        "and a naive numpy OFUL: us per decide + update, regret, memory",
+    ),
     # These are the checkout's own benchmarks (``python -m bench``): they write bench/results/ and
     # run only from a source checkout, whose bench package is not installed with streambandit.
-    "e2e": ("bench.e2e", "the worker end to end on the embedded broker: the broker's ceiling, "
-                         "events/s, latency p50/p99/p99.9 at 10/50/90% of the maximum"),
-    "recovery": ("bench.recovery", "time to rebuild a partition after SIGKILL, snapshot bytes per model"),
+    "e2e": (
+        "bench.e2e",
+        "the worker end to end on the embedded broker: the broker's ceiling, "
+        "events/s, latency p50/p99/p99.9 at 10/50/90% of the maximum",
+    ),
+    "recovery": (
+        "bench.recovery",
+        "time to rebuild a partition after SIGKILL, snapshot bytes per model",
+    ),
     "memory": ("bench.memory", "resident bytes per model with 100,000 live models"),
 }
 
@@ -528,41 +736,99 @@ def _bench(rest: list[str]) -> int:
     if target.startswith("bench."):
         checkout = Path(__file__).resolve().parents[2]
         if not (checkout / "bench" / "__init__.py").is_file():
-            print(f"streambandit bench {what}: it runs from a source checkout of streambandit "
-                  f"(python -m {target}), and {checkout} is not one", file=sys.stderr)
+            print(
+                f"streambandit bench {what}: it runs from a source checkout of streambandit "
+                f"(python -m {target}), and {checkout} is not one",
+                file=sys.stderr,
+            )
             return 2
-        return subprocess.run([sys.executable, "-m", target, *rest], cwd=checkout, check=False).returncode
+        return subprocess.run(
+            [sys.executable, "-m", target, *rest], cwd=checkout, check=False
+        ).returncode
     module = importlib.import_module(target)
     return module.main(rest, command=" ".join(["streambandit bench", what, *rest]))
 
 
 def _log_arguments(p: argparse.ArgumentParser) -> None:
     """The options of ``replay`` and ``tune`` that say how the log is read and estimated."""
-    p.add_argument("log", help="the log: .csv or .avro of logged decisions, DSJSON (.json, .dsjson, .gz), or an "
-                               "Open Bandit Dataset directory (docs/replay_formats.md)")
-    p.add_argument("--format", choices=_LOG_FORMATS, default=None, help="the log's format (default: from its name)")
-    p.add_argument("--catalog", default=None, help="CSV of arm features (arm_id, f0, f1, ...; non-numeric columns "
-                                                   "one-hot) for CSV logs without inline features")
-    p.add_argument("--combine", choices=("outer", "concat"), default="outer",
-                   help="how a row's context (a CSV 'context' column, OBD's user features) and an arm's features "
-                        "make the arm's vector: outer = vec([1, u] c'), concat = [u, c] (default outer)")
-    p.add_argument("--hash-dim", type=int, default=None, metavar="N",
-                   help="buckets for hashed features: a CSV context's name=value tokens; DSJSON's features "
-                        "(default: the models' dimension)")
-    p.add_argument("--user-dim", type=int, default=16, metavar="N",
-                   help="OBD: buckets for the hashed user features (default 16)")
-    p.add_argument("--affinity", action="store_true", help="OBD: append each item's user-item affinity")
-    p.add_argument("--model-key", default=None, help="OBD and DSJSON: the model key of their rows (default obd, dsjson)")
-    p.add_argument("--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr")
-    p.add_argument("--reward-range", type=float, nargs=2, metavar=("LO", "HI"), default=None,
-                   help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
-                        "score intervals (0/1 rewards get them without this)")
-    p.add_argument("--bootstrap", type=int, default=0, metavar="B",
-                   help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)")
-    p.add_argument("--skip-bad", action="store_true", help="skip bad rows (counted in the report) instead of failing")
-    p.add_argument("--rows", default=None, metavar="START:STOP",
-                   help="use only the log's decisions START..STOP-1 (0-based, either end may be left out), e.g. "
-                        ":5000 to train and 5000: to evaluate on the rest")
+    p.add_argument(
+        "log",
+        help="the log: .csv or .avro of logged decisions, DSJSON (.json, .dsjson, .gz), or an "
+        "Open Bandit Dataset directory (docs/replay_formats.md)",
+    )
+    p.add_argument(
+        "--format",
+        choices=_LOG_FORMATS,
+        default=None,
+        help="the log's format (default: from its name)",
+    )
+    p.add_argument(
+        "--catalog",
+        default=None,
+        help="CSV of arm features (arm_id, f0, f1, ...; non-numeric columns "
+        "one-hot) for CSV logs without inline features",
+    )
+    p.add_argument(
+        "--combine",
+        choices=("outer", "concat"),
+        default="outer",
+        help="how a row's context (a CSV 'context' column, OBD's user features) and an arm's features "
+        "make the arm's vector: outer = vec([1, u] c'), concat = [u, c] (default outer)",
+    )
+    p.add_argument(
+        "--hash-dim",
+        type=int,
+        default=None,
+        metavar="N",
+        help="buckets for hashed features: a CSV context's name=value tokens; DSJSON's features "
+        "(default: the models' dimension)",
+    )
+    p.add_argument(
+        "--user-dim",
+        type=int,
+        default=16,
+        metavar="N",
+        help="OBD: buckets for the hashed user features (default 16)",
+    )
+    p.add_argument(
+        "--affinity", action="store_true", help="OBD: append each item's user-item affinity"
+    )
+    p.add_argument(
+        "--model-key",
+        default=None,
+        help="OBD and DSJSON: the model key of their rows (default obd, dsjson)",
+    )
+    p.add_argument(
+        "--clip", type=float, default=None, help="cap on the importance weights of ips, snips, dr"
+    )
+    p.add_argument(
+        "--reward-range",
+        type=float,
+        nargs=2,
+        metavar=("LO", "HI"),
+        default=None,
+        help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
+        "score intervals (0/1 rewards get them without this)",
+    )
+    p.add_argument(
+        "--bootstrap",
+        type=int,
+        default=0,
+        metavar="B",
+        help="percentile intervals from B Poisson bootstrap replicates instead (e.g. 200; 0: off)",
+    )
+    p.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="skip bad rows (counted in the report) instead of failing",
+    )
+    p.add_argument(
+        "--rows",
+        default=None,
+        metavar="START:STOP",
+        help="use only the log's decisions START..STOP-1 (0-based, either end may be left out), e.g. "
+        ":5000 to train and 5000: to evaluate on the rest",
+    )
 
 
 def _rows(spec: str | None, decisions):
@@ -584,162 +850,362 @@ def _rows(spec: str | None, decisions):
 def build_parser() -> argparse.ArgumentParser:
     from streambandit import __version__
 
-    parser = argparse.ArgumentParser(prog="streambandit", description="Streaming contextual bandits on Kafka.")
+    parser = argparse.ArgumentParser(
+        prog="streambandit", description="Streaming contextual bandits on Kafka."
+    )
     parser.add_argument("--version", action="version", version=f"streambandit {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sim = sub.add_parser("simulate-ads", help="in-process ad simulation with live click-through figures")
+    sim = sub.add_parser(
+        "simulate-ads", help="in-process ad simulation with live click-through figures"
+    )
     sim.add_argument("--policy", default="glb_omd", help="policy name (default glb_omd)")
     sim.add_argument("--dim", type=int, default=20, help="feature dimension of an ad (default 20)")
     sim.add_argument("--arms", type=int, default=10, help="candidate ads per request (default 10)")
-    sim.add_argument("--requests", type=int, default=20_000, help="requests to simulate (default 20,000)")
+    sim.add_argument(
+        "--requests", type=int, default=20_000, help="requests to simulate (default 20,000)"
+    )
     sim.add_argument("--duration", type=float, default=60.0, help="seconds at most")
-    sim.add_argument("--seed", type=int, default=0, help="seed of the simulated traffic and of the learner (default 0)")
-    sim.add_argument("--beta-scale", type=float, default=None,
-                     help="multiplier on the policy's confidence radius (glb_omd default here: 0.1; 1 = theory)")
+    sim.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="seed of the simulated traffic and of the learner (default 0)",
+    )
+    sim.add_argument(
+        "--beta-scale",
+        type=float,
+        default=None,
+        help="multiplier on the policy's confidence radius (glb_omd default here: 0.1; 1 = theory)",
+    )
     sim.set_defaults(func=_cmd_simulate_ads)
     serve = sub.add_parser("serve", help="run a worker in a consumer group")
-    serve.add_argument("--config", required=True, help="TOML file: [kafka], [worker], [topics], [[models]]")
-    serve.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
-                       help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)")
+    serve.add_argument(
+        "--config", required=True, help="TOML file: [kafka], [worker], [topics], [[models]]"
+    )
+    serve.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+        help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)",
+    )
     where = serve.add_mutually_exclusive_group()
-    where.add_argument("--snapshot-topic", default=None,
-                       help="keep snapshots in this compacted topic (overrides [worker] snapshot_topic/snapshot_dir)")
-    where.add_argument("--snapshot-dir", default=None,
-                       help="keep snapshots in this directory (overrides [worker] snapshot_topic/snapshot_dir)")
-    serve.add_argument("--instance-id", default=None,
-                       help="this worker's id, unique among the group's live workers and kept across its restarts "
-                            "(default: the host name; start several workers on one host with an id each)")
-    serve.add_argument("--processes", type=int, default=None,
-                       help="workers to run, each a process of its own with the instance id <instance id>-<i>, "
-                            "restarted when one fails (default: the CPUs this process may use; 1 runs the worker "
-                            "in this process)")
+    where.add_argument(
+        "--snapshot-topic",
+        default=None,
+        help="keep snapshots in this compacted topic (overrides [worker] snapshot_topic/snapshot_dir)",
+    )
+    where.add_argument(
+        "--snapshot-dir",
+        default=None,
+        help="keep snapshots in this directory (overrides [worker] snapshot_topic/snapshot_dir)",
+    )
+    serve.add_argument(
+        "--instance-id",
+        default=None,
+        help="this worker's id, unique among the group's live workers and kept across its restarts "
+        "(default: the host name; start several workers on one host with an id each)",
+    )
+    serve.add_argument(
+        "--processes",
+        type=int,
+        default=None,
+        help="workers to run, each a process of its own with the instance id <instance id>-<i>, "
+        "restarted when one fails (default: the CPUs this process may use; 1 runs the worker "
+        "in this process)",
+    )
     serve.add_argument("--duration", type=float, default=None, help="stop after this many seconds")
-    serve.add_argument("--metrics-port", type=int, default=None,
-                       help="serve /metrics, /healthz and /ready on this port (overrides [worker] metrics_port; with "
-                            "--processes N, child i uses this port + i)")
-    serve.add_argument("--log-format", choices=("text", "json"), default="text",
-                       help="log lines on stderr as text (default) or JSON objects, one per line (containers)")
-    serve.add_argument("--check-config", action="store_true",
-                       help="validate the configuration (TOML, models, librdkafka settings) and exit")
-    serve.add_argument("-v", "--verbose", action="store_true", help="DEBUG log lines (the default is INFO)")
+    serve.add_argument(
+        "--metrics-port",
+        type=int,
+        default=None,
+        help="serve /metrics, /healthz and /ready on this port (overrides [worker] metrics_port; with "
+        "--processes N, child i uses this port + i)",
+    )
+    serve.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines on stderr as text (default) or JSON objects, one per line (containers)",
+    )
+    serve.add_argument(
+        "--check-config",
+        action="store_true",
+        help="validate the configuration (TOML, models, librdkafka settings) and exit",
+    )
+    serve.add_argument(
+        "-v", "--verbose", action="store_true", help="DEBUG log lines (the default is INFO)"
+    )
     serve.set_defaults(func=_cmd_serve)
 
-    demo = sub.add_parser("demo", help="the main job: embedded broker, simulated ad server and a worker, live figures")
-    demo.add_argument("--duration", type=float, default=60.0, help="seconds to run (default 60; Ctrl-C stops earlier)")
-    demo.add_argument("--rate", type=float, default=500.0, help="ad requests per second offered (default 500)")
+    demo = sub.add_parser(
+        "demo", help="the main job: embedded broker, simulated ad server and a worker, live figures"
+    )
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=60.0,
+        help="seconds to run (default 60; Ctrl-C stops earlier)",
+    )
+    demo.add_argument(
+        "--rate", type=float, default=500.0, help="ad requests per second offered (default 500)"
+    )
     demo.add_argument("--policy", default="glb_omd", help="learner (default glb_omd)")
     demo.add_argument("--dim", type=int, default=20, help="feature dimension of an ad (default 20)")
     demo.add_argument("--arms", type=int, default=10, help="candidate ads per request (default 10)")
     demo.add_argument("--partitions", type=int, default=2, help="partitions per topic (default 2)")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the simulated ad server (default 0)")
-    demo.add_argument("--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)")
-    demo.add_argument("--edge", action="store_true",
-                      help="decide at the edge: the ad server ranks with a replica of the models in its own process "
-                           "and a learn-only worker learns; shows the edge's decision time beside the Kafka round trip")
+    demo.add_argument(
+        "--seed", type=int, default=0, help="seed of the simulated ad server (default 0)"
+    )
+    demo.add_argument(
+        "--out", default="out/demo", help="where demo.csv and demo.png go (default out/demo)"
+    )
+    demo.add_argument(
+        "--edge",
+        action="store_true",
+        help="decide at the edge: the ad server ranks with a replica of the models in its own process "
+        "and a learn-only worker learns; shows the edge's decision time beside the Kafka round trip",
+    )
     demo.set_defaults(func=_cmd_demo)
 
-    exp = sub.add_parser("export", help="write a worker group's joined decisions (with their contexts) to an Avro file")
-    exp.add_argument("--config", required=True, help="the worker's TOML file (Kafka connection, group, topics)")
-    exp.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
-                     help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)")
+    exp = sub.add_parser(
+        "export",
+        help="write a worker group's joined decisions (with their contexts) to an Avro file",
+    )
+    exp.add_argument(
+        "--config", required=True, help="the worker's TOML file (Kafka connection, group, topics)"
+    )
+    exp.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+        help="overrides [kafka] bootstrap.servers (env STREAMBANDIT_BOOTSTRAP_SERVERS)",
+    )
     exp.add_argument("--partitions", default=None, help="comma-separated partitions (default: all)")
-    exp.add_argument("--from-ms", type=int, default=None, help="keep decisions with event time >= this (ms)")
-    exp.add_argument("--to-ms", type=int, default=None, help="keep decisions with event time < this (ms)")
-    exp.add_argument("--out", required=True, help="the Avro file to write (read it with `streambandit replay`)")
+    exp.add_argument(
+        "--from-ms", type=int, default=None, help="keep decisions with event time >= this (ms)"
+    )
+    exp.add_argument(
+        "--to-ms", type=int, default=None, help="keep decisions with event time < this (ms)"
+    )
+    exp.add_argument(
+        "--out", required=True, help="the Avro file to write (read it with `streambandit replay`)"
+    )
     exp.set_defaults(func=_cmd_export)
 
-    simp = sub.add_parser("simulate", help="a paper's experiment in the simulator: regret and time, CSV + PNG + summary")
-    simp.add_argument("experiment", help="glb-omd-logistic, glb-omd-poisson, hvt-ucb, dbs-linucb, bkb, or all")
+    simp = sub.add_parser(
+        "simulate",
+        help="a paper's experiment in the simulator: regret and time, CSV + PNG + summary",
+    )
+    simp.add_argument(
+        "experiment", help="glb-omd-logistic, glb-omd-poisson, hvt-ucb, dbs-linucb, bkb, or all"
+    )
     sizes = simp.add_mutually_exclusive_group()
     sizes.add_argument("--full", action="store_true", help="the paper's sizes (long)")
     sizes.add_argument("--tiny", action="store_true", help="seconds-long smoke run")
-    simp.add_argument("--seeds", type=int, default=None, help="number of seeds (default: the experiment's)")
-    simp.add_argument("--out", default="out/simulate", help="where NAME.csv, NAME.png and NAME.md go")
+    simp.add_argument(
+        "--seeds", type=int, default=None, help="number of seeds (default: the experiment's)"
+    )
+    simp.add_argument(
+        "--out", default="out/simulate", help="where NAME.csv, NAME.png and NAME.md go"
+    )
     simp.set_defaults(func=_cmd_simulate)
 
-    top = sub.add_parser("topics", help="create or describe the topics a worker configuration names",
-                         description="create: every topic of [topics] with --partitions each, and [worker] "
-                                     "snapshot_topic compacted; existing ones are left as they are. describe: partition "
-                                     "counts and whether the topics are co-partitioned (exit 1 if not).")
+    top = sub.add_parser(
+        "topics",
+        help="create or describe the topics a worker configuration names",
+        description="create: every topic of [topics] with --partitions each, and [worker] "
+        "snapshot_topic compacted; existing ones are left as they are. describe: partition "
+        "counts and whether the topics are co-partitioned (exit 1 if not).",
+    )
     top.add_argument("action", choices=("create", "describe"), help="create or describe")
     top.add_argument("--config", required=True, help="the worker's TOML file")
-    top.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
-                     help="overrides [kafka] bootstrap.servers (default: $STREAMBANDIT_BOOTSTRAP_SERVERS)")
-    top.add_argument("--partitions", type=int, default=8, help="partitions of each topic created (default 8)")
-    top.add_argument("--replication", type=int, default=-1,
-                     help="replication factor of the topics created (default: the cluster's default)")
+    top.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+        help="overrides [kafka] bootstrap.servers (default: $STREAMBANDIT_BOOTSTRAP_SERVERS)",
+    )
+    top.add_argument(
+        "--partitions", type=int, default=8, help="partitions of each topic created (default 8)"
+    )
+    top.add_argument(
+        "--replication",
+        type=int,
+        default=-1,
+        help="replication factor of the topics created (default: the cluster's default)",
+    )
     top.set_defaults(func=_cmd_topics)
 
-    api = sub.add_parser("api", help="rank and reward over HTTP (Personalizer-shaped JSON), decided in process")
-    api.add_argument("--models", default=None, help="the TOML file with the [[models]] tables (as serve's): decide "
-                                                    "and learn in this process")
-    api.add_argument("--replica-of", default=None, metavar="CONFIG",
-                     help="a learn-only worker group's TOML file: decide with a replica of its models, followed from "
-                          "its snapshots and joined log; decisions and rewards go to its decisions and rewards topics")
-    api.add_argument("--snapshot-topic", default=None, help="with --replica-of: the learners' snapshot topic, if not the file's")
-    api.add_argument("--snapshot-dir", default=None, help="with --replica-of: the learners' snapshot directory, if not the "
-                                                                 "file's")
-    api.add_argument("--bootstrap-servers", default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
-                     help="with --replica-of: the brokers, if not the file's")
-    api.add_argument("--max-staleness", type=float, default=None, metavar="SECONDS",
-                     help="with --replica-of: refuse to rank (503 stale_replica, /ready 503) while the replica may be "
-                          "more than this far behind the learners' log (default: no bound)")
-    api.add_argument("--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)")
+    api = sub.add_parser(
+        "api", help="rank and reward over HTTP (Personalizer-shaped JSON), decided in process"
+    )
+    api.add_argument(
+        "--models",
+        default=None,
+        help="the TOML file with the [[models]] tables (as serve's): decide "
+        "and learn in this process",
+    )
+    api.add_argument(
+        "--replica-of",
+        default=None,
+        metavar="CONFIG",
+        help="a learn-only worker group's TOML file: decide with a replica of its models, followed from "
+        "its snapshots and joined log; decisions and rewards go to its decisions and rewards topics",
+    )
+    api.add_argument(
+        "--snapshot-topic",
+        default=None,
+        help="with --replica-of: the learners' snapshot topic, if not the file's",
+    )
+    api.add_argument(
+        "--snapshot-dir",
+        default=None,
+        help="with --replica-of: the learners' snapshot directory, if not the file's",
+    )
+    api.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+        help="with --replica-of: the brokers, if not the file's",
+    )
+    api.add_argument(
+        "--max-staleness",
+        type=float,
+        default=None,
+        metavar="SECONDS",
+        help="with --replica-of: refuse to rank (503 stale_replica, /ready 503) while the replica may be "
+        "more than this far behind the learners' log (default: no bound)",
+    )
+    api.add_argument(
+        "--host", default="127.0.0.1", help="the address to listen on (default 127.0.0.1)"
+    )
     api.add_argument("--port", type=int, default=8080, help="the port (default 8080)")
-    api.add_argument("--model-key", default=None, help="the model of a request that names none (modelKey)")
-    api.add_argument("--snapshot", default=None, help="a file to load the state from at start and save it to")
-    api.add_argument("--save-every", type=float, default=30.0, help="seconds between saves of --snapshot (default 30)")
-    api.add_argument("--max-models", type=int, default=None,
-                     help="the most model keys served; a request for one more is refused (default 10,000 with "
-                          "--models; with --replica-of none: the learners' [worker] max_models bounds their models)")
+    api.add_argument(
+        "--model-key", default=None, help="the model of a request that names none (modelKey)"
+    )
+    api.add_argument(
+        "--snapshot", default=None, help="a file to load the state from at start and save it to"
+    )
+    api.add_argument(
+        "--save-every",
+        type=float,
+        default=30.0,
+        help="seconds between saves of --snapshot (default 30)",
+    )
+    api.add_argument(
+        "--max-models",
+        type=int,
+        default=None,
+        help="the most model keys served; a request for one more is refused (default 10,000 with "
+        "--models; with --replica-of none: the learners' [worker] max_models bounds their models)",
+    )
     api.set_defaults(func=_cmd_api)
 
-    brk = sub.add_parser("broker", help="run the embedded development broker (Tansu) in the foreground")
-    brk.add_argument("--port", type=int, default=9092, help="the port to listen on, on 127.0.0.1 (default 9092)")
-    brk.add_argument("--create-topics", action="store_true",
-                     help="create the topics of --config (or the default names, and the snapshot topic "
-                          "streambandit-snapshots) and print the client settings this broker needs")
-    brk.add_argument("--config", default=None, help="with --create-topics: the worker's TOML file naming the topics")
-    brk.add_argument("--partitions", type=int, default=2, help="with --create-topics: partitions per topic (default 2)")
+    brk = sub.add_parser(
+        "broker", help="run the embedded development broker (Tansu) in the foreground"
+    )
+    brk.add_argument(
+        "--port", type=int, default=9092, help="the port to listen on, on 127.0.0.1 (default 9092)"
+    )
+    brk.add_argument(
+        "--create-topics",
+        action="store_true",
+        help="create the topics of --config (or the default names, and the snapshot topic "
+        "streambandit-snapshots) and print the client settings this broker needs",
+    )
+    brk.add_argument(
+        "--config",
+        default=None,
+        help="with --create-topics: the worker's TOML file naming the topics",
+    )
+    brk.add_argument(
+        "--partitions",
+        type=int,
+        default=2,
+        help="with --create-topics: partitions per topic (default 2)",
+    )
     brk.set_defaults(func=_cmd_broker)
 
-    rep = sub.add_parser("replay", help="replay a decision log through target policies: off-policy estimates")
+    rep = sub.add_parser(
+        "replay", help="replay a decision log through target policies: off-policy estimates"
+    )
     _log_arguments(rep)
-    rep.add_argument("--config", action="append", metavar="[NAME=]TOML",
-                     help="a target: a worker's TOML file whose [[models]] are the policies (repeat for several "
-                          "targets, evaluated in one pass; named by the file's stem unless NAME= says)")
-    rep.add_argument("--external", action="append", metavar="NAME[=FILE]",
-                     help="a target from another system, given by its probabilities for each row: a side file "
-                          "'event_id,probs' (FILE), or without =FILE the log's 'probs:NAME' column")
-    rep.add_argument("--frozen", action="store_true", help="the --config targets do not learn from the log")
-    rep.add_argument("--state", default=None, metavar="FILE",
-                     help="the --config targets' models start from these states: a file of --save-state, or a "
-                          "worker's base snapshot file (p<N>.snap)")
-    rep.add_argument("--save-state", default=None, metavar="FILE",
-                     help="write the (one) --config target's models after the replay, for --state")
-    rep.add_argument("--out", default="out/replay", help="where replay.md, replay.json, replay.png go "
-                                                         "(default out/replay)")
+    rep.add_argument(
+        "--config",
+        action="append",
+        metavar="[NAME=]TOML",
+        help="a target: a worker's TOML file whose [[models]] are the policies (repeat for several "
+        "targets, evaluated in one pass; named by the file's stem unless NAME= says)",
+    )
+    rep.add_argument(
+        "--external",
+        action="append",
+        metavar="NAME[=FILE]",
+        help="a target from another system, given by its probabilities for each row: a side file "
+        "'event_id,probs' (FILE), or without =FILE the log's 'probs:NAME' column",
+    )
+    rep.add_argument(
+        "--frozen", action="store_true", help="the --config targets do not learn from the log"
+    )
+    rep.add_argument(
+        "--state",
+        default=None,
+        metavar="FILE",
+        help="the --config targets' models start from these states: a file of --save-state, or a "
+        "worker's base snapshot file (p<N>.snap)",
+    )
+    rep.add_argument(
+        "--save-state",
+        default=None,
+        metavar="FILE",
+        help="write the (one) --config target's models after the replay, for --state",
+    )
+    rep.add_argument(
+        "--out",
+        default="out/replay",
+        help="where replay.md, replay.json, replay.png go (default out/replay)",
+    )
     rep.set_defaults(func=_cmd_replay)
 
-    tun = sub.add_parser("tune", help="replay a log through a grid of settings and recommend the best [[models]]")
+    tun = sub.add_parser(
+        "tune", help="replay a log through a grid of settings and recommend the best [[models]]"
+    )
     _log_arguments(tun)
-    tun.add_argument("--config", required=True, help="the worker's TOML file: its [[models]] are the base the grid "
-                                                     "changes")
-    tun.add_argument("--grid", action="append", required=True, metavar="NAME=V1,V2,...",
-                     help="a setting and its values: a hyper-parameter (lam, beta_scale, link, ...) or policy, "
-                          "epsilon; repeat for more (every combination is a candidate, at most 64)")
-    tun.add_argument("--estimator", choices=("snips", "dr", "ips"), default="snips",
-                     help="the estimate candidates are ranked by (default snips)")
-    tun.add_argument("--out", default="out/tune", help="where tune.md, tune.json, recommended.toml, tune.png go "
-                                                       "(default out/tune)")
+    tun.add_argument(
+        "--config",
+        required=True,
+        help="the worker's TOML file: its [[models]] are the base the grid changes",
+    )
+    tun.add_argument(
+        "--grid",
+        action="append",
+        required=True,
+        metavar="NAME=V1,V2,...",
+        help="a setting and its values: a hyper-parameter (lam, beta_scale, link, ...) or policy, "
+        "epsilon; repeat for more (every combination is a candidate, at most 64)",
+    )
+    tun.add_argument(
+        "--estimator",
+        choices=("snips", "dr", "ips"),
+        default="snips",
+        help="the estimate candidates are ranked by (default snips)",
+    )
+    tun.add_argument(
+        "--out",
+        default="out/tune",
+        help="where tune.md, tune.json, recommended.toml, tune.png go (default out/tune)",
+    )
     tun.set_defaults(func=_cmd_tune)
 
-    ben = sub.add_parser("bench", help="throughput, latency and memory figures (`streambandit bench WHAT -h`)",
-                         description="Benchmarks; results are printed as markdown. "
-                                     + " ".join(f"{k}: {v}." for k, (_, v) in _BENCHMARKS.items()))
-    ben.add_argument("rest", nargs=argparse.REMAINDER, metavar="[WHAT] ...",
-                     help=f"which benchmark ({', '.join(_BENCHMARKS)}; default peers), then its own options")
+    ben = sub.add_parser(
+        "bench",
+        help="throughput, latency and memory figures (`streambandit bench WHAT -h`)",
+        description="Benchmarks; results are printed as markdown. "
+        + " ".join(f"{k}: {v}." for k, (_, v) in _BENCHMARKS.items()),
+    )
+    ben.add_argument(
+        "rest",
+        nargs=argparse.REMAINDER,
+        metavar="[WHAT] ...",
+        help=f"which benchmark ({', '.join(_BENCHMARKS)}; default peers), then its own options",
+    )
     ben.set_defaults(func=_cmd_bench)
     for choice in sub._choices_actions:  # each subcommand's --help opens with what it does
         command = sub.choices[choice.dest]
@@ -759,7 +1225,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:  # bad configuration or arguments
         print(f"streambandit: error: {exc}", file=sys.stderr)
         return 2
-    except StreambanditError as exc:  # a state the process cannot continue from (its message says why)
+    except (
+        StreambanditError
+    ) as exc:  # a state the process cannot continue from (its message says why)
         print(f"streambandit: error: {exc}", file=sys.stderr)
         return 1
 

@@ -37,16 +37,50 @@ def compile_kernels() -> None:
         p.update(arms[0], 1.0)  # 1.0 is in every link's range
         make_policy(name, dim=3).play(arms[None], np.ones((1, 3)))
     choose(np.zeros(3), epsilon=1.0, model_key="m", event_id="e", seed=0)  # the exploration draw
-    ctx = Context(event_id="e", model_key="m", timestamp_ms=1, arm_ids=("a", "b", "c"), features=arms)
-    decode_batch([encode(ctx), encode(Reward(event_id="e", model_key="m", timestamp_ms=2, value=1.0)), b"x"])
-    encode_actions([Action(event_id="e", model_key="m", arm_id="a", arm_index=0, score=0.0, propensity=1.0,
-                           model_version=0, decision_timestamp_ms=1, features=arms[0])])
-    encode_joined_records([Joined(event_id="e", model_key="m", features=arms[0], reward=1.0, reward_observed=True,
-                                  propensity=1.0, decision_timestamp_ms=1, join_timestamp_ms=2, model_version_before=0)])
+    ctx = Context(
+        event_id="e", model_key="m", timestamp_ms=1, arm_ids=("a", "b", "c"), features=arms
+    )
+    decode_batch(
+        [encode(ctx), encode(Reward(event_id="e", model_key="m", timestamp_ms=2, value=1.0)), b"x"]
+    )
+    encode_actions(
+        [
+            Action(
+                event_id="e",
+                model_key="m",
+                arm_id="a",
+                arm_index=0,
+                score=0.0,
+                propensity=1.0,
+                model_version=0,
+                decision_timestamp_ms=1,
+                features=arms[0],
+            )
+        ]
+    )
+    encode_joined_records(
+        [
+            Joined(
+                event_id="e",
+                model_key="m",
+                features=arms[0],
+                reward=1.0,
+                reward_observed=True,
+                propensity=1.0,
+                decision_timestamp_ms=1,
+                join_timestamp_ms=2,
+                model_version_before=0,
+            )
+        ]
+    )
 
 
 def main() -> int:
-    print("compiling streambandit's kernels (numba; once per install, cached on disk) ...", end=" ", flush=True)
+    print(
+        "compiling streambandit's kernels (numba; once per install, cached on disk) ...",
+        end=" ",
+        flush=True,
+    )
     start = time.perf_counter()
     compile_kernels()
     print(f"done in {time.perf_counter() - start:.1f} s", flush=True)

@@ -15,51 +15,77 @@ __all__ = ["consumer_settings", "producer_settings", "reader_settings", "for_cli
 # Group timing: with librdkafka's defaults the first join on the embedded broker takes many times
 # longer than with these (docs/notes/tansu.md), and these are valid on Apache Kafka. Revocation
 # (snapshot + close) must finish well inside them.
-_GROUP_TIMING = {"session.timeout.ms": 6000, "heartbeat.interval.ms": 1000, "max.poll.interval.ms": 30000}
+_GROUP_TIMING = {
+    "session.timeout.ms": 6000,
+    "heartbeat.interval.ms": 1000,
+    "max.poll.interval.ms": 30000,
+}
 
 
 def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
     """The common settings of ``user`` with those of its ``client`` sub-table (``consumer`` or
     ``producer``) over them; ``"admin"`` gets the common settings only."""
     user = user or {}
-    unknown = sorted(k for k, v in user.items() if isinstance(v, dict) and k not in ("consumer", "producer"))
+    unknown = sorted(
+        k for k, v in user.items() if isinstance(v, dict) and k not in ("consumer", "producer")
+    )
     if unknown:
-        raise ValueError(f"[kafka] sub-table(s) {', '.join(unknown)} unknown: use [kafka.consumer] or [kafka.producer]")
+        raise ValueError(
+            f"[kafka] sub-table(s) {', '.join(unknown)} unknown: use [kafka.consumer] or [kafka.producer]"
+        )
     common = {k: v for k, v in user.items() if not isinstance(v, dict)}
     return common | (user.get(client, {}) if client in ("consumer", "producer") else {})
 
 
-def consumer_settings(bootstrap: str, group_id: str, user: dict[str, Any] | None = None,
-                      static_instance: str | None = None) -> dict[str, Any]:
+def consumer_settings(
+    bootstrap: str,
+    group_id: str,
+    user: dict[str, Any] | None = None,
+    static_instance: str | None = None,
+) -> dict[str, Any]:
     """The group consumer's settings; with ``static_instance``, a static member of the group
     under that id (KIP-345: a member that restarts within ``session.timeout.ms`` gets its
     partitions back without a rebalance)."""
-    s: dict[str, Any] = {"bootstrap.servers": bootstrap, **_GROUP_TIMING, "auto.offset.reset": "earliest",
-                         "partition.assignment.strategy": "range"}
+    s: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        **_GROUP_TIMING,
+        "auto.offset.reset": "earliest",
+        "partition.assignment.strategy": "range",
+    }
     user_settings = for_client("consumer", user)
     if "group.instance.id" in user_settings:
         # One configuration file serves every process of a group (serve --processes N, a
         # StatefulSet): one id for all would have each new member fence the one before.
-        raise ValueError("group.instance.id cannot be set in the configuration: set [worker] static_membership = true, "
-                         "and each worker process uses its own instance id (--instance-id)")
+        raise ValueError(
+            "group.instance.id cannot be set in the configuration: set [worker] static_membership = true, "
+            "and each worker process uses its own instance id (--instance-id)"
+        )
     s.update(user_settings)
     if static_instance:
         s["group.instance.id"] = static_instance
-    s.update({
-        "group.id": group_id,
-        "enable.auto.commit": False,  # offsets commit inside the output transaction only
-        "enable.auto.offset.store": False,
-        "isolation.level": "read_committed",  # never read another transaction's uncommitted records
-    })
+    s.update(
+        {
+            "group.id": group_id,
+            "enable.auto.commit": False,  # offsets commit inside the output transaction only
+            "enable.auto.offset.store": False,
+            "isolation.level": "read_committed",  # never read another transaction's uncommitted records
+        }
+    )
     return s
 
 
-def producer_settings(bootstrap: str, transactional_id: str, user: dict[str, Any] | None = None) -> dict[str, Any]:
+def producer_settings(
+    bootstrap: str, transactional_id: str, user: dict[str, Any] | None = None
+) -> dict[str, Any]:
     # Delivery reports for failed records only: the worker needs no report of a success (a failed
     # record fails the transaction; where the outputs end is read at snapshot time), and each
     # report is a call into Python inside commit_transaction.
-    s: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5, "transaction.timeout.ms": 10000,
-                         "delivery.report.only.error": True}
+    s: dict[str, Any] = {
+        "bootstrap.servers": bootstrap,
+        "linger.ms": 5,
+        "transaction.timeout.ms": 10000,
+        "delivery.report.only.error": True,
+    }
     s.update(for_client("producer", user))
     s.update({"transactional.id": transactional_id, "enable.idempotence": True, "acks": "all"})
     return s
@@ -69,6 +95,13 @@ def reader_settings(bootstrap: str, user: dict[str, Any] | None = None) -> dict[
     """A consumer for reading bounded ranges of our own logs during recovery (assign, no group)."""
     s: dict[str, Any] = {"bootstrap.servers": bootstrap}
     s.update(for_client("consumer", user))
-    s.update({"group.id": "streambandit-reader", "enable.auto.commit": False, "isolation.level": "read_committed",
-              "enable.partition.eof": True, "auto.offset.reset": "earliest"})
+    s.update(
+        {
+            "group.id": "streambandit-reader",
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "auto.offset.reset": "earliest",
+        }
+    )
     return s

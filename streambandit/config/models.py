@@ -32,7 +32,14 @@ from typing import Any
 
 from streambandit.policies.base import POLICIES, Policy, make_policy
 
-__all__ = ["ModelSpec", "ModelsConfig", "AGGREGATIONS", "load_models_config", "parse_models_config", "dump_models_config"]
+__all__ = [
+    "ModelSpec",
+    "ModelsConfig",
+    "AGGREGATIONS",
+    "load_models_config",
+    "parse_models_config",
+    "dump_models_config",
+]
 
 AGGREGATIONS = ("first", "last", "sum")
 _GLOB_CHARS = set("*?[")
@@ -74,7 +81,9 @@ class ModelsConfig:
         for spec in self.specs:
             if not spec.is_pattern:
                 exact.setdefault(spec.match, spec)
-        patterns = tuple((re.compile(fnmatch.translate(s.match)).match, s) for s in self.specs if s.is_pattern)
+        patterns = tuple(
+            (re.compile(fnmatch.translate(s.match)).match, s) for s in self.specs if s.is_pattern
+        )
         object.__setattr__(self, "_exact", exact)
         object.__setattr__(self, "_patterns", patterns)
 
@@ -115,7 +124,9 @@ def parse_models_config(raw: dict[str, Any], source: str = "<config>") -> Models
         known = {f.name for f in dataclasses.fields(ModelSpec)}
         unknown = sorted(set(entry) - known)
         if unknown:
-            raise ValueError(f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(known))}")
+            raise ValueError(
+                f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(known))}"
+            )
         for required in ("match", "policy", "dim", "reward_window_ms", "default_reward"):
             if required not in entry:
                 raise ValueError(f"{where}: missing required field {required!r}")
@@ -127,22 +138,38 @@ def parse_models_config(raw: dict[str, Any], source: str = "<config>") -> Models
         seen.add(match)
         where = f"{source}: [[models]] {match!r}"
         if entry["policy"] not in POLICIES:
-            raise ValueError(f"{where}: unknown policy {entry['policy']!r}; known: {', '.join(sorted(POLICIES))}")
+            raise ValueError(
+                f"{where}: unknown policy {entry['policy']!r}; known: {', '.join(sorted(POLICIES))}"
+            )
         window = entry["reward_window_ms"]
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-            raise ValueError(f"{where}: reward_window_ms must be a positive integer, got {window!r}")
+            raise ValueError(
+                f"{where}: reward_window_ms must be a positive integer, got {window!r}"
+            )
         aggregation = entry.get("aggregation", "first")
         if aggregation not in AGGREGATIONS:
-            raise ValueError(f"{where}: aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}")
+            raise ValueError(
+                f"{where}: aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}"
+            )
         epsilon = entry.get("epsilon", 0.0)
-        if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not 0.0 <= epsilon <= 1.0:
+        if (
+            isinstance(epsilon, bool)
+            or not isinstance(epsilon, (int, float))
+            or not 0.0 <= epsilon <= 1.0
+        ):
             raise ValueError(f"{where}: epsilon must be in [0, 1], got {epsilon!r}")
         hyper = entry.get("hyper", {})
         if not isinstance(hyper, dict):
             raise ValueError(f"{where}: hyper must be a table")
         default_reward = entry["default_reward"]
-        if isinstance(default_reward, bool) or not isinstance(default_reward, (int, float)) or not math.isfinite(default_reward):
-            raise ValueError(f"{where}: default_reward must be a finite number, got {default_reward!r}")
+        if (
+            isinstance(default_reward, bool)
+            or not isinstance(default_reward, (int, float))
+            or not math.isfinite(default_reward)
+        ):
+            raise ValueError(
+                f"{where}: default_reward must be a finite number, got {default_reward!r}"
+            )
         spec = ModelSpec(
             match=match,
             policy=entry["policy"],
@@ -186,13 +213,24 @@ def dump_models_config(config: ModelsConfig) -> str:
     for spec in config.specs:
         where = f"[[models]] {spec.match!r}"
         lines.append("[[models]]")
-        for field in ("match", "policy", "dim", "reward_window_ms", "default_reward", "aggregation", "epsilon", "seed"):
+        for field in (
+            "match",
+            "policy",
+            "dim",
+            "reward_window_ms",
+            "default_reward",
+            "aggregation",
+            "epsilon",
+            "seed",
+        ):
             lines.append(f"{field} = {_toml_value(getattr(spec, field), where)}")
         if spec.hyper:
             lines.append("[models.hyper]")
             for key, value in spec.hyper.items():
                 if not re.fullmatch(r"[A-Za-z0-9_-]+", key):
-                    raise ValueError(f"{where}: hyper-parameter name {key!r} is not a bare TOML key")
+                    raise ValueError(
+                        f"{where}: hyper-parameter name {key!r} is not a bare TOML key"
+                    )
                 lines.append(f"{key} = {_toml_value(value, where)}")
         lines.append("")
     return "\n".join(lines)

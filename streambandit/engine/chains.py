@@ -44,7 +44,9 @@ def next_chain_id(now_ms: int, previous: int) -> int:
     return max(now_ms, previous + 1)
 
 
-def plan_snapshot(position: ChainPosition | None, changed: int, models: int, base_every: int) -> str:
+def plan_snapshot(
+    position: ChainPosition | None, changed: int, models: int, base_every: int
+) -> str:
     """``"base"`` or ``"increment"``: the next snapshot of a partition whose last one is at
     ``position`` (None: no usable chain, e.g. a failed write) with ``changed`` of its ``models``
     changed since. A base when there is no chain to continue, when the chain has ``base_every``
@@ -81,7 +83,9 @@ class _Overlay(Mapping):
         return len(self._index())
 
 
-def compose(base: Snapshot | Mapping[str, Any], increments: list[Snapshot | Mapping[str, Any]]) -> Snapshot:
+def compose(
+    base: Snapshot | Mapping[str, Any], increments: list[Snapshot | Mapping[str, Any]]
+) -> Snapshot:
     """The snapshot ``base`` and its ``increments`` make (unpacked snapshots, increments in any
     order; a mapping is taken as ``Snapshot.of`` takes it). Increments are used in sequence from
     1 while they continue the chain: the first one missing, of another chain or moving a position
@@ -91,20 +95,33 @@ def compose(base: Snapshot | Mapping[str, Any], increments: list[Snapshot | Mapp
     b = base.header
     if b.seq != 0:
         raise ValueError(f"snapshot seq {b.seq} is an increment, not a base")
-    by_seq = {inc.header.seq: inc for inc in map(Snapshot.of, increments) if inc.header.chain == b.chain}
+    by_seq = {
+        inc.header.seq: inc for inc in map(Snapshot.of, increments) if inc.header.chain == b.chain
+    }
     used: list[Snapshot] = []
     last = base
     while (inc := by_seq.get(len(used) + 1)) is not None:
         behind = [k for k in POSITIONS if getattr(inc.header, k) < getattr(last.header, k)]
         if inc.header.partition != b.partition or behind:
-            log.error("snapshot increment does not continue its chain partition=%d chain=%d seq=%d behind=%s; "
-                      "using the chain up to seq %d", b.partition, b.chain, inc.header.seq, behind, len(used))
+            log.error(
+                "snapshot increment does not continue its chain partition=%d chain=%d seq=%d behind=%s; "
+                "using the chain up to seq %d",
+                b.partition,
+                b.chain,
+                inc.header.seq,
+                behind,
+                len(used),
+            )
             break
         used.append(inc)
         last = inc
     if len(used) < len(by_seq):
-        log.warning("snapshot chain partition=%d chain=%d: increments %s not used (a gap before them)",
-                    b.partition, b.chain, sorted(set(by_seq) - set(range(1, len(used) + 1))))
+        log.warning(
+            "snapshot chain partition=%d chain=%d: increments %s not used (a gap before them)",
+            b.partition,
+            b.chain,
+            sorted(set(by_seq) - set(range(1, len(used) + 1))),
+        )
     if not used:
         return base
     engine = dict(last.engine)

@@ -18,7 +18,14 @@ import numpy as np
 from streambandit.numerics.event_draw import event_seed, explore_draw
 from streambandit.policies.base import Policy
 
-__all__ = ["Decision", "event_rng", "decide", "choose", "choose_with_probabilities", "action_probabilities"]
+__all__ = [
+    "Decision",
+    "event_rng",
+    "decide",
+    "choose",
+    "choose_with_probabilities",
+    "action_probabilities",
+]
 
 
 @dataclasses.dataclass(slots=True)
@@ -34,11 +41,20 @@ class Decision:
 def event_rng(model_key: str, event_id: str, seed: int) -> np.random.Generator:
     """A generator that depends only on (model key, event id, seed): numpy's PCG64 seeded with
     the event's 128-bit hash (``event_draw.event_seed``)."""
-    return np.random.Generator(np.random.PCG64(int.from_bytes(event_seed(model_key, event_id, seed), "little")))
+    return np.random.Generator(
+        np.random.PCG64(int.from_bytes(event_seed(model_key, event_id, seed), "little"))
+    )
 
 
-def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
-           position: int = 0) -> Decision:
+def choose(
+    scores: np.ndarray,
+    *,
+    epsilon: float,
+    model_key: str,
+    event_id: str,
+    seed: int,
+    position: int = 0,
+) -> Decision:
     """Epsilon-greedy over a score vector.
 
     With probability ``epsilon`` the arm is drawn uniformly, otherwise it is the argmax (ties to
@@ -53,20 +69,31 @@ def choose(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str,
     return _choose(scores, _greedy(scores, position), epsilon, model_key, event_id, seed)
 
 
-def choose_with_probabilities(scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int,
-                              position: int = 0) -> tuple[Decision, np.ndarray]:
+def choose_with_probabilities(
+    scores: np.ndarray,
+    *,
+    epsilon: float,
+    model_key: str,
+    event_id: str,
+    seed: int,
+    position: int = 0,
+) -> tuple[Decision, np.ndarray]:
     """:func:`choose` and :func:`action_probabilities` of one score vector, ranked once (what a
     replay needs of every event)."""
     greedy = _greedy(scores, position)
-    return (_choose(scores, greedy, epsilon, model_key, event_id, seed),
-            _probabilities(scores.shape[0], greedy, epsilon))
+    return (
+        _choose(scores, greedy, epsilon, model_key, event_id, seed),
+        _probabilities(scores.shape[0], greedy, epsilon),
+    )
 
 
 def _greedy(scores: np.ndarray, position: int) -> int:
     return int(scores.argmax()) if position == 0 else _ranked(scores, position)
 
 
-def _choose(scores: np.ndarray, greedy: int, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
+def _choose(
+    scores: np.ndarray, greedy: int, epsilon: float, model_key: str, event_id: str, seed: int
+) -> Decision:
     if epsilon <= 0.0:
         return Decision(greedy, float(scores[greedy]), 1.0, False)
     k = scores.shape[0]
@@ -84,14 +111,18 @@ def _ranked(scores: np.ndarray, position: int) -> int:
     return int(np.argsort(-scores, kind="stable")[position])
 
 
-def decide(policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int) -> Decision:
+def decide(
+    policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int
+) -> Decision:
     """:func:`choose` over the policy's scores of ``arms``. Without exploration the policy scores
     the arms once for the choice and its score (``Policy.best``: the same index and bits as the
     argmax of ``scores``)."""
     if epsilon <= 0.0:
         greedy, score = policy.best(arms)
         return Decision(greedy, score, 1.0, False)
-    return choose(policy.scores(arms), epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed)
+    return choose(
+        policy.scores(arms), epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed
+    )
 
 
 def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) -> np.ndarray:
@@ -103,6 +134,8 @@ def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) 
 
 def _probabilities(k: int, greedy: int, epsilon: float) -> np.ndarray:
     probs = np.empty(k)
-    probs.fill(epsilon / k if epsilon > 0.0 else 0.0)  # np.full's own overhead is a replay's per-row cost
+    probs.fill(
+        epsilon / k if epsilon > 0.0 else 0.0
+    )  # np.full's own overhead is a replay's per-row cost
     probs[greedy] += 1.0 - epsilon
     return probs

@@ -45,13 +45,19 @@ class InputMerger:
         if max_wait_ms < 0:
             raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms}")
         self.max_wait_ms = max_wait_ms
-        self._queues: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
+        self._queues: tuple[collections.deque, collections.deque] = (
+            collections.deque(),
+            collections.deque(),
+        )
         # When each buffered record arrived (wall time), per source, one entry per ``extend``:
         # (records pushed to the source up to and including that call, its now_ms). A record waits
         # at most max_wait_ms from its own arrival, as a Kafka Streams record waits at most
         # max.task.idle.ms (counting from when it became the head made queued records wait one
         # after another: a partition with an idle source drained one record per max_wait_ms).
-        self._arrivals: tuple[collections.deque, collections.deque] = (collections.deque(), collections.deque())
+        self._arrivals: tuple[collections.deque, collections.deque] = (
+            collections.deque(),
+            collections.deque(),
+        )
         self._pushed = [0, 0]
         self._last: tuple | None = None  # the largest key released so far
         # Per source, the largest key released because the wait for the other source ran out.
@@ -63,7 +69,9 @@ class InputMerger:
         # order is the offset order live and in replay alike, whatever the timestamps do.)
         self.out_of_order = 0
 
-    def push(self, source: int, offset: int, timestamp_ms: int | None, item: Any, now_ms: int) -> None:
+    def push(
+        self, source: int, offset: int, timestamp_ms: int | None, item: Any, now_ms: int
+    ) -> None:
         """Buffer one record; each source must be pushed in offset order.
 
         ``timestamp_ms=None`` is for a record with no event time (bytes that do not decode): it
@@ -99,7 +107,9 @@ class InputMerger:
     def _head_arrived_ms(self, source: int) -> int:
         """When the head of ``source`` (non-empty) arrived."""
         arrivals = self._arrivals[source]
-        head = self._pushed[source] - len(self._queues[source])  # records of the source released so far
+        head = self._pushed[source] - len(
+            self._queues[source]
+        )  # records of the source released so far
         while arrivals[0][0] <= head:
             arrivals.popleft()
         return arrivals[0][1]

@@ -38,10 +38,27 @@ from streambandit.engine.decision import decide
 from streambandit.errors import StreambanditError
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
-from streambandit.reasons import DUPLICATE_REWARD, LATE_REWARD, MODEL_KEY_MISMATCH, UNKNOWN_EVENT, UPDATE_FAILED
-from streambandit.wire import NO_TRIGGER, Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick, Trigger
+from streambandit.reasons import (
+    DUPLICATE_REWARD,
+    LATE_REWARD,
+    MODEL_KEY_MISMATCH,
+    UNKNOWN_EVENT,
+    UPDATE_FAILED,
+)
+from streambandit.wire import (
+    NO_TRIGGER,
+    Action,
+    Context,
+    InputRef,
+    Joined,
+    ReplicaDecision,
+    Reward,
+    Tick,
+    Trigger,
+)
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
+
 
 class RecoveryError(StreambanditError, RuntimeError):
     """The logs after a snapshot do not fit the snapshot: the worker must not continue from it."""
@@ -71,19 +88,35 @@ class _Pending:
 class PartitionEngine:
     """Models, open decisions and early rewards of one partition."""
 
-    def __init__(self, config: ModelsConfig, *, max_pending: int = 100_000, max_early_rewards: int = 10_000,
-                 max_recent: int = 100_000, max_id_bytes: int = 1024, max_event_time_ahead_ms: int = 3_600_000,
-                 max_models: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelsConfig,
+        *,
+        max_pending: int = 100_000,
+        max_early_rewards: int = 10_000,
+        max_recent: int = 100_000,
+        max_id_bytes: int = 1024,
+        max_event_time_ahead_ms: int = 3_600_000,
+        max_models: int | None = None,
+    ) -> None:
         self.config = config
-        self.max_pending, self.max_early_rewards, self.max_recent = max_pending, max_early_rewards, max_recent
+        self.max_pending, self.max_early_rewards, self.max_recent = (
+            max_pending,
+            max_early_rewards,
+            max_recent,
+        )
         # Bounds on what a client controls, applied by the admission rule (engine/admission.py).
         self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
         self.max_models = max_models  # None: no bound
         self.models: dict[str, Policy] = {}
-        self._specs: dict[str, ModelSpec] = {}  # spec_of's cache: keys with a model (bounded like models)
+        self._specs: dict[
+            str, ModelSpec
+        ] = {}  # spec_of's cache: keys with a model (bounded like models)
         self.pending: dict[str, _Pending] = {}  # insertion order = decision order
         self.early: dict[str, list[tuple[Reward, Any]]] = {}
-        self.recent: collections.OrderedDict[str, bool] = collections.OrderedDict()  # joined id -> observed
+        self.recent: collections.OrderedDict[str, bool] = (
+            collections.OrderedDict()
+        )  # joined id -> observed
         self.watermark_ms = -(2**63)
         self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
         self._seq = 0
@@ -114,13 +147,23 @@ class PartitionEngine:
         if model is None:
             return out
         try:
-            d = decide(model, ev.features, epsilon=spec.epsilon, model_key=ev.model_key, event_id=ev.event_id,
-                       seed=spec.seed)
+            d = decide(
+                model,
+                ev.features,
+                epsilon=spec.epsilon,
+                model_key=ev.model_key,
+                event_id=ev.event_id,
+                seed=spec.seed,
+            )
         except ValueError as exc:
             return out + [self._refused(admission.learner_refusal(exc, ev.features), source)]
-        return self._open(ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source, trigger)
+        return self._open(
+            ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source, trigger
+        )
 
-    def on_decision(self, ev: ReplicaDecision, source: Any = None) -> list[Action | Joined | Rejected]:
+    def on_decision(
+        self, ev: ReplicaDecision, source: Any = None
+    ) -> list[Action | Joined | Rejected]:
         """A decision a replica made and logged (a learn-only worker's input): checked as a
         context is, then opened as the decision the record names, not one this engine makes. Its
         action carries the replica's model version; the joined record, this engine's."""
@@ -132,10 +175,13 @@ class PartitionEngine:
             return out
         if refusal := admission.feature_values_refusal(ev.features):
             return out + [self._refused(refusal, source)]
-        return self._open(ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger)
+        return self._open(
+            ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger
+        )
 
-    def _admit(self, ev: Context | ReplicaDecision, source: Any,
-               trigger: Trigger) -> tuple[list, ModelSpec | None, Policy | None]:
+    def _admit(
+        self, ev: Context | ReplicaDecision, source: Any, trigger: Trigger
+    ) -> tuple[list, ModelSpec | None, Policy | None]:
         """Move event time to the context's, then apply the admission rule's checks of the model:
         a configured model key, distinct arm ids, the model's dimension, a new event id, room for
         a new model. ``(outputs so far, spec, model)``, the model None when the context is
@@ -143,8 +189,9 @@ class PartitionEngine:
         ts, key = ev.timestamp_ms, ev.model_key
         out = self._advance(ts, trigger) if self._deadlines or ts > self.watermark_ms else []
         spec = self.spec_of(key)
-        refusal = (admission.context_refusal(key, ev.arm_ids, ev.features, spec)
-                   or admission.decided_before(ev.event_id, self.pending, self.recent))
+        refusal = admission.context_refusal(
+            key, ev.arm_ids, ev.features, spec
+        ) or admission.decided_before(ev.event_id, self.pending, self.recent)
         model = self.models.get(key)
         if model is None and refusal is None:
             refusal = admission.model_room_refusal(key, self.models, self.max_models)
@@ -155,15 +202,35 @@ class PartitionEngine:
             self.changed.add(key)
         return out, spec, model
 
-    def _open(self, ev: Context | ReplicaDecision, spec: ModelSpec, index: int, score: float, propensity: float,
-              version: int, out: list, source: Any, trigger: Trigger) -> list[Action | Joined | Rejected]:
+    def _open(
+        self,
+        ev: Context | ReplicaDecision,
+        spec: ModelSpec,
+        index: int,
+        score: float,
+        propensity: float,
+        version: int,
+        out: list,
+        source: Any,
+        trigger: Trigger,
+    ) -> list[Action | Joined | Rejected]:
         """Publish the decision on arm ``index`` and hold it open for its reward window."""
         ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
         arm_id = ev.arm_ids[index]
         if refusal := admission.id_refusal("chosen arm's id", arm_id, self.max_id_bytes):
             return out + [self._refused(refusal, source)]
-        action = Action(event_id, ev.model_key, arm_id, index, score, propensity, version, ts,
-                        ev.features[index].copy(), *trigger)
+        action = Action(
+            event_id,
+            ev.model_key,
+            arm_id,
+            index,
+            score,
+            propensity,
+            version,
+            ts,
+            ev.features[index].copy(),
+            *trigger,
+        )
         out.append(action)
         self.counters["actions"] += 1
         if len(pending) >= self.max_pending:
@@ -179,7 +246,13 @@ class PartitionEngine:
                 if event_id in pending:
                     out += self._accept_reward(reward, src, ts, trigger)
                 else:  # an earlier one of these rewards already closed it (aggregation "first")
-                    out.append(self._reject(DUPLICATE_REWARD, f"event {event_id!r} was already joined with a reward", src))
+                    out.append(
+                        self._reject(
+                            DUPLICATE_REWARD,
+                            f"event {event_id!r} was already joined with a reward",
+                            src,
+                        )
+                    )
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
         if self._deadlines[0][0] <= self.watermark_ms:
@@ -196,8 +269,14 @@ class PartitionEngine:
         if ev.event_id in self.recent:
             observed = self.recent[ev.event_id]
             reason = DUPLICATE_REWARD if observed else LATE_REWARD
-            return out + [self._reject(reason, f"event {ev.event_id!r} was already joined "
-                                               f"({'with a reward' if observed else 'with the default reward'})", source)]
+            return out + [
+                self._reject(
+                    reason,
+                    f"event {ev.event_id!r} was already joined "
+                    f"({'with a reward' if observed else 'with the default reward'})",
+                    source,
+                )
+            ]
         spec = self.spec_of(ev.model_key)
         if spec is None:
             return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
@@ -241,9 +320,17 @@ class PartitionEngine:
                     keep = []
                     for reward, src in held:
                         spec = self.spec_of(reward.model_key)
-                        if spec is None or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms:
-                            out.append(self._reject(UNKNOWN_EVENT, f"no decision for event {event_id!r} within the "
-                                                                   f"reward window", src))
+                        if (
+                            spec is None
+                            or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms
+                        ):
+                            out.append(
+                                self._reject(
+                                    UNKNOWN_EVENT,
+                                    f"no decision for event {event_id!r} within the reward window",
+                                    src,
+                                )
+                            )
                         else:
                             keep.append((reward, src))
                     if keep:
@@ -257,8 +344,9 @@ class PartitionEngine:
     def _refuse(self, ev: Context | ReplicaDecision | Reward | Tick, source: Any) -> list[Rejected]:
         """The refusal of a record by the admission rule's record checks (before it moves the
         watermark or anything else), or ``[]``."""
-        refusal = admission.record_refusal(ev, getattr(source, "timestamp_ms", 0), self.max_event_time_ahead_ms,
-                                           self.max_id_bytes)
+        refusal = admission.record_refusal(
+            ev, getattr(source, "timestamp_ms", 0), self.max_event_time_ahead_ms, self.max_id_bytes
+        )
         return [] if refusal is None else [self._refused(refusal, source)]
 
     def spec_of(self, model_key: str) -> ModelSpec | None:
@@ -277,14 +365,24 @@ class PartitionEngine:
         when the configuration no longer has it."""
         spec = self.spec_of(model_key)
         if spec is None:
-            raise error(f"{held_by} holds model {model_key!r} but the configuration has no entry for it")
+            raise error(
+                f"{held_by} holds model {model_key!r} but the configuration has no entry for it"
+            )
         return spec
 
-    def _accept_reward(self, ev: Reward, source: Any, now_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
+    def _accept_reward(
+        self, ev: Reward, source: Any, now_ms: int, trigger: Trigger
+    ) -> list[Joined | Rejected]:
         p = self.pending[ev.event_id]
         if ev.model_key != p.action.model_key:
-            return [self._reject(MODEL_KEY_MISMATCH, f"reward for model {ev.model_key!r}, decision was made by "
-                                                     f"{p.action.model_key!r}", source)]
+            return [
+                self._reject(
+                    MODEL_KEY_MISMATCH,
+                    f"reward for model {ev.model_key!r}, decision was made by "
+                    f"{p.action.model_key!r}",
+                    source,
+                )
+            ]
         if refusal := admission.reward_refusal(self.models[p.action.model_key], ev.value):
             return [self._refused(refusal, source)]
         value = float(ev.value)
@@ -318,8 +416,20 @@ class PartitionEngine:
         if len(recent) > self.max_recent:
             recent.popitem(last=False)
         self.counters["joined_observed" if observed else "joined_default"] += 1
-        return [Joined(event_id, a.model_key, a.features, float(reward), observed, a.propensity,
-                       a.decision_timestamp_ms, now_ms, version, *trigger)]
+        return [
+            Joined(
+                event_id,
+                a.model_key,
+                a.features,
+                float(reward),
+                observed,
+                a.propensity,
+                a.decision_timestamp_ms,
+                now_ms,
+                version,
+                *trigger,
+            )
+        ]
 
     def _remember(self, event_id: str, observed: bool) -> None:
         self.recent[event_id] = observed
@@ -333,8 +443,14 @@ class PartitionEngine:
         if not self.early[event_id]:
             del self.early[event_id]
         self.counters["evicted_early"] += 1
-        return [self._reject(UNKNOWN_EVENT, f"early reward for {event_id!r} evicted: more than "
-                                            f"{self.max_early_rewards} rewards wait for their context", src)]
+        return [
+            self._reject(
+                UNKNOWN_EVENT,
+                f"early reward for {event_id!r} evicted: more than "
+                f"{self.max_early_rewards} rewards wait for their context",
+                src,
+            )
+        ]
 
     def _push_deadline(self, deadline: int, kind: str, event_id: str) -> None:
         self._seq += 1
@@ -348,7 +464,9 @@ class PartitionEngine:
             self._push_deadline(p.deadline_ms, "decision", event_id)
         for event_id, held in self.early.items():
             for reward, _ in held:
-                self._push_deadline(reward.timestamp_ms + self._window(reward.model_key), "early", event_id)
+                self._push_deadline(
+                    reward.timestamp_ms + self._window(reward.model_key), "early", event_id
+                )
 
     def _window(self, model_key: str) -> int:
         spec = self.spec_of(model_key)
@@ -376,9 +494,16 @@ class PartitionEngine:
             # The fields read directly: dataclasses.asdict deep-copies each (features included),
             # and a partition holds a window's worth of them (the snapshot is a pause of the
             # worker's loop: e2e part 6). Records are values, so sharing features is safe.
-            "pending": [{f: getattr(p.action, f) for f in _ACTION_FIELDS} | {"reward": p.reward, "n_rewards": p.n_rewards}
-                        for p in self.pending.values()],
-            "early": [dataclasses.asdict(r) | {"source": src} for held in self.early.values() for r, src in held],
+            "pending": [
+                {f: getattr(p.action, f) for f in _ACTION_FIELDS}
+                | {"reward": p.reward, "n_rewards": p.n_rewards}
+                for p in self.pending.values()
+            ],
+            "early": [
+                dataclasses.asdict(r) | {"source": src}
+                for held in self.early.values()
+                for r, src in held
+            ],
             "recent": list(self.recent.items()) if models is None else self._recent_items_tail(),
             "watermark_ms": self.watermark_ms,
             "counters": dict(self.counters),
@@ -391,7 +516,9 @@ class PartitionEngine:
         return tail
 
     @classmethod
-    def restore(cls, config: ModelsConfig, snap: dict[str, Any], **limits: int) -> "PartitionEngine":
+    def restore(
+        cls, config: ModelsConfig, snap: dict[str, Any], **limits: int
+    ) -> "PartitionEngine":
         """An engine in exactly the state ``snap`` was taken in; its counters start at zero."""
         e = cls(config, **limits)
         for layer in layers_of(snap["models"]):  # a chain's snapshots, oldest first: later ones win
@@ -404,13 +531,19 @@ class PartitionEngine:
         for p in snap["pending"]:
             fields = {k: v for k, v in p.items() if k not in ("reward", "n_rewards")}
             action = Action(**fields)
-            e.pending[action.event_id] = _Pending(action, action.decision_timestamp_ms + e._window(action.model_key),
-                                                  p["reward"], p["n_rewards"])
+            e.pending[action.event_id] = _Pending(
+                action,
+                action.decision_timestamp_ms + e._window(action.model_key),
+                p["reward"],
+                p["n_rewards"],
+            )
         for r in snap["early"]:
             reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
             e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
         e.recent = collections.OrderedDict((k, bool(v)) for k, v in snap["recent"])
-        while len(e.recent) > e.max_recent:  # a composed chain's recent ids: the oldest leave, as live
+        while (
+            len(e.recent) > e.max_recent
+        ):  # a composed chain's recent ids: the oldest leave, as live
             e.recent.popitem(last=False)
         e.watermark_ms = snap["watermark_ms"]
         e._rebuild_deadlines()
@@ -464,10 +597,14 @@ class PartitionEngine:
         for j in joined:
             model = self.models.get(j.model_key)
             if model is None:
-                model = self.models[j.model_key] = self._configured(j.model_key, "the log", RecoveryError).build()
+                model = self.models[j.model_key] = self._configured(
+                    j.model_key, "the log", RecoveryError
+                ).build()
             if model.n_updates != j.model_version_before:
-                raise RecoveryError(f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
-                                    f"of model {j.model_key!r}, but replay reached version {model.n_updates}")
+                raise RecoveryError(
+                    f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
+                    f"of model {j.model_key!r}, but replay reached version {model.n_updates}"
+                )
             model.update(j.features, j.reward)
             self.updates += 1
             self.changed.add(j.model_key)
@@ -479,10 +616,14 @@ class PartitionEngine:
             self._remember(event_id, False)
         for a in actions:
             if a.model_key not in self.models:
-                self.models[a.model_key] = self._configured(a.model_key, "the log", RecoveryError).build()
+                self.models[a.model_key] = self._configured(
+                    a.model_key, "the log", RecoveryError
+                ).build()
                 self.changed.add(a.model_key)
             if a.event_id not in self.recent:
-                self.pending[a.event_id] = _Pending(a, a.decision_timestamp_ms + self._window(a.model_key))
+                self.pending[a.event_id] = _Pending(
+                    a, a.decision_timestamp_ms + self._window(a.model_key)
+                )
         # Early rewards held at the snapshot, then the rewards consumed since, in offset order.
         held = [(r, src) for rs in self.early.values() for r, src in rs]
         self.early = {}

@@ -55,7 +55,8 @@ def event_seed(model_key: str, event_id: str, seed: int) -> bytes:
     """The event's 128-bit seed: blake2b of key, id and seed (not ``hash()``, which Python salts
     per process), 16 bytes, the integer's little-endian bytes (numba reads them as they are)."""
     return hashlib.blake2b(
-        b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())), digest_size=16
+        b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())),
+        digest_size=16,
     ).digest()
 
 

@@ -61,8 +61,9 @@ def _choose() -> str | None:
         return configured
     if _writable(os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")):
         return ""
-    home = os.environ.get("XDG_CACHE_HOME") or (os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME")
-                                                 else "")
+    home = os.environ.get("XDG_CACHE_HOME") or (
+        os.path.join(os.environ["HOME"], ".cache") if os.environ.get("HOME") else ""
+    )
     if home and _writable(os.path.join(home, "streambandit", "numba")):
         return os.path.join(home, "streambandit", "numba")
     private = os.path.join(tempfile.gettempdir(), f"streambandit-numba-{os.getuid()}")
@@ -74,7 +75,11 @@ def _choose() -> str | None:
 CACHE_DIR = _choose()
 CACHE = CACHE_DIR is not None
 if CACHE_DIR is not None:
-    _numba_config.CACHE_DIR = CACHE_DIR  # numba's locators read it when a function is first compiled
+    _numba_config.CACHE_DIR = (
+        CACHE_DIR  # numba's locators read it when a function is first compiled
+    )
 else:
-    log.warning("no writable directory for numba's cache (NUMBA_CACHE_DIR, the package, HOME, the temporary "
-                "directory): the kernels are compiled in this process; set NUMBA_CACHE_DIR to a writable directory")
+    log.warning(
+        "no writable directory for numba's cache (NUMBA_CACHE_DIR, the package, HOME, the temporary "
+        "directory): the kernels are compiled in this process; set NUMBA_CACHE_DIR to a writable directory"
+    )

@@ -33,12 +33,42 @@ from numba import njit
 from streambandit.numerics.jit import CACHE
 
 __all__ = [
-    "sym_matvec", "dot", "ucb_scores", "ucb_argmax", "ucb_argmax_batch", "ucb_scores_row", "ucb_best_row",
-    "ucb_argmax_batch_row", "sherman_morrison", "oful_update", "oful_update_row", "oful_beta", "oful_play",
-    "glb_omd_update", "glb_omd_update_row", "glb_omd_beta", "glb_omd_play", "reward_ok",
-    "hvt_ucb_beta", "hvt_ucb_update", "hvt_ucb_update_row", "hvt_ucb_play", "project_to_ball_in_norm",
-    "LINK_LOGISTIC", "LINK_POISSON", "LINK_GAUSSIAN", "RADIUS_OFUL", "RADIUS_GLB_OMD", "RADIUS_HVT_UCB",
-    "OK", "BAD_ARMS", "BAD_X", "BAD_REWARD", "LINK_OVERFLOW", "MAX_ABS_FEATURE", "MAX_ABS_REWARD",
+    "sym_matvec",
+    "dot",
+    "ucb_scores",
+    "ucb_argmax",
+    "ucb_argmax_batch",
+    "ucb_scores_row",
+    "ucb_best_row",
+    "ucb_argmax_batch_row",
+    "sherman_morrison",
+    "oful_update",
+    "oful_update_row",
+    "oful_beta",
+    "oful_play",
+    "glb_omd_update",
+    "glb_omd_update_row",
+    "glb_omd_beta",
+    "glb_omd_play",
+    "reward_ok",
+    "hvt_ucb_beta",
+    "hvt_ucb_update",
+    "hvt_ucb_update_row",
+    "hvt_ucb_play",
+    "project_to_ball_in_norm",
+    "LINK_LOGISTIC",
+    "LINK_POISSON",
+    "LINK_GAUSSIAN",
+    "RADIUS_OFUL",
+    "RADIUS_GLB_OMD",
+    "RADIUS_HVT_UCB",
+    "OK",
+    "BAD_ARMS",
+    "BAD_X",
+    "BAD_REWARD",
+    "LINK_OVERFLOW",
+    "MAX_ABS_FEATURE",
+    "MAX_ABS_REWARD",
 ]
 
 # The largest feature and reward magnitudes a learner accepts. Bandit features are scaled to
@@ -73,6 +103,7 @@ _PROJECTION_STEPS = 60
 
 
 # -- elementary pieces ---------------------------------------------------------------------------
+
 
 @njit(cache=CACHE, nogil=True)
 def _feature_row_ok(x):
@@ -155,6 +186,7 @@ def _argmax_first(scores):
 
 # -- decisions -----------------------------------------------------------------------------------
 
+
 @njit(cache=CACHE, nogil=True)
 def ucb_scores(arms, theta, inv, beta, out):
     """Fill ``out`` (K,) with the UCB scores of ``arms`` (K, d); OK or BAD_ARMS."""
@@ -220,10 +252,13 @@ def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
 @njit(cache=CACHE, nogil=True)
 def ucb_argmax_batch_row(arms, theta, inv, other, scalars, count, i, kind, params, chosen, scores):
     """``ucb_argmax_batch`` for the model in row i of a chunk."""
-    return ucb_argmax_batch(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), chosen, scores)
+    return ucb_argmax_batch(
+        arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), chosen, scores
+    )
 
 
 # -- updates -------------------------------------------------------------------------------------
+
 
 @njit(cache=CACHE, nogil=True)
 def sherman_morrison(inv, x, weight, v):
@@ -281,7 +316,13 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
     step."""
     n, k_arms, d = arms.shape
     theta, vinv, b = theta_rows[i], vinv_rows[i], b_rows[i]
-    fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s = params[0], params[1], params[2], params[3], params[4]
+    fixed_beta, beta_scale, noise_sd, two_log_inv_delta, sqrt_lam_s = (
+        params[0],
+        params[1],
+        params[2],
+        params[3],
+        params[4],
+    )
     logdet = scalars[i, 0]
     work = np.empty(d)
     arm_work = np.empty((k_arms, d))
@@ -305,6 +346,7 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
 
 
 # -- GLB-OMD -------------------------------------------------------------------------------------
+
 
 @njit(cache=CACHE, nogil=True)
 def _sigmoid(z):
@@ -399,8 +441,18 @@ def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
     non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
     if not _feature_row_ok(x):
         return BAD_X
-    status = glb_omd_update(theta[i], h[i], hinv[i], x, reward, int(params[4]), params[5], params[6], params[7],
-                            np.empty(x.shape[0]))
+    status = glb_omd_update(
+        theta[i],
+        h[i],
+        hinv[i],
+        x,
+        reward,
+        int(params[4]),
+        params[5],
+        params[6],
+        params[7],
+        np.empty(x.shape[0]),
+    )
     if status == OK:
         count[i] += 1
     return status
@@ -439,6 +491,7 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
 
 # -- Hvt-UCB -------------------------------------------------------------------------------------
 
+
 @njit(cache=CACHE, nogil=True)
 def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
     """beta_t of Hvt-UCB eq. (10), times beta_scale, with max(t, 1)^p."""
@@ -449,8 +502,22 @@ def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
 def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     """One Hvt-UCB step (Algorithm 1, lines 5-8) in place. ``params``: beta_scale, beta_coef,
     beta_const, p, tau0, sqrt_alpha, nu, sigma_min, alpha, huber (0/1), project (0/1), S."""
-    beta_scale, beta_coef, beta_const, p, tau0, sqrt_alpha = params[0], params[1], params[2], params[3], params[4], params[5]
-    nu, sigma_min, alpha, huber, project, s_radius = params[6], params[7], params[8], params[9], params[10], params[11]
+    beta_scale, beta_coef, beta_const, p, tau0, sqrt_alpha = (
+        params[0],
+        params[1],
+        params[2],
+        params[3],
+        params[4],
+        params[5],
+    )
+    nu, sigma_min, alpha, huber, project, s_radius = (
+        params[6],
+        params[7],
+        params[8],
+        params[9],
+        params[10],
+        params[11],
+    )
     d = x.shape[0]
     t = n_updates + 1
     sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
@@ -459,9 +526,16 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     if n == 0.0:
         # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move.
         return
-    tp = t ** p
+    tp = t**p
     # Alg. 1 line 5 / eq. 17: sigma_t, with the 2 sqrt(2) ||X||_{V^-1} term always included.
-    floor = math.sqrt(2.0 * hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t - 1) / (tau0 * sqrt_alpha * tp)) * n
+    floor = (
+        math.sqrt(
+            2.0
+            * hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t - 1)
+            / (tau0 * sqrt_alpha * tp)
+        )
+        * n
+    )
     sigma = max(max(nu, sigma_min), max(floor, 2.0 * math.sqrt(2.0) * n))
     w = n / (sigma * sqrt_alpha)  # Alg. 1 line 6: w_t, from V_{t-1}
     tau = tau0 * math.sqrt(1.0 + w * w) / w * tp if huber != 0.0 else math.inf
@@ -523,6 +597,7 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
 
 
 # -- the ellipsoid-norm projection ---------------------------------------------------------------
+
 
 @njit(cache=CACHE, nogil=True)
 def project_to_ball_in_norm(zeta, a, radius):

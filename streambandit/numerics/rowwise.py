@@ -111,7 +111,9 @@ def rowdot(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """``(a * b).sum(axis=1)`` for two (n, k) arrays, each row summed over k in order."""
     a, b = _c(a), _c(b)
     if a.ndim != 2 or a.shape != b.shape:
-        raise ValueError(f"rowdot needs two arrays of one (n, k) shape, got {a.shape} and {b.shape}")
+        raise ValueError(
+            f"rowdot needs two arrays of one (n, k) shape, got {a.shape} and {b.shape}"
+        )
     out = np.empty(a.shape[0])
     _rowdot(a, b, out)
     return out

@@ -25,7 +25,9 @@ __all__ = ["Policy", "POLICIES", "make_policy", "register", "MAX_ABS_FEATURE", "
 
 # What every learner refuses (the compiled kernels and the numpy learners alike): numerics/kernels.py says
 # why these bounds.
-BAD_ARMS_MESSAGE = f"arms contain NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
+BAD_ARMS_MESSAGE = (
+    f"arms contain NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
+)
 BAD_X_MESSAGE = f"x contains NaN or infinite features, or features beyond +-{MAX_ABS_FEATURE:g}"
 
 Scalar = bool | int | float | str
@@ -51,7 +53,9 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
     try:
         cls = POLICIES[name]
     except KeyError:
-        raise ValueError(f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}") from None
+        raise ValueError(
+            f"unknown policy {name!r}; known policies: {', '.join(sorted(POLICIES))}"
+        ) from None
     accepted = cls.hyper_parameters()
     unknown = sorted(set(hyper) - set(accepted))
     if unknown:
@@ -60,7 +64,9 @@ def make_policy(name: str, dim: int, **hyper: Any) -> "Policy":
             f"it accepts: {', '.join(accepted)}"
         )
     policy = cls(dim, **hyper)
-    if hasattr(policy, "__dict__"):  # the row-store learners share theirs through their store (rows.py)
+    if hasattr(
+        policy, "__dict__"
+    ):  # the row-store learners share theirs through their store (rows.py)
         _share_configuration(policy)
     return policy
 
@@ -82,7 +88,11 @@ def _immutable(v: Any) -> bool:
 
 
 def _share_configuration(policy: "Policy") -> None:
-    key = (type(policy), policy.dim, tuple(sorted((k, type(v).__name__, v) for k, v in policy._config.items())))
+    key = (
+        type(policy),
+        policy.dim,
+        tuple(sorted((k, type(v).__name__, v) for k, v in policy._config.items())),
+    )
     shared = _SHARED.get(key)
     if shared is None:
         if len(_SHARED) >= _SHARED_MAX:
@@ -99,7 +109,9 @@ def _keyword_parameters(cls: type) -> tuple[str, ...]:
     # Once per class: make_policy checks the names for every model it builds (a worker builds one
     # per new model key and per model restored), and inspect.signature is slow.
     sig = inspect.signature(cls.__init__)
-    return tuple(p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY)
+    return tuple(
+        p.name for p in sig.parameters.values() if p.kind is inspect.Parameter.KEYWORD_ONLY
+    )
 
 
 def check_positive(name: str, value: float) -> float:
@@ -110,7 +122,9 @@ def check_positive(name: str, value: float) -> float:
     return v
 
 
-def check_in_range(name: str, value: float, lo: float, hi: float, *, lo_open: bool = False) -> float:
+def check_in_range(
+    name: str, value: float, lo: float, hi: float, *, lo_open: bool = False
+) -> float:
     """``float(value)`` if ``lo <= value <= hi`` (``lo < value`` when ``lo_open``), else ValueError."""
     v = float(value)
     ok = (lo < v if lo_open else lo <= v) and v <= hi
@@ -269,10 +283,14 @@ class Policy(abc.ABC):
             raise ValueError(f"state is for policy {state.get('policy')!r}, not {self.name!r}")
         if state.get("dim") != self.dim:
             raise ValueError(f"state has dim {state.get('dim')!r}, this policy has dim {self.dim}")
-        theirs = {k[len("config."):]: v for k, v in state.items() if k.startswith("config.")}
+        theirs = {k[len("config.") :]: v for k, v in state.items() if k.startswith("config.")}
         if theirs != self._config:
-            diff = sorted(k for k in set(theirs) | set(self._config) if theirs.get(k) != self._config.get(k))
-            detail = ", ".join(f"{k}: state {theirs.get(k)!r} vs policy {self._config.get(k)!r}" for k in diff)
+            diff = sorted(
+                k for k in set(theirs) | set(self._config) if theirs.get(k) != self._config.get(k)
+            )
+            detail = ", ".join(
+                f"{k}: state {theirs.get(k)!r} vs policy {self._config.get(k)!r}" for k in diff
+            )
             raise ValueError(f"state configuration does not match this policy ({detail})")
         missing = [k for k in (*self._state_scalars, *self._state_arrays) if k not in state]
         if missing:
@@ -282,14 +300,20 @@ class Policy(abc.ABC):
             mine = self._state_array(k)
             v = np.asarray(state[k])
             resizable = k in self._state_arrays_resizable
-            if (v.ndim != mine.ndim if resizable else v.shape != mine.shape) or v.dtype != mine.dtype:
+            if (
+                v.ndim != mine.ndim if resizable else v.shape != mine.shape
+            ) or v.dtype != mine.dtype:
                 expected = f"{mine.ndim} dimensions" if resizable else f"shape {mine.shape}"
-                raise ValueError(f"state array {k!r} has shape {v.shape} {v.dtype}, expected {expected} {mine.dtype}")
+                raise ValueError(
+                    f"state array {k!r} has shape {v.shape} {v.dtype}, expected {expected} {mine.dtype}"
+                )
             arrays[k] = np.array(v, copy=True, order="C")
         for k in self._state_scalars:
             v = state[k]
             if type(v) is not type(getattr(self, k)):
-                raise ValueError(f"state scalar {k!r} is {type(v).__name__}, expected {type(getattr(self, k)).__name__}")
+                raise ValueError(
+                    f"state scalar {k!r} is {type(v).__name__}, expected {type(getattr(self, k)).__name__}"
+                )
         self._check_loaded_state(arrays, {k: state[k] for k in self._state_scalars})
         # Only assign once everything is checked, so a bad state leaves the policy untouched.
         for k, v in arrays.items():
@@ -367,7 +391,9 @@ class Policy(abc.ABC):
         except (TypeError, ValueError):
             raise ValueError(f"reward must be a number, got {reward!r}") from None
         if not abs(r) <= MAX_ABS_REWARD:
-            raise ValueError(f"reward must be finite and within +-{MAX_ABS_REWARD:g}, got {reward!r}")
+            raise ValueError(
+                f"reward must be finite and within +-{MAX_ABS_REWARD:g}, got {reward!r}"
+            )
         return r
 
     def __repr__(self) -> str:

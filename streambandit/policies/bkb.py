@@ -120,8 +120,11 @@ class BKB(Policy):
         seed: int = 0,
     ) -> None:
         super().__init__(dim, seed=seed)
-        if max_points is not None and (isinstance(max_points, bool) or not isinstance(max_points, (int, np.integer))
-                                       or max_points < 1):
+        if max_points is not None and (
+            isinstance(max_points, bool)
+            or not isinstance(max_points, (int, np.integer))
+            or max_points < 1
+        ):
             raise ValueError(f"max_points must be an integer >= 1 or None, got {max_points!r}")
         if beta_rule not in BETA_RULES:
             raise ValueError(f"beta_rule must be one of {', '.join(BETA_RULES)}, got {beta_rule!r}")
@@ -202,8 +205,10 @@ class BKB(Policy):
             # Thm 4.1, with log(kappa^2 t) replaced by 1 + log(1 + kappa^2 t / lam).
             alpha = (1.0 + c["eps"]) / (1.0 - c["eps"])
             log_term = 1.0 + math.log1p(self._kappa2 * t / c["lam"])
-            radius = (2.0 * c["noise_sd"] * math.sqrt(alpha * log_term * self._ssum + log_inv_delta)
-                      + (1.0 + 1.0 / math.sqrt(1.0 - c["eps"])) * math.sqrt(c["lam"]) * c["F"])
+            radius = (
+                2.0 * c["noise_sd"] * math.sqrt(alpha * log_term * self._ssum + log_inv_delta)
+                + (1.0 + 1.0 / math.sqrt(1.0 - c["eps"])) * math.sqrt(c["lam"]) * c["F"]
+            )
         return c["beta_scale"] * radius
 
     # -- decisions and updates ----------------------------------------------------------------
@@ -220,10 +225,17 @@ class BKB(Policy):
         hit = np.flatnonzero((self.points == x).all(axis=1))
         bound = self._config["max_points"]
         if not hit.size and bound is not None and self.n_points >= bound:
-            raise ValueError(f"bkb holds max_points = {bound} distinct pulled points and this pull is a new one; "
-                             "bkb keeps every distinct point (for arms that change with each context use bkb_stream)")
+            raise ValueError(
+                f"bkb holds max_points = {bound} distinct pulled points and this pull is a new one; "
+                "bkb keeps every distinct point (for arms that change with each context use bkb_stream)"
+            )
         if hit.size:
-            counts, sums, points, in_dict = self.counts.copy(), self.reward_sums.copy(), self.points, self.in_dict
+            counts, sums, points, in_dict = (
+                self.counts.copy(),
+                self.reward_sums.copy(),
+                self.points,
+                self.in_dict,
+            )
             counts[hit[0]] += 1
             sums[hit[0]] += reward
         else:
@@ -233,7 +245,9 @@ class BKB(Policy):
             in_dict = np.append(self.in_dict, False)
             s2 = np.append(s2, self._post.mean_s2(x[None, :])[1])
         # Fig. 1 inner loop: S_{t+1} drawn afresh with p = min(1, qbar sigma~_t^2), counts incl. this pull.
-        new_dict = resample_dictionary(s2, counts, self._config["qbar"], resampling_rng(self._config["seed"], step))
+        new_dict = resample_dictionary(
+            s2, counts, self._config["qbar"], resampling_rng(self._config["seed"], step)
+        )
         # Same dictionary as before: the embedding root (a pure function of it) is reused.
         same = np.array_equal(np.flatnonzero(new_dict), np.flatnonzero(in_dict))
         self.points, self.counts, self.reward_sums, self.in_dict = points, counts, sums, new_dict
@@ -241,8 +255,15 @@ class BKB(Policy):
 
     def _refit(self, root: np.ndarray | None = None) -> None:
         """Fit eq. (4) on the current dictionary from the counters; cache what scoring needs."""
-        self._post = DTCPosterior(self._kernel, self._config["lam"], self.points[self.in_dict], self.points,
-                                  self.counts, self.reward_sums, root=root)
+        self._post = DTCPosterior(
+            self._kernel,
+            self._config["lam"],
+            self.points[self.in_dict],
+            self.points,
+            self.counts,
+            self.reward_sums,
+            root=root,
+        )
         # sum_{s<=t} sigma~_t^2(x~_s) = sum_i n_i sigma~_t^2(x_i), used by beta~ (Thm 4.1).
         self._ssum = float(self.counts @ self._post.pulled_s2)
         self._kappa2 = float(self._kernel.diag(self.points).max()) if self.n_points else 0.0
@@ -258,18 +279,26 @@ class BKB(Policy):
         points, counts, sums, in_dict = (arrays[k] for k in self._state_arrays)
         u = points.shape[0]
         if points.shape[1] != self.dim:
-            raise ValueError(f"state array 'points' has shape {points.shape}, expected (u, {self.dim})")
+            raise ValueError(
+                f"state array 'points' has shape {points.shape}, expected (u, {self.dim})"
+            )
         for k in ("counts", "reward_sums", "in_dict"):
             if arrays[k].shape != (u,):
-                raise ValueError(f"state array {k!r} has shape {arrays[k].shape}, expected ({u},) like 'points'")
+                raise ValueError(
+                    f"state array {k!r} has shape {arrays[k].shape}, expected ({u},) like 'points'"
+                )
         if not (np.isfinite(points).all() and np.isfinite(sums).all()):
             raise ValueError("state arrays 'points' and 'reward_sums' must be finite")
         if u and (counts.min() < 1 or not in_dict.any()):
             raise ValueError("state arrays 'counts' must be >= 1 and 'in_dict' must hold a point")
         if int(counts.sum()) != scalars["n_updates"]:
-            raise ValueError(f"state arrays 'counts' sum to {int(counts.sum())}, not n_updates = {scalars['n_updates']}")
+            raise ValueError(
+                f"state arrays 'counts' sum to {int(counts.sum())}, not n_updates = {scalars['n_updates']}"
+            )
         if self._config["max_points"] is not None and u > self._config["max_points"]:
-            raise ValueError(f"state holds {u} points, more than max_points = {self._config['max_points']}")
+            raise ValueError(
+                f"state holds {u} points, more than max_points = {self._config['max_points']}"
+            )
         if np.unique(points, axis=0).shape[0] != u:
             raise ValueError("state array 'points' holds a point twice")
 

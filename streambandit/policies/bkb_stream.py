@@ -97,7 +97,13 @@ class BKBStream(Policy):
     name = "bkb_stream"
     _state_arrays = ("dictionary", "chol", "gram", "bz", "vinv", "incl")
     _state_arrays_resizable = _state_arrays
-    _state_scalars = ("n_updates", "missed_s2", "refused_s2", "since_resparsify", "resparsifications")
+    _state_scalars = (
+        "n_updates",
+        "missed_s2",
+        "refused_s2",
+        "since_resparsify",
+        "resparsifications",
+    )
 
     def __init__(
         self,
@@ -120,8 +126,14 @@ class BKBStream(Policy):
         super().__init__(dim, seed=seed)
         q = float(qbar)
         if not q > 0.0:
-            raise ValueError(f"qbar must be > 0 (inf: every pull joins while there is room), got {qbar!r}")
-        if isinstance(m_max, bool) or not isinstance(m_max, (int, np.integer)) or not 1 <= m_max <= MAX_M:
+            raise ValueError(
+                f"qbar must be > 0 (inf: every pull joins while there is room), got {qbar!r}"
+            )
+        if (
+            isinstance(m_max, bool)
+            or not isinstance(m_max, (int, np.integer))
+            or not 1 <= m_max <= MAX_M
+        ):
             raise ValueError(f"m_max must be an integer in [1, {MAX_M}], got {m_max!r}")
         gap = max(int(m_max) // 4, 1) if min_gap is None else min_gap
         if isinstance(gap, bool) or not isinstance(gap, (int, np.integer)) or gap < 1:
@@ -157,7 +169,14 @@ class BKBStream(Policy):
     def _test_params(cls) -> list[dict[str, Any]]:
         # A tiny budget and gap, so that the dictionary fills, and resparsifies, within a few updates.
         return [
-            {"bandwidth": 0.5, "lam": 0.1, "qbar": 2.0, "m_max": 4, "resparsify_at": 0.05, "min_gap": 2},
+            {
+                "bandwidth": 0.5,
+                "lam": 0.1,
+                "qbar": 2.0,
+                "m_max": 4,
+                "resparsify_at": 0.05,
+                "min_gap": 2,
+            },
             {"kernel": "linear", "lam": 0.5, "beta": 0.3, "m_max": 3},
             {"qbar": math.inf, "m_max": 64, "beta_scale": 0.5},
         ]
@@ -186,7 +205,9 @@ class BKBStream(Policy):
         c = self._config
         if c["beta"] is not None:
             return c["beta"]
-        width = math.sqrt(max(math.log(max(self.n_updates, 1)) * self._ssum + math.log(1.0 / c["delta"]), 0.0))
+        width = math.sqrt(
+            max(math.log(max(self.n_updates, 1)) * self._ssum + math.log(1.0 / c["delta"]), 0.0)
+        )
         return c["beta_scale"] * (math.sqrt(c["lam"]) * c["F"] + c["noise_sd"] * width)
 
     # -- decisions and updates ----------------------------------------------------------------
@@ -200,7 +221,9 @@ class BKBStream(Policy):
         kdiag = self._kernel.diag(a)
         if self.dictionary_size == 0:
             return np.zeros(a.shape[0]), kdiag / lam
-        z = onl.forward_solve_rows(self._upper, self._kernel(a, self.dictionary))  # (K, m), row by row
+        z = onl.forward_solve_rows(
+            self._upper, self._kernel(a, self.dictionary)
+        )  # (K, m), row by row
         mu = rowwise.matvec(z, self._w)
         resid = kdiag - rowwise.rowdot(z, z)  # outside the dictionary's span (DTC): 0 in it
         s2 = np.maximum(resid, 0.0) / lam + rowwise.rowdot(rowwise.matmul(z, self.vinv), z)
@@ -212,7 +235,11 @@ class BKBStream(Policy):
         xr = x[None, :]
         kxx = float(self._kernel.diag(xr)[0])
         m = self.dictionary_size
-        z = onl.forward_solve(self._upper, self._kernel(xr, self.dictionary)[0]) if m else np.zeros(0)
+        z = (
+            onl.forward_solve(self._upper, self._kernel(xr, self.dictionary)[0])
+            if m
+            else np.zeros(0)
+        )
         # sigma~_t^2(x) under the model before this pull (eq. 4).
         resid = kxx - onl.dot(z, z) if m else kxx
         s2 = max(resid, 0.0) / lam + (onl.quad(self.vinv, z)[0] if m else 0.0)
@@ -220,7 +247,9 @@ class BKBStream(Policy):
         drawn = _rng(c["seed"], _JOIN_STREAM, self.n_updates).random() < p
         joined = drawn and m < c["m_max"] and resid > MIN_RESIDUAL * kxx
         if joined:
-            self.chol, self.gram, self.bz, self.vinv = onl.join(self.chol, self.gram, self.bz, self.vinv, z, resid, lam)
+            self.chol, self.gram, self.bz, self.vinv = onl.join(
+                self.chol, self.gram, self.bz, self.vinv, z, resid, lam
+            )
             self.dictionary = np.vstack([self.dictionary, xr])
             self.incl = np.append(self.incl, p)
             z = np.append(z, math.sqrt(resid))  # its own new coordinate
@@ -241,7 +270,9 @@ class BKBStream(Policy):
         points' basis (online_nystrom.shrink). O(m^2 d + m^3), once per ``min_gap`` updates at most."""
         c = self._config
         # A dictionary point's embedding is its row of L (L^-1 K_DD = L'), its residual 0.
-        s2 = np.maximum(((self.chol @ self.vinv) * self.chol).sum(axis=1), 0.0)  # BLAS: O(m^3), on schedule
+        s2 = np.maximum(
+            ((self.chol @ self.vinv) * self.chol).sum(axis=1), 0.0
+        )  # BLAS: O(m^3), on schedule
         p_new = np.ones_like(s2) if math.isinf(c["qbar"]) else np.minimum(1.0, c["qbar"] * s2)
         u = _rng(c["seed"], _RESPARSIFY_STREAM, self.n_updates).random(s2.shape[0])
         stay = u * self.incl < p_new  # u < p_new / p_old without dividing
@@ -250,8 +281,9 @@ class BKBStream(Policy):
         kept = np.flatnonzero(stay)
         if len(kept) < len(stay):
             points = np.ascontiguousarray(self.dictionary[kept])
-            self.chol, self.gram, self.bz, self.vinv = onl.shrink(self._kernel(points, points), self.chol, self.gram,
-                                                                  self.bz, kept, c["lam"])
+            self.chol, self.gram, self.bz, self.vinv = onl.shrink(
+                self._kernel(points, points), self.chol, self.gram, self.bz, kept, c["lam"]
+            )
             self.dictionary = points
         self.incl = np.minimum(self.incl, p_new)[kept]
         self.refused_s2 = 0.0
@@ -280,12 +312,18 @@ class BKBStream(Policy):
     def _check_loaded_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
         m = arrays["dictionary"].shape[0]
         if arrays["dictionary"].shape[1] != self.dim:
-            raise ValueError(f"state array 'dictionary' has shape {arrays['dictionary'].shape}, expected (m, {self.dim})")
+            raise ValueError(
+                f"state array 'dictionary' has shape {arrays['dictionary'].shape}, expected (m, {self.dim})"
+            )
         if m > self._config["m_max"]:
-            raise ValueError(f"state has {m} dictionary points, more than m_max = {self._config['m_max']}")
+            raise ValueError(
+                f"state has {m} dictionary points, more than m_max = {self._config['m_max']}"
+            )
         for k in ("chol", "gram", "vinv"):
             if arrays[k].shape != (m, m):
-                raise ValueError(f"state array {k!r} has shape {arrays[k].shape}, expected ({m}, {m})")
+                raise ValueError(
+                    f"state array {k!r} has shape {arrays[k].shape}, expected ({m}, {m})"
+                )
         for k in ("bz", "incl"):
             if arrays[k].shape != (m,):
                 raise ValueError(f"state array {k!r} has shape {arrays[k].shape}, expected ({m},)")
@@ -314,4 +352,6 @@ class BKBStream(Policy):
 def _rng(seed: int, stream: int, step: int) -> np.random.Generator:
     """The generator of update ``step``'s draw: a function of the configured seed, the draw's
     stream and the step only (docs/design.md, determinism), so replay redraws the same."""
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, stream]))
+    return np.random.default_rng(
+        np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, stream])
+    )

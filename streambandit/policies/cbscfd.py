@@ -61,5 +61,15 @@ class CBSCFD(SOFUL):
         c = self._config
         alpha = self.sketch.shrink_total
         rank = min(2 * self.ell, self.dim)
-        return radius_rfd(shrink=alpha, h=alpha - self.ell * alpha / rank, lam=c["lam"], noise_sd=c["noise_sd"],
-                          S=c["S"], L=c["L"], delta=c["delta"], dim=self.dim, rank=rank, t=self.n_updates)
+        return radius_rfd(
+            shrink=alpha,
+            h=alpha - self.ell * alpha / rank,
+            lam=c["lam"],
+            noise_sd=c["noise_sd"],
+            S=c["S"],
+            L=c["L"],
+            delta=c["delta"],
+            dim=self.dim,
+            rank=rank,
+            t=self.n_updates,
+        )

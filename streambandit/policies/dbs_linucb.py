@@ -36,8 +36,18 @@ def check_choice(name: str, value: Any, choices: tuple) -> Any:
     return value
 
 
-def radius_fd(*, shrink: float, lam: float, noise_sd: float, S: float, L: float, delta: float, dim: int,
-              rank: int, t: int) -> float:
+def radius_fd(
+    *,
+    shrink: float,
+    lam: float,
+    noise_sd: float,
+    S: float,
+    L: float,
+    delta: float,
+    dim: int,
+    rank: int,
+    t: int,
+) -> float:
     """Eq. (18) (Theorem 2, FD sketches), with the tracked total shrink E_t in place of eps:
 
         R sqrt(1 + E/lam) sqrt(2 ln(1/delta) + d ln(1 + E/lam) + m ln(1 + t L^2 / (m lam)))
@@ -46,20 +56,38 @@ def radius_fd(*, shrink: float, lam: float, noise_sd: float, S: float, L: float,
     ``m`` is the rank bound of the sketched part: 2 l_Bt for DBS, d after its exact switch.
     """
     e = shrink / lam
-    logs = 2.0 * math.log(1.0 / delta) + dim * math.log1p(e) + rank * math.log1p(t * L * L / (rank * lam))
+    logs = (
+        2.0 * math.log(1.0 / delta)
+        + dim * math.log1p(e)
+        + rank * math.log1p(t * L * L / (rank * lam))
+    )
     return noise_sd * math.sqrt(1.0 + e) * math.sqrt(logs) + S * math.sqrt(lam) * (1.0 + e)
 
 
-def radius_rfd(*, shrink: float, h: float, lam: float, noise_sd: float, S: float, L: float, delta: float,
-               dim: int, rank: int, t: int) -> float:
+def radius_rfd(
+    *,
+    shrink: float,
+    h: float,
+    lam: float,
+    noise_sd: float,
+    S: float,
+    L: float,
+    delta: float,
+    dim: int,
+    rank: int,
+    t: int,
+) -> float:
     """Theorem 6 (robust FD sketches):
 
         R sqrt(2 ln(1/delta) + d ln(1 + E/lam) + m ln(1 + t L^2/(m lam) + h/lam)) + H sqrt(lam + E)
 
     with ``h = E - sum_i l_i sigma_i / (2 l_Bt)`` computed by the caller (``m`` as in :func:`radius_fd`).
     """
-    logs = (2.0 * math.log(1.0 / delta) + dim * math.log1p(shrink / lam)
-            + rank * math.log1p(t * L * L / (rank * lam) + h / lam))
+    logs = (
+        2.0 * math.log(1.0 / delta)
+        + dim * math.log1p(shrink / lam)
+        + rank * math.log1p(t * L * L / (rank * lam) + h / lam)
+    )
     return noise_sd * math.sqrt(logs) + S * math.sqrt(lam + shrink)
 
 
@@ -177,8 +205,15 @@ class DBSLinUCB(Policy):
             beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
         )
         c = self._config
-        self.sketch = DyadicBlockSketch(self.dim, c["l0"], c["epsilon"], c["lam"], robust=c["sketch"] == "rfd",
-                                        fast=fast, rank_test=c["rank_test"])
+        self.sketch = DyadicBlockSketch(
+            self.dim,
+            c["l0"],
+            c["epsilon"],
+            c["lam"],
+            robust=c["sketch"] == "rfd",
+            fast=fast,
+            rank_test=c["rank_test"],
+        )
         self.b = np.zeros(self.dim)
         self.theta = np.zeros(self.dim)
         self._incoming: DyadicBlockSketch | None = None
@@ -206,13 +241,23 @@ class DBSLinUCB(Policy):
         shrink = sk.shrink_total
         # Rank bound of the sketched part: 2 l_Bt (eq. 18), d after the exact switch.
         rank = self.dim if sk.fallback else min(2 * sk.active_ell, self.dim)
-        common = dict(lam=c["lam"], noise_sd=c["noise_sd"], S=c["S"], L=c["L"], delta=c["delta"], dim=self.dim,
-                      rank=rank, t=self.n_updates)
+        common = dict(
+            lam=c["lam"],
+            noise_sd=c["noise_sd"],
+            S=c["S"],
+            L=c["L"],
+            delta=c["delta"],
+            dim=self.dim,
+            rank=rank,
+            t=self.n_updates,
+        )
         if c["sketch"] == "fd":
             return c["beta_scale"] * radius_fd(shrink=shrink, **common)
         # Theorem 6: h_t = E_t - sum_i l_i sigma_i / (2 l_Bt), all blocks including the active one.
         ells = np.array([sk.block_ell(i) for i in range(sk.n_closed)], dtype=float)
-        weighted = float(ells @ sk.block_shrink) + (0.0 if sk.fallback else sk.active_ell * sk.cov.fd.shrink_total)
+        weighted = float(ells @ sk.block_shrink) + (
+            0.0 if sk.fallback else sk.active_ell * sk.cov.fd.shrink_total
+        )
         h = shrink - weighted / rank
         return c["beta_scale"] * radius_rfd(shrink=shrink, h=h, **common)
 
@@ -223,7 +268,9 @@ class DBSLinUCB(Policy):
             out = np.empty(a.shape[0])
             kernels.ucb_scores(a, self.theta, sk.vinv, self.beta(), out)
             return out
-        return rowwise.matvec(a, self.theta) + self.beta() * np.sqrt(sk.cov.quad_forms(a))  # eq. (6)
+        return rowwise.matvec(a, self.theta) + self.beta() * np.sqrt(
+            sk.cov.quad_forms(a)
+        )  # eq. (6)
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         self.sketch.update(x)  # Alg. 5 line 7

@@ -21,7 +21,13 @@ import numpy as np
 
 from streambandit.numerics import kernels
 from streambandit.numerics.kernels import MAX_ABS_REWARD
-from streambandit.policies.base import BAD_ARMS_MESSAGE, BAD_X_MESSAGE, check_in_range, check_positive, register
+from streambandit.policies.base import (
+    BAD_ARMS_MESSAGE,
+    BAD_X_MESSAGE,
+    check_in_range,
+    check_positive,
+    register,
+)
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
 from streambandit.policies.rows import RowStore
 
@@ -123,17 +129,37 @@ class GLBOMD(LinearUCBPolicy):
         beta_const = 4.0 * lam_v * s * s + 2.0 * eta_v * math.log(1.0 / c["delta"])
         beta_log_coef = 6.0 * dim * eta_v * eta_v
         beta_t_coef = 2.0 * c_mu / (lam_v * g)
-        consts = {"_link": c["link"], "_link_code": link_code, "_s": s, "_eta": eta_v, "_g": g,
-                  "_step_args": (link_code, s, eta_v, g), "_beta_const": beta_const,
-                  "_beta_log_coef": beta_log_coef, "_beta_t_coef": beta_t_coef}
-        params = np.array([c["beta_scale"], beta_const, beta_log_coef, beta_t_coef, link_code, s, eta_v, g])
+        consts = {
+            "_link": c["link"],
+            "_link_code": link_code,
+            "_s": s,
+            "_eta": eta_v,
+            "_g": g,
+            "_step_args": (link_code, s, eta_v, g),
+            "_beta_const": beta_const,
+            "_beta_log_coef": beta_log_coef,
+            "_beta_t_coef": beta_t_coef,
+        }
+        params = np.array(
+            [c["beta_scale"], beta_const, beta_log_coef, beta_t_coef, link_code, s, eta_v, g]
+        )
         # theta_1 = 0, a point of Theta (Alg. 1 line 1); H_1 = lambda I; no float scalars.
-        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.eye(dim) * lam_v, np.zeros(0), np.zeros((), np.int64))
+        initial = (
+            np.zeros(dim),
+            np.eye(dim) / lam_v,
+            np.eye(dim) * lam_v,
+            np.zeros(0),
+            np.zeros((), np.int64),
+        )
         return RowStore(c, initial, params, consts)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:
-        return [{"link": "logistic"}, {"link": "poisson", "S": 2.0}, {"link": "gaussian", "S": 10.0}]
+        return [
+            {"link": "logistic"},
+            {"link": "poisson", "S": 2.0},
+            {"link": "gaussian", "S": 10.0},
+        ]
 
     # -- decisions -----------------------------------------------------------------------------
 
@@ -158,7 +184,9 @@ class GLBOMD(LinearUCBPolicy):
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
-        self._raise_for(kernels.glb_omd_update_row(*self._chunk, self._i, x, reward, self._store.params))
+        self._raise_for(
+            kernels.glb_omd_update_row(*self._chunk, self._i, x, reward, self._store.params)
+        )
 
     def _status_message(self, status: int) -> str:
         try:

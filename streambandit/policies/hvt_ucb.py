@@ -27,7 +27,13 @@ import numpy as np
 
 from streambandit.numerics import kernels
 from streambandit.numerics.kernels import MAX_ABS_REWARD
-from streambandit.policies.base import BAD_X_MESSAGE, Policy, check_in_range, check_positive, register
+from streambandit.policies.base import (
+    BAD_X_MESSAGE,
+    Policy,
+    check_in_range,
+    check_positive,
+    register,
+)
 from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array
 from streambandit.policies.rows import RowStore
 
@@ -113,8 +119,14 @@ class HvtUCB(LinearUCBPolicy):
         big_t = int(horizon)
         eps = check_in_range("epsilon", epsilon, 0.0, 1.0, lo_open=True)
         lam_v = float(dim) if lam is None else check_positive("lam", lam)
-        delta_v = 1.0 / (8.0 * big_t) if delta is None else check_in_range("delta", delta, 0.0, 1.0, lo_open=True)
-        smin = 1.0 / math.sqrt(big_t) if sigma_min is None else check_positive("sigma_min", sigma_min)
+        delta_v = (
+            1.0 / (8.0 * big_t)
+            if delta is None
+            else check_in_range("delta", delta, 0.0, 1.0, lo_open=True)
+        )
+        smin = (
+            1.0 / math.sqrt(big_t) if sigma_min is None else check_positive("sigma_min", sigma_min)
+        )
         self._config.update(
             epsilon=eps,
             nu=check_in_range("nu", nu, 0.0, math.inf),
@@ -133,22 +145,58 @@ class HvtUCB(LinearUCBPolicy):
 
     def _new_store(self) -> RowStore:
         c, dim = self._config, self.dim
-        big_t, eps, lam_v, delta_v, smin = c["horizon"], c["epsilon"], c["lam"], c["delta"], c["sigma_min"]
+        big_t, eps, lam_v, delta_v, smin = (
+            c["horizon"],
+            c["epsilon"],
+            c["lam"],
+            c["delta"],
+            c["sigma_min"],
+        )
         # The theory constants, computed once from (T, delta, lambda, sigma_min, ...).
         p = (1.0 - eps) / (2.0 * (1.0 + eps))
-        kappa = dim * math.log(1.0 + c["L"] ** 2 * big_t / (smin**2 * lam_v * c["alpha"] * dim))  # Alg. 1 line 1
+        kappa = dim * math.log(
+            1.0 + c["L"] ** 2 * big_t / (smin**2 * lam_v * c["alpha"] * dim)
+        )  # Alg. 1 line 1
         log_2t2_delta = math.log(2.0 * big_t**2 / delta_v)
-        tau0 = math.sqrt(2.0 * kappa) * math.log(3.0 * big_t) ** p / log_2t2_delta ** (1.0 / (1.0 + eps))  # eq. 15
+        tau0 = (
+            math.sqrt(2.0 * kappa)
+            * math.log(3.0 * big_t) ** p
+            / log_2t2_delta ** (1.0 / (1.0 + eps))
+        )  # eq. 15
         beta_coef = 107.0 * log_2t2_delta * tau0  # eq. 10, first term's constant
         beta_const = math.sqrt(lam_v * (2.0 + 4.0 * c["S"] ** 2))  # eq. 10, second term
         sqrt_alpha = math.sqrt(c["alpha"])
         # What the compiled step (kernels.hvt_ucb_update) takes, in its order.
-        step_params = (c["beta_scale"], beta_coef, beta_const, p, tau0, sqrt_alpha,
-                       c["nu"], c["sigma_min"], c["alpha"], float(c["huber"]), float(c["project"]), c["S"])
-        consts = {"_p": p, "tau0": tau0, "_beta_coef": beta_coef, "_beta_const": beta_const,
-                  "_sqrt_alpha": sqrt_alpha, "_step_params": step_params}
+        step_params = (
+            c["beta_scale"],
+            beta_coef,
+            beta_const,
+            p,
+            tau0,
+            sqrt_alpha,
+            c["nu"],
+            c["sigma_min"],
+            c["alpha"],
+            float(c["huber"]),
+            float(c["project"]),
+            c["S"],
+        )
+        consts = {
+            "_p": p,
+            "tau0": tau0,
+            "_beta_coef": beta_coef,
+            "_beta_const": beta_const,
+            "_sqrt_alpha": sqrt_alpha,
+            "_step_params": step_params,
+        }
         # theta_1 = 0; V_0 = lambda I; no float scalars.
-        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.eye(dim) * lam_v, np.zeros(0), np.zeros((), np.int64))
+        initial = (
+            np.zeros(dim),
+            np.eye(dim) / lam_v,
+            np.eye(dim) * lam_v,
+            np.zeros(0),
+            np.zeros((), np.int64),
+        )
         return RowStore(c, initial, np.array(step_params), consts)
 
     @classmethod
@@ -181,5 +229,8 @@ class HvtUCB(LinearUCBPolicy):
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
-        if kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params) != kernels.OK:
+        if (
+            kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params)
+            != kernels.OK
+        ):
             raise ValueError(BAD_X_MESSAGE)

@@ -58,7 +58,9 @@ def row_scalar(j: int, doc: str) -> property:
     return property(get, put, doc=doc)
 
 
-def _rebuild(cls: type, dim: int, config: dict[str, Any], state: dict[str, Any]) -> "LinearUCBPolicy":
+def _rebuild(
+    cls: type, dim: int, config: dict[str, Any], state: dict[str, Any]
+) -> "LinearUCBPolicy":
     p = cls(dim, **config)
     p.load_state_dict(state)
     return p
@@ -74,10 +76,14 @@ class LinearUCBPolicy(Policy):
 
     __slots__ = _SLOTS
     _columns: ClassVar[dict[str, int]]
-    _row_scalars: ClassVar[tuple[str, ...]] = ()  # the float state scalars, by column of the row's ``scalars``
+    _row_scalars: ClassVar[
+        tuple[str, ...]
+    ] = ()  # the float state scalars, by column of the row's ``scalars``
     _radius_kind: ClassVar[int]
     _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
-    _bad_reward_message: ClassVar[str] = f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
+    _bad_reward_message: ClassVar[str] = (
+        f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
+    )
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
         self._init_config(dim, seed)  # n_updates is the row's count, set when the row is attached
@@ -91,7 +97,11 @@ class LinearUCBPolicy(Policy):
 
     def _attach(self) -> None:
         """Take a row of this configuration's store (the last step of ``__init__``)."""
-        key = (type(self), self.dim, tuple(sorted((k, type(v).__name__, v) for k, v in self._config.items())))
+        key = (
+            type(self),
+            self.dim,
+            tuple(sorted((k, type(v).__name__, v) for k, v in self._config.items())),
+        )
         store = rows.store_for(key, self._new_store)
         self._config = store.config
         self._store = store
@@ -112,7 +122,9 @@ class LinearUCBPolicy(Policy):
         try:
             return self._store.consts[name]
         except KeyError:
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}") from None
+            raise AttributeError(
+                f"{type(self).__name__!r} object has no attribute {name!r}"
+            ) from None
 
     def __reduce__(self) -> tuple:
         # copy, deepcopy and pickle rebuild the model from its configuration and state, in a row
@@ -146,7 +158,12 @@ class LinearUCBPolicy(Policy):
         scalars = {"n_updates": columns[COUNT]}
         for j, name in enumerate(cls._row_scalars):
             scalars[name] = np.ascontiguousarray(columns[SCALARS][:, j])
-        return StateBlock(models[0].state_header(), keys, {k: columns[c] for k, c in cls._columns.items()}, scalars)
+        return StateBlock(
+            models[0].state_header(),
+            keys,
+            {k: columns[c] for k, c in cls._columns.items()},
+            scalars,
+        )
 
     def restore_block(self, block: StateBlock) -> list["LinearUCBPolicy"]:
         """New models of this one's configuration holding the states of ``block``, in its order.
@@ -160,7 +177,9 @@ class LinearUCBPolicy(Policy):
         probe.load_state_dict(block.state(0))  # header, entries, shapes, dtypes and scalar types
         store = self._store
         if store.initial[SCALARS].shape != (len(self._row_scalars),):
-            raise TypeError(f"{type(self).__name__}._row_scalars does not name every float scalar of its row")
+            raise TypeError(
+                f"{type(self).__name__}._row_scalars does not name every float scalar of its row"
+            )
         expected = {k: store.initial[c] for k, c in self._columns.items()}
         expected |= {"n_updates": store.initial[COUNT]}
         expected |= {k: store.initial[SCALARS][j] for j, k in enumerate(self._row_scalars)}
@@ -169,8 +188,10 @@ class LinearUCBPolicy(Policy):
             raise ValueError(f"state block holds {sorted(given)}, expected {sorted(expected)}")
         for k, a in given.items():
             if a.shape[1:] != expected[k].shape or a.dtype != expected[k].dtype:
-                raise ValueError(f"state block column {k!r} has rows of shape {a.shape[1:]} {a.dtype}, "
-                                 f"expected {expected[k].shape} {expected[k].dtype}")
+                raise ValueError(
+                    f"state block column {k!r} has rows of shape {a.shape[1:]} {a.dtype}, "
+                    f"expected {expected[k].shape} {expected[k].dtype}"
+                )
         # The rows the store has spare (a partition that moved away and back, a reload) are
         # filled by copying; only the models beyond them may take an adoptable block's columns
         # as their rows, so a store does not grow by a partition's rows at each handoff.
@@ -213,7 +234,12 @@ class LinearUCBPolicy(Policy):
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms_shape(arms)
         out = np.empty(a.shape[0])
-        if kernels.ucb_scores_row(a, *self._chunk, self._i, self._radius_kind, self._store.params, out) != kernels.OK:
+        if (
+            kernels.ucb_scores_row(
+                a, *self._chunk, self._i, self._radius_kind, self._store.params, out
+            )
+            != kernels.OK
+        ):
             raise ValueError(_NON_FINITE_ARMS)
         return out
 
@@ -222,7 +248,9 @@ class LinearUCBPolicy(Policy):
 
     def best(self, arms: np.ndarray) -> tuple[int, float]:
         a = self._check_arms_shape(arms)
-        i, score = kernels.ucb_best_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
+        i, score = kernels.ucb_best_row(
+            a, *self._chunk, self._i, self._radius_kind, self._store.params
+        )
         if i < 0:
             raise ValueError(_NON_FINITE_ARMS)
         return i, score
@@ -231,8 +259,9 @@ class LinearUCBPolicy(Policy):
         a = self._check_arms_batch(arms)
         chosen = np.zeros(a.shape[0], dtype=np.int64)
         scores = np.empty(a.shape[:2])
-        status = kernels.ucb_argmax_batch_row(a, *self._chunk, self._i, self._radius_kind, self._store.params,
-                                              chosen, scores)
+        status = kernels.ucb_argmax_batch_row(
+            a, *self._chunk, self._i, self._radius_kind, self._store.params, chosen, scores
+        )
         if status != kernels.OK:
             raise ValueError(f"context {-1 - status}: {_NON_FINITE_ARMS}")
         return chosen, scores
@@ -254,7 +283,9 @@ class LinearUCBPolicy(Policy):
         # reported as ``round t: <what the status means>``, rounds before t applied.
         a, r = self._check_play(arms, rewards)
         chosen = np.zeros(len(a), dtype=np.int64)
-        done, status = type(self)._play_kernel(a, r, *self._chunk, self._i, self._store.params, chosen)
+        done, status = type(self)._play_kernel(
+            a, r, *self._chunk, self._i, self._store.params, chosen
+        )
         if status != kernels.OK:
             raise ValueError(f"round {done}: {self._status_message(status)}")
         return chosen

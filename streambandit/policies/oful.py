@@ -17,7 +17,14 @@ import numpy as np
 
 from streambandit.numerics import kernels
 from streambandit.policies.base import BAD_X_MESSAGE, check_in_range, check_positive, register
-from streambandit.policies.linear_ucb import INV, OTHER, THETA, LinearUCBPolicy, row_array, row_scalar
+from streambandit.policies.linear_ucb import (
+    INV,
+    OTHER,
+    THETA,
+    LinearUCBPolicy,
+    row_array,
+    row_scalar,
+)
 from streambandit.policies.rows import RowStore
 
 
@@ -101,12 +108,25 @@ class OFUL(LinearUCBPolicy):
         log_inv_delta = math.log(1.0 / c["delta"])
         sqrt_lam_s = math.sqrt(lam_v) * c["S"]
         # The radius's parameters as the kernels take them (a negative fixed beta: the theory one).
-        beta_args = (-1.0 if c["beta"] is None else c["beta"], c["beta_scale"], c["noise_sd"],
-                     2.0 * log_inv_delta, sqrt_lam_s)
-        initial = (np.zeros(dim), np.eye(dim) / lam_v, np.zeros(dim),  # theta, V_0^-1 = I / lam, b
-                   np.zeros(1),  # log det(V_0) - d log(lam) = 0
-                   np.zeros((), np.int64))
-        consts = {"_log_inv_delta": log_inv_delta, "_sqrt_lam_s": sqrt_lam_s, "_beta_args": beta_args}
+        beta_args = (
+            -1.0 if c["beta"] is None else c["beta"],
+            c["beta_scale"],
+            c["noise_sd"],
+            2.0 * log_inv_delta,
+            sqrt_lam_s,
+        )
+        initial = (
+            np.zeros(dim),
+            np.eye(dim) / lam_v,
+            np.zeros(dim),  # theta, V_0^-1 = I / lam, b
+            np.zeros(1),  # log det(V_0) - d log(lam) = 0
+            np.zeros((), np.int64),
+        )
+        consts = {
+            "_log_inv_delta": log_inv_delta,
+            "_sqrt_lam_s": sqrt_lam_s,
+            "_beta_args": beta_args,
+        }
         return RowStore(c, initial, np.array(beta_args), consts)
 
     @classmethod

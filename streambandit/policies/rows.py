@@ -47,11 +47,27 @@ class RowStore:
     the learner derives from its configuration; ``config`` the shared configuration dict.
     """
 
-    __slots__ = ("config", "consts", "params", "initial", "rows_per_chunk", "chunks", "index", "_free", "_used",
-                 "_lock", "__weakref__")
+    __slots__ = (
+        "config",
+        "consts",
+        "params",
+        "initial",
+        "rows_per_chunk",
+        "chunks",
+        "index",
+        "_free",
+        "_used",
+        "_lock",
+        "__weakref__",
+    )
 
-    def __init__(self, config: dict[str, Any], initial: tuple[np.ndarray, ...], params: np.ndarray,
-                 consts: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        config: dict[str, Any],
+        initial: tuple[np.ndarray, ...],
+        params: np.ndarray,
+        consts: dict[str, Any],
+    ) -> None:
         self.config = config
         self.consts = consts
         self.params = np.ascontiguousarray(params, dtype=np.float64)
@@ -93,7 +109,11 @@ class RowStore:
         except IndexError:
             with self._lock:
                 if self._used == self.rows_per_chunk:
-                    self.chunks.append(tuple(np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial))
+                    self.chunks.append(
+                        tuple(
+                            np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial
+                        )
+                    )
                     self._used = 0
                 chunk, i = self.chunks[-1], self.index[self._used]
                 self._used += 1
@@ -111,11 +131,15 @@ class RowStore:
         with self._lock:
             while len(out) < n:
                 if self._used == self.rows_per_chunk:
-                    self.chunks.append(tuple(np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial))
+                    self.chunks.append(
+                        tuple(
+                            np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial
+                        )
+                    )
                     self._used = 0
                 take = min(n - len(out), self.rows_per_chunk - self._used)
                 chunk = self.chunks[-1]
-                out.extend((chunk, i) for i in self.index[self._used:self._used + take])
+                out.extend((chunk, i) for i in self.index[self._used : self._used + take])
                 self._used += take
         return out
 
@@ -131,25 +155,31 @@ class RowStore:
         (``python -m bench.handoff`` measures the handoff it bounds)."""
         n = len(columns[0])
         if len(columns) != len(self.initial) or any(
-                c.shape != (n, *a.shape) or c.dtype != a.dtype or not c.flags.c_contiguous or not c.flags.writeable
-                for c, a in zip(columns, self.initial)):
-            raise ValueError("adopted columns do not match the store's columns (shape, dtype, C order, writable)")
+            c.shape != (n, *a.shape)
+            or c.dtype != a.dtype
+            or not c.flags.c_contiguous
+            or not c.flags.writeable
+            for c, a in zip(columns, self.initial)
+        ):
+            raise ValueError(
+                "adopted columns do not match the store's columns (shape, dtype, C order, writable)"
+            )
         per = self.rows_per_chunk
         full, tail = divmod(n, per)
         out: list[tuple[Chunk, int]] = []
         with self._lock:
             # The unused rows of the chunk being filled stay usable: the new chunks go after it.
             if self.chunks:
-                self._free.extend((self.chunks[-1], i) for i in self.index[self._used:per])
+                self._free.extend((self.chunks[-1], i) for i in self.index[self._used : per])
             for k in range(full):
-                chunk = tuple(c[k * per:(k + 1) * per] for c in columns)
+                chunk = tuple(c[k * per : (k + 1) * per] for c in columns)
                 self.chunks.append(chunk)
                 out.extend((chunk, i) for i in self.index[:per])
             self._used = per
             if tail:
                 chunk = tuple(np.empty((per, *a.shape), a.dtype) for a in self.initial)
                 for column, c in zip(chunk, columns):
-                    column[:tail] = c[full * per:]
+                    column[:tail] = c[full * per :]
                 self.chunks.append(chunk)
                 self._used = tail
                 out.extend((chunk, i) for i in self.index[:tail])
@@ -185,7 +215,11 @@ def by_chunk(rows: list[tuple[Chunk, int]]) -> list[tuple[Chunk, np.ndarray, np.
         index[j] = i
     order = np.argsort(number, kind="stable")
     cuts = np.flatnonzero(np.diff(number[order])) + 1
-    return [(chunks[int(number[pos[0]])], index[pos], pos) for pos in np.split(order, cuts)] if len(rows) else []
+    return (
+        [(chunks[int(number[pos[0]])], index[pos], pos) for pos in np.split(order, cuts)]
+        if len(rows)
+        else []
+    )
 
 
 class _RowView:

@@ -105,7 +105,9 @@ class SOFUL(Policy):
             beta_scale=check_in_range("beta_scale", beta_scale, 0.0, math.inf),
         )
         self.ell = min(self._config["sketch_size"], self.dim)
-        self.sketch = SketchedCovariance(self.dim, self.ell, self._config["lam"], robust=self.robust, fast=True)
+        self.sketch = SketchedCovariance(
+            self.dim, self.ell, self._config["lam"], robust=self.robust, fast=True
+        )
         self.b = np.zeros(self.dim)
         self.theta = np.zeros(self.dim)
         self._incoming: SketchedCovariance | None = None
@@ -127,8 +129,17 @@ class SOFUL(Policy):
     def _radius(self) -> float:
         # Eq. (18) with one block: the 2l-row buffer bounds the sketch's rank by 2l.
         c = self._config
-        return radius_fd(shrink=self.sketch.shrink_total, lam=c["lam"], noise_sd=c["noise_sd"], S=c["S"], L=c["L"],
-                         delta=c["delta"], dim=self.dim, rank=min(2 * self.ell, self.dim), t=self.n_updates)
+        return radius_fd(
+            shrink=self.sketch.shrink_total,
+            lam=c["lam"],
+            noise_sd=c["noise_sd"],
+            S=c["S"],
+            L=c["L"],
+            delta=c["delta"],
+            dim=self.dim,
+            rank=min(2 * self.ell, self.dim),
+            t=self.n_updates,
+        )
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         a = self._check_arms(arms)
@@ -142,8 +153,14 @@ class SOFUL(Policy):
     # -- state --------------------------------------------------------------------------------
 
     def _check_loaded_state(self, arrays: dict[str, np.ndarray], scalars: dict[str, Any]) -> None:
-        self._incoming = self.sketch.restore(np.zeros((0, self.dim)), arrays["rows"], arrays["minv"], 0.0,
-                                             scalars["shrink_total"], self.ell)
+        self._incoming = self.sketch.restore(
+            np.zeros((0, self.dim)),
+            arrays["rows"],
+            arrays["minv"],
+            0.0,
+            scalars["shrink_total"],
+            self.ell,
+        )
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self._incoming = None

@@ -45,10 +45,14 @@ class StateBlock:
         n = len(self.keys)
         for name, a in (*self.arrays.items(), *self.scalars.items()):
             if a.shape[:1] != (n,):
-                raise ValueError(f"state block column {name!r} has shape {a.shape}, expected {n} rows")
+                raise ValueError(
+                    f"state block column {name!r} has shape {a.shape}, expected {n} rows"
+                )
         for name, a in self.scalars.items():
             if a.ndim != 1:
-                raise ValueError(f"state block scalar column {name!r} has shape {a.shape}, expected ({n},)")
+                raise ValueError(
+                    f"state block scalar column {name!r} has shape {a.shape}, expected ({n},)"
+                )
 
     def hand_over(self) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
         """The columns (``arrays``, ``scalars``) of an adoptable block, to become models' rows;
@@ -61,7 +65,9 @@ class StateBlock:
 
     def _check_usable(self) -> None:
         if self.handed_over:
-            raise ValueError("this state block's columns were handed over to restored models, which change them")
+            raise ValueError(
+                "this state block's columns were handed over to restored models, which change them"
+            )
 
     def state(self, j: int) -> dict[str, Any]:
         """The ``state_dict()`` of model ``keys[j]`` (arrays copied)."""
@@ -76,8 +82,12 @@ class StateBlock:
     def take(self, rows: np.ndarray) -> "StateBlock":
         """The block of the models at ``rows`` (positions into ``keys``)."""
         self._check_usable()
-        return StateBlock(self.header, [self.keys[j] for j in rows], {k: a[rows] for k, a in self.arrays.items()},
-                          {k: a[rows] for k, a in self.scalars.items()})
+        return StateBlock(
+            self.header,
+            [self.keys[j] for j in rows],
+            {k: a[rows] for k, a in self.arrays.items()},
+            {k: a[rows] for k, a in self.scalars.items()},
+        )
 
 
 class ModelStates(Mapping):
@@ -96,7 +106,9 @@ class ModelStates(Mapping):
             for b, block in enumerate(self.blocks):
                 for j, key in enumerate(block.keys):
                     where[key] = (b, j)
-            if len(where) != sum(len(block.keys) for block in self.blocks) or any(k in where for k in self.records):
+            if len(where) != sum(len(block.keys) for block in self.blocks) or any(
+                k in where for k in self.records
+            ):
                 raise ValueError("a model key appears twice in the snapshot's models")
             self._where = where
         return self._where

@@ -5,6 +5,14 @@ from streambandit.replay.files import read_avro, read_catalog, read_csv, write_a
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
 __all__ = [
-    "LoggedDecision", "LogError", "validate", "Estimate", "OffPolicyEvaluator", "RidgeRewardModel",
-    "read_csv", "read_catalog", "read_avro", "write_avro",
+    "LoggedDecision",
+    "LogError",
+    "validate",
+    "Estimate",
+    "OffPolicyEvaluator",
+    "RidgeRewardModel",
+    "read_csv",
+    "read_catalog",
+    "read_avro",
+    "write_avro",
 ]

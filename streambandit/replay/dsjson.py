@@ -112,16 +112,29 @@ MAX_CROSSES = 1_000_000
 
 Feature = tuple[str, float]
 
-_LABEL_KEYS = {"_label_cost": "cost", "_label_probability": "probability", "_label_action": "action",
-               "_labelindex": "index"}
+_LABEL_KEYS = {
+    "_label_cost": "cost",
+    "_label_probability": "probability",
+    "_label_action": "action",
+    "_labelindex": "index",
+}
 _VW_ESCAPE = str.maketrans({" ": "_", "\t": "_", "|": "_", ":": "_"})
-_TIMESTAMP = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", re.ASCII)
+_TIMESTAMP = re.compile(
+    r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?(Z|[+-]\d\d:\d\d)", re.ASCII
+)
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MS = timedelta(milliseconds=1)
 
 
-def read_dsjson(path: PathLike, *, dim: int, model_key: str = "dsjson", interactions: bool = True,
-                skip_bad: bool = False, counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+def read_dsjson(
+    path: PathLike,
+    *,
+    dim: int,
+    model_key: str = "dsjson",
+    interactions: bool = True,
+    skip_bad: bool = False,
+    counts: dict[str, int] | None = None,
+) -> Iterator[LoggedDecision]:
     """Logged decisions from a DSJSON file (module docstring), in file order, each with ``dim``
     hashed features per arm. ``dim`` and ``model_key`` are checked now (ValueError); the file is
     opened when iteration starts."""
@@ -129,8 +142,14 @@ def read_dsjson(path: PathLike, *, dim: int, model_key: str = "dsjson", interact
     return _read(path, dim, model_key, interactions, skip_bad, counts)
 
 
-def parse_line(line: str, *, dim: int, model_key: str = "dsjson", interactions: bool = True,
-               where: str = "DSJSON line") -> LoggedDecision:
+def parse_line(
+    line: str,
+    *,
+    dim: int,
+    model_key: str = "dsjson",
+    interactions: bool = True,
+    where: str = "DSJSON line",
+) -> LoggedDecision:
     """One DSJSON event (one line, as text) as a validated decision; a bad one raises
     :class:`LogError` whose message starts with ``where``, which is also the decision's source."""
     _check_arguments(dim, model_key)
@@ -150,12 +169,15 @@ def parse_line(line: str, *, dim: int, model_key: str = "dsjson", interactions: 
     timestamp_ms = _timestamp_ms(event.get("Timestamp"), where)
     features = _arm_vectors(context, actions, dim, interactions, where)
     arm_ids = tuple(str(i) for i in range(len(actions)))
-    d = LoggedDecision(timestamp_ms, event_id, model_key, arm_ids, features, action, propensity, reward, -1, where)
+    d = LoggedDecision(
+        timestamp_ms, event_id, model_key, arm_ids, features, action, propensity, reward, -1, where
+    )
     return validate(d, where)
 
 
-def rank_request_vectors(context_features: object, action_features: object, *, dim: int,
-                         interactions: bool = True) -> np.ndarray:
+def rank_request_vectors(
+    context_features: object, action_features: object, *, dim: int, interactions: bool = True
+) -> np.ndarray:
     """The (K, dim) arm vectors of a Personalizer Rank request, hashed as :func:`read_dsjson`
     hashes a logged event: ``contextFeatures`` (a list of objects, merged) as the event's shared
     features (``c``), and each action's ``features`` (a list of objects, merged) as its ``_multi``
@@ -193,8 +215,14 @@ def _check_arguments(dim: int, model_key: str) -> None:
 # -- lines -------------------------------------------------------------------------------------
 
 
-def _read(path: PathLike, dim: int, model_key: str, interactions: bool, skip_bad: bool,
-          counts: dict[str, int] | None) -> Iterator[LoggedDecision]:
+def _read(
+    path: PathLike,
+    dim: int,
+    model_key: str,
+    interactions: bool,
+    skip_bad: bool,
+    counts: dict[str, int] | None,
+) -> Iterator[LoggedDecision]:
     name = str(path)
     with _open(path) as f:
         for n, raw in _lines(f, name):
@@ -210,8 +238,13 @@ def _read(path: PathLike, dim: int, model_key: str, interactions: bool, skip_bad
                 text = text.removeprefix("\ufeff")
             if not text.strip(" \t\r\n"):
                 continue
-            d = _kept(lambda: parse_line(text, dim=dim, model_key=model_key, interactions=interactions, where=at),
-                      skip_bad, counts)
+            d = _kept(
+                lambda: parse_line(
+                    text, dim=dim, model_key=model_key, interactions=interactions, where=at
+                ),
+                skip_bad,
+                counts,
+            )
             if d is not None:
                 yield d
 
@@ -244,7 +277,11 @@ def _lines(f: BinaryIO, name: str) -> Iterator[tuple[int, bytes | None]]:
 def _readline(f: BinaryIO, size: int, name: str, n: int) -> bytes:
     try:
         return f.readline(size)
-    except (OSError, EOFError, zlib.error) as exc:  # gzip: BadGzipFile, a truncated or corrupt stream
+    except (
+        OSError,
+        EOFError,
+        zlib.error,
+    ) as exc:  # gzip: BadGzipFile, a truncated or corrupt stream
         raise LogError(f"{name}: unreadable after line {n} ({exc})", "file") from None
 
 
@@ -258,7 +295,10 @@ def _too_long(where: str) -> NoReturn:
 def _load(line: str, where: str) -> dict:
     try:
         event = json.loads(line)
-    except (ValueError, RecursionError) as exc:  # ValueError: JSONDecodeError, an integer of over 4300 digits
+    except (
+        ValueError,
+        RecursionError,
+    ) as exc:  # ValueError: JSONDecodeError, an integer of over 4300 digits
         raise LogError(f"{where}: not JSON ({exc})", "malformed") from None
     if not isinstance(event, dict):
         raise LogError(f"{where}: not a JSON object", "malformed")
@@ -267,8 +307,11 @@ def _load(line: str, where: str) -> dict:
 
 def _refuse_unsupported(event: dict, context: dict, where: str) -> None:
     if "_slots" in context or "_outcomes" in event:
-        raise LogError(f"{where}: a conditional contextual bandit (CCB) or slates event (_slots/_outcomes): "
-                       "CCB/slates DSJSON is not supported, only one decision per event (CB)", "malformed")
+        raise LogError(
+            f"{where}: a conditional contextual bandit (CCB) or slates event (_slots/_outcomes): "
+            "CCB/slates DSJSON is not supported, only one decision per event (CB)",
+            "malformed",
+        )
 
 
 def _labels(event: dict, where: str) -> dict[str, object]:
@@ -280,8 +323,11 @@ def _labels(event: dict, where: str) -> dict[str, object]:
             continue
         meaning = _LABEL_KEYS.get("_label" + key[6:].lower())
         if meaning is None:
-            raise LogError(f"{where}: unsupported label key {key!r} (only _label_cost, _label_probability, "
-                           "_label_Action and _labelIndex: continuous-action logs are not supported)", "malformed")
+            raise LogError(
+                f"{where}: unsupported label key {key!r} (only _label_cost, _label_probability, "
+                "_label_Action and _labelIndex: continuous-action logs are not supported)",
+                "malformed",
+            )
         labels[meaning] = value
     return labels
 
@@ -299,16 +345,24 @@ def _actions(context: dict, where: str) -> list[dict]:
 def _action(event: dict, labels: dict, k: int, where: str) -> int:
     index, label_action = labels.get("index"), labels.get("action")
     if index is None and label_action is None:
-        raise LogError(f"{where}: no _labelIndex or _label_Action: the logged action is unknown", "action")
+        raise LogError(
+            f"{where}: no _labelIndex or _label_Action: the logged action is unknown", "action"
+        )
     action = None if index is None else _integer(index, "_labelIndex", where)
     if label_action is not None:
         one_based = _integer(label_action, "_label_Action", where)
         if action is not None and one_based - 1 != action:
-            raise LogError(f"{where}: _labelIndex {action} and _label_Action {one_based} disagree "
-                           "(_label_Action counts from 1)", "action")
+            raise LogError(
+                f"{where}: _labelIndex {action} and _label_Action {one_based} disagree "
+                "(_label_Action counts from 1)",
+                "action",
+            )
         action = one_based - 1
     if not 0 <= action < k:
-        raise LogError(f"{where}: logged action index {action} is not among the {k} actions of c._multi", "action")
+        raise LogError(
+            f"{where}: logged action index {action} is not among the {k} actions of c._multi",
+            "action",
+        )
     ranked = event.get("a")
     if ranked is not None:
         if not isinstance(ranked, list) or not ranked:
@@ -317,8 +371,11 @@ def _action(event: dict, labels: dict, k: int, where: str) -> int:
         if any(not 1 <= x <= k for x in numbers):
             raise LogError(f"{where}: 'a' = {numbers} numbers actions outside 1..{k}", "action")
         if numbers[0] - 1 != action:
-            raise LogError(f"{where}: 'a' starts with action {numbers[0]} but the label says {action + 1} "
-                           "(VW lists the chosen action first, counting from 1)", "action")
+            raise LogError(
+                f"{where}: 'a' starts with action {numbers[0]} but the label says {action + 1} "
+                "(VW lists the chosen action first, counting from 1)",
+                "action",
+            )
     return action
 
 
@@ -337,7 +394,10 @@ def _propensity(event: dict, labels: dict, where: str) -> float:
         if probs is None:
             raise LogError(f"{where}: no _label_probability and no 'p'", "propensity")
         if event.get("a") is None:
-            raise LogError(f"{where}: no _label_probability, and without 'a' the order of 'p' is unknown", "propensity")
+            raise LogError(
+                f"{where}: no _label_probability, and without 'a' the order of 'p' is unknown",
+                "propensity",
+            )
         if not isinstance(probs, list) or not probs:
             raise LogError(f"{where}: 'p' is not a non-empty array", "propensity")
         p = probs[0]
@@ -349,8 +409,11 @@ def _propensity(event: dict, labels: dict, where: str) -> float:
 
 def _reward(event: dict, labels: dict, where: str) -> float:
     if event.get("_skipLearn") is True:
-        raise LogError(f"{where}: _skipLearn is true (an event never activated: no reward, VW does not learn "
-                       "from it)", "reward")
+        raise LogError(
+            f"{where}: _skipLearn is true (an event never activated: no reward, VW does not learn "
+            "from it)",
+            "reward",
+        )
     cost = labels.get("cost")
     if cost is None:
         raise LogError(f"{where}: no _label_cost: the event was never rewarded", "reward")
@@ -373,33 +436,53 @@ def _number(value: object) -> float | None:
 def _timestamp_ms(value: object, where: str) -> int:
     m = _TIMESTAMP.fullmatch(value) if isinstance(value, str) else None
     if m is None:
-        raise LogError(f"{where}: 'Timestamp' {value!r} is not an ISO 8601 time like 2024-01-01T00:00:00.0000000Z",
-                       "malformed")
+        raise LogError(
+            f"{where}: 'Timestamp' {value!r} is not an ISO 8601 time like 2024-01-01T00:00:00.0000000Z",
+            "malformed",
+        )
     year, month, day, hour, minute, second, fraction, zone = m.groups()
     try:
-        tz = timezone.utc if zone == "Z" else timezone(
-            (1 if zone[0] == "+" else -1) * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6])))
-        t = datetime(int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=tz)
+        tz = (
+            timezone.utc
+            if zone == "Z"
+            else timezone(
+                (1 if zone[0] == "+" else -1)
+                * timedelta(hours=int(zone[1:3]), minutes=int(zone[4:6]))
+            )
+        )
+        t = datetime(
+            int(year), int(month), int(day), int(hour), int(minute), int(second), tzinfo=tz
+        )
     except ValueError as exc:  # a month 13, an offset of 24 hours or more
-        raise LogError(f"{where}: 'Timestamp' {value!r} is not a valid time ({exc})", "malformed") from None
+        raise LogError(
+            f"{where}: 'Timestamp' {value!r} is not a valid time ({exc})", "malformed"
+        ) from None
     return (t - _EPOCH) // _MS + int((fraction or "0").ljust(3, "0")[:3])
 
 
 # -- features ----------------------------------------------------------------------------------
 
 
-def _arm_vectors(context: dict, actions: list[dict], dim: int, interactions: bool, where: str) -> np.ndarray:
+def _arm_vectors(
+    context: dict, actions: list[dict], dim: int, interactions: bool, where: str
+) -> np.ndarray:
     try:
         shared = _namespace(" ", {k: v for k, v in context.items() if k != "_multi"}, where, [])
         own = [_namespace(" ", entry, where, []) for entry in actions]
     except RecursionError:
         raise LogError(f"{where}: features nested too deeply", "features") from None
     if interactions and len(shared) * sum(map(len, own)) > MAX_CROSSES:
-        raise LogError(f"{where}: {len(shared)} shared features times {sum(map(len, own))} action features is over "
-                       f"{MAX_CROSSES} crosses", "features")
+        raise LogError(
+            f"{where}: {len(shared)} shared features times {sum(map(len, own))} action features is over "
+            f"{MAX_CROSSES} crosses",
+            "features",
+        )
     try:
         base = hash_features(shared, dim)  # the shared part of every arm, hashed once
-        rows = [base + hash_features(_with_crosses(shared, mine) if interactions else mine, dim) for mine in own]
+        rows = [
+            base + hash_features(_with_crosses(shared, mine) if interactions else mine, dim)
+            for mine in own
+        ]
     except ValueError as exc:  # a cross whose product overflows
         raise LogError(f"{where}: {exc}", "features") from None
     return np.stack(rows)
@@ -440,7 +523,10 @@ def _array(ns: str, items: list, where: str, out: list[Feature]) -> None:
             _namespace(ns, item, where, out)
             continue
         if _number(item) is None:
-            raise LogError(f"{where}: array {ns!r} holds {item!r}: VW arrays hold numbers, nulls and objects", "features")
+            raise LogError(
+                f"{where}: array {ns!r} holds {item!r}: VW arrays hold numbers, nulls and objects",
+                "features",
+            )
         _add(out, _name(ns, f"[{i}]"), item, where)
         i += 1
 
@@ -449,14 +535,26 @@ def _special(ns: str, key: str, value: object, where: str, out: list[Feature]) -
     if key == "_text":
         if not isinstance(value, str):
             raise LogError(f"{where}: '_text' is {value!r}, not a string", "features")
-        out.extend((_name(ns, word.translate(_VW_ESCAPE)), 1.0) for word in re.split("[ \t]", value) if word)
+        out.extend(
+            (_name(ns, word.translate(_VW_ESCAPE)), 1.0)
+            for word in re.split("[ \t]", value)
+            if word
+        )
     elif key == "_slots":
-        raise LogError(f"{where}: '_slots' in namespace {ns!r}: CCB/slates DSJSON is not supported", "malformed")
+        raise LogError(
+            f"{where}: '_slots' in namespace {ns!r}: CCB/slates DSJSON is not supported",
+            "malformed",
+        )
     elif key == "_multi":
-        raise LogError(f"{where}: '_multi' inside namespace {ns!r}: actions are only read at the top of 'c'",
-                       "malformed")
+        raise LogError(
+            f"{where}: '_multi' inside namespace {ns!r}: actions are only read at the top of 'c'",
+            "malformed",
+        )
     elif key == "__aid":
-        raise LogError(f"{where}: a deduplicated action ('__aid'): its features are not in the line", "features")
+        raise LogError(
+            f"{where}: a deduplicated action ('__aid'): its features are not in the line",
+            "features",
+        )
 
 
 def _add(out: list[Feature], name: str, value: object, where: str) -> None:

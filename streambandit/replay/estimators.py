@@ -75,9 +75,22 @@ import numpy as np
 
 from streambandit.errors import StreambanditError
 from streambandit.replay import sums
-from streambandit.replay.intervals import MAX_REPLICATES, MIN_REPLICATES, PoissonBootstrap, scaled_wilson, wilson
+from streambandit.replay.intervals import (
+    MAX_REPLICATES,
+    MIN_REPLICATES,
+    PoissonBootstrap,
+    scaled_wilson,
+    wilson,
+)
 
-__all__ = ["Estimate", "RidgeRewardModel", "OffPolicyEvaluator", "EstimatorError", "ESTIMATORS", "raise_for_terms"]
+__all__ = [
+    "Estimate",
+    "RidgeRewardModel",
+    "OffPolicyEvaluator",
+    "EstimatorError",
+    "ESTIMATORS",
+    "raise_for_terms",
+]
 
 ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")  # and "cascade", for logs of slates
 _NO_SUMS = np.zeros(0)  # sums.add_row's "no second evaluator"
@@ -149,10 +162,14 @@ class RidgeRewardModel:
         """:meth:`predict` of ``features``, then :meth:`update` with the row ``action`` of them:
         a logged event's predictions made before the model sees it, and the model learns it."""
         if features.ndim != 2 or features.shape[1] != self.dim or features.dtype != np.float64:
-            raise EstimatorError(f"features of shape {features.shape} {features.dtype}, expected (K, {self.dim}) float64")
+            raise EstimatorError(
+                f"features of shape {features.shape} {features.dtype}, expected (K, {self.dim}) float64"
+            )
         out = np.empty(features.shape[0])
         sums.ridge_predict(self._theta, features, self.intercept, out)
-        sums.ridge_update(self._inv, self._b, self._theta, features[action], float(reward), self.intercept)
+        sums.ridge_update(
+            self._inv, self._b, self._theta, features[action], float(reward), self.intercept
+        )
         self.n += 1
         return out
 
@@ -227,7 +244,7 @@ class _Ratio:
         sums.ratio_add(self.acc, self.o, float(u), float(v))
 
     def copy(self) -> _Ratio:
-        return _Ratio(self.acc[self.o:self.o + len(sums.RATIO_FIELDS)].copy())
+        return _Ratio(self.acc[self.o : self.o + len(sums.RATIO_FIELDS)].copy())
 
     @property
     def ess(self) -> float:
@@ -247,17 +264,21 @@ class _Ratio:
         return Estimate(name, r, r - half, r + half, n_used, self.ess, clipped, "delta")
 
 
-def raise_for_terms(status: int, action: int, p: float, r: float, pi: np.ndarray, q: np.ndarray) -> None:
+def raise_for_terms(
+    status: int, action: int, p: float, r: float, pi: np.ndarray, q: np.ndarray
+) -> None:
     """The EstimatorError of a status of ``sums.event_terms`` other than OK."""
     if status == sums.TERMS_OK:
         return
-    raise EstimatorError({
-        sums.TERMS_BAD_ACTION: f"action {action!r} is not in [0, {pi.shape[0]})",
-        sums.TERMS_BAD_PROPENSITY: f"propensity {p!r} is not in (0, 1]",
-        sums.TERMS_BAD_REWARD: f"non-finite reward {r!r}",
-        sums.TERMS_BAD_PROBS: f"target_probs is not a probability vector: {pi!r}",
-        sums.TERMS_BAD_PREDICTIONS: f"non-finite reward predictions: {q!r}",
-    }[status])
+    raise EstimatorError(
+        {
+            sums.TERMS_BAD_ACTION: f"action {action!r} is not in [0, {pi.shape[0]})",
+            sums.TERMS_BAD_PROPENSITY: f"propensity {p!r} is not in (0, 1]",
+            sums.TERMS_BAD_REWARD: f"non-finite reward {r!r}",
+            sums.TERMS_BAD_PROBS: f"target_probs is not a probability vector: {pi!r}",
+            sums.TERMS_BAD_PREDICTIONS: f"non-finite reward predictions: {q!r}",
+        }[status]
+    )
 
 
 class OffPolicyEvaluator:
@@ -271,19 +292,30 @@ class OffPolicyEvaluator:
     plots, such as a model key's, then pays nothing for them).
     """
 
-    def __init__(self, *, clip: float | None = None, confidence: float = 0.95,
-                 running_growth: float = 1.05, reward_range: tuple[float, float] | None = None,
-                 bootstrap: int = 0, seed: int = 0) -> None:
+    def __init__(
+        self,
+        *,
+        clip: float | None = None,
+        confidence: float = 0.95,
+        running_growth: float = 1.05,
+        reward_range: tuple[float, float] | None = None,
+        bootstrap: int = 0,
+        seed: int = 0,
+    ) -> None:
         if clip is not None and not clip > 0:
             raise EstimatorError(f"clip must be > 0 or None, got {clip!r}")
         if reward_range is not None:
             lo, hi = (float(v) for v in reward_range)
             if not (math.isfinite(lo) and math.isfinite(hi) and lo < hi):
-                raise EstimatorError(f"reward_range must be two finite numbers lo < hi, got {reward_range!r}")
+                raise EstimatorError(
+                    f"reward_range must be two finite numbers lo < hi, got {reward_range!r}"
+                )
             reward_range = (lo, hi)
         if bootstrap and not MIN_REPLICATES <= bootstrap <= MAX_REPLICATES:
-            raise EstimatorError(f"bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates (0: none), "
-                                 f"got {bootstrap!r}")
+            raise EstimatorError(
+                f"bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates (0: none), "
+                f"got {bootstrap!r}"
+            )
         self.reward_range = reward_range
         # Score intervals need the rewards' two values: the given range's ends, or 0 and 1 while
         # every reward seen is one of them (click logs need no flag).
@@ -311,8 +343,12 @@ class OffPolicyEvaluator:
         self._slate: list[tuple[int, float, float]] = []  # the current slate's (position, w, r)
         self._slate_id = ""
         self._slates = False  # whether any row had a slate id
-        self._next: float = 1 if self._growth < math.inf else math.inf  # the count of the next running point
-        self._running: dict[str, list[tuple[int, float]]] = {name: [] for name in (*ESTIMATORS, "cascade")}
+        self._next: float = (
+            1 if self._growth < math.inf else math.inf
+        )  # the count of the next running point
+        self._running: dict[str, list[tuple[int, float]]] = {
+            name: [] for name in (*ESTIMATORS, "cascade")
+        }
 
     @property
     def n(self) -> int:
@@ -322,43 +358,85 @@ class OffPolicyEvaluator:
     def _clipped(self) -> int:
         return int(self._acc[sums.CLIPPED])
 
-    def add(self, *, action: int, propensity: float, reward: float, target_probs: np.ndarray,
-            predicted: np.ndarray, slate_id: str = "", position: int = -1) -> None:
+    def add(
+        self,
+        *,
+        action: int,
+        propensity: float,
+        reward: float,
+        target_probs: np.ndarray,
+        predicted: np.ndarray,
+        slate_id: str = "",
+        position: int = -1,
+    ) -> None:
         """One logged event. ``target_probs``: (K,) the target policy's action probabilities for
         it; ``predicted``: (K,) reward predictions made before the model saw this event;
         ``slate_id`` and ``position``: the slate and slot of a slate's row (module docstring)."""
-        self.add_terms(self.terms(action=action, propensity=propensity, reward=reward, target_probs=target_probs,
-                                  predicted=predicted), slate_id, position)
+        self.add_terms(
+            self.terms(
+                action=action,
+                propensity=propensity,
+                reward=reward,
+                target_probs=target_probs,
+                predicted=predicted,
+            ),
+            slate_id,
+            position,
+        )
 
-    def terms(self, *, action: int, propensity: float, reward: float, target_probs: np.ndarray,
-              predicted: np.ndarray) -> tuple[float, float, float, int, float, float]:
+    def terms(
+        self,
+        *,
+        action: int,
+        propensity: float,
+        reward: float,
+        target_probs: np.ndarray,
+        predicted: np.ndarray,
+    ) -> tuple[float, float, float, int, float, float]:
         """An event checked and reduced to what the estimators read, ``(pi[a], p, r, K, dm, q[a])``:
         an evaluator of a subset of the events (one model key's) adds the same terms."""
         pi = np.asarray(target_probs, dtype=np.float64)
         q = np.asarray(predicted, dtype=np.float64)
         if pi.ndim != 1 or pi.shape[0] == 0 or q.shape != pi.shape:
-            raise EstimatorError(f"target_probs {pi.shape} and predicted {q.shape} must both be (K,) with K >= 1")
+            raise EstimatorError(
+                f"target_probs {pi.shape} and predicted {q.shape} must both be (K,) with K >= 1"
+            )
         if isinstance(action, bool) or not isinstance(action, (int, np.integer)):
             raise EstimatorError(f"action {action!r} is not an arm index")
         p, r = float(propensity), float(reward)
         if self.reward_range is not None and not self.reward_range[0] <= r <= self.reward_range[1]:
-            raise EstimatorError(f"reward {reward!r} outside the reward range "
-                                 f"[{self.reward_range[0]:g}, {self.reward_range[1]:g}]")
+            raise EstimatorError(
+                f"reward {reward!r} outside the reward range "
+                f"[{self.reward_range[0]:g}, {self.reward_range[1]:g}]"
+            )
         status, pa, dm, qa = sums.event_terms(pi, q, int(action), p, r)
         raise_for_terms(status, action, p, r, pi, q)
         k = pi.shape[0]
         return pa, p, r, k, dm, qa
 
-    def add_terms(self, terms: tuple[float, float, float, int, float, float], slate_id: str = "",
-                  position: int = -1) -> None:
+    def add_terms(
+        self,
+        terms: tuple[float, float, float, int, float, float],
+        slate_id: str = "",
+        position: int = -1,
+    ) -> None:
         """Add an event reduced by :meth:`terms` (of this evaluator or one with the same settings)."""
         pa, p, r, k, dm, qa = terms
         lo, hi = self._ends
         w = sums.add_event(self._acc, pa, p, r, k, dm, qa, self.clip or 0.0, lo, hi)
         self._added(slate_id, position, pa, p, r, w, dm, qa)
 
-    def add_also_to(self, other: OffPolicyEvaluator | None, action: int, propensity: float, reward: float,
-                    target_probs: np.ndarray, predicted: np.ndarray, slate_id: str = "", position: int = -1) -> None:
+    def add_also_to(
+        self,
+        other: OffPolicyEvaluator | None,
+        action: int,
+        propensity: float,
+        reward: float,
+        target_probs: np.ndarray,
+        predicted: np.ndarray,
+        slate_id: str = "",
+        position: int = -1,
+    ) -> None:
         """:meth:`add` of one event to this evaluator and to ``other`` (one of the same settings
         that sees a subset of the events, such as one model key's; None: this one alone), checked
         once, in one compiled call: a replay's path per row. ``target_probs`` and ``predicted``
@@ -367,15 +445,34 @@ class OffPolicyEvaluator:
         p, r = float(propensity), float(reward)
         if self.reward_range is not None and not lo <= r <= hi:
             raise EstimatorError(f"reward {reward!r} outside the reward range [{lo:g}, {hi:g}]")
-        status, w, pa, dm, qa = sums.add_row(self._acc, _NO_SUMS if other is None else other._acc, target_probs,
-                                             predicted, int(action), p, r, self.clip or 0.0, lo, hi)
+        status, w, pa, dm, qa = sums.add_row(
+            self._acc,
+            _NO_SUMS if other is None else other._acc,
+            target_probs,
+            predicted,
+            int(action),
+            p,
+            r,
+            self.clip or 0.0,
+            lo,
+            hi,
+        )
         raise_for_terms(status, action, p, r, target_probs, predicted)
         self._added(slate_id, position, pa, p, r, w, dm, qa)
         if other is not None:
             other._added(slate_id, position, pa, p, r, w, dm, qa)
 
-    def _added(self, slate_id: str, position: int, pa: float, p: float, r: float, w: float, dm: float,
-               qa: float) -> None:
+    def _added(
+        self,
+        slate_id: str,
+        position: int,
+        pa: float,
+        p: float,
+        r: float,
+        w: float,
+        dm: float,
+        qa: float,
+    ) -> None:
         """What follows an event's sums (``add_terms``, or ``sums.add_row`` for a pooled and a
         per-key evaluator at once): its slate, the bootstrap and the running estimates."""
         if slate_id:
@@ -383,7 +480,9 @@ class OffPolicyEvaluator:
         elif self._slate:
             self._end_slate()
         if self._boot is not None:
-            self._boot.add({"mr": pa * r, "m": pa, "wr": w * r, "w": w, "dr": dm + w * (r - qa), "r": r})
+            self._boot.add(
+                {"mr": pa * r, "m": pa, "wr": w * r, "w": w, "dr": dm + w * (r - qa), "r": r}
+            )
         if self._acc[sums.IPS] >= self._next:  # the event count, read without a property's cost
             n = self.n
             self._record()
@@ -422,7 +521,9 @@ class OffPolicyEvaluator:
             self._replay.estimate("replay", z, self._replay.nonzero),
             self._ips.estimate("ips", z, ess=self._snips.ess, clipped=self._clipped),
             self._snips.estimate("snips", z, self._snips.n, clipped=self._clipped),
-            dataclasses.replace(self._dm.estimate("dm", z), ci_low=math.nan, ci_high=math.nan, interval="none"),
+            dataclasses.replace(
+                self._dm.estimate("dm", z), ci_low=math.nan, ci_high=math.nan, interval="none"
+            ),
             self._dr.estimate("dr", z, ess=self._snips.ess, clipped=self._clipped),
         ]
         if self._boot is not None:
@@ -444,7 +545,9 @@ class OffPolicyEvaluator:
         """``e``, a weighted mean of rewards at the two ends, with Wilson's interval over ``n``."""
         lo, hi = self._ends
         a, b = wilson((e.value - lo) / (hi - lo), n, self._z)
-        return dataclasses.replace(e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson")
+        return dataclasses.replace(
+            e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson"
+        )
 
     def _scored(self, out: list[Estimate]) -> list[Estimate]:
         """Score intervals (module docstring) in place of the normal ones, on the scale of r."""
@@ -460,12 +563,22 @@ class OffPolicyEvaluator:
         k = su2 / su if su > 0 else (sw2 / sw if sw > 0 else 0.0)
         if k > 0:
             a, b = scaled_wilson(su / self.n, k, self.n, self._z)
-            ips = e["ips"] = dataclasses.replace(e["ips"], ci_low=shift + (hi - lo) * a, ci_high=shift + (hi - lo) * b,
-                                                 interval="score")
+            ips = e["ips"] = dataclasses.replace(
+                e["ips"],
+                ci_low=shift + (hi - lo) * a,
+                ci_high=shift + (hi - lo) * b,
+                interval="score",
+            )
             d = e["dr"]
-            if not 0.0 < d.ci_high - d.ci_low < math.inf:  # no spread, or too few events: ips's, moved
-                e["dr"] = dataclasses.replace(d, ci_low=d.value - (ips.value - ips.ci_low),
-                                              ci_high=d.value + (ips.ci_high - ips.value), interval="score-shifted")
+            if (
+                not 0.0 < d.ci_high - d.ci_low < math.inf
+            ):  # no spread, or too few events: ips's, moved
+                e["dr"] = dataclasses.replace(
+                    d,
+                    ci_low=d.value - (ips.value - ips.ci_low),
+                    ci_high=d.value + (ips.ci_high - ips.value),
+                    interval="score-shifted",
+                )
         return [e[x.name] for x in out]
 
     def _bootstrapped(self, e: Estimate) -> Estimate:
@@ -473,9 +586,13 @@ class OffPolicyEvaluator:
         assert b is not None
         if e.name == "dm" or not math.isfinite(e.value):
             return e
-        lo, hi = {"replay": lambda: b.ratio("mr", "m", c), "snips": lambda: b.ratio("wr", "w", c),
-                  "ips": lambda: b.mean("wr", c), "dr": lambda: b.mean("dr", c),
-                  "logging": lambda: b.mean("r", c)}[e.name]()
+        lo, hi = {
+            "replay": lambda: b.ratio("mr", "m", c),
+            "snips": lambda: b.ratio("wr", "w", c),
+            "ips": lambda: b.mean("wr", c),
+            "dr": lambda: b.mean("dr", c),
+            "logging": lambda: b.mean("r", c),
+        }[e.name]()
         return dataclasses.replace(e, ci_low=lo, ci_high=hi, interval="bootstrap")
 
     def warnings(self, *, min_ess: float = 100.0, min_matched: int = 30) -> list[str]:
@@ -485,15 +602,21 @@ class OffPolicyEvaluator:
         if self.n == 0:
             return ["no events: nothing is estimated"]
         if self._snips.ess < min_ess:
-            out.append(f"effective sample size {self._snips.ess:.1f} (of {self.n} events) is below {min_ess:g}: "
-                       "the importance-weighted estimates (ips, snips, dr) rest on few events and their "
-                       "intervals are approximate")
+            out.append(
+                f"effective sample size {self._snips.ess:.1f} (of {self.n} events) is below {min_ess:g}: "
+                "the importance-weighted estimates (ips, snips, dr) rest on few events and their "
+                "intervals are approximate"
+            )
         if self._replay.nonzero < min_matched:
-            out.append(f"only {self._replay.nonzero} events where the target could choose the logged action: "
-                       "replay's estimate and interval rest on them alone")
+            out.append(
+                f"only {self._replay.nonzero} events where the target could choose the logged action: "
+                "replay's estimate and interval rest on them alone"
+            )
         if self._acc[sums.UNIFORM] != 1.0:
-            out.append("the log is not uniform (its propensities are not 1/K): the replay estimator assumes it "
-                       "is and is biased here; read snips or dr")
+            out.append(
+                "the log is not uniform (its propensities are not 1/K): the replay estimator assumes it "
+                "is and is biased here; read snips or dr"
+            )
         return out
 
     def estimates(self) -> list[Estimate]:

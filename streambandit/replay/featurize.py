@@ -29,8 +29,16 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["COMBINE_RULES", "MAX_HASH_DIM", "check_hash_dim", "combine",
-           "combined_dim", "hash_slot", "hash_features", "encode_columns"]
+__all__ = [
+    "COMBINE_RULES",
+    "MAX_HASH_DIM",
+    "check_hash_dim",
+    "combine",
+    "combined_dim",
+    "hash_slot",
+    "hash_features",
+    "encode_columns",
+]
 
 COMBINE_RULES = ("concat", "outer")
 # A bound on hashed dimensions: every arm of every row gets a vector of this many doubles, and a
@@ -81,7 +89,9 @@ def combine(context: np.ndarray, items: np.ndarray, rule: str) -> np.ndarray:
     u = np.asarray(context, dtype=np.float64)
     c = np.asarray(items, dtype=np.float64)
     if u.ndim != 1 or c.ndim != 2:
-        raise ValueError(f"combine needs a context (m,) and items (K, c), got {u.shape} and {c.shape}")
+        raise ValueError(
+            f"combine needs a context (m,) and items (K, c), got {u.shape} and {c.shape}"
+        )
     if rule == "concat":
         return np.concatenate([np.broadcast_to(u, (c.shape[0], u.shape[0])), c], axis=1)
     if rule == "outer":
@@ -98,7 +108,9 @@ def _number(text: str) -> float | None:
         return None
 
 
-def encode_columns(names: Sequence[str], rows: Sequence[Sequence[str]]) -> tuple[np.ndarray, list[str]]:
+def encode_columns(
+    names: Sequence[str], rows: Sequence[Sequence[str]]
+) -> tuple[np.ndarray, list[str]]:
     """A table of text values as numbers: a column whose every value is a number stays one
     feature; any other column becomes one-hot features, one per distinct value (sorted), named
     ``column=value``. Returns the (rows, features) matrix and the features' names. A numeric

@@ -20,14 +20,27 @@ from pathlib import Path
 import fastavro
 import numpy as np
 
-from streambandit.replay.featurize import COMBINE_RULES, check_hash_dim, encode_columns, hash_features
+from streambandit.replay.featurize import (
+    COMBINE_RULES,
+    check_hash_dim,
+    encode_columns,
+    hash_features,
+)
 from streambandit.replay.featurize import combine as combine_features
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 from streambandit.wire import features_to_bytes
 from streambandit.wire.schemas import SCHEMA_DIR
 
-__all__ = ["read_csv", "read_catalog", "read_avro", "write_avro", "read_target_probs", "LOGGED_DECISION_SCHEMA",
-           "CSV_COLUMNS", "PROBS_PREFIX"]
+__all__ = [
+    "read_csv",
+    "read_catalog",
+    "read_avro",
+    "write_avro",
+    "read_target_probs",
+    "LOGGED_DECISION_SCHEMA",
+    "CSV_COLUMNS",
+    "PROBS_PREFIX",
+]
 
 CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
 _OPTIONAL = ("features", "decision_version", "context", "position", "slate_id")
@@ -52,7 +65,9 @@ def _skip(counts: dict | None, err: LogError) -> None:
 # -- CSV ---------------------------------------------------------------------------------------
 
 
-def _kept(parse: Callable[[], LoggedDecision], skip_bad: bool, counts: dict | None) -> LoggedDecision | None:
+def _kept(
+    parse: Callable[[], LoggedDecision], skip_bad: bool, counts: dict | None
+) -> LoggedDecision | None:
     """``parse()``, counted as read; a bad record raises, or with ``skip_bad`` is counted by reason
     and gives None (both readers treat bad records this way)."""
     try:
@@ -124,18 +139,24 @@ def _parse_inline(text: str, k: int, where: str) -> np.ndarray:
         raise LogError(f"{where}: non-numeric value in features {shown!r}", "features") from None
     d = len(rows[0])
     if d == 0 or any(len(r) != d for r in rows):
-        raise LogError(f"{where}: wrong feature count: arms have {[len(r) for r in rows]} values", "features")
+        raise LogError(
+            f"{where}: wrong feature count: arms have {[len(r) for r in rows]} values", "features"
+        )
     return np.array(rows, dtype=np.float64)
 
 
 def _parse_probs(text: str, k: int, where: str, name: str) -> np.ndarray:
     parts = text.split("|")
     if len(parts) != k:
-        raise LogError(f"{where}: target {name!r}: {len(parts)} probabilities for {k} arms", "target")
+        raise LogError(
+            f"{where}: target {name!r}: {len(parts)} probabilities for {k} arms", "target"
+        )
     try:
         return np.array([float(v) for v in parts], dtype=np.float64)
     except ValueError:
-        raise LogError(f"{where}: target {name!r}: non-numeric probability in {text[:200]!r}", "target") from None
+        raise LogError(
+            f"{where}: target {name!r}: non-numeric probability in {text[:200]!r}", "target"
+        ) from None
 
 
 def _parse_context(text: str, hash_dim: int, where: str) -> np.ndarray:
@@ -162,13 +183,17 @@ class _Shape:
         self.context_dim: int | None = None  # every row's context has the first row's length
 
 
-def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, shape: _Shape) -> LoggedDecision:
+def _parse_row(
+    row: dict, catalog: dict[str, np.ndarray] | None, where: str, shape: _Shape
+) -> LoggedDecision:
     if None in row or any(v is None for v in row.values()):
         raise LogError(f"{where}: malformed row: wrong number of fields", "malformed")
     try:
         ts = int(row["timestamp_ms"].strip())
     except ValueError:
-        raise LogError(f"{where}: malformed timestamp_ms {row['timestamp_ms']!r}", "malformed") from None
+        raise LogError(
+            f"{where}: malformed timestamp_ms {row['timestamp_ms']!r}", "malformed"
+        ) from None
     event_id = row["event_id"].strip()
     if not event_id:
         raise LogError(f"{where}: malformed row: empty event_id", "malformed")
@@ -179,7 +204,9 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, sha
     try:
         action = arm_ids.index(action_id)
     except ValueError:
-        raise LogError(f"{where}: action {action_id!r} is not among the arms {list(arm_ids)}", "action") from None
+        raise LogError(
+            f"{where}: action {action_id!r} is not among the arms {list(arm_ids)}", "action"
+        ) from None
     ptext = row["propensity"].strip()
     if not ptext:
         raise LogError(f"{where}: missing propensity", "propensity")
@@ -195,7 +222,10 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, sha
     context = (row.get("context") or "").strip()
     if inline:
         if context:
-            raise LogError(f"{where}: both inline features and a context (a context goes with a catalog)", "features")
+            raise LogError(
+                f"{where}: both inline features and a context (a context goes with a catalog)",
+                "features",
+            )
         features = _parse_inline(inline, len(arm_ids), where)
     elif catalog is not None:
         missing = [a for a in arm_ids if a not in catalog]
@@ -207,8 +237,10 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, sha
             if shape.context_dim is None:
                 shape.context_dim = u.shape[0]
             elif u.shape[0] != shape.context_dim:
-                raise LogError(f"{where}: a context of {u.shape[0]} features, earlier rows had {shape.context_dim}",
-                               "features")
+                raise LogError(
+                    f"{where}: a context of {u.shape[0]} features, earlier rows had {shape.context_dim}",
+                    "features",
+                )
             features = combine_features(u, features, shape.rule)
     else:
         raise LogError(f"{where}: no inline features and no catalog", "features")
@@ -217,27 +249,51 @@ def _parse_row(row: dict, catalog: dict[str, np.ndarray] | None, where: str, sha
         position = int(ptext) if ptext else -1
     except ValueError:
         raise LogError(f"{where}: position {ptext!r} is not an integer", "position") from None
-    external = tuple((name, _parse_probs(row[PROBS_PREFIX + name].strip(), len(arm_ids), where, name))
-                     for name in shape.targets if row[PROBS_PREFIX + name].strip())
+    external = tuple(
+        (name, _parse_probs(row[PROBS_PREFIX + name].strip(), len(arm_ids), where, name))
+        for name in shape.targets
+        if row[PROBS_PREFIX + name].strip()
+    )
     vtext = (row.get("decision_version") or "").strip()
     try:
         version = int(vtext) if vtext else -1
     except ValueError:
         raise LogError(f"{where}: malformed decision_version {vtext!r}", "malformed") from None
-    d = LoggedDecision(ts, event_id, row["model_key"].strip(), arm_ids, features, action, propensity, reward,
-                       version, where, position, (row.get("slate_id") or "").strip(), external)
+    d = LoggedDecision(
+        ts,
+        event_id,
+        row["model_key"].strip(),
+        arm_ids,
+        features,
+        action,
+        propensity,
+        reward,
+        version,
+        where,
+        position,
+        (row.get("slate_id") or "").strip(),
+        external,
+    )
     return validate(d, where)
 
 
-def _csv_decision(row: dict | csv.Error, cat: dict[str, np.ndarray] | None, at: str, shape: _Shape) -> LoggedDecision:
+def _csv_decision(
+    row: dict | csv.Error, cat: dict[str, np.ndarray] | None, at: str, shape: _Shape
+) -> LoggedDecision:
     if isinstance(row, csv.Error):
         raise LogError(f"{at}: malformed row ({row})", "malformed")
     return _parse_row(row, cat, at, shape)
 
 
-def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = None, *,
-             skip_bad: bool = False, counts: dict[str, int] | None = None, combine: str = "outer",
-             hash_dim: int = 0) -> Iterator[LoggedDecision]:
+def read_csv(
+    path: PathLike,
+    catalog: PathLike | dict[str, np.ndarray] | None = None,
+    *,
+    skip_bad: bool = False,
+    counts: dict[str, int] | None = None,
+    combine: str = "outer",
+    hash_dim: int = 0,
+) -> Iterator[LoggedDecision]:
     """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
 
     ``catalog``: a catalog file (see :func:`read_catalog`) or an already read ``{arm_id: (d,)}``
@@ -270,9 +326,11 @@ def read_csv(path: PathLike, catalog: PathLike | dict[str, np.ndarray] | None = 
         reader.fieldnames = header
         if cat is None and "features" not in header:
             raise LogError(f"{where}: no 'features' column and no catalog", "file")
-        targets = [h[len(PROBS_PREFIX):] for h in header if h.startswith(PROBS_PREFIX)]
+        targets = [h[len(PROBS_PREFIX) :] for h in header if h.startswith(PROBS_PREFIX)]
         if any(not t for t in targets) or len(set(targets)) != len(targets):
-            raise LogError(f"{where}: each '{PROBS_PREFIX}NAME' column needs its own non-empty NAME", "file")
+            raise LogError(
+                f"{where}: each '{PROBS_PREFIX}NAME' column needs its own non-empty NAME", "file"
+            )
         shape = _Shape(combine, hash_dim, targets)
         i = 0
         while True:
@@ -306,7 +364,9 @@ def read_target_probs(path: PathLike) -> dict[str, np.ndarray]:
             reader = csv.reader(f)
             header = [h.strip() for h in next(reader, [])]
             if header[:2] != ["event_id", "probs"]:
-                raise LogError(f"{where}: a target's probabilities need the header 'event_id,probs'", "file")
+                raise LogError(
+                    f"{where}: a target's probabilities need the header 'event_id,probs'", "file"
+                )
             for i, row in enumerate(reader, start=1):
                 if not row:
                     continue
@@ -317,8 +377,15 @@ def read_target_probs(path: PathLike) -> dict[str, np.ndarray]:
                 if event_id in out:
                     raise LogError(f"{at}: duplicate event id {event_id!r}", "duplicate")
                 probs = _parse_probs(row[1].strip(), len(row[1].split("|")), at, Path(path).stem)
-                if not (np.isfinite(probs).all() and probs.min() >= 0 and abs(float(probs.sum()) - 1.0) <= 1e-6):
-                    raise LogError(f"{at}: the probabilities are not a distribution (>= 0, summing to 1)", "target")
+                if not (
+                    np.isfinite(probs).all()
+                    and probs.min() >= 0
+                    and abs(float(probs.sum()) - 1.0) <= 1e-6
+                ):
+                    raise LogError(
+                        f"{at}: the probabilities are not a distribution (>= 0, summing to 1)",
+                        "target",
+                    )
                 out[event_id] = probs
     except UnicodeDecodeError as exc:
         raise LogError(f"{where}: not UTF-8 text ({exc})", "file") from None
@@ -332,9 +399,15 @@ def read_target_probs(path: PathLike) -> dict[str, np.ndarray]:
 
 def _to_record(d: LoggedDecision) -> dict:
     return {
-        "timestamp_ms": int(d.timestamp_ms), "event_id": d.event_id, "model_key": d.model_key,
-        "arm_ids": list(d.arm_ids), "dim": int(d.features.shape[1]), "features": features_to_bytes(d.features),
-        "action": int(d.action), "propensity": float(d.propensity), "reward": float(d.reward),
+        "timestamp_ms": int(d.timestamp_ms),
+        "event_id": d.event_id,
+        "model_key": d.model_key,
+        "arm_ids": list(d.arm_ids),
+        "dim": int(d.features.shape[1]),
+        "features": features_to_bytes(d.features),
+        "action": int(d.action),
+        "propensity": float(d.propensity),
+        "reward": float(d.reward),
         "decision_version": int(d.decision_version),
     }
 
@@ -361,18 +434,31 @@ def _from_record(r: dict, where: str) -> LoggedDecision:
         arm_ids = tuple(r["arm_ids"])
         k, dim, raw = len(arm_ids), int(r["dim"]), r["features"]
         if dim < 1 or len(raw) != 8 * k * dim:
-            raise LogError(f"{where}: wrong feature count: {len(raw)} bytes for {k} arms of dimension {dim}",
-                           "features")
+            raise LogError(
+                f"{where}: wrong feature count: {len(raw)} bytes for {k} arms of dimension {dim}",
+                "features",
+            )
         features = np.frombuffer(raw, dtype="<f8").astype(np.float64).reshape(k, dim)
-        d = LoggedDecision(int(r["timestamp_ms"]), r["event_id"], r["model_key"], arm_ids, features,
-                           int(r["action"]), r["propensity"], r["reward"], int(r.get("decision_version", -1)), where)
+        d = LoggedDecision(
+            int(r["timestamp_ms"]),
+            r["event_id"],
+            r["model_key"],
+            arm_ids,
+            features,
+            int(r["action"]),
+            r["propensity"],
+            r["reward"],
+            int(r.get("decision_version", -1)),
+            where,
+        )
     except (KeyError, TypeError) as exc:
         raise LogError(f"{where}: malformed record ({exc!r})", "malformed") from None
     return validate(d, where)
 
 
-def read_avro(path: PathLike, *, skip_bad: bool = False,
-              counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+def read_avro(
+    path: PathLike, *, skip_bad: bool = False, counts: dict[str, int] | None = None
+) -> Iterator[LoggedDecision]:
     """Logged decisions from an Avro container file written with the LoggedDecision schema (or
     a compatible one), in file order. Records are numbered from 1."""
     where = str(path)
@@ -388,7 +474,9 @@ def read_avro(path: PathLike, *, skip_bad: bool = False,
             except StopIteration:
                 return
             except Exception as exc:
-                raise LogError(f"{where}: corrupt data after record {i} ({exc!r})", "file") from None
+                raise LogError(
+                    f"{where}: corrupt data after record {i} ({exc!r})", "file"
+                ) from None
             i += 1
             d = _kept(lambda: _from_record(r, f"{where} record {i}"), skip_bad, counts)
             if d is not None:

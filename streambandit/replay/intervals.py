@@ -68,7 +68,9 @@ class PoissonBootstrap:
 
     def __init__(self, replicates: int, seed: int = 0) -> None:
         if not MIN_REPLICATES <= replicates <= MAX_REPLICATES:
-            raise ValueError(f"a bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates, got {replicates}")
+            raise ValueError(
+                f"a bootstrap needs {MIN_REPLICATES} to {MAX_REPLICATES} replicates, got {replicates}"
+            )
         self.replicates = int(replicates)
         self._rng = np.random.default_rng(np.random.SeedSequence([seed, 0x0B007]))
         self._sums: dict[str, np.ndarray] = {}
@@ -99,5 +101,6 @@ class PoissonBootstrap:
     def ratio(self, num: str, den: str, confidence: float) -> tuple[float, float]:
         """Percentile interval of ``sum num / sum den``."""
         with np.errstate(divide="ignore", invalid="ignore"):
-            return self._interval(self._sums[num] / np.where(self._sums[den] > 0, self._sums[den], np.nan),
-                                  confidence)
+            return self._interval(
+                self._sums[num] / np.where(self._sums[den] > 0, self._sums[den], np.nan), confidence
+            )

@@ -49,7 +49,11 @@ class LoggedDecision:
     @property
     def where(self) -> str:
         """Its place in the log if known, else its event id: how an error names it."""
-        return f"{self.source} (event {self.event_id!r})" if self.source else f"event {self.event_id!r}"
+        return (
+            f"{self.source} (event {self.event_id!r})"
+            if self.source
+            else f"event {self.event_id!r}"
+        )
 
 
 class LogError(StreambanditError, ValueError):
@@ -85,8 +89,10 @@ def validate(d: LoggedDecision, where: str) -> LoggedDecision:
         raise LogError(f"{where}: duplicate arm ids in {list(d.arm_ids)}", "arms")
     f = d.features
     if not isinstance(f, np.ndarray) or f.ndim != 2:
-        raise LogError(f"{where}: features must be a (K, d) array, got shape {getattr(f, 'shape', None)}",
-                       "features")
+        raise LogError(
+            f"{where}: features must be a (K, d) array, got shape {getattr(f, 'shape', None)}",
+            "features",
+        )
     if f.shape[0] != k:
         raise LogError(f"{where}: {f.shape[0]} feature rows for {k} arms", "features")
     if f.shape[1] == 0:
@@ -104,26 +110,38 @@ def validate(d: LoggedDecision, where: str) -> LoggedDecision:
     try:
         p = float(p)
     except (TypeError, ValueError):
-        raise LogError(f"{where}: propensity {d.propensity!r} is not a number", "propensity") from None
+        raise LogError(
+            f"{where}: propensity {d.propensity!r} is not a number", "propensity"
+        ) from None
     if math.isnan(p):
         raise LogError(f"{where}: propensity is NaN", "propensity")
     if not 0.0 < p <= 1.0:
         raise LogError(f"{where}: propensity {p!r} is not in (0, 1]", "propensity")
     if p < MIN_PROPENSITY:
-        raise LogError(f"{where}: propensity {p!r} is below {MIN_PROPENSITY:g}: its importance weight would swamp "
-                       "every estimate (a logging bug, or a probability logged as a log-probability?)", "propensity")
+        raise LogError(
+            f"{where}: propensity {p!r} is below {MIN_PROPENSITY:g}: its importance weight would swamp "
+            "every estimate (a logging bug, or a probability logged as a log-probability?)",
+            "propensity",
+        )
     pos = d.position
     if isinstance(pos, bool) or not isinstance(pos, (int, np.integer)) or not -1 <= pos < k:
-        raise LogError(f"{where}: position {pos!r} is not -1 (no slate) or a slot in [0, {k})", "position")
+        raise LogError(
+            f"{where}: position {pos!r} is not -1 (no slate) or a slot in [0, {k})", "position"
+        )
     if d.slate_id and pos < 0:
         raise LogError(f"{where}: a slate id without a position", "position")
     for name, probs in d.external:
         if not isinstance(probs, np.ndarray) or probs.shape != (k,) or not np.isfinite(probs).all():
-            raise LogError(f"{where}: target {name!r}: probabilities must be {k} finite numbers, one per arm",
-                           "target")
+            raise LogError(
+                f"{where}: target {name!r}: probabilities must be {k} finite numbers, one per arm",
+                "target",
+            )
         if probs.min() < 0.0 or abs(float(probs.sum()) - 1.0) > 1e-6:
-            raise LogError(f"{where}: target {name!r}: probabilities must be >= 0 and sum to 1 "
-                           f"(they sum to {float(probs.sum())!r})", "target")
+            raise LogError(
+                f"{where}: target {name!r}: probabilities must be >= 0 and sum to 1 "
+                f"(they sum to {float(probs.sum())!r})",
+                "target",
+            )
     try:
         r = float(d.reward)
     except (TypeError, ValueError):

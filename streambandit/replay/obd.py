@@ -115,8 +115,10 @@ def _paths(path: PathLike) -> tuple[Path, Path]:
     items = log.parent / ITEM_CONTEXT
     for f in (log, items):
         if not f.is_file():
-            raise LogError(f"{f}: no such file (an OBD campaign directory holds <campaign>.csv and {ITEM_CONTEXT})",
-                           "file")
+            raise LogError(
+                f"{f}: no such file (an OBD campaign directory holds <campaign>.csv and {ITEM_CONTEXT})",
+                "file",
+            )
     return log, items
 
 
@@ -169,7 +171,9 @@ def _read_items(path: Path) -> _Items:
         by_id[item_id] = values
     ids = sorted(by_id)
     try:
-        features, _ = featurize.encode_columns([header[j] for j in feature_cols], [by_id[i] for i in ids])
+        features, _ = featurize.encode_columns(
+            [header[j] for j in feature_cols], [by_id[i] for i in ids]
+        )
     except ValueError as exc:  # a numeric column with a NaN or an infinity
         raise LogError(f"{where}: {exc}", "catalog") from None
     return _Items(tuple(str(i) for i in ids), {item: a for a, item in enumerate(ids)}, features)
@@ -184,7 +188,9 @@ def _dim(items: _Items, user_dim: int, combine: str, affinity: bool) -> int:
     return featurize.combined_dim(user_dim, items.features.shape[1], combine) + int(bool(affinity))
 
 
-def obd_dim(path: PathLike, *, user_dim: int = 16, combine: str = "outer", affinity: bool = False) -> int:
+def obd_dim(
+    path: PathLike, *, user_dim: int = 16, combine: str = "outer", affinity: bool = False
+) -> int:
     """The dimension of the arm vectors :func:`read_obd` gives with these options (for the model
     configuration); reads ``item_context.csv`` only."""
     _check_args(user_dim, combine)
@@ -209,7 +215,9 @@ def _columns(header: list[str], items: _Items, affinity: bool, where: str) -> _C
         names = [f"{_AFFINITY_PREFIX}{a}" for a in items.arm_ids]
         absent = [n for n in names if n not in named]
         if absent:
-            raise LogError(f"{where}: affinity=True but the header lacks the columns {absent}", "file")
+            raise LogError(
+                f"{where}: affinity=True but the header lacks the columns {absent}", "file"
+            )
         aff = tuple(named[n] for n in names)
     return _Columns(len(header), named, user, aff)
 
@@ -228,7 +236,9 @@ def _action(text: str, items: _Items, where: str) -> int:
     try:
         return items.index[int(text)]
     except (ValueError, KeyError):
-        raise LogError(f"{where}: item_id {text!r} is not an item of {ITEM_CONTEXT}", "catalog") from None
+        raise LogError(
+            f"{where}: item_id {text!r} is not an item of {ITEM_CONTEXT}", "catalog"
+        ) from None
 
 
 def _position(text: str, k: int, where: str) -> int:
@@ -237,7 +247,10 @@ def _position(text: str, k: int, where: str) -> int:
     except ValueError:
         raise LogError(f"{where}: position {text!r} is not an integer", "position") from None
     if not 1 <= p <= k:
-        raise LogError(f"{where}: position {p} is not a slot in 1..{k} (OBD's positions count from 1)", "position")
+        raise LogError(
+            f"{where}: position {p} is not a slot in 1..{k} (OBD's positions count from 1)",
+            "position",
+        )
     return p - 1
 
 
@@ -247,7 +260,9 @@ def _propensity(text: str, where: str) -> float:
     try:
         return float(text)
     except ValueError:
-        raise LogError(f"{where}: propensity_score {text!r} is not a number", "propensity") from None
+        raise LogError(
+            f"{where}: propensity_score {text!r} is not a number", "propensity"
+        ) from None
 
 
 def _click(text: str, where: str) -> float:
@@ -279,11 +294,15 @@ class _Options:
     combine: str
 
 
-def _decision(row: list[str] | csv.Error, cols: _Columns, items: _Items, opt: _Options, where: str) -> LoggedDecision:
+def _decision(
+    row: list[str] | csv.Error, cols: _Columns, items: _Items, opt: _Options, where: str
+) -> LoggedDecision:
     if isinstance(row, csv.Error):
         raise LogError(f"{where}: malformed row ({row})", "malformed")
     if len(row) != cols.width:
-        raise LogError(f"{where}: malformed row: {len(row)} fields, the header has {cols.width}", "malformed")
+        raise LogError(
+            f"{where}: malformed row: {len(row)} fields, the header has {cols.width}", "malformed"
+        )
     field = lambda name: row[cols.named[name]].strip()
     event_id = row[0].strip()
     if not event_id:
@@ -294,18 +313,36 @@ def _decision(row: list[str] | csv.Error, cols: _Columns, items: _Items, opt: _O
     position = _position(field("position"), len(items.arm_ids), where)
     propensity = _propensity(field("propensity_score"), where)
     reward = _click(field("click"), where)
-    user = featurize.hash_features(((f"{name}={row[j].strip()}", 1.0) for name, j in cols.user if row[j].strip()),
-                                   opt.user_dim)
+    user = featurize.hash_features(
+        ((f"{name}={row[j].strip()}", 1.0) for name, j in cols.user if row[j].strip()), opt.user_dim
+    )
     x = featurize.combine(user, items.features, opt.combine)
     if cols.affinity is not None:
         x = np.column_stack((x, _affinities(row, cols.affinity, where)))
-    d = LoggedDecision(ts, event_id, opt.model_key, items.arm_ids, x, action, propensity, reward, -1, where,
-                       position=position)
+    d = LoggedDecision(
+        ts,
+        event_id,
+        opt.model_key,
+        items.arm_ids,
+        x,
+        action,
+        propensity,
+        reward,
+        -1,
+        where,
+        position=position,
+    )
     return validate(d, where)
 
 
-def _stream(log: Path, items: _Items, opt: _Options, affinity: bool, skip_bad: bool,
-            counts: dict[str, int] | None) -> Iterator[LoggedDecision]:
+def _stream(
+    log: Path,
+    items: _Items,
+    opt: _Options,
+    affinity: bool,
+    skip_bad: bool,
+    counts: dict[str, int] | None,
+) -> Iterator[LoggedDecision]:
     where = str(log)
     # The csv module's limit is process-wide; keep it where read_csv sets it, so readers agree.
     csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
@@ -321,7 +358,9 @@ def _stream(log: Path, items: _Items, opt: _Options, affinity: bool, skip_bad: b
             except csv.Error as exc:  # a NUL byte, an unterminated quote, ...
                 row = exc
             except UnicodeDecodeError as exc:
-                raise LogError(f"{where}: not UTF-8 text, near row {i + 1} ({exc})", "file") from None
+                raise LogError(
+                    f"{where}: not UTF-8 text, near row {i + 1} ({exc})", "file"
+                ) from None
             if not row:
                 continue
             i += 1
@@ -331,9 +370,16 @@ def _stream(log: Path, items: _Items, opt: _Options, affinity: bool, skip_bad: b
                 yield d
 
 
-def read_obd(path: PathLike, *, model_key: str = "obd", user_dim: int = 16, combine: str = "outer",
-             affinity: bool = False, skip_bad: bool = False,
-             counts: dict[str, int] | None = None) -> Iterator[LoggedDecision]:
+def read_obd(
+    path: PathLike,
+    *,
+    model_key: str = "obd",
+    user_dim: int = 16,
+    combine: str = "outer",
+    affinity: bool = False,
+    skip_bad: bool = False,
+    counts: dict[str, int] | None = None,
+) -> Iterator[LoggedDecision]:
     """The decisions of an OBD log (module docstring), in file order.
 
     ``path``: a campaign directory (``<dir>/<dir name>.csv`` and ``item_context.csv``) or the log

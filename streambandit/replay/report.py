@@ -30,10 +30,12 @@ _ABOUT = {
 }
 
 
-_INTERVALS = ("wilson and score: for rewards at two values only (0/1, or the ends of --reward-range), score "
-              "intervals that stay informative when few rewards are 1; delta and normal: normal approximations; "
-              "bootstrap: percentiles of Poisson bootstrap replicates (--bootstrap). Each treats the target's "
-              "choices at each event as given (docs/replay_formats.md).")
+_INTERVALS = (
+    "wilson and score: for rewards at two values only (0/1, or the ends of --reward-range), score "
+    "intervals that stay informative when few rewards are 1; delta and normal: normal approximations; "
+    "bootstrap: percentiles of Poisson bootstrap replicates (--bootstrap). Each treats the target's "
+    "choices at each event as given (docs/replay_formats.md)."
+)
 
 
 def _num(x: float) -> float | None:
@@ -42,8 +44,16 @@ def _num(x: float) -> float | None:
 
 
 def _estimate_json(e: Estimate) -> dict[str, Any]:
-    return {"name": e.name, "value": _num(e.value), "ci_low": _num(e.ci_low), "ci_high": _num(e.ci_high),
-            "interval": e.interval, "n": int(e.n), "ess": _num(e.ess), "clipped": int(e.clipped)}
+    return {
+        "name": e.name,
+        "value": _num(e.value),
+        "ci_low": _num(e.ci_low),
+        "ci_high": _num(e.ci_high),
+        "interval": e.interval,
+        "n": int(e.n),
+        "ess": _num(e.ess),
+        "clipped": int(e.clipped),
+    }
 
 
 def _target_json(r: ReplayResult) -> dict[str, Any]:
@@ -56,10 +66,18 @@ def _target_json(r: ReplayResult) -> dict[str, Any]:
         "matched": r.matched,
         "match_rate": _num(r.match_rate),
         "off_version": r.off_version,
-        "models": {k: {"policy": r.policies[k], "n_updates": int(s.get("n_updates", 0))}
-                   for k, s in sorted(r.models.items())},
-        "by_key": {k: {"events": v.events, "estimates": [_estimate_json(e) for e in v.estimates],
-                       "logging": _estimate_json(v.logging_value)} for k, v in sorted(r.by_key.items())},
+        "models": {
+            k: {"policy": r.policies[k], "n_updates": int(s.get("n_updates", 0))}
+            for k, s in sorted(r.models.items())
+        },
+        "by_key": {
+            k: {
+                "events": v.events,
+                "estimates": [_estimate_json(e) for e in v.estimates],
+                "logging": _estimate_json(v.logging_value),
+            }
+            for k, v in sorted(r.by_key.items())
+        },
         "keys_without_estimates": r.keys_without_estimates,
         "warnings": list(r.warnings),
     }
@@ -69,8 +87,14 @@ def _results(result: ReplayResult | dict[str, ReplayResult]) -> list[ReplayResul
     return list(result.values()) if isinstance(result, dict) else [result]
 
 
-def to_json(result: ReplayResult | dict[str, ReplayResult], *, source: str = "", config: str = "",
-            clip: float | None = None, confidence: float = 0.95) -> dict[str, Any]:
+def to_json(
+    result: ReplayResult | dict[str, ReplayResult],
+    *,
+    source: str = "",
+    config: str = "",
+    clip: float | None = None,
+    confidence: float = 0.95,
+) -> dict[str, Any]:
     """The report as JSON: what was read, then every target (``targets``, in the given order)."""
     results = _results(result)
     first = results[0]
@@ -101,11 +125,15 @@ def _ess(x: float | None) -> str:
 
 
 def _table(estimates: list[Estimate], logging: Estimate, pct: str) -> list[str]:
-    lines = [f"| estimator | value | {pct} interval | interval kind | n | ESS | clipped | what |",
-             "|---|---:|---|---|---:|---:|---:|---|"]
+    lines = [
+        f"| estimator | value | {pct} interval | interval kind | n | ESS | clipped | what |",
+        "|---|---:|---|---|---:|---:|---:|---|",
+    ]
     for e in [*estimates, logging]:
-        lines.append(f"| {e.name} | {_fmt(e.value)} | {_ci(e)} | {e.interval} | {e.n} | "
-                     f"{_ess(e.ess)} | {e.clipped} | {_ABOUT.get(e.name, '')} |")
+        lines.append(
+            f"| {e.name} | {_fmt(e.value)} | {_ci(e)} | {e.interval} | {e.n} | "
+            f"{_ess(e.ess)} | {e.clipped} | {_ABOUT.get(e.name, '')} |"
+        )
     return lines
 
 
@@ -118,8 +146,10 @@ _COMPARED = ("snips", "dr", "ips", "cascade")
 
 def _comparison(results: list[ReplayResult], pct: str) -> list[str]:
     names = [n for n in _COMPARED if any(e.name == n for r in results for e in r.estimates)]
-    lines = [f"| target | kind | matched | {' | '.join(f'{n} [{pct}]' for n in names)} |",
-             "|---|---|---:|" + "---|" * len(names)]
+    lines = [
+        f"| target | kind | matched | {' | '.join(f'{n} [{pct}]' for n in names)} |",
+        "|---|---|---:|" + "---|" * len(names),
+    ]
     for r in results:
         cells = []
         for n in names:
@@ -133,33 +163,47 @@ def _by_key(r: ReplayResult) -> list[str]:
     if len(r.by_key) < 2:
         return []
     keys = sorted(r.by_key, key=lambda k: -r.by_key[k].events)
-    lines = ["", f"Per model key ({len(keys)} keys{f', the {KEYS_SHOWN} with most events' if len(keys) > KEYS_SHOWN else ''}; "
-             "replay.json has them all):", "",
-             "| model key | events | snips | dr | logging |", "|---|---:|---|---|---|"]
+    lines = [
+        "",
+        f"Per model key ({len(keys)} keys{f', the {KEYS_SHOWN} with most events' if len(keys) > KEYS_SHOWN else ''}; "
+        "replay.json has them all):",
+        "",
+        "| model key | events | snips | dr | logging |",
+        "|---|---:|---|---|---|",
+    ]
     for k in keys[:KEYS_SHOWN]:
         v = r.by_key[k]
         est = {e.name: e for e in v.estimates}
-        lines.append(f"| {k} | {v.events} | {_fmt(est['snips'].value)} {_ci(est['snips'])} | "
-                     f"{_fmt(est['dr'].value)} {_ci(est['dr'])} | {_fmt(v.logging_value.value)} |")
+        lines.append(
+            f"| {k} | {v.events} | {_fmt(est['snips'].value)} {_ci(est['snips'])} | "
+            f"{_fmt(est['dr'].value)} {_ci(est['dr'])} | {_fmt(v.logging_value.value)} |"
+        )
     return lines
 
 
-def to_markdown(result: ReplayResult | dict[str, ReplayResult], *, source: str = "", confidence: float = 0.95) -> str:
+def to_markdown(
+    result: ReplayResult | dict[str, ReplayResult], *, source: str = "", confidence: float = 0.95
+) -> str:
     results = _results(result)
     first = results[0]
     pct = f"{confidence * 100:g}%"
     lines = []
     if source:
-        lines += [f"Replay of `{source}`: {first.events} events"
-                  f"{f', {first.skipped} rows skipped' if first.skipped else ''}"
-                  f"{f', {len(results)} targets' if len(results) > 1 else ''}.", ""]
+        lines += [
+            f"Replay of `{source}`: {first.events} events"
+            f"{f', {first.skipped} rows skipped' if first.skipped else ''}"
+            f"{f', {len(results)} targets' if len(results) > 1 else ''}.",
+            "",
+        ]
     if len(results) > 1:
         lines += _comparison(results, pct) + [""]
     for r in results:
         if len(results) > 1 or r.target != "target":
             lines += [f"### {r.target} ({r.kind})", ""]
-        lines.append(f"{r.matched} of {r.events} events matched ({100 * r.match_rate:.1f}%)"
-                     f"{f', {r.off_version} decisions off their logged version' if r.off_version else ''}.")
+        lines.append(
+            f"{r.matched} of {r.events} events matched ({100 * r.match_rate:.1f}%)"
+            f"{f', {r.off_version} decisions off their logged version' if r.off_version else ''}."
+        )
         lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r)
         if r.warnings:
             lines += ["", "Warnings:", *(f"- {w}" for w in r.warnings)]
@@ -178,7 +222,9 @@ def plot(result: ReplayResult, path: str | Path, *, title: str = "") -> bool:
         import matplotlib.pyplot as plt
     except ImportError:
         return False
-    fig, (ax, bx) = plt.subplots(1, 2, figsize=(10, 5), sharey=True, gridspec_kw={"width_ratios": [3, 1]})
+    fig, (ax, bx) = plt.subplots(
+        1, 2, figsize=(10, 5), sharey=True, gridspec_kw={"width_ratios": [3, 1]}
+    )
     colors: dict[str, str] = {}
     for name, pts in result.running.items():
         if pts:
@@ -188,7 +234,9 @@ def plot(result: ReplayResult, path: str | Path, *, title: str = "") -> bool:
     lv = result.logging_value
     for a in (ax, bx):
         if math.isfinite(lv.value):
-            a.axhline(lv.value, color="k", ls="--", lw=1, label="logging policy" if a is ax else None)
+            a.axhline(
+                lv.value, color="k", ls="--", lw=1, label="logging policy" if a is ax else None
+            )
     ax.set_xscale("log")
     ax.set_xlabel("events replayed")
     ax.set_ylabel("estimated value (mean reward)")
@@ -210,16 +258,28 @@ def plot(result: ReplayResult, path: str | Path, *, title: str = "") -> bool:
     return True
 
 
-def write_report(result: ReplayResult | dict[str, ReplayResult], out_dir: str | Path, *, source: str = "",
-                 config: str = "", clip: float | None = None, confidence: float = 0.95) -> list[Path]:
+def write_report(
+    result: ReplayResult | dict[str, ReplayResult],
+    out_dir: str | Path,
+    *,
+    source: str = "",
+    config: str = "",
+    clip: float | None = None,
+    confidence: float = 0.95,
+) -> list[Path]:
     """Write ``replay.md``, ``replay.json`` and (with matplotlib) ``replay.png`` of the first
     target's running estimates and, with several targets, ``targets.png``; the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, png = out / "replay.md", out / "replay.json", out / "replay.png"
     md.write_text(to_markdown(result, source=source, confidence=confidence))
-    js.write_text(json.dumps(to_json(result, source=source, config=config, clip=clip, confidence=confidence),
-                             indent=2) + "\n")
+    js.write_text(
+        json.dumps(
+            to_json(result, source=source, config=config, clip=clip, confidence=confidence),
+            indent=2,
+        )
+        + "\n"
+    )
     written = [md, js]
     results = _results(result)
     if plot(results[0], png, title=f"replay of {Path(source).name}" if source else ""):
@@ -247,8 +307,15 @@ def plot_targets(results: list[ReplayResult], path: str | Path) -> bool:
                 continue
             bounded = math.isfinite(e.ci_low) and math.isfinite(e.ci_high)
             yerr = [[e.value - e.ci_low], [e.ci_high - e.value]] if bounded else None
-            ax.errorbar([i + (j - 0.5) * 0.25], [e.value], yerr=yerr, fmt="os"[j], capsize=4, color=f"C{j}",
-                        label=name if i == 0 else None)
+            ax.errorbar(
+                [i + (j - 0.5) * 0.25],
+                [e.value],
+                yerr=yerr,
+                fmt="os"[j],
+                capsize=4,
+                color=f"C{j}",
+                label=name if i == 0 else None,
+            )
     lv = results[0].logging_value
     if math.isfinite(lv.value):
         ax.axhline(lv.value, color="k", ls="--", lw=1, label="logging policy")

@@ -57,10 +57,21 @@ from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
 
-__all__ = ["ReplayResult", "KeyEstimates", "Target", "replay", "replay_targets", "DEFAULT_MAX_LAG", "PROGRESS_EVERY",
-           "LEARNING_NOTE", "MAX_KEY_ESTIMATES"]
+__all__ = [
+    "ReplayResult",
+    "KeyEstimates",
+    "Target",
+    "replay",
+    "replay_targets",
+    "DEFAULT_MAX_LAG",
+    "PROGRESS_EVERY",
+    "LEARNING_NOTE",
+    "MAX_KEY_ESTIMATES",
+]
 
-DEFAULT_MAX_LAG = 100_000  # logged updates of one model key held back waiting for earlier-version decisions
+DEFAULT_MAX_LAG = (
+    100_000  # logged updates of one model key held back waiting for earlier-version decisions
+)
 PROGRESS_EVERY = 1000
 # Per-key estimates cost an evaluator each; a log of millions of keys (one per user) gets them for
 # its first keys and the pooled estimate for all.
@@ -70,9 +81,11 @@ MAX_KEY_ESTIMATES = 1000
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
 # is the value of this one learning path, and the spread of a learner's value over other logs
 # (other orders, other draws of the logging policy) is not in the interval.
-LEARNING_NOTE = ("the target learned during the replay (from the events where it chose the logged action): the "
-                 "estimates are the value of this one learning path through this log, and the intervals cover "
-                 "that value, not the learner's expected value on other logs of the same traffic")
+LEARNING_NOTE = (
+    "the target learned during the replay (from the events where it chose the logged action): the "
+    "estimates are the value of this one learning path through this log, and the intervals cover "
+    "that value, not the learner's expected value on other logs of the same traffic"
+)
 
 
 @dataclasses.dataclass
@@ -91,11 +104,17 @@ class ReplayResult:
     skipped: int = 0  # rows the reader skipped as bad (--skip-bad)
     skipped_by_reason: dict[str, int] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
-    warnings: list[str] = dataclasses.field(default_factory=list)  # what a reader of the estimates must know
+    warnings: list[str] = dataclasses.field(
+        default_factory=list
+    )  # what a reader of the estimates must know
     target: str = "target"  # the target's name
     kind: str = "learning"  # learning | frozen | external
-    by_key: dict[str, "KeyEstimates"] = dataclasses.field(default_factory=dict)  # model key -> its estimates
-    keys_without_estimates: int = 0  # events of keys past MAX_KEY_ESTIMATES (in the pooled estimates only)
+    by_key: dict[str, "KeyEstimates"] = dataclasses.field(
+        default_factory=dict
+    )  # model key -> its estimates
+    keys_without_estimates: int = (
+        0  # events of keys past MAX_KEY_ESTIMATES (in the pooled estimates only)
+    )
 
     @property
     def match_rate(self) -> float:
@@ -139,7 +158,9 @@ class Target:
         if not self.name:
             raise ValueError("a target needs a name")
         if self.models is None and self.states is not None:
-            raise ValueError(f"target {self.name!r}: an external target has no models to load states into")
+            raise ValueError(
+                f"target {self.name!r}: an external target has no models to load states into"
+            )
 
     @property
     def kind(self) -> str:
@@ -163,13 +184,19 @@ class _Evaluators:
         e = self.by_key.get(key)
         if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
             # No running estimates per key (nothing plots them), no bootstrap (its cost times the keys).
-            e = self.by_key[key] = OffPolicyEvaluator(**{**self.settings, "bootstrap": 0}, running_growth=math.inf)
-        self.pooled.add_also_to(e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position)
+            e = self.by_key[key] = OffPolicyEvaluator(
+                **{**self.settings, "bootstrap": 0}, running_growth=math.inf
+            )
+        self.pooled.add_also_to(
+            e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position
+        )
         if e is None:
             self.untracked += 1
 
     def by_key_estimates(self) -> dict[str, KeyEstimates]:
-        return {k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()}
+        return {
+            k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()
+        }
 
 
 class _Rec:
@@ -196,7 +223,9 @@ class _Model:
         self.applied = 0  # logged updates processed (applied to the target or rejected)
         self.seen = 0  # logged records seen (the next record's update index)
         self.waiting: dict[int, list[_Rec]] = {}  # version -> records to decide at that version
-        self.updates: collections.deque[_Rec] = collections.deque()  # seen, not yet applied, log order
+        self.updates: collections.deque[_Rec] = (
+            collections.deque()
+        )  # seen, not yet applied, log order
 
 
 class _ModelReplayer:
@@ -225,22 +254,36 @@ class _ModelReplayer:
         m = self.models.get(d.model_key)
         spec = m.spec if m is not None else self.config.resolve(d.model_key)
         if spec is None:
-            raise LogError(f"{d.where}: no configuration matches model key {d.model_key!r}", "model_key")
+            raise LogError(
+                f"{d.where}: no configuration matches model key {d.model_key!r}", "model_key"
+            )
         if d.features.shape[1] != spec.dim:
-            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, model "
-                           f"{d.model_key!r} expects {spec.dim}", "features")
+            raise LogError(
+                f"{d.where}: features have dimension {d.features.shape[1]}, model "
+                f"{d.model_key!r} expects {spec.dim}",
+                "features",
+            )
         if m is None:
             states = self.target.states
             try:
-                m = _Model(d.model_key, spec, states.get(d.model_key) if states is not None else None)
-            except ValueError as exc:  # a loaded state of another configuration: the whole target is wrong
-                raise ValueError(f"target {self.target.name!r}: the state of model {d.model_key!r} does not fit "
-                                 f"its configuration: {exc}") from None
+                m = _Model(
+                    d.model_key, spec, states.get(d.model_key) if states is not None else None
+                )
+            except (
+                ValueError
+            ) as exc:  # a loaded state of another configuration: the whole target is wrong
+                raise ValueError(
+                    f"target {self.target.name!r}: the state of model {d.model_key!r} does not fit "
+                    f"its configuration: {exc}"
+                ) from None
         try:
             m.policy.validate_reward(d.reward)
         except ValueError as exc:
-            raise LogError(f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
-                           f"({spec.policy}): {exc}", "reward") from None
+            raise LogError(
+                f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
+                f"({spec.policy}): {exc}",
+                "reward",
+            ) from None
         return m
 
     def add(self, d: LoggedDecision, m: _Model) -> None:
@@ -299,8 +342,14 @@ class _ModelReplayer:
             raise LogError(f"{d.where}: {exc}", "features") from None
         slot = max(d.position, 0)
         # The worker's rule on the same score vector the target distribution is computed from.
-        dec, rec.probs = choose_with_probabilities(scores, epsilon=spec.epsilon, model_key=d.model_key,
-                                                   event_id=d.event_id, seed=spec.seed, position=slot)
+        dec, rec.probs = choose_with_probabilities(
+            scores,
+            epsilon=spec.epsilon,
+            model_key=d.model_key,
+            event_id=d.event_id,
+            seed=spec.seed,
+            position=slot,
+        )
         rec.choice = dec.index
         self.decisions[d.event_id] = dec.index
 
@@ -316,7 +365,9 @@ class _ModelReplayer:
                 m.policy.update(d.features[d.action], d.reward)
             self.matched += 1
         m.applied += 1
-        if rec.seq == self._next_emit and not self._ready:  # in log order already (no versions held back)
+        if (
+            rec.seq == self._next_emit and not self._ready
+        ):  # in log order already (no versions held back)
             self._next_emit += 1
             self.evaluators.add(d, rec.probs, rec.predicted)
             rec.probs = rec.predicted = None
@@ -329,9 +380,12 @@ class _ModelReplayer:
             r.probs = r.predicted = None
 
     def result_fields(self) -> dict[str, Any]:
-        return {"models": {k: m.policy.state_dict() for k, m in self.models.items()},
-                "policies": {k: m.spec.policy for k, m in self.models.items()},
-                "decisions": self.decisions, "off_version": self.off_version}
+        return {
+            "models": {k: m.policy.state_dict() for k, m in self.models.items()},
+            "policies": {k: m.spec.policy for k, m in self.models.items()},
+            "decisions": self.decisions,
+            "off_version": self.off_version,
+        }
 
 
 class _ExternalReplayer:
@@ -351,19 +405,28 @@ class _ExternalReplayer:
         if given is not None:
             probs = given.get(d.event_id)
             if probs is None:
-                raise LogError(f"{d.where}: target {name!r} has no probabilities for this event", "target")
+                raise LogError(
+                    f"{d.where}: target {name!r} has no probabilities for this event", "target"
+                )
             k = len(d.arm_ids)
             if probs.shape != (k,):
-                raise LogError(f"{d.where}: target {name!r} gives {probs.shape[0]} probabilities for {k} arms",
-                               "target")
+                raise LogError(
+                    f"{d.where}: target {name!r} gives {probs.shape[0]} probabilities for {k} arms",
+                    "target",
+                )
         else:
             probs = next((p for n, p in d.external if n == name), None)
             if probs is None:
-                raise LogError(f"{d.where}: no probabilities of target {name!r} in this row", "target")
+                raise LogError(
+                    f"{d.where}: no probabilities of target {name!r} in this row", "target"
+                )
         model = self.reward_models.get(d.model_key)
         if model is not None and model.dim != d.features.shape[1]:
-            raise LogError(f"{d.where}: features have dimension {d.features.shape[1]}, earlier rows of model key "
-                           f"{d.model_key!r} had {model.dim}", "features")
+            raise LogError(
+                f"{d.where}: features have dimension {d.features.shape[1]}, earlier rows of model key "
+                f"{d.model_key!r} had {model.dim}",
+                "features",
+            )
         return probs
 
     def add(self, d: LoggedDecision, probs: np.ndarray) -> None:
@@ -379,8 +442,12 @@ class _ExternalReplayer:
         pass
 
     def result_fields(self) -> dict[str, Any]:
-        return {"models": {}, "policies": {k: "external" for k in self.reward_models}, "decisions": {},
-                "off_version": 0}
+        return {
+            "models": {},
+            "policies": {k: "external" for k in self.reward_models},
+            "decisions": {},
+            "off_version": 0,
+        }
 
 
 def replay(
@@ -411,9 +478,18 @@ def replay(
     :class:`Target`.
     """
     target = Target("target", models, learn=learn, states=states)
-    return replay_targets(decisions, [target], clip=clip, progress=progress, max_lag=max_lag, counts=counts,
-                          skip_bad=skip_bad, reward_range=reward_range, bootstrap=bootstrap,
-                          confidence=confidence)["target"]
+    return replay_targets(
+        decisions,
+        [target],
+        clip=clip,
+        progress=progress,
+        max_lag=max_lag,
+        counts=counts,
+        skip_bad=skip_bad,
+        reward_range=reward_range,
+        bootstrap=bootstrap,
+        confidence=confidence,
+    )["target"]
 
 
 def replay_targets(
@@ -437,22 +513,36 @@ def replay_targets(
     if not targets or len(set(names)) != len(names):
         raise ValueError(f"replay needs at least one target, each with its own name; got {names}")
     start = time.perf_counter()
-    settings = {"clip": clip, "reward_range": reward_range, "bootstrap": bootstrap, "confidence": confidence}
+    settings = {
+        "clip": clip,
+        "reward_range": reward_range,
+        "bootstrap": bootstrap,
+        "confidence": confidence,
+    }
     OffPolicyEvaluator(**settings)  # refuses bad settings before the log is read
     runs: list[_ModelReplayer | _ExternalReplayer] = [
-        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range) if t.models is not None
-        else _ExternalReplayer(t, _Evaluators(settings)) for t in targets]
+        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range)
+        if t.models is not None
+        else _ExternalReplayer(t, _Evaluators(settings))
+        for t in targets
+    ]
     seen: set[str] = set()
     events = 0
     counts = {} if counts is None else counts
     for d in decisions:
         try:
             if d.event_id in seen:
-                raise LogError(f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
-                               "twice, or ids reused)", "duplicate")
+                raise LogError(
+                    f"{d.where}: duplicate event id: an earlier decision of the log has it (a row written "
+                    "twice, or ids reused)",
+                    "duplicate",
+                )
             if reward_range is not None and not reward_range[0] <= d.reward <= reward_range[1]:
-                raise LogError(f"{d.where}: reward {d.reward!r} outside --reward-range "
-                               f"[{reward_range[0]:g}, {reward_range[1]:g}]", "reward")
+                raise LogError(
+                    f"{d.where}: reward {d.reward!r} outside --reward-range "
+                    f"[{reward_range[0]:g}, {reward_range[1]:g}]",
+                    "reward",
+                )
             fits = [r.check(d) for r in runs]  # every target first: a row is used by all or by none
         except LogError as err:
             if not skip_bad:
@@ -471,7 +561,7 @@ def replay_targets(
     if progress is not None:
         progress(events)
     skipped = counts.get("skipped", 0)
-    by_reason = {k[len("skipped_"):]: v for k, v in counts.items() if k.startswith("skipped_")}
+    by_reason = {k[len("skipped_") :]: v for k, v in counts.items() if k.startswith("skipped_")}
     seconds = time.perf_counter() - start
     results = {}
     for t, r in zip(targets, runs):
@@ -480,8 +570,10 @@ def replay_targets(
         if t.kind == "learning" and r.matched:
             warnings.append(LEARNING_NOTE)
         if r.evaluators.untracked:
-            warnings.append(f"estimates per model key for the first {MAX_KEY_ESTIMATES} keys only; "
-                            f"{r.evaluators.untracked} events of later keys are in the pooled estimates alone")
+            warnings.append(
+                f"estimates per model key for the first {MAX_KEY_ESTIMATES} keys only; "
+                f"{r.evaluators.untracked} events of later keys are in the pooled estimates alone"
+            )
         results[t.name] = ReplayResult(
             warnings=warnings,
             estimates=list(ev.estimates()),

@@ -22,14 +22,22 @@ from typing import Any
 
 import fastavro
 
-from streambandit.wire.snapshot import MODEL_STATE_SCHEMA, SnapshotError, state_from_avro, state_to_avro, unpack_snapshot
+from streambandit.wire.snapshot import (
+    MODEL_STATE_SCHEMA,
+    SnapshotError,
+    state_from_avro,
+    state_to_avro,
+    unpack_snapshot,
+)
 
 __all__ = ["write_model_states", "read_model_states"]
 
 _AVRO_MAGIC = b"Obj\x01"
 
 
-def write_model_states(path: str | os.PathLike, models: Mapping[str, dict[str, Any]], *, codec: str = "deflate") -> int:
+def write_model_states(
+    path: str | os.PathLike, models: Mapping[str, dict[str, Any]], *, codec: str = "deflate"
+) -> int:
     """Write ``model key -> state dict`` (e.g. ``ReplayResult.models``); returns how many."""
 
     def records() -> Iterator[dict[str, Any]]:
@@ -49,15 +57,22 @@ def read_model_states(path: str | os.PathLike) -> Mapping[str, dict[str, Any]]:
         f.seek(0)
         if head == _AVRO_MAGIC:
             try:
-                return {r["model_key"]: state_from_avro(r["arrays"], r["scalars"]) for r in fastavro.reader(f)}
+                return {
+                    r["model_key"]: state_from_avro(r["arrays"], r["scalars"])
+                    for r in fastavro.reader(f)
+                }
             except Exception as exc:  # fastavro raises many kinds on a corrupt or foreign file
                 raise ValueError(f"{path}: not a file of model states ({exc!r})") from None
         data = f.read()
     try:
         snap = unpack_snapshot(data)
     except SnapshotError as exc:
-        raise ValueError(f"{path}: neither a file of model states nor a worker snapshot ({exc})") from None
+        raise ValueError(
+            f"{path}: neither a file of model states nor a worker snapshot ({exc})"
+        ) from None
     if snap.header.seq != 0:
-        raise ValueError(f"{path}: a snapshot increment (it holds only the models changed since its base); "
-                         "give the base snapshot")
+        raise ValueError(
+            f"{path}: a snapshot increment (it holds only the models changed since its base); "
+            "give the base snapshot"
+        )
     return snap.engine["models"]

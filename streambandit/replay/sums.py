@@ -23,10 +23,37 @@ from streambandit.numerics.jit import CACHE
 from streambandit.numerics.kernels import sym_matvec
 
 __all__ = [
-    "MEAN_N", "MEAN_MEAN", "MEAN_M2", "RATIO_FIELDS", "REPLAY", "SNIPS", "IPS", "DM", "DR", "LOGGED", "SU", "SU2",
-    "SW", "SW2", "CLIPPED", "TWO_VALUED", "UNIFORM", "SIZE", "new_accumulator", "mean_add", "ratio_add",
-    "add_event", "add_row", "event_terms", "TERMS_OK", "TERMS_BAD_PROBS", "TERMS_BAD_PREDICTIONS",
-    "TERMS_BAD_ACTION", "TERMS_BAD_PROPENSITY", "TERMS_BAD_REWARD", "ridge_predict",
+    "MEAN_N",
+    "MEAN_MEAN",
+    "MEAN_M2",
+    "RATIO_FIELDS",
+    "REPLAY",
+    "SNIPS",
+    "IPS",
+    "DM",
+    "DR",
+    "LOGGED",
+    "SU",
+    "SU2",
+    "SW",
+    "SW2",
+    "CLIPPED",
+    "TWO_VALUED",
+    "UNIFORM",
+    "SIZE",
+    "new_accumulator",
+    "mean_add",
+    "ratio_add",
+    "add_event",
+    "add_row",
+    "event_terms",
+    "TERMS_OK",
+    "TERMS_BAD_PROBS",
+    "TERMS_BAD_PREDICTIONS",
+    "TERMS_BAD_ACTION",
+    "TERMS_BAD_PROPENSITY",
+    "TERMS_BAD_REWARD",
+    "ridge_predict",
     "ridge_update",
 ]
 
@@ -38,8 +65,14 @@ SU, SU2, SW, SW2 = 30, 31, 32, 33  # sums of w r', w^2 r'^2, w, w^2 (r' = r on t
 CLIPPED, TWO_VALUED, UNIFORM = 34, 35, 36
 SIZE = 37
 
-TERMS_OK, TERMS_BAD_PROBS, TERMS_BAD_PREDICTIONS, TERMS_BAD_ACTION, TERMS_BAD_PROPENSITY, TERMS_BAD_REWARD = \
-    0, -1, -2, -3, -4, -5
+(
+    TERMS_OK,
+    TERMS_BAD_PROBS,
+    TERMS_BAD_PREDICTIONS,
+    TERMS_BAD_ACTION,
+    TERMS_BAD_PROPENSITY,
+    TERMS_BAD_REWARD,
+) = 0, -1, -2, -3, -4, -5
 
 
 def new_accumulator() -> np.ndarray:
@@ -127,7 +160,9 @@ def event_terms(pi, q, action, p, r):
     for i in range(k):
         dm += pi[i] * q[i]
     qa = q[action]
-    if not (np.isfinite(dm) and np.isfinite(qa)):  # 0 * nan and 0 * inf are nan: all of q is checked
+    if not (
+        np.isfinite(dm) and np.isfinite(qa)
+    ):  # 0 * nan and 0 * inf are nan: all of q is checked
         return TERMS_BAD_PREDICTIONS, 0.0, 0.0, 0.0
     return TERMS_OK, pi[action], dm, qa
 

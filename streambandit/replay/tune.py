@@ -25,11 +25,22 @@ from streambandit.config.models import ModelsConfig, ModelSpec
 from streambandit.policies.base import POLICIES
 from streambandit.replay.runner import ReplayResult, Target
 
-__all__ = ["Candidate", "Ranking", "candidates", "rank", "parse_grid", "MAX_CANDIDATES", "SPEC_SETTINGS"]
+__all__ = [
+    "Candidate",
+    "Ranking",
+    "candidates",
+    "rank",
+    "parse_grid",
+    "MAX_CANDIDATES",
+    "SPEC_SETTINGS",
+]
 
 # Each candidate is a learner replayed beside the others: cost and memory grow with their number.
 MAX_CANDIDATES = 64
-SPEC_SETTINGS = ("policy", "epsilon")  # settings that are fields of [[models]], not hyper-parameters
+SPEC_SETTINGS = (
+    "policy",
+    "epsilon",
+)  # settings that are fields of [[models]], not hyper-parameters
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,7 +98,9 @@ def _apply(spec: ModelSpec, settings: dict[str, Any]) -> ModelSpec:
     fields = {k: v for k, v in settings.items() if k in SPEC_SETTINGS}
     hyper = {**spec.hyper, **{k: v for k, v in settings.items() if k not in SPEC_SETTINGS}}
     if "policy" in fields and fields["policy"] not in POLICIES:
-        raise ValueError(f"unknown policy {fields['policy']!r}; known: {', '.join(sorted(POLICIES))}")
+        raise ValueError(
+            f"unknown policy {fields['policy']!r}; known: {', '.join(sorted(POLICIES))}"
+        )
     if "epsilon" in fields:
         eps = fields["epsilon"]
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0.0 <= eps <= 1.0:
@@ -103,8 +116,10 @@ def candidates(base: ModelsConfig, grid: dict[str, list[Any]]) -> list[Candidate
         raise ValueError("tune needs a grid: --grid NAME=V1,V2,...")
     combos = list(itertools.product(*grid.values()))
     if len(combos) > MAX_CANDIDATES:
-        raise ValueError(f"the grid has {len(combos)} combinations; at most {MAX_CANDIDATES} (each is a learner "
-                         "replayed beside the others)")
+        raise ValueError(
+            f"the grid has {len(combos)} combinations; at most {MAX_CANDIDATES} (each is a learner "
+            "replayed beside the others)"
+        )
     out = []
     for combo in combos:
         settings = dict(zip(grid, combo))
@@ -123,14 +138,22 @@ def targets(cands: list[Candidate]) -> list[Target]:
     return [Target(c.name, c.models) for c in cands]
 
 
-def rank(cands: list[Candidate], results: dict[str, ReplayResult], estimator: str = "snips") -> Ranking:
+def rank(
+    cands: list[Candidate], results: dict[str, ReplayResult], estimator: str = "snips"
+) -> Ranking:
     """``cands`` ordered by ``estimator``'s value (highest first), with the candidates whose
     interval overlaps the best's."""
+
     def est(c: Candidate):
         return results[c.name].estimate(estimator)
 
     order = sorted(cands, key=lambda c: -est(c).value if math.isfinite(est(c).value) else math.inf)
     best = est(order[0])
-    tied = [c.name for c in order[1:]
-            if not math.isfinite(best.value) or not math.isfinite(est(c).value) or est(c).ci_high >= best.ci_low]
+    tied = [
+        c.name
+        for c in order[1:]
+        if not math.isfinite(best.value)
+        or not math.isfinite(est(c).value)
+        or est(c).ci_high >= best.ci_low
+    ]
     return Ranking(estimator, [(c, results[c.name]) for c in order], tied)

@@ -57,11 +57,17 @@ log = logging.getLogger("streambandit")
 
 # The HTTP status of each refusal: the request's fault (400), an event the server does not know
 # (404), or a conflict with what it already did (409).
-STATUS_OF = collections.defaultdict(lambda: 400, {
-    reasons.UNKNOWN_EVENT: 404,
-    reasons.DUPLICATE_EVENT: 409, reasons.DUPLICATE_REWARD: 409, reasons.LATE_REWARD: 409,
-    "not_ready": 503, "stale_replica": 503,  # serving/replica.py (this module does not import the Kafka client)
-})
+STATUS_OF = collections.defaultdict(
+    lambda: 400,
+    {
+        reasons.UNKNOWN_EVENT: 404,
+        reasons.DUPLICATE_EVENT: 409,
+        reasons.DUPLICATE_REWARD: 409,
+        reasons.LATE_REWARD: 409,
+        "not_ready": 503,
+        "stale_replica": 503,  # serving/replica.py (this module does not import the Kafka client)
+    },
+)
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
 
@@ -82,31 +88,53 @@ class _Metrics:
         self.refused: collections.Counter[str] = collections.Counter()
 
     def collect(self):
-        c = CounterMetricFamily("streambandit_api_requests", "HTTP requests by route and status", labels=["route", "status"])
+        c = CounterMetricFamily(
+            "streambandit_api_requests",
+            "HTTP requests by route and status",
+            labels=["route", "status"],
+        )
         for (route, status), n in sorted(self.requests.items()):
             c.add_metric([route, status], n)
         yield c
-        r = CounterMetricFamily("streambandit_api_refused", "Requests refused, by reason code", labels=["reason"])
+        r = CounterMetricFamily(
+            "streambandit_api_refused", "Requests refused, by reason code", labels=["reason"]
+        )
         for reason, n in sorted(self.refused.items()):
             r.add_metric([reason], n)
         yield r
-        yield GaugeMetricFamily("streambandit_api_models", "Models held", value=len(self.decider.models))
+        yield GaugeMetricFamily(
+            "streambandit_api_models", "Models held", value=len(self.decider.models)
+        )
         engine = getattr(self.decider, "engine", None)
         if engine is not None:
-            yield GaugeMetricFamily("streambandit_api_open_decisions", "Decisions waiting for their reward window",
-                                    value=len(engine.pending))
+            yield GaugeMetricFamily(
+                "streambandit_api_open_decisions",
+                "Decisions waiting for their reward window",
+                value=len(engine.pending),
+            )
         counters = getattr(self.decider, "counters", None)
         if counters is not None:  # a replica (serving/replica.py)
-            yield CounterMetricFamily("streambandit_api_replica_applied", "Joined records applied to the replica's "
-                                      "models", value=counters["applied"])
-            yield CounterMetricFamily("streambandit_api_replica_loads", "Partitions loaded from a snapshot and the "
-                                      "log (at start, and when the log did not continue the copy)",
-                                      value=counters["loads"])
-            yield GaugeMetricFamily("streambandit_api_replica_staleness_seconds", "How far behind the learners the "
-                                    "replica's models may be", value=self.decider.staleness_s())
+            yield CounterMetricFamily(
+                "streambandit_api_replica_applied",
+                "Joined records applied to the replica's models",
+                value=counters["applied"],
+            )
+            yield CounterMetricFamily(
+                "streambandit_api_replica_loads",
+                "Partitions loaded from a snapshot and the "
+                "log (at start, and when the log did not continue the copy)",
+                value=counters["loads"],
+            )
+            yield GaugeMetricFamily(
+                "streambandit_api_replica_staleness_seconds",
+                "How far behind the learners the replica's models may be",
+                value=self.decider.staleness_s(),
+            )
 
 
-def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES) -> web.Application:
+def make_app(
+    decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+) -> web.Application:
     """The aiohttp application over ``decider``; ``model_key``: the model of a request that names none."""
     metrics = _Metrics(decider)
 
@@ -130,23 +158,33 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
                 resp = await fn(request)
             except _Refused as r:
                 metrics.refused[r.code] += 1
-                resp = web.json_response({"error": {"code": r.code, "message": r.message}}, status=r.status)
+                resp = web.json_response(
+                    {"error": {"code": r.code, "message": r.message}}, status=r.status
+                )
             except DecisionError as e:
                 metrics.refused[e.reason] += 1
-                resp = web.json_response({"error": {"code": e.reason, "message": e.detail}}, status=STATUS_OF[e.reason])
+                resp = web.json_response(
+                    {"error": {"code": e.reason, "message": e.detail}}, status=STATUS_OF[e.reason]
+                )
             metrics.requests[(route, str(resp.status))] += 1
             return resp
+
         return handler
 
     async def rank(request: web.Request) -> web.Response:
         doc = await body(request)
         if doc.get("deferActivation"):
-            raise _Refused(400, reasons.MALFORMED, "'deferActivation' is not supported: every decision is active "
-                                                   "(docs/api.md)")
+            raise _Refused(
+                400,
+                reasons.MALFORMED,
+                "'deferActivation' is not supported: every decision is active (docs/api.md)",
+            )
         event_id = doc.get("eventId")
         key = doc.get("modelKey", model_key)
         if key is None:
-            raise _Refused(400, reasons.MALFORMED, "no modelKey in the request and no default (--model-key)")
+            raise _Refused(
+                400, reasons.MALFORMED, "no modelKey in the request and no default (--model-key)"
+            )
         actions = doc.get("actions")
         if not isinstance(actions, list) or not all(isinstance(a, dict) for a in actions):
             raise _Refused(400, reasons.MALFORMED, "actions must be a list of {id, features}")
@@ -160,24 +198,40 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
         if not kept:
             raise _Refused(400, reasons.EMPTY_ARMS, "no action left to choose from")
         if "contextFeatures" in doc or any(_feature_objects(f) for f in feats):
-            feats = _hashed(doc.get("contextFeatures"), feats, decider.config.resolve(key) if isinstance(key, str) else None)
+            feats = _hashed(
+                doc.get("contextFeatures"),
+                feats,
+                decider.config.resolve(key) if isinstance(key, str) else None,
+            )
         elif not all(isinstance(f, list) for f in feats):
-            raise _Refused(400, reasons.MALFORMED, "each action's features must be a list of numbers, or of feature "
-                                                   "objects (Personalizer's)")
+            raise _Refused(
+                400,
+                reasons.MALFORMED,
+                "each action's features must be a list of numbers, or of feature "
+                "objects (Personalizer's)",
+            )
         elif len({len(f) for f in feats}) > 1:
             raise _Refused(400, reasons.BAD_DIMENSION, "the actions' features differ in length")
         r = decider.rank(event_id, key, ids, feats, timestamp_ms=_timestamp(doc))
         spec = decider.config.resolve(key)
         probs = action_probabilities(r.scores, spec.epsilon)
         order = [r.arm_index] + [k for k in range(len(ids)) if k != r.arm_index]
-        return web.json_response({
-            "eventId": r.event_id, "rewardActionId": r.arm_id, "modelKey": r.model_key,
-            "modelVersion": r.model_version,
-            # Excluded actions last, with probability 0, as Personalizer ranks them.
-            "ranking": [{"id": ids[k], "probability": float(probs[k])} for k in order]
-                       + [{"id": e, "probability": 0.0} for e in excluded if e in {a.get("id") for a in actions}],
-            "scores": {ids[k]: _finite(r.scores[k]) for k in range(len(ids))},
-        })
+        return web.json_response(
+            {
+                "eventId": r.event_id,
+                "rewardActionId": r.arm_id,
+                "modelKey": r.model_key,
+                "modelVersion": r.model_version,
+                # Excluded actions last, with probability 0, as Personalizer ranks them.
+                "ranking": [{"id": ids[k], "probability": float(probs[k])} for k in order]
+                + [
+                    {"id": e, "probability": 0.0}
+                    for e in excluded
+                    if e in {a.get("id") for a in actions}
+                ],
+                "scores": {ids[k]: _finite(r.scores[k]) for k in range(len(ids))},
+            }
+        )
 
     async def reward(request: web.Request) -> web.Response:
         doc = await body(request)
@@ -186,15 +240,21 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
         value = doc["value"]
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _Refused(400, reasons.NON_FINITE_REWARD, f"value must be a number, got {value!r}")
-        decider.reward(request.match_info["event_id"], value, model_key=doc.get("modelKey"),
-                       timestamp_ms=_timestamp(doc))
+        decider.reward(
+            request.match_info["event_id"],
+            value,
+            model_key=doc.get("modelKey"),
+            timestamp_ms=_timestamp(doc),
+        )
         return web.Response(status=204)
 
     async def activate(request: web.Request) -> web.Response:
         return web.Response(status=204)
 
     async def metrics_page(request: web.Request) -> web.Response:
-        return web.Response(body=generate_latest(_Registry(metrics)), headers={"Content-Type": CONTENT_TYPE_LATEST})
+        return web.Response(
+            body=generate_latest(_Registry(metrics)), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
 
     async def ok(request: web.Request) -> web.Response:
         return web.Response(text="ok\n")
@@ -202,7 +262,9 @@ def make_app(decider: Decider, *, model_key: str | None = None, max_body_bytes: 
     async def ready(request: web.Request) -> web.Response:
         is_ready = getattr(decider, "is_ready", None)  # a replica: caught up, and not stale
         if is_ready is not None and not is_ready():
-            return web.Response(status=503, text="not ready: reading the learners' log, or too far behind it\n")
+            return web.Response(
+                status=503, text="not ready: reading the learners' log, or too far behind it\n"
+            )
         return web.Response(text="ok\n")
 
     app = web.Application(client_max_size=max_body_bytes)
@@ -225,7 +287,9 @@ class _Registry:
 
 def _feature_objects(features: Any) -> bool:
     """Whether an action's features are Personalizer's: a non-empty list of objects."""
-    return isinstance(features, list) and bool(features) and all(isinstance(f, dict) for f in features)
+    return (
+        isinstance(features, list) and bool(features) and all(isinstance(f, dict) for f in features)
+    )
 
 
 def _hashed(context_features: Any, action_features: list, spec: Any) -> np.ndarray:
@@ -237,14 +301,20 @@ def _hashed(context_features: Any, action_features: list, spec: Any) -> np.ndarr
     if spec is None:
         return np.zeros((len(action_features), 1))  # the Decider refuses the key (unknown_model)
     if not all(_feature_objects(f) or f == [] for f in action_features):
-        raise _Refused(400, reasons.MALFORMED, "with contextFeatures or feature objects, every action's features "
-                                               "must be a list of objects")
+        raise _Refused(
+            400,
+            reasons.MALFORMED,
+            "with contextFeatures or feature objects, every action's features "
+            "must be a list of objects",
+        )
     try:
         return rank_request_vectors(context_features, action_features, dim=spec.dim)
     except LogError as exc:
         raise _Refused(400, reasons.MALFORMED, str(exc)) from None
     except ValueError as exc:  # a dimension the hashing does not take
-        raise _Refused(400, reasons.BAD_DIMENSION, f"the model's dimension cannot hold hashed features: {exc}") from None
+        raise _Refused(
+            400, reasons.BAD_DIMENSION, f"the model's dimension cannot hold hashed features: {exc}"
+        ) from None
 
 
 def _no_constant(name: str) -> Any:
@@ -268,7 +338,9 @@ async def _saver(decider: Decider, path: Path, every_s: float) -> None:
         decider.save(path)
 
 
-def serve_replica(replica: Any, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None) -> None:
+def serve_replica(
+    replica: Any, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None
+) -> None:
     """Serve a :class:`streambandit.serving.replica.Replica` until interrupted: it starts reading
     the learners' log at once, and /ready answers 200 (and /rank decides) once it has caught up."""
     app = make_app(replica, model_key=model_key)
@@ -281,18 +353,34 @@ def serve_replica(replica: Any, *, host: str = "127.0.0.1", port: int = 8080, mo
 
     app.on_startup.append(start_replica)
     app.on_cleanup.append(close_replica)
-    log.info("api: serving on http://%s:%d, a replica of group %s", host, port, replica.worker_config.group_id)
+    log.info(
+        "api: serving on http://%s:%d, a replica of group %s",
+        host,
+        port,
+        replica.worker_config.group_id,
+    )
     web.run_app(app, host=host, port=port, print=None, access_log=None)
 
 
-def serve_api(models: str | Path, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None,
-              snapshot: str | Path | None = None, save_every_s: float = 30.0, max_models: int = DEFAULT_MAX_MODELS) -> None:
+def serve_api(
+    models: str | Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    model_key: str | None = None,
+    snapshot: str | Path | None = None,
+    save_every_s: float = 30.0,
+    max_models: int = DEFAULT_MAX_MODELS,
+) -> None:
     """Serve until interrupted (SIGINT, SIGTERM); with ``snapshot``, load it if it exists, save it
     every ``save_every_s`` seconds and on the way out. ``max_models``: the most model keys served
     (clients name them; each costs a model's state)."""
     path = Path(snapshot) if snapshot is not None else None
-    decider = (Decider.load(models, path, max_models=max_models) if path is not None and path.exists()
-               else Decider(models, max_models=max_models))
+    decider = (
+        Decider.load(models, path, max_models=max_models)
+        if path is not None and path.exists()
+        else Decider(models, max_models=max_models)
+    )
     app = make_app(decider, model_key=model_key)
 
     async def start_saver(app: web.Application) -> None:
@@ -307,9 +395,13 @@ def serve_api(models: str | Path, *, host: str = "127.0.0.1", port: int = 8080, 
 
     app.on_startup.append(start_saver)
     app.on_cleanup.append(save_at_exit)
-    log.info("api: serving on http://%s:%d (models %s%s)", host, port, models,
-             f", snapshot {path}" if path is not None else "")
+    log.info(
+        "api: serving on http://%s:%d (models %s%s)",
+        host,
+        port,
+        models,
+        f", snapshot {path}" if path is not None else "",
+    )
     started = time.monotonic()
     web.run_app(app, host=host, port=port, print=None, access_log=None)
     log.info("api: stopped after %.0f s", time.monotonic() - started)
-

@@ -44,9 +44,24 @@ import numpy as np
 from streambandit import reasons
 from streambandit.atomic import write_atomically
 from streambandit.config.models import ModelsConfig, load_models_config, parse_models_config
-from streambandit.engine.admission import DecisionError, call_context, call_id, call_reward, call_time
+from streambandit.engine.admission import (
+    DecisionError,
+    call_context,
+    call_id,
+    call_reward,
+    call_time,
+)
 from streambandit.engine.partition import PartitionEngine, Rejected
-from streambandit.wire import Action, InputRef, Joined, Reward, Snapshot, SnapshotHeader, pack_snapshot, unpack_snapshot
+from streambandit.wire import (
+    Action,
+    InputRef,
+    Joined,
+    Reward,
+    Snapshot,
+    SnapshotHeader,
+    pack_snapshot,
+    unpack_snapshot,
+)
 
 __all__ = ["Decider", "Ranking", "DecisionError"]
 
@@ -74,9 +89,14 @@ class Decider:
     milliseconds a call without ``timestamp_ms`` takes (default: the wall clock). ``limits``: the
     engine's bounds (``max_pending``, ``max_early_rewards``, ``max_recent``, ``max_id_bytes``)."""
 
-    def __init__(self, models: ModelsConfig | Mapping[str, Any] | str | Path, *,
-                 on_record: Callable[[Joined | Rejected], None] | None = None,
-                 clock: Callable[[], int] | None = None, **limits: int) -> None:
+    def __init__(
+        self,
+        models: ModelsConfig | Mapping[str, Any] | str | Path,
+        *,
+        on_record: Callable[[Joined | Rejected], None] | None = None,
+        clock: Callable[[], int] | None = None,
+        **limits: int,
+    ) -> None:
         self.config = _config(models)
         self.limits = limits
         self.engine = PartitionEngine(self.config, **limits)
@@ -86,8 +106,15 @@ class Decider:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def rank(self, event_id: str, model_key: str, arms: Mapping[str, Sequence[float]] | Sequence[str],
-             features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
+    def rank(
+        self,
+        event_id: str,
+        model_key: str,
+        arms: Mapping[str, Sequence[float]] | Sequence[str],
+        features: Any = None,
+        *,
+        timestamp_ms: int | None = None,
+    ) -> Ranking:
         """Choose one of ``arms`` for the event: a mapping of arm id to its feature vector, or a
         sequence of arm ids with ``features`` a (K, d) matrix, row k the features of arm k."""
         context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
@@ -96,11 +123,25 @@ class Decider:
         self._emit(out, ref)  # raises if the engine refused this context
         action = next(o for o in out if isinstance(o, Action))
         model = self.engine.models[model_key]
-        return Ranking(event_id, model_key, action.arm_id, action.arm_index, action.propensity, action.score,
-                       model.scores(context.features), action.model_version)
+        return Ranking(
+            event_id,
+            model_key,
+            action.arm_id,
+            action.arm_index,
+            action.propensity,
+            action.score,
+            model.scores(context.features),
+            action.model_version,
+        )
 
-    def reward(self, event_id: str, value: float, *, model_key: str | None = None,
-               timestamp_ms: int | None = None) -> None:
+    def reward(
+        self,
+        event_id: str,
+        value: float,
+        *,
+        model_key: str | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
         """The reward of a decision made by :meth:`rank`, applied as its model's ``aggregation``
         says (``first``: now; ``sum``, ``last``: when its window closes). ``model_key`` may be
         left out for an open decision (it is the decision's); a reward for an event not decided
@@ -110,11 +151,21 @@ class Decider:
         if model_key is None:
             pending = self.engine.pending.get(event_id)
             if pending is None:
-                observed = self.engine.recent.get(event_id)  # joined already: with a reward, or the default
-                reason = (reasons.UNKNOWN_EVENT if observed is None
-                          else reasons.DUPLICATE_REWARD if observed else reasons.LATE_REWARD)
-                raise DecisionError(reason, f"no open decision {event_id!r} (give model_key to hold a reward that "
-                                            "comes before its decision)")
+                observed = self.engine.recent.get(
+                    event_id
+                )  # joined already: with a reward, or the default
+                reason = (
+                    reasons.UNKNOWN_EVENT
+                    if observed is None
+                    else reasons.DUPLICATE_REWARD
+                    if observed
+                    else reasons.LATE_REWARD
+                )
+                raise DecisionError(
+                    reason,
+                    f"no open decision {event_id!r} (give model_key to hold a reward that "
+                    "comes before its decision)",
+                )
             model_key = pending.action.model_key
         call_id("model key", model_key)
         value = call_reward(value)
@@ -139,12 +190,23 @@ class Decider:
         """The whole state as one snapshot file, written atomically (a crash leaves the previous one)."""
         p = Path(path)
         # The calls made stand where a worker's contexts offset would: load continues their count.
-        head = SnapshotHeader(partition=0, created_ms=self._clock(), contexts_offset=self._calls, rewards_offset=0,
-                              actions_offset=0, joined_offset=0, dead_letter_offset=0)
-        write_atomically(p.with_name(p.name + ".tmp"), p, pack_snapshot(Snapshot(head, self.engine.snapshot())))
+        head = SnapshotHeader(
+            partition=0,
+            created_ms=self._clock(),
+            contexts_offset=self._calls,
+            rewards_offset=0,
+            actions_offset=0,
+            joined_offset=0,
+            dead_letter_offset=0,
+        )
+        write_atomically(
+            p.with_name(p.name + ".tmp"), p, pack_snapshot(Snapshot(head, self.engine.snapshot()))
+        )
 
     @classmethod
-    def load(cls, models: ModelsConfig | Mapping[str, Any] | str | Path, path: str | Path, **kwargs: Any) -> Decider:
+    def load(
+        cls, models: ModelsConfig | Mapping[str, Any] | str | Path, path: str | Path, **kwargs: Any
+    ) -> Decider:
         """A Decider in the state :meth:`save` wrote (its configuration must fit the models saved)."""
         snap = unpack_snapshot(Path(path).read_bytes())
         d = cls(models, **kwargs)

@@ -53,7 +53,14 @@ from streambandit import reasons
 from streambandit.config.kafka import for_client, reader_settings
 from streambandit.config.worker import WorkerConfig
 from streambandit.engine import admission
-from streambandit.engine.admission import DecisionError, call_context, call_id, call_reward, call_time, raise_if
+from streambandit.engine.admission import (
+    DecisionError,
+    call_context,
+    call_id,
+    call_reward,
+    call_time,
+    raise_if,
+)
 from streambandit.engine.decision import decide
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.engine.partition import PartitionEngine
@@ -69,8 +76,12 @@ __all__ = ["Replica", "NOT_READY", "STALE_REPLICA"]
 
 log = logging.getLogger("streambandit")
 
-NOT_READY = "not_ready"  # a rank before the replica has read the learners' log to where it stood at start
-STALE_REPLICA = "stale_replica"  # a rank while the copy may be more than max_staleness_s behind the learners
+NOT_READY = (
+    "not_ready"  # a rank before the replica has read the learners' log to where it stood at start
+)
+STALE_REPLICA = (
+    "stale_replica"  # a rank while the copy may be more than max_staleness_s behind the learners
+)
 # Joined records applied per hold of the models' lock (about 10 us each for oful at d = 20,
 # bench.decider's bare update): a rank waits for at most this many.
 APPLY_CHUNK = 64
@@ -83,12 +94,22 @@ class Replica:
     settings); ``store``: their snapshot store (None: the whole joined log is read at start).
     ``on_update``: called in the follower's thread with each joined record applied."""
 
-    def __init__(self, config: WorkerConfig, store: SnapshotStore | None = None, *, max_models: int | None = None,
-                 max_recent: int = 100_000, clock: Callable[[], int] | None = None,
-                 on_update: Callable[[Joined], None] | None = None, poll_s: float = 0.05,
-                 max_staleness_s: float | None = None) -> None:
+    def __init__(
+        self,
+        config: WorkerConfig,
+        store: SnapshotStore | None = None,
+        *,
+        max_models: int | None = None,
+        max_recent: int = 100_000,
+        clock: Callable[[], int] | None = None,
+        on_update: Callable[[Joined], None] | None = None,
+        poll_s: float = 0.05,
+        max_staleness_s: float | None = None,
+    ) -> None:
         if max_staleness_s is not None and not max_staleness_s > 0:
-            raise ValueError(f"max_staleness_s must be > 0 (None: no bound), got {max_staleness_s!r}")
+            raise ValueError(
+                f"max_staleness_s must be > 0 (None: no bound), got {max_staleness_s!r}"
+            )
         self.worker_config = config
         self.config = config.models  # what Decider.config is: the API reads specs from it
         self.store = store.scoped(config.group_id) if store is not None else None
@@ -99,18 +120,32 @@ class Replica:
         self._check_s = min(1.0, max_staleness_s / 4) if max_staleness_s is not None else 1.0
         self._staleness = Staleness(time.monotonic())
         self._clock = clock or (lambda: time.time_ns() // 1_000_000)
-        self._lock = threading.Lock()  # models and the keys per partition: the follower writes, rank reads
-        self._keys: dict[int, set[str]] = collections.defaultdict(set)  # partition -> its model keys
-        self._recent: collections.OrderedDict[str, str] = collections.OrderedDict()  # event id -> model key
+        self._lock = (
+            threading.Lock()
+        )  # models and the keys per partition: the follower writes, rank reads
+        self._keys: dict[int, set[str]] = collections.defaultdict(
+            set
+        )  # partition -> its model keys
+        self._recent: collections.OrderedDict[str, str] = (
+            collections.OrderedDict()
+        )  # event id -> model key
         self.counters: collections.Counter[str] = collections.Counter()
         self.ready = threading.Event()
         self._stop = threading.Event()
         self._error: BaseException | None = None
         kafka = config.kafka
         quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
-        self._producer = Producer({"bootstrap.servers": config.bootstrap_servers, "linger.ms": 1,
-                                   **for_client("producer", kafka), "partitioner": "murmur2_random",
-                                   "enable.idempotence": True, "acks": "all"} | quiet)
+        self._producer = Producer(
+            {
+                "bootstrap.servers": config.bootstrap_servers,
+                "linger.ms": 1,
+                **for_client("producer", kafka),
+                "partitioner": "murmur2_random",
+                "enable.idempotence": True,
+                "acks": "all",
+            }
+            | quiet
+        )
         reader = reader_settings(config.bootstrap_servers, kafka) | quiet
         self._follow = Consumer(reader | {"enable.partition.eof": False})
         # The learners' committed input offsets (which joined records committed transactions
@@ -127,7 +162,9 @@ class Replica:
         ``timeout_s``), or at once with ``timeout_s`` None (``ready`` says when)."""
         self._thread.start()
         if timeout_s is not None and not self.ready.wait(timeout_s):
-            raise TimeoutError(f"replica not ready after {timeout_s:.0f} s: {self._error or 'still reading the log'}")
+            raise TimeoutError(
+                f"replica not ready after {timeout_s:.0f} s: {self._error or 'still reading the log'}"
+            )
         return self
 
     def close(self) -> None:
@@ -151,16 +188,33 @@ class Replica:
 
     # -- decisions -----------------------------------------------------------------------------
 
-    def rank(self, event_id: str, model_key: str, arms: Mapping[str, Sequence[float]] | Sequence[str],
-             features: Any = None, *, timestamp_ms: int | None = None) -> Ranking:
+    def rank(
+        self,
+        event_id: str,
+        model_key: str,
+        arms: Mapping[str, Sequence[float]] | Sequence[str],
+        features: Any = None,
+        *,
+        timestamp_ms: int | None = None,
+    ) -> Ranking:
         """As :meth:`Decider.rank`, with the replica's copy of the model; the decision is logged on
         the decisions topic for the learners."""
         if not self.ready.is_set() or self._error is not None:
-            raise DecisionError(NOT_READY, "the replica is still reading the learners' log" if self._error is None
-                                else f"the replica stopped following the learners' log: {self._error}")
-        if self.max_staleness_s is not None and (behind := self.staleness_s()) > self.max_staleness_s:
-            raise DecisionError(STALE_REPLICA, f"the copy may be {behind:.1f} s behind the learners, more than "
-                                               f"max_staleness_s = {self.max_staleness_s:g}")
+            raise DecisionError(
+                NOT_READY,
+                "the replica is still reading the learners' log"
+                if self._error is None
+                else f"the replica stopped following the learners' log: {self._error}",
+            )
+        if (
+            self.max_staleness_s is not None
+            and (behind := self.staleness_s()) > self.max_staleness_s
+        ):
+            raise DecisionError(
+                STALE_REPLICA,
+                f"the copy may be {behind:.1f} s behind the learners, more than "
+                f"max_staleness_s = {self.max_staleness_s:g}",
+            )
         context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
         arm_ids, x, ts = context.arm_ids, context.features, context.timestamp_ms
         raise_if(self._record_refusal(context))
@@ -173,23 +227,44 @@ class Replica:
                 raise_if(admission.model_room_refusal(model_key, self.models, self.max_models))
                 model = spec.build()  # version 0, as the learners' is until its first update
             try:
-                d = decide(model, x, epsilon=spec.epsilon, model_key=model_key, event_id=event_id, seed=spec.seed)
+                d = decide(
+                    model,
+                    x,
+                    epsilon=spec.epsilon,
+                    model_key=model_key,
+                    event_id=event_id,
+                    seed=spec.seed,
+                )
             except ValueError as exc:
                 refused = admission.learner_refusal(exc, x)
                 raise DecisionError(refused.reason, refused.detail) from None
-            raise_if(admission.id_refusal("chosen arm's id", arm_ids[d.index], self.worker_config.max_id_bytes))
+            raise_if(
+                admission.id_refusal(
+                    "chosen arm's id", arm_ids[d.index], self.worker_config.max_id_bytes
+                )
+            )
             version, scores = model.n_updates, model.scores(x)
             self.models.setdefault(model_key, model)
             self._recent[event_id] = model_key
             if len(self._recent) > self.max_recent:
                 self._recent.popitem(last=False)
-        decision = ReplicaDecision(event_id, model_key, ts, arm_ids, x, d.index, d.score, d.propensity, version)
+        decision = ReplicaDecision(
+            event_id, model_key, ts, arm_ids, x, d.index, d.score, d.propensity, version
+        )
         self._produce(self.worker_config.topics.decisions, model_key, encode(decision))
         self.counters["decisions"] += 1
-        return Ranking(event_id, model_key, arm_ids[d.index], d.index, d.propensity, d.score, scores, version)
+        return Ranking(
+            event_id, model_key, arm_ids[d.index], d.index, d.propensity, d.score, scores, version
+        )
 
-    def reward(self, event_id: str, value: float, *, model_key: str | None = None,
-               timestamp_ms: int | None = None) -> None:
+    def reward(
+        self,
+        event_id: str,
+        value: float,
+        *,
+        model_key: str | None = None,
+        timestamp_ms: int | None = None,
+    ) -> None:
         """Log a reward for the learners. ``model_key`` may be left out for a decision this
         replica made recently; the learners judge the rest (late, duplicate, unknown)."""
         ts = call_time(timestamp_ms, self._clock)
@@ -198,8 +273,10 @@ class Replica:
             with self._lock:
                 model_key = self._recent.get(event_id)
             if model_key is None:
-                raise DecisionError(reasons.UNKNOWN_EVENT, f"this replica made no recent decision {event_id!r}: give "
-                                                           "its model key")
+                raise DecisionError(
+                    reasons.UNKNOWN_EVENT,
+                    f"this replica made no recent decision {event_id!r}: give its model key",
+                )
         call_id("model key", model_key)
         reward = Reward(event_id, model_key, ts, call_reward(value))
         raise_if(self._record_refusal(reward))
@@ -210,7 +287,9 @@ class Replica:
             model = self.models.get(model_key)
         # A key this replica holds no model of yet: a fresh one of its configuration judges the
         # value as the learners' model will (the range is the link's, not the state's).
-        raise_if(admission.reward_refusal(model if model is not None else spec.build(), reward.value))
+        raise_if(
+            admission.reward_refusal(model if model is not None else spec.build(), reward.value)
+        )
         self._produce(self.worker_config.topics.rewards, model_key, encode(reward))
         self.counters["rewards"] += 1
 
@@ -218,7 +297,9 @@ class Replica:
         """The admission rule's record checks, with the clock as the record's timestamp: the
         learners judge the logged record by the broker's, a moment later."""
         c = self.worker_config
-        return admission.record_refusal(ev, int(self._clock()), c.max_event_time_ahead_ms, c.max_id_bytes)
+        return admission.record_refusal(
+            ev, int(self._clock()), c.max_event_time_ahead_ms, c.max_id_bytes
+        )
 
     def staleness_s(self) -> float:
         """How far behind the learners the copy may be: the time since it last held everything
@@ -227,8 +308,11 @@ class Replica:
 
     def is_ready(self) -> bool:
         """Whether the replica decides now: caught up at start, and within ``max_staleness_s``."""
-        return self.ready.is_set() and self._error is None and (
-            self.max_staleness_s is None or self.staleness_s() <= self.max_staleness_s)
+        return (
+            self.ready.is_set()
+            and self._error is None
+            and (self.max_staleness_s is None or self.staleness_s() <= self.max_staleness_s)
+        )
 
     def version(self, model_key: str) -> int:
         """The copy's model version (its updates applied), 0 for a model not seen yet."""
@@ -266,19 +350,31 @@ class Replica:
         it; swapped in whole. Returns the offset to follow from."""
         config, t = self.worker_config, self.worker_config.topics
         snap = load_latest(self.store, p) if self.store is not None else None
-        models = dict(PartitionEngine.restore(config.models, snap.engine).models) if snap is not None else {}
+        models = (
+            dict(PartitionEngine.restore(config.models, snap.engine).models)
+            if snap is not None
+            else {}
+        )
         start = snap.header.joined_offset if snap is not None else 0
         end = self._reader.settle(t.joined, p)
-        got = self._group.committed([TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30)
+        got = self._group.committed(
+            [TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30
+        )
         committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
-        records = [j for m in self._reader.read(t.joined, p, start, end) if isinstance(j := _decoded(m.value()), Joined)]
+        records = [
+            j
+            for m in self._reader.read(t.joined, p, start, end)
+            if isinstance(j := _decoded(m.value()), Joined)
+        ]
         for j in committed_view(records, committed):
             model = models.get(j.model_key)
             if model is None:
                 model = models[j.model_key] = self._spec(j.model_key).build()
             if model.n_updates != j.model_version_before:
-                raise RuntimeError(f"joined[{p}]: record {j.event_id!r} was applied to version {j.model_version_before} "
-                                   f"of {j.model_key!r}, the log reaches version {model.n_updates}")
+                raise RuntimeError(
+                    f"joined[{p}]: record {j.event_id!r} was applied to version {j.model_version_before} "
+                    f"of {j.model_key!r}, the log reaches version {model.n_updates}"
+                )
             model.update(j.features, j.reward)
         with self._lock:
             for key in self._keys.pop(p, set()) - set(models):
@@ -303,7 +399,7 @@ class Replica:
                 records.append((m.partition(), j))
         for first in range(0, len(records), APPLY_CHUNK):
             with self._lock:  # a chunk at a time: a rank waits for at most APPLY_CHUNK updates
-                for p, j in records[first:first + APPLY_CHUNK]:
+                for p, j in records[first : first + APPLY_CHUNK]:
                     if p in diverged:
                         continue
                     model = self.models.get(j.model_key)
@@ -311,13 +407,17 @@ class Replica:
                         model = self.models[j.model_key] = self._spec(j.model_key).build()
                         self._keys[p].add(j.model_key)
                     elif model is not None and j.model_key not in self._keys[p]:
-                        self._keys[p].add(j.model_key)  # a model this replica built for a rank, learned at last
+                        self._keys[p].add(
+                            j.model_key
+                        )  # a model this replica built for a rank, learned at last
                     if model is None or model.n_updates != j.model_version_before:
                         diverged.add(p)
                         continue
                     try:
                         model.update(j.features, j.reward)
-                    except ValueError:  # the learner applied it; a copy that refuses it is not the learner's
+                    except (
+                        ValueError
+                    ):  # the learner applied it; a copy that refuses it is not the learner's
                         diverged.add(p)
                         continue
                     applied.append(j)
@@ -327,7 +427,9 @@ class Replica:
                 self.on_update(j)
         for p in diverged:
             self.counters["reloads"] += 1
-            log.warning("replica joined[%d] does not continue the copy; reading the partition again", p)
+            log.warning(
+                "replica joined[%d] does not continue the copy; reading the partition again", p
+            )
             self._starts[p] = self._load(p)
             self._follow.seek(TopicPartition(self.worker_config.topics.joined, p, self._starts[p]))
 
@@ -337,13 +439,18 @@ class Replica:
         tps = [TopicPartition(joined, p) for p in self._starts]
         # position() is the offset after the last record read (past transaction markers), or
         # negative while none has been read since the assignment.
-        positions = {tp.partition: tp.offset if tp.offset >= 0 else self._starts[tp.partition]
-                     for tp in self._follow.position(tps)}
+        positions = {
+            tp.partition: tp.offset if tp.offset >= 0 else self._starts[tp.partition]
+            for tp in self._follow.position(tps)
+        }
         # Asked on another client: the follower's connection is held by its fetch, which a broker
         # may keep for all of fetch.wait.max.ms (docs/notes/tansu.md), and the query would wait.
         query = self._reader.committed
         try:
-            ends = {tp.partition: int(query.get_watermark_offsets(tp, timeout=1.0, cached=False)[1]) for tp in tps}
+            ends = {
+                tp.partition: int(query.get_watermark_offsets(tp, timeout=1.0, cached=False)[1])
+                for tp in tps
+            }
         except Exception as exc:  # the broker did not answer: no new ends, the staleness grows
             log.debug("replica staleness check: %s", exc)
             ends = None
@@ -352,14 +459,18 @@ class Replica:
     def _spec(self, model_key: str) -> Any:
         spec = self.config.resolve(model_key)
         if spec is None:
-            raise RuntimeError(f"the joined log holds model {model_key!r} but the configuration has no entry for it")
+            raise RuntimeError(
+                f"the joined log holds model {model_key!r} but the configuration has no entry for it"
+            )
         return spec
 
     def _produce(self, topic: str, key: str, value: bytes) -> None:
         try:
             self._producer.produce(topic, value, key.encode())
         except BufferError:
-            self._producer.poll(1.0)  # the local queue is full: let librdkafka send, then retry once
+            self._producer.poll(
+                1.0
+            )  # the local queue is full: let librdkafka send, then retry once
             self._producer.produce(topic, value, key.encode())
         self._producer.poll(0)
 

@@ -24,10 +24,14 @@ class Staleness:
         self._ends: dict[int, int] | None = None  # where the log ended at the previous check
         self._checked_at_s = start_s
 
-    def check(self, now_s: float, positions: Mapping[int, int], ends: Mapping[int, int] | None) -> None:
+    def check(
+        self, now_s: float, positions: Mapping[int, int], ends: Mapping[int, int] | None
+    ) -> None:
         """One check: ``positions`` (partition -> the next offset the follower reads) and
         ``ends`` (partition -> the log's end now, or None when the broker did not answer)."""
-        if self._ends is not None and all(positions.get(p, -1) >= end for p, end in self._ends.items()):
+        if self._ends is not None and all(
+            positions.get(p, -1) >= end for p, end in self._ends.items()
+        ):
             self.fresh_at_s = max(self.fresh_at_s, self._checked_at_s)
         if ends is not None:
             self._ends, self._checked_at_s = dict(ends), now_s

@@ -48,7 +48,15 @@ class AdTraffic:
     click rate of an average ad; ``spread`` the logit range user-ad affinity adds around it.
     """
 
-    def __init__(self, dim: int = 20, n_ads: int = 200, k: int = 10, base_ctr: float = 0.03, spread: float = 3.0, seed: int = 0):
+    def __init__(
+        self,
+        dim: int = 20,
+        n_ads: int = 200,
+        k: int = 10,
+        base_ctr: float = 0.03,
+        spread: float = 3.0,
+        seed: int = 0,
+    ):
         if dim < 2:
             raise ValueError("dim must be >= 2 (one coordinate is the constant)")
         if not 1 <= k <= n_ads:
@@ -73,7 +81,9 @@ class AdTraffic:
         feats[:, :-1] = inter * math.sqrt(1.0 - _BIAS_FEATURE**2)
         feats[:, -1] = _BIAS_FEATURE
         rates = 1.0 / (1.0 + np.exp(-(feats @ self.theta)))
-        return AdRequest(ad_ids=tuple(self.ad_ids[i] for i in idx), features=feats, click_rates=rates)
+        return AdRequest(
+            ad_ids=tuple(self.ad_ids[i] for i in idx), features=feats, click_rates=rates
+        )
 
     def click(self, rng: np.random.Generator, rate: float) -> bool:
         return bool(rng.random() < rate)

@@ -57,8 +57,14 @@ def glm_nll(theta: np.ndarray, xs: np.ndarray, rs: np.ndarray, link: str, lam: f
     return float(np.sum(_log_partition(link, z) - rs * z) + 0.5 * lam * float(theta @ theta))
 
 
-def huber_objective(theta: np.ndarray, xs: np.ndarray, rs: np.ndarray, sigmas: np.ndarray,
-                    taus: np.ndarray, lam: float) -> float:
+def huber_objective(
+    theta: np.ndarray,
+    xs: np.ndarray,
+    rs: np.ndarray,
+    sigmas: np.ndarray,
+    taus: np.ndarray,
+    lam: float,
+) -> float:
     """``lam/2 ||theta||^2 + sum_s f_{tau_s}((r_s - x_s'theta)/sigma_s)`` (Hvt-UCB paper eq. 6)."""
     z = (rs - xs @ theta) / sigmas
     return float(0.5 * lam * float(theta @ theta) + np.sum(scipy.special.huber(taus, z)))
@@ -94,8 +100,17 @@ class GLMUCBRefit:
 
     name = "glm_ucb_refit"
 
-    def __init__(self, dim: int, *, link: str = "logistic", S: float = 3.0, lam: float | None = None,
-                 delta: float = 0.05, beta_scale: float = 1.0, gtol: float = 1e-8) -> None:
+    def __init__(
+        self,
+        dim: int,
+        *,
+        link: str = "logistic",
+        S: float = 3.0,
+        lam: float | None = None,
+        delta: float = 0.05,
+        beta_scale: float = 1.0,
+        gtol: float = 1e-8,
+    ) -> None:
         if link not in _C_MU:
             raise ValueError(f"link must be one of {', '.join(_C_MU)}, got {link!r}")
         self.dim = dim
@@ -116,7 +131,9 @@ class GLMUCBRefit:
 
     def beta(self) -> float:
         t = self.n_updates + 1
-        return self.beta_scale * math.sqrt(self._beta_const + self._beta_log_coef * math.log(2.0 + self._beta_t_coef * t))
+        return self.beta_scale * math.sqrt(
+            self._beta_const + self._beta_log_coef * math.log(2.0 + self._beta_t_coef * t)
+        )
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         q = np.einsum("kd,de,ke->k", arms, self.hinv, arms)
@@ -129,7 +146,9 @@ class GLMUCBRefit:
 
     def _fun(self, theta, xs, rs):
         z = xs @ theta
-        f = float(np.sum(_log_partition(self.link, z) - rs * z) + 0.5 * self.lam * float(theta @ theta))
+        f = float(
+            np.sum(_log_partition(self.link, z) - rs * z) + 0.5 * self.lam * float(theta @ theta)
+        )
         g = xs.T @ (_mu(self.link, z) - rs) + self.lam * theta
         return f, g
 
@@ -140,8 +159,15 @@ class GLMUCBRefit:
     def fit(self) -> np.ndarray:
         """Refit the regularised MLE over all stored data (warm start at the current estimate)."""
         xs, rs = self._x.data, self._r.data[:, 0]
-        res = scipy.optimize.minimize(self._fun, self.theta, args=(xs, rs), jac=True, hess=self._hess,
-                                      method="trust-exact", options={"gtol": self.gtol})
+        res = scipy.optimize.minimize(
+            self._fun,
+            self.theta,
+            args=(xs, rs),
+            jac=True,
+            hess=self._hess,
+            method="trust-exact",
+            options={"gtol": self.gtol},
+        )
         self.fit_iterations += int(res.nit)
         return res.x
 
@@ -197,7 +223,7 @@ class HuberRefit:
             return max(h._config["nu"], h._config["sigma_min"]), math.inf
         sigma = h._sigma(n)
         w = n / (sigma * h._sqrt_alpha)
-        tau = h.tau0 * math.sqrt(1.0 + w * w) / w * t ** h._p if h._config["huber"] else math.inf
+        tau = h.tau0 * math.sqrt(1.0 + w * w) / w * t**h._p if h._config["huber"] else math.inf
         return sigma, tau
 
     @staticmethod
@@ -205,7 +231,9 @@ class HuberRefit:
         z = (rs - xs @ theta) / sig
         az = np.abs(z)
         inside = az <= tau
-        f = 0.5 * lam * float(theta @ theta) + float(np.sum(np.where(inside, 0.5 * z * z, tau * az - 0.5 * tau * tau)))
+        f = 0.5 * lam * float(theta @ theta) + float(
+            np.sum(np.where(inside, 0.5 * z * z, tau * az - 0.5 * tau * tau))
+        )
         psi = np.clip(z, -tau, tau)
         g = lam * theta - xs.T @ (psi / sig)
         return f, g
@@ -213,9 +241,14 @@ class HuberRefit:
     def fit(self) -> np.ndarray:
         xs = self._x.data
         rst = self._rst.data
-        res = scipy.optimize.minimize(self._fun, self.theta, args=(xs, rst[:, 0], rst[:, 1], rst[:, 2], self.lam),
-                                      jac=True, method="L-BFGS-B",
-                                      options={"gtol": self.gtol, "ftol": 1e-15, "maxiter": 500})
+        res = scipy.optimize.minimize(
+            self._fun,
+            self.theta,
+            args=(xs, rst[:, 0], rst[:, 1], rst[:, 2], self.lam),
+            jac=True,
+            method="L-BFGS-B",
+            options={"gtol": self.gtol, "ftol": 1e-15, "maxiter": 500},
+        )
         self.fit_iterations += int(res.nit)
         return res.x
 

@@ -31,8 +31,9 @@ def kernel_diag(kernel: str, a: np.ndarray) -> np.ndarray:
     return (a * a).sum(axis=1) if kernel == "linear" else np.ones(len(a))
 
 
-def gp_posterior(kernel: str, bandwidth: float, lam: float, xs: np.ndarray, ys: np.ndarray,
-                 test: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def gp_posterior(
+    kernel: str, bandwidth: float, lam: float, xs: np.ndarray, ys: np.ndarray, test: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
     """Brute force eq. (1)-(2) over the full t x t kernel matrix of the pulls WITH repetition:
     ``mu = k_t(x)' (K_t + lam I)^-1 y_t``, ``sigma^2 = k(x,x) - k_t(x)' (K_t + lam I)^-1 k_t(x)``
     (GP scale)."""
@@ -61,8 +62,17 @@ class ExactGPUCB:
     beta is the same practical rule as BKB's default, with the exact sum of variances.
     """
 
-    def __init__(self, *, kernel: str = "rbf", bandwidth: float = 1.0, lam: float = 1.0,
-                 noise_sd: float = 1.0, F: float = 1.0, delta: float = 0.1, beta: float | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        kernel: str = "rbf",
+        bandwidth: float = 1.0,
+        lam: float = 1.0,
+        noise_sd: float = 1.0,
+        F: float = 1.0,
+        delta: float = 0.1,
+        beta: float | None = None,
+    ) -> None:
         self.kernel, self.bandwidth, self.lam = kernel, bandwidth, lam
         self.noise_sd, self.F, self.delta, self.fixed_beta = noise_sd, F, delta, beta
         self.points: list[np.ndarray] = []
@@ -102,7 +112,8 @@ class ExactGPUCB:
         if self.fixed_beta is not None:
             return self.fixed_beta
         return math.sqrt(self.lam) * self.F + self.noise_sd * math.sqrt(
-            math.log(max(self.t, 1)) * self.ssum + math.log(1.0 / self.delta))
+            math.log(max(self.t, 1)) * self.ssum + math.log(1.0 / self.delta)
+        )
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         mu, s2 = self.posterior(arms)

@@ -68,8 +68,18 @@ class DyadicBlockSketch:
       fallback, vinv: whether the exact mode is on, and ``A_hat^-1`` (d x d) in it.
     """
 
-    def __init__(self, dim: int, l0: int, eps: float, lam: float, *, robust: bool = False, fast: bool = True,
-                 rank_test: str = "b1", rank_tol: float = 1e-10) -> None:
+    def __init__(
+        self,
+        dim: int,
+        l0: int,
+        eps: float,
+        lam: float,
+        *,
+        robust: bool = False,
+        fast: bool = True,
+        rank_test: str = "b1",
+        rank_tol: float = 1e-10,
+    ) -> None:
         if rank_test not in RANK_TESTS:
             raise ValueError(f"rank_test must be one of {RANK_TESTS}, got {rank_test!r}")
         self.dim = int(dim)
@@ -81,7 +91,9 @@ class DyadicBlockSketch:
         self.rank_test = rank_test
         self.rank_tol = float(rank_tol)
         self.bmax = max_blocks(self.dim, self.l0)
-        self.cov = SketchedCovariance(self.dim, self.block_ell(0), self.lam, robust=self.robust, fast=self.fast)
+        self.cov = SketchedCovariance(
+            self.dim, self.block_ell(0), self.lam, robust=self.robust, fast=self.fast
+        )
         self.block_shrink = np.zeros(0)
         self.block_mass = np.zeros(0)
         self.active_mass = 0.0
@@ -97,7 +109,7 @@ class DyadicBlockSketch:
 
     def block_ell(self, i: int) -> int:
         """Sketch size of block i: ``2^i l0`` (Alg. 1 line 11), capped at d."""
-        return min(self.l0 * 2 ** i, self.dim)
+        return min(self.l0 * 2**i, self.dim)
 
     @property
     def n_closed(self) -> int:
@@ -122,8 +134,13 @@ class DyadicBlockSketch:
 
     @property
     def nbytes(self) -> int:
-        return int(self.cov.nbytes + self.basis.nbytes + self.vinv.nbytes + self.block_shrink.nbytes
-                   + self.block_mass.nbytes)
+        return int(
+            self.cov.nbytes
+            + self.basis.nbytes
+            + self.vinv.nbytes
+            + self.block_shrink.nbytes
+            + self.block_mass.nbytes
+        )
 
     def _cap_reached(self) -> bool:
         return self.n_closed >= self.bmax - 1  # Alg. 1 line 3 / Alg. 4 line 5 (Invariant 2)
@@ -145,7 +162,9 @@ class DyadicBlockSketch:
             self._close_active_block()  # Alg. 4 lines 22-25
         elif unit is not None:
             self._grow_basis(unit)
-        self.cov.update(x)  # Alg. 4 lines 11-20 / 26-29: append, shrink when full, M by eq. (3) or (7)
+        self.cov.update(
+            x
+        )  # Alg. 4 lines 11-20 / 26-29: append, shrink when full, M by eq. (3) or (7)
         self.active_mass += x_sq  # Alg. 4 line 10 / 26: BlockSize += ||x||^2
         self.active_rows += 1
         if self.cov.fd.shrink_total > 0.0 and not self.active_excess:
@@ -245,19 +264,37 @@ class DyadicBlockSketch:
     def state(self) -> dict[str, Any]:
         """Arrays (not copied) and scalars that determine this sketch, by name."""
         return {
-            "block_shrink": self.block_shrink, "block_mass": self.block_mass, "frozen": self.cov.frozen,
-            "active": self.cov.fd.rows, "minv": self.cov.minv, "basis": self.basis, "vinv": self.vinv,
-            "active_shrink": self.cov.fd.shrink_total, "active_mass": self.active_mass,
-            "active_rows": self.active_rows, "active_excess": self.active_excess, "fallback": self.fallback,
+            "block_shrink": self.block_shrink,
+            "block_mass": self.block_mass,
+            "frozen": self.cov.frozen,
+            "active": self.cov.fd.rows,
+            "minv": self.cov.minv,
+            "basis": self.basis,
+            "vinv": self.vinv,
+            "active_shrink": self.cov.fd.shrink_total,
+            "active_mass": self.active_mass,
+            "active_rows": self.active_rows,
+            "active_excess": self.active_excess,
+            "fallback": self.fallback,
         }
 
     def restored(self, state: dict[str, Any]) -> "DyadicBlockSketch":
         """A sketch with this configuration and ``state``; ValueError if the state is inconsistent."""
-        new = DyadicBlockSketch(self.dim, self.l0, self.eps, self.lam, robust=self.robust, fast=self.fast,
-                                rank_test=self.rank_test, rank_tol=self.rank_tol)
+        new = DyadicBlockSketch(
+            self.dim,
+            self.l0,
+            self.eps,
+            self.lam,
+            robust=self.robust,
+            fast=self.fast,
+            rank_test=self.rank_test,
+            rank_tol=self.rank_tol,
+        )
         shrink, mass = state["block_shrink"], state["block_mass"]
         if shrink.ndim != 1 or mass.shape != shrink.shape:
-            raise ValueError(f"block_shrink {shrink.shape} and block_mass {mass.shape} must be equal-length vectors")
+            raise ValueError(
+                f"block_shrink {shrink.shape} and block_mass {mass.shape} must be equal-length vectors"
+            )
         fallback = state["fallback"]
         vinv = state["vinv"]
         if vinv.shape != ((self.dim, self.dim) if fallback else (0, 0)):
@@ -274,10 +311,20 @@ class DyadicBlockSketch:
             new.cov = SketchedCovariance(self.dim, 1, self.lam, robust=self.robust, fast=self.fast)
             return new
         if shrink.shape[0] > self.bmax - 1 or self.bmax <= 1:
-            raise ValueError(f"{shrink.shape[0]} closed blocks and still sketching: the cap is {self.bmax} blocks "
-                             "(Invariant 2)")
-        new.cov = self.cov.restore(state["frozen"], state["active"], state["minv"], float(np.sum(shrink)),
-                                   state["active_shrink"], new.active_ell)
+            raise ValueError(
+                f"{shrink.shape[0]} closed blocks and still sketching: the cap is {self.bmax} blocks "
+                "(Invariant 2)"
+            )
+        new.cov = self.cov.restore(
+            state["frozen"],
+            state["active"],
+            state["minv"],
+            float(np.sum(shrink)),
+            state["active_shrink"],
+            new.active_ell,
+        )
         if basis.shape[0] > new.cov.fd.keep:
-            raise ValueError(f"basis has {basis.shape[0]} rows, more than the active sketch keeps ({new.cov.fd.keep})")
+            raise ValueError(
+                f"basis has {basis.shape[0]} rows, more than the active sketch keeps ({new.cov.fd.keep})"
+            )
         return new

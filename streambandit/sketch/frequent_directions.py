@@ -66,7 +66,9 @@ def fd_shrink(rows: np.ndarray, keep: int) -> tuple[np.ndarray, float]:
     """
     s, vt = svd_rows(rows)
     s = numerical_rank_cut(s, rows.shape)
-    delta = float(s[keep] ** 2) if s.size > keep else 0.0  # Alg. 2 "sigma <- sigma_l^2" (index keep+1)
+    delta = (
+        float(s[keep] ** 2) if s.size > keep else 0.0
+    )  # Alg. 2 "sigma <- sigma_l^2" (index keep+1)
     s2 = s[:keep] ** 2 - delta  # Alg. 2 "S <- sqrt(Sigma_l^2 - sigma I) V_l'"; >= 0 as s is sorted
     live = s2 > 0.0
     return np.sqrt(s2[live])[:, None] * vt[:keep][live], delta
@@ -93,7 +95,9 @@ class FrequentDirections:
         # Remark 1: 2l-row buffer, shrink to l rows; Alg. 2: l-row buffer, shrink to l - 1 rows.
         self.capacity = 2 * self.ell if self.fast else self.ell
         self.keep = self.ell if self.fast else self.ell - 1
-        self._buf = np.zeros((0, self.dim))  # allocated at the first row: an unused sketch holds no memory
+        self._buf = np.zeros(
+            (0, self.dim)
+        )  # allocated at the first row: an unused sketch holds no memory
         self._n = 0
         self.shrink_total = 0.0
 
@@ -104,8 +108,12 @@ class FrequentDirections:
     @rows.setter
     def rows(self, value: np.ndarray) -> None:
         if value.ndim != 2 or value.shape[1] != self.dim or value.shape[0] >= self.capacity:
-            raise ValueError(f"FD rows must be (n < {self.capacity}, {self.dim}), got {value.shape}")
-        self._buf = np.array(value, dtype=np.float64, order="C")  # grown to capacity at the next append
+            raise ValueError(
+                f"FD rows must be (n < {self.capacity}, {self.dim}), got {value.shape}"
+            )
+        self._buf = np.array(
+            value, dtype=np.float64, order="C"
+        )  # grown to capacity at the next append
         self._n = value.shape[0]
 
     @property
@@ -138,7 +146,7 @@ class FrequentDirections:
         new, delta = fd_shrink(self.rows, keep)
         self.shrink_total += delta  # Alg. 3 "alpha <- alpha + sigma"
         self._buf[: new.shape[0]] = new
-        self._buf[new.shape[0]: self._n] = 0.0
+        self._buf[new.shape[0] : self._n] = 0.0
         self._n = new.shape[0]
         return delta
 

@@ -27,7 +27,14 @@ from scipy.linalg import solve_triangular
 
 from streambandit.numerics import rowwise
 
-__all__ = ["KERNELS", "Kernel", "DTCPosterior", "inclusion_probabilities", "resample_dictionary", "resampling_rng"]
+__all__ = [
+    "KERNELS",
+    "Kernel",
+    "DTCPosterior",
+    "inclusion_probabilities",
+    "resample_dictionary",
+    "resampling_rng",
+]
 
 KERNELS = ("rbf", "linear")
 
@@ -77,10 +84,14 @@ def resampling_rng(seed: int, step: int) -> np.random.Generator:
     """The generator of the dictionary draw at update number ``step``: a function of the
     configured seed and the step only (docs/design.md, determinism), so replaying the same updates redraws the
     same dictionaries and nothing about the generator needs saving."""
-    return np.random.default_rng(np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, _RESAMPLE_STREAM]))
+    return np.random.default_rng(
+        np.random.SeedSequence([seed & 0xFFFF_FFFF_FFFF_FFFF, step, _RESAMPLE_STREAM])
+    )
 
 
-def resample_dictionary(s2: np.ndarray, counts: np.ndarray, qbar: float, rng: np.random.Generator) -> np.ndarray:
+def resample_dictionary(
+    s2: np.ndarray, counts: np.ndarray, qbar: float, rng: np.random.Generator
+) -> np.ndarray:
     """Fig. 1, lines "for i = 1..t+1": a fresh dictionary over the pulled points, as a bool mask.
 
     ``s2[i]`` is sigma~_t^2 at distinct pulled point i (previous step's posterior: approximations

@@ -43,8 +43,18 @@ from scipy.linalg import cholesky, lapack, solve_triangular
 from streambandit.numerics import kernels
 from streambandit.numerics.jit import CACHE
 
-__all__ = ["sym_matvec", "quad", "dot", "trace", "forward_solve", "forward_solve_rows", "join", "observe", "shrink",
-           "spd_inverse"]
+__all__ = [
+    "sym_matvec",
+    "quad",
+    "dot",
+    "trace",
+    "forward_solve",
+    "forward_solve_rows",
+    "join",
+    "observe",
+    "shrink",
+    "spd_inverse",
+]
 
 
 @njit(cache=CACHE, nogil=True)
@@ -135,8 +145,14 @@ def observe(gram, bz, vinv, z, y):
         bz[i] += y * z[i]
 
 
-def shrink(k_kept: np.ndarray, chol: np.ndarray, gram: np.ndarray, bz: np.ndarray, kept: np.ndarray,
-           lam: float) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def shrink(
+    k_kept: np.ndarray,
+    chol: np.ndarray,
+    gram: np.ndarray,
+    bz: np.ndarray,
+    kept: np.ndarray,
+    lam: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The model on the dictionary's points ``kept`` (indices, in order), ``k_kept`` their kernel
     matrix: ``(chol, gram, bz, vinv)`` in the new basis.
 
@@ -148,7 +164,12 @@ def shrink(k_kept: np.ndarray, chol: np.ndarray, gram: np.ndarray, bz: np.ndarra
     new_gram = q @ gram @ q.T
     new_gram = 0.5 * (new_gram + new_gram.T)
     new_bz = q @ bz
-    return np.ascontiguousarray(new_chol), new_gram, new_bz, spd_inverse(new_gram + lam * np.eye(len(kept)))
+    return (
+        np.ascontiguousarray(new_chol),
+        new_gram,
+        new_bz,
+        spd_inverse(new_gram + lam * np.eye(len(kept))),
+    )
 
 
 def spd_inverse(v: np.ndarray) -> np.ndarray:

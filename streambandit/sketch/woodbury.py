@@ -38,7 +38,9 @@ def stack_inverse(frozen: np.ndarray, active: np.ndarray, lam: float) -> np.ndar
     n_f = np.einsum("ij,ij->i", frozen, frozen)
     n_a = np.einsum("ij,ij->i", active, active)
     if frozen.shape[0] == 0 or active.shape[0] == 0:
-        return np.diag(1.0 / (np.concatenate([n_f, n_a]) + lam))  # Alg. 2 "M <- diag{1/(lam + sigma_j^2 - sigma)}"
+        return np.diag(
+            1.0 / (np.concatenate([n_f, n_a]) + lam)
+        )  # Alg. 2 "M <- diag{1/(lam + sigma_j^2 - sigma)}"
     r_f = frozen.shape[0]
     gram = np.diag(np.concatenate([n_f, n_a]) + lam)
     cross = frozen @ active.T
@@ -118,8 +120,15 @@ class SketchedCovariance:
         """Bytes held by S and M (their buffers, including room grown for later rows)."""
         return int(self.frozen.nbytes + self.fd.nbytes + self._m.nbytes)
 
-    def restore(self, frozen: np.ndarray, active: np.ndarray, minv: np.ndarray, frozen_shrink: float,
-                active_shrink: float, ell: int) -> "SketchedCovariance":
+    def restore(
+        self,
+        frozen: np.ndarray,
+        active: np.ndarray,
+        minv: np.ndarray,
+        frozen_shrink: float,
+        active_shrink: float,
+        ell: int,
+    ) -> "SketchedCovariance":
         """A new sketch with this one's configuration and the given state (a loaded snapshot);
         ValueError if the pieces do not fit together."""
         new = SketchedCovariance(self.dim, ell, self.lam, robust=self.robust, fast=self.fast)
@@ -127,7 +136,9 @@ class SketchedCovariance:
         if frozen.ndim != 2 or frozen.shape[1] != self.dim:
             raise ValueError(f"frozen sketch rows must be (r, {self.dim}), got {frozen.shape}")
         if minv.shape != (r, r):
-            raise ValueError(f"minv must be ({r}, {r}) for {r} stacked sketch rows, got {minv.shape}")
+            raise ValueError(
+                f"minv must be ({r}, {r}) for {r} stacked sketch rows, got {minv.shape}"
+            )
         if not (frozen_shrink >= 0.0 and active_shrink >= 0.0):
             raise ValueError("sketch shrink totals must be >= 0")
         new.frozen = frozen
@@ -152,7 +163,9 @@ class SketchedCovariance:
         m = stack_inverse(self.frozen, self.fd.rows, self.lam_eff)
         r = m.shape[0]
         if not r <= self._m.shape[0] <= self.frozen.shape[0] + self.fd.capacity:
-            self._m = np.zeros((r, r))  # the buffer is sized to the stack; appends grow it (_border)
+            self._m = np.zeros(
+                (r, r)
+            )  # the buffer is sized to the stack; appends grow it (_border)
         self._m[:r, :r] = m
         self._r = r
 

@@ -25,7 +25,18 @@ from streambandit.engine.chains import ChainPosition
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.log_format import RepeatFilter
-from streambandit.wire import Action, Context, DeadLetter, DecodeError, InputRef, Joined, ReplicaDecision, Reward, Tick, encode
+from streambandit.wire import (
+    Action,
+    Context,
+    DeadLetter,
+    DecodeError,
+    InputRef,
+    Joined,
+    ReplicaDecision,
+    Reward,
+    Tick,
+    encode,
+)
 from streambandit.wire.batch_decode import decode_batch
 from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 
@@ -38,7 +49,9 @@ Emit = Callable[[list[Output]], None]
 # the batch is processed, instead of the commit waiting for all of them (e2e part 4).
 EMIT_EVERY = 256
 
-_TIMED = frozenset((Context, ReplicaDecision, Reward, Tick))  # the decoded records that carry an event time
+_TIMED = frozenset(
+    (Context, ReplicaDecision, Reward, Tick)
+)  # the decoded records that carry an event time
 
 log = logging.getLogger("streambandit")
 
@@ -55,7 +68,9 @@ def now_ms() -> int:
 class PartitionState:
     engine: PartitionEngine
     merger: InputMerger
-    next_offset: dict[int, int]  # per input source: the next offset to process (what a commit records)
+    next_offset: dict[
+        int, int
+    ]  # per input source: the next offset to process (what a commit records)
     # Per input source, the next offset as of the last commit (or recovery). While it differs from
     # next_offset the state is ahead of what committed, and the partition is not snapshotted.
     committed_offset: dict[int, int] = dataclasses.field(default_factory=dict)
@@ -78,7 +93,9 @@ class BatchTimes:
     """Event times of a batch's outputs, for the histograms the worker fills after its commit."""
 
     decided_ms: list[int] = dataclasses.field(default_factory=list)  # each action's decision time
-    reward_delays_ms: list[int] = dataclasses.field(default_factory=list)  # reward time - decision time
+    reward_delays_ms: list[int] = dataclasses.field(
+        default_factory=list
+    )  # reward time - decision time
 
     def clear(self) -> None:
         self.decided_ms.clear()
@@ -101,13 +118,21 @@ class _Outputs:
         t, actions, joined = self.topics, self.actions, self.joined
         out = self.others
         if actions:
-            out += [(t.actions, p, a.model_key.encode(), v)
-                    for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))]
+            out += [
+                (t.actions, p, a.model_key.encode(), v)
+                for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))
+            ]
             seen.decided_ms += [a.decision_timestamp_ms for _, a in actions]
         if joined:
-            out += [(t.joined, p, j.model_key.encode(), v)
-                    for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))]
-            observed = [j.join_timestamp_ms - j.decision_timestamp_ms for _, j in joined if j.reward_observed]
+            out += [
+                (t.joined, p, j.model_key.encode(), v)
+                for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))
+            ]
+            observed = [
+                j.join_timestamp_ms - j.decision_timestamp_ms
+                for _, j in joined
+                if j.reward_observed
+            ]
             seen.reward_delays_ms += observed
             metrics["default_rewards"] += len(joined) - len(observed)
         metrics["actions"] += len(actions)
@@ -142,22 +167,34 @@ class BatchProcessor:
 
     def offsets(self) -> list[tuple[str, int, int]]:
         """(topic, partition, next offset) of every input read so far: what a commit records."""
-        return [(self.topic_of(src), p, off)
-                for p, part in self.partitions.items() for src, off in part.next_offset.items() if off >= 0]
+        return [
+            (self.topic_of(src), p, off)
+            for p, part in self.partitions.items()
+            for src, off in part.next_offset.items()
+            if off >= 0
+        ]
 
     def wait_deadline_ms(self) -> int | None:
         """When the first held record's merge wait runs out (it is released then), if any is held."""
-        deadlines = [d for part in self.partitions.values() if (d := part.merger.wait_deadline_ms()) is not None]
+        deadlines = [
+            d
+            for part in self.partitions.values()
+            if (d := part.merger.wait_deadline_ms()) is not None
+        ]
         return min(deadlines, default=None)
 
-    def process(self, records: list[Any], now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
+    def process(
+        self, records: list[Any], now: int, behind: dict[int, tuple[bool, bool]], emit: Emit
+    ) -> int:
         """Buffer ``records`` and process what the merge releases (see :meth:`release`); returns
         how many records were processed."""
         self.buffer(records, now)
         released = self.release(now, behind, emit)
         parts = self.partitions.values()
         self.metrics["merge_forced"] = self._merge_base[0] + sum(x.merger.forced for x in parts)
-        self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(x.merger.out_of_order for x in parts)
+        self.metrics["merge_out_of_order"] = self._merge_base[1] + sum(
+            x.merger.out_of_order for x in parts
+        )
         self.metrics["pending"] = sum(len(x.engine.pending) for x in parts)  # a gauge
         return released
 
@@ -170,7 +207,9 @@ class BatchProcessor:
         ahead = self.config.max_event_time_ahead_ms
         # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
         # to the merger at once.
-        runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = collections.defaultdict(list)
+        runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
+            collections.defaultdict(list)
+        )
         for msg, value, ev in zip(records, values, decode_batch(values)):
             p = msg.partition()
             src, offset = sources[msg.topic()], msg.offset()
@@ -241,28 +280,58 @@ class BatchProcessor:
         emit(out_buf.take(self.metrics, self.times))
         return released
 
-    def _other(self, part: PartitionState, ev: Any, ref: InputRef) -> list[Action | Joined | Rejected]:
+    def _other(
+        self, part: PartitionState, ev: Any, ref: InputRef
+    ) -> list[Action | Joined | Rejected]:
         """A record that is not the common case: one that did not decode, one on the wrong topic,
         a tick, or a keyed record whose key is not its model key."""
         if isinstance(ev, DecodeError):
             return [Rejected(ev.reason, ev.detail, ref)]
         first = ReplicaDecision if self.config.learn_only else Context
-        if ref.source == CONTEXTS and not isinstance(ev, first) or ref.source == REWARDS and not isinstance(ev, (Reward, Tick)):
-            return [Rejected(reasons.WRONG_TOPIC, f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}", ref)]
+        if (
+            ref.source == CONTEXTS
+            and not isinstance(ev, first)
+            or ref.source == REWARDS
+            and not isinstance(ev, (Reward, Tick))
+        ):
+            return [
+                Rejected(
+                    reasons.WRONG_TOPIC,
+                    f"a {type(ev).__name__} record on {self.topic_of(ref.source)!r}",
+                    ref,
+                )
+            ]
         if isinstance(ev, Tick):
             if ev.group_id != self.config.group_id:
                 # Only this group's workers may move its watermark: a tick from a client, or from
                 # another group reading the same rewards topic, would close this group's windows.
-                return [Rejected(reasons.FOREIGN_TICK, f"a tick of group {ev.group_id!r}, not {self.config.group_id!r}",
-                                 ref)]
+                return [
+                    Rejected(
+                        reasons.FOREIGN_TICK,
+                        f"a tick of group {ev.group_id!r}, not {self.config.group_id!r}",
+                        ref,
+                    )
+                ]
             return part.engine.on_tick(ev, ref)
         # A context or reward whose message key is not its model key, or that has none: it is on
         # whatever partition its key (or a random draw) chose, where its model's other records are
         # not, and would build a second copy of the model there.
         if ref.key is None:
-            return [Rejected(reasons.KEY_MISMATCH, f"no message key: produce {type(ev).__name__.lower()}s keyed by their "
-                                                   f"model key ({ev.model_key!r})", ref)]
-        return [Rejected(reasons.KEY_MISMATCH, f"message key {ref.key!r} is not the model key {ev.model_key!r}", ref)]
+            return [
+                Rejected(
+                    reasons.KEY_MISMATCH,
+                    f"no message key: produce {type(ev).__name__.lower()}s keyed by their "
+                    f"model key ({ev.model_key!r})",
+                    ref,
+                )
+            ]
+        return [
+            Rejected(
+                reasons.KEY_MISMATCH,
+                f"message key {ref.key!r} is not the model key {ev.model_key!r}",
+                ref,
+            )
+        ]
 
     def _dead_letter(self, p: int, o: Rejected, trigger: InputRef) -> Output:
         """The dead-letter record of a refused input (or of a decision whose update failed)."""
@@ -271,12 +340,27 @@ class BatchProcessor:
         src = o.source
         held = self._dead_letter_lines.admit(o.reason)
         if held is not None:
-            log.warning("dead letter reason=%s partition=%d offset=%d detail=%s%s", o.reason, p,
-                        -1 if isinstance(src, Action) else src.offset, o.detail[:300],
-                        f" ({held} more with this reason held back)" if held else "")
+            log.warning(
+                "dead letter reason=%s partition=%d offset=%d detail=%s%s",
+                o.reason,
+                p,
+                -1 if isinstance(src, Action) else src.offset,
+                o.detail[:300],
+                f" ({held} more with this reason held back)" if held else "",
+            )
         if isinstance(src, Action):  # update_failed: the decision itself is what could not be used
-            dl = DeadLetter(o.reason, o.detail, t.actions, p, -1, src.model_key.encode(), encode(src), now_ms(),
-                            trigger.source, trigger.offset)
+            dl = DeadLetter(
+                o.reason,
+                o.detail,
+                t.actions,
+                p,
+                -1,
+                src.model_key.encode(),
+                encode(src),
+                now_ms(),
+                trigger.source,
+                trigger.offset,
+            )
         else:
             key, value, detail = src.key, src.value, o.detail
             limit = self.config.max_dead_letter_bytes
@@ -284,13 +368,26 @@ class BatchProcessor:
                 # Copied whole, the dead letter would exceed what a producer accepts, and its
                 # transaction would fail again on every retry. A prefix, with the original's
                 # length and digest, still identifies it (and its offset locates it).
-                detail += "; " + "; ".join(f"{what} of {len(b)} bytes (sha256 {hashlib.sha256(b).hexdigest()}) cut to "
-                                           f"its first {min(len(b), limit // 2)}"
-                                           for what, b in (("key", key), ("value", value)) if b and len(b) > limit // 2)
+                detail += "; " + "; ".join(
+                    f"{what} of {len(b)} bytes (sha256 {hashlib.sha256(b).hexdigest()}) cut to "
+                    f"its first {min(len(b), limit // 2)}"
+                    for what, b in (("key", key), ("value", value))
+                    if b and len(b) > limit // 2
+                )
                 key = key[: limit // 2] if key else key
                 value = value[: limit // 2] if value else value
-            dl = DeadLetter(o.reason, detail, self.topic_of(src.source), p, src.offset, key, value,
-                            src.timestamp_ms, trigger.source, trigger.offset)
+            dl = DeadLetter(
+                o.reason,
+                detail,
+                self.topic_of(src.source),
+                p,
+                src.offset,
+                key,
+                value,
+                src.timestamp_ms,
+                trigger.source,
+                trigger.offset,
+            )
             return (t.dead_letter, p, key, encode(dl))
         return (t.dead_letter, p, None, encode(dl))
 
@@ -303,9 +400,20 @@ class BatchProcessor:
         clock (a backlog, a skewed clock) would otherwise see every open window closed by the
         first quiet moment."""
         idle = now - part.last_input_wall_ms
-        if (not part.engine.pending and not part.engine.early) or idle < self.config.idle_tick_ms \
-                or now - part.last_tick_wall_ms < self.config.idle_tick_ms or part.merger.pending():
+        if (
+            (not part.engine.pending and not part.engine.early)
+            or idle < self.config.idle_tick_ms
+            or now - part.last_tick_wall_ms < self.config.idle_tick_ms
+            or part.merger.pending()
+        ):
             return []
         part.last_tick_wall_ms = now
         self.metrics["ticks"] += 1
-        return [(self.config.topics.rewards, p, None, encode(Tick(part.engine.watermark_ms + idle, self.config.group_id)))]
+        return [
+            (
+                self.config.topics.rewards,
+                p,
+                None,
+                encode(Tick(part.engine.watermark_ms + idle, self.config.group_id)),
+            )
+        ]

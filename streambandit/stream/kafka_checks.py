@@ -21,7 +21,12 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from streambandit.config.kafka import consumer_settings, for_client, producer_settings, reader_settings
+from streambandit.config.kafka import (
+    consumer_settings,
+    for_client,
+    producer_settings,
+    reader_settings,
+)
 from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
 from streambandit.stream.errors import WorkerError
@@ -56,19 +61,31 @@ def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None
     unknown key or a bad value here (ValueError naming the key as the configuration spells it,
     though librdkafka may name its alias), before anything connects."""
     c = config
-    clients = (("consumer", Consumer, consumer_settings(c.bootstrap_servers, c.group_id, c.kafka)),
-               ("producer", Producer, producer_settings(c.bootstrap_servers, "streambandit-check", c.kafka)),
-               ("consumer", Consumer, reader_settings(c.bootstrap_servers, c.kafka)))
+    clients = (
+        ("consumer", Consumer, consumer_settings(c.bootstrap_servers, c.group_id, c.kafka)),
+        (
+            "producer",
+            Producer,
+            producer_settings(c.bootstrap_servers, "streambandit-check", c.kafka),
+        ),
+        ("consumer", Consumer, reader_settings(c.bootstrap_servers, c.kafka)),
+    )
     for kind, make, settings in clients:
         error = _refused(make, settings)
         if error is None:
             continue
         # Which of the user's settings: each alone over the client's own.
         own = {k: v for k, v in settings.items() if k not in for_client(kind, c.kafka)}
-        culprits = [k for k, v in for_client(kind, c.kafka).items() if _refused(make, own | {k: v}) is not None]
+        culprits = [
+            k
+            for k, v in for_client(kind, c.kafka).items()
+            if _refused(make, own | {k: v}) is not None
+        ]
         named = f"{', '.join(repr(k) for k in culprits)}: " if culprits else ""
-        raise ValueError(f"{source}: librdkafka refuses the {kind}'s setting {named}{error} "
-                         f"(the settings: {_SETTINGS_DOC})")
+        raise ValueError(
+            f"{source}: librdkafka refuses the {kind}'s setting {named}{error} "
+            f"(the settings: {_SETTINGS_DOC})"
+        )
 
 
 def _refused(make: Any, settings: dict[str, Any]) -> str | None:
@@ -87,8 +104,14 @@ def wait_for_brokers(config: WorkerConfig) -> None:
     """Return once a broker of ``bootstrap.servers`` answers a metadata request; after
     ``broker_wait_s`` without one, WorkerError with the last connection error."""
     errors: list[str] = []
-    admin = AdminClient({"bootstrap.servers": config.bootstrap_servers, **for_client("admin", config.kafka),
-                         "logger": _silent(), "error_cb": lambda err: errors.append(err.str())})
+    admin = AdminClient(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            **for_client("admin", config.kafka),
+            "logger": _silent(),
+            "error_cb": lambda err: errors.append(err.str()),
+        }
+    )
     deadline = time.monotonic() + config.broker_wait_s
     while True:
         left = deadline - time.monotonic()

@@ -19,6 +19,7 @@ from streambandit.stream.errors import WorkerError
 
 __all__ = ["read_range", "committed_view", "high_watermark", "LogReader", "OpenTransactionTimeout"]
 
+
 class Logged(Protocol):
     """An output record as committed_view reads it (wire/records.py: Action, Joined, DeadLetter)."""
 
@@ -34,12 +35,20 @@ T = TypeVar("T", bound=Logged)
 
 def high_watermark(consumer: Consumer, topic: str, partition: int, timeout_s: float = 10.0) -> int:
     """The offset after the last readable record (for a read_committed consumer: the LSO)."""
-    _, hi = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=timeout_s, cached=False)
+    _, hi = consumer.get_watermark_offsets(
+        TopicPartition(topic, partition), timeout=timeout_s, cached=False
+    )
     return int(hi)
 
 
-def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: int | None = None,
-               timeout_s: float = 30.0) -> list[Any]:
+def read_range(
+    consumer: Consumer,
+    topic: str,
+    partition: int,
+    start: int,
+    end: int | None = None,
+    timeout_s: float = 30.0,
+) -> list[Any]:
     """All messages of ``topic[partition]`` with ``start <= offset < end`` (``end=None``: up to
     the high watermark at call time), in offset order. ``consumer`` must not be subscribed."""
     if end is None:
@@ -67,7 +76,9 @@ def read_range(consumer: Consumer, topic: str, partition: int, start: int, end: 
             out.append(msg)
             if msg.offset() == end - 1:
                 return out
-        raise TimeoutError(f"reading {topic}[{partition}] {start}..{end} took longer than {timeout_s} s")
+        raise TimeoutError(
+            f"reading {topic}[{partition}] {start}..{end} took longer than {timeout_s} s"
+        )
     finally:
         consumer.unassign()
 
@@ -84,7 +95,10 @@ def committed_view(records: Iterable[T], committed: dict[int, int]) -> list[T]:
         src, off = r.trigger
         if src >= 0 and off >= committed.get(src, 0):
             continue  # written by a batch whose input offsets never committed
-        kept[r.natural_key] = (i, r)  # the last occurrence wins: a redo follows the aborted original
+        kept[r.natural_key] = (
+            i,
+            r,
+        )  # the last occurrence wins: a redo follows the aborted original
     return [r for _, r in sorted(kept.values(), key=lambda t: t[0])]
 
 
@@ -125,7 +139,8 @@ class LogReader:
                 raise OpenTransactionTimeout(
                     f"{topic}[{partition}]: a transaction open from offset {stable} (log end {end}) did not end "
                     f"within {self.open_timeout_s:.0f} s; restart the worker that wrote it with the same instance id "
-                    f"(its transactional id), or wait for the broker's transaction timeout")
+                    f"(its transactional id), or wait for the broker's transaction timeout"
+                )
             time.sleep(0.1)
 
     def read(self, topic: str, partition: int, start: int, end: int) -> list[Any]:

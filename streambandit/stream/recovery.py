@@ -22,18 +22,40 @@ from streambandit.stream.batch import PartitionState
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.logs import LogReader, committed_view
 from streambandit.stream.snapshots import SnapshotStore, usable_snapshots
-from streambandit.wire import Context, DecodeError, InputRef, ReplicaDecision, Reward, Snapshot, Tick, decode
+from streambandit.wire import (
+    Context,
+    DecodeError,
+    InputRef,
+    ReplicaDecision,
+    Reward,
+    Snapshot,
+    Tick,
+    decode,
+)
 
 __all__ = ["recover_partition"]
 
 log = logging.getLogger("streambandit")
 
-_REFUSED_BEFORE_THE_ENGINE = frozenset((reasons.WRONG_TOPIC, reasons.KEY_MISMATCH, reasons.EVENT_TIME_AHEAD,
-                                        reasons.ID_TOO_LONG, reasons.FOREIGN_TICK))
+_REFUSED_BEFORE_THE_ENGINE = frozenset(
+    (
+        reasons.WRONG_TOPIC,
+        reasons.KEY_MISMATCH,
+        reasons.EVENT_TIME_AHEAD,
+        reasons.ID_TOO_LONG,
+        reasons.FOREIGN_TICK,
+    )
+)
 
 
-def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader: LogReader,
-                      committed_offsets: Callable[[], dict[int, int]], metrics: Any) -> PartitionState:
+def recover_partition(
+    p: int,
+    config: WorkerConfig,
+    store: SnapshotStore,
+    reader: LogReader,
+    committed_offsets: Callable[[], dict[int, int]],
+    metrics: Any,
+) -> PartitionState:
     """Partition ``p`` from its newest snapshot that fits the configuration and the logs;
     ``committed_offsets()`` gives the group's committed offset per input source.
 
@@ -52,16 +74,30 @@ def recover_partition(p: int, config: WorkerConfig, store: SnapshotStore, reader
             return _recover_from(p, snap, config, reader, ends, committed, metrics)
         except (ValueError, RecoveryError) as exc:
             if snap is None:
-                raise WorkerError(f"partition {p}: the joined log does not fit the model configuration "
-                                  f"({exc}); restore the configuration the log was written with") from exc
+                raise WorkerError(
+                    f"partition {p}: the joined log does not fit the model configuration "
+                    f"({exc}); restore the configuration the log was written with"
+                ) from exc
             metrics["snapshot_fallbacks"] += 1
-            log.error("snapshot does not fit partition=%d created_ms=%d error=%s; falling back to an older one "
-                      "or the joined log", p, snap.header.created_ms, exc)
+            log.error(
+                "snapshot does not fit partition=%d created_ms=%d error=%s; falling back to an older one "
+                "or the joined log",
+                p,
+                snap.header.created_ms,
+                exc,
+            )
     raise AssertionError("unreachable")
 
 
-def _recover_from(p: int, snap: Snapshot | None, config: WorkerConfig, reader: LogReader, ends: dict[str, int],
-                  committed: dict[int, int], metrics: Any) -> PartitionState:
+def _recover_from(
+    p: int,
+    snap: Snapshot | None,
+    config: WorkerConfig,
+    reader: LogReader,
+    ends: dict[str, int],
+    committed: dict[int, int],
+    metrics: Any,
+) -> PartitionState:
     c, t = config, config.topics
     limits = c.engine_limits()
     if snap is None:
@@ -70,17 +106,26 @@ def _recover_from(p: int, snap: Snapshot | None, config: WorkerConfig, reader: L
     else:
         engine = PartitionEngine.restore(c.models, snap.engine, **limits)
         h = snap.header
-        start = {"contexts": h.contexts_offset, "rewards": h.rewards_offset, t.actions: h.actions_offset,
-                 t.joined: h.joined_offset, t.dead_letter: h.dead_letter_offset}
+        start = {
+            "contexts": h.contexts_offset,
+            "rewards": h.rewards_offset,
+            t.actions: h.actions_offset,
+            t.joined: h.joined_offset,
+            t.dead_letter: h.dead_letter_offset,
+        }
     if committed[CONTEXTS] < start["contexts"] or committed[REWARDS] < start["rewards"]:
         # Its state holds input the group never committed (the group's offsets were moved back,
         # or a commit was lost): an older snapshot, or the joined log, is used instead.
-        raise RecoveryError(f"snapshot is ahead of the committed offsets (contexts {start['contexts']}, rewards "
-                            f"{start['rewards']}; committed {committed[CONTEXTS]}, {committed[REWARDS]})")
+        raise RecoveryError(
+            f"snapshot is ahead of the committed offsets (contexts {start['contexts']}, rewards "
+            f"{start['rewards']}; committed {committed[CONTEXTS]}, {committed[REWARDS]})"
+        )
 
     for topic, end in ends.items():
         if end < start[topic]:
-            raise RecoveryError(f"{topic}[{p}] ends at offset {end}, before the snapshot's position {start[topic]}")
+            raise RecoveryError(
+                f"{topic}[{p}] ends at offset {end}, before the snapshot's position {start[topic]}"
+            )
 
     def events_of(topic: str, begin: int, end: int | None = None) -> list[tuple[Any, Any]]:
         out = []
@@ -91,25 +136,52 @@ def _recover_from(p: int, snap: Snapshot | None, config: WorkerConfig, reader: L
                 out.append((None, m))
         return out
 
-    joined = committed_view([e for e, _ in events_of(t.joined, start[t.joined]) if e is not None], committed)
-    actions = committed_view([e for e, _ in events_of(t.actions, start[t.actions]) if e is not None], committed)
-    dead = committed_view([e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None], committed)
+    joined = committed_view(
+        [e for e, _ in events_of(t.joined, start[t.joined]) if e is not None], committed
+    )
+    actions = committed_view(
+        [e for e, _ in events_of(t.actions, start[t.actions]) if e is not None], committed
+    )
+    dead = committed_view(
+        [e for e, _ in events_of(t.dead_letter, start[t.dead_letter]) if e is not None], committed
+    )
     inputs = events_of(t.rewards, start["rewards"], committed[REWARDS])
     contexts = events_of(c.first_input, start["contexts"], committed[CONTEXTS])
-    rewards = [(e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))
-               for e, m in inputs if isinstance(e, Reward)]
-    dead_lettered = {InputRef(CONTEXTS if d.source_topic == c.first_input else REWARDS, p, d.source_offset)
-                     for d in dead if d.source_offset >= 0}
-    closed = {decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value}
+    rewards = [
+        (e, InputRef(REWARDS, p, m.offset(), m.key(), m.value(), m.timestamp()[1]))
+        for e, m in inputs
+        if isinstance(e, Reward)
+    ]
+    dead_lettered = {
+        InputRef(CONTEXTS if d.source_topic == c.first_input else REWARDS, p, d.source_offset)
+        for d in dead
+        if d.source_offset >= 0
+    }
+    closed = {
+        decode(d.value).event_id for d in dead if d.reason == reasons.UPDATE_FAILED and d.value
+    }
     # The watermark the live engine reached: the largest event time of an input it advanced to.
     # Inputs refused before the engine saw their time (a wrong topic or key, an event time too far
     # ahead, an id too long) did not move it.
-    unseen = {(d.source_topic, d.source_offset) for d in dead if d.reason in _REFUSED_BEFORE_THE_ENGINE}
-    stamps = [e.timestamp_ms for e, m in inputs + contexts
-              if isinstance(e, (Context, ReplicaDecision, Reward, Tick)) and (m.topic(), m.offset()) not in unseen]
-    engine.recover_from_logs(joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63)))
+    unseen = {
+        (d.source_topic, d.source_offset) for d in dead if d.reason in _REFUSED_BEFORE_THE_ENGINE
+    }
+    stamps = [
+        e.timestamp_ms
+        for e, m in inputs + contexts
+        if isinstance(e, (Context, ReplicaDecision, Reward, Tick))
+        and (m.topic(), m.offset()) not in unseen
+    ]
+    engine.recover_from_logs(
+        joined, actions, rewards, dead_lettered, closed, max(stamps, default=-(2**63))
+    )
     metrics["recovered_joined"] += len(joined)
-    return PartitionState(engine=engine, merger=InputMerger(c.merge_wait_ms), next_offset=dict(committed),
-                          committed_offset=dict(committed),
-                          chain=ChainPosition(snap.header.chain, snap.header.seq) if snap is not None and snap.header.chain
-                          else None)
+    return PartitionState(
+        engine=engine,
+        merger=InputMerger(c.merge_wait_ms),
+        next_offset=dict(committed),
+        committed_offset=dict(committed),
+        chain=ChainPosition(snap.header.chain, snap.header.seq)
+        if snap is not None and snap.header.chain
+        else None,
+    )

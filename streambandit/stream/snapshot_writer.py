@@ -85,15 +85,22 @@ class SnapshotWriter:
         self.metrics = metrics  # this thread owns the snapshot_* write counters
         # Present from the start: the thread then only changes values, never the dict's size,
         # so the loop may iterate the metrics (a report, the exit line) while it runs.
-        for key in ("snapshots", "snapshot_bases", "snapshot_increments", "snapshot_failures", "snapshot_bytes",
-                    "snapshot_write_us"):
+        for key in (
+            "snapshots",
+            "snapshot_bases",
+            "snapshot_increments",
+            "snapshot_failures",
+            "snapshot_bytes",
+            "snapshot_write_us",
+        ):
             metrics.setdefault(key, 0)
         metrics.setdefault("snapshot_forks", 0)
         self.lock = threading.Lock()
         self.reads = LockedReads(store, self.lock)
         # (partition, header, the snapshot to pack or None, the forked child writing it or None)
-        self._queue: queue.Queue[tuple[int, SnapshotHeader, Snapshot | None, tuple[int, int, bool] | None] | None] = \
-            queue.Queue()
+        self._queue: queue.Queue[
+            tuple[int, SnapshotHeader, Snapshot | None, tuple[int, int, bool] | None] | None
+        ] = queue.Queue()
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._done = threading.Condition()
         self._failures: dict[int, str] = {}
@@ -108,8 +115,13 @@ class SnapshotWriter:
             self._in_flight[partition] += 1
         self._queue.put((partition, snap.header, snap, None))
 
-    def submit_forked(self, partition: int, head: SnapshotHeader | Mapping[str, Any], engine: Any,
-                      models: list[str] | None) -> None:
+    def submit_forked(
+        self,
+        partition: int,
+        head: SnapshotHeader | Mapping[str, Any],
+        engine: Any,
+        models: list[str] | None,
+    ) -> None:
         """Store ``head`` with ``engine.snapshot(models)`` (``models`` None: a base) as they are
         now, taken and packed by a forked child, which also stores it into a ``fork_safe``
         store; into another, it sends the bytes back and this thread stores them.
@@ -130,7 +142,9 @@ class SnapshotWriter:
         parent = os.getpid()
         pid = os.fork()
         if pid == 0:  # the child: never returns
-            _child_writes(write_end, parent, self.store if direct else None, partition, head, engine, models)
+            _child_writes(
+                write_end, parent, self.store if direct else None, partition, head, engine, models
+            )
         os.close(write_end)
         self.metrics["snapshot_forks"] += 1
         with self._done:
@@ -143,8 +157,10 @@ class SnapshotWriter:
 
     def wait(self, partition: int | None = None, timeout_s: float | None = None) -> bool:
         """Until nothing of ``partition`` (None: of any) is in flight; False on timeout."""
+
         def idle() -> bool:
             return not +self._in_flight if partition is None else self._in_flight[partition] == 0
+
         with self._done:
             return self._done.wait_for(idle, timeout_s)
 
@@ -174,7 +190,11 @@ class SnapshotWriter:
                 if child is None:
                     data = pack_snapshot(snap)
                     self._store(partition, head, data)
-                    size, models, pending = len(data), len(snap.engine["models"]), len(snap.engine["pending"])
+                    size, models, pending = (
+                        len(data),
+                        len(snap.engine["models"]),
+                        len(snap.engine["pending"]),
+                    )
                 else:
                     pid, read_end, sent = child
                     size, models, pending, data = _wait_for_child(pid, read_end, with_data=sent)
@@ -182,8 +202,13 @@ class SnapshotWriter:
                         self._store(partition, head, data)
                 del data
             except Exception as exc:  # noqa: BLE001 (reported to the loop, which starts a new chain)
-                log.error("snapshot not stored partition=%d chain=%d seq=%d error=%s", partition, head.chain,
-                          head.seq, exc)
+                log.error(
+                    "snapshot not stored partition=%d chain=%d seq=%d error=%s",
+                    partition,
+                    head.chain,
+                    head.seq,
+                    exc,
+                )
                 with self._done:
                     self._failures[partition] = str(exc)
                 self.metrics["snapshot_failures"] += 1
@@ -192,8 +217,17 @@ class SnapshotWriter:
                 self.metrics["snapshot_increments" if head.seq else "snapshot_bases"] += 1
                 self.metrics["snapshot_bytes"] = size
                 self.metrics["snapshot_write_us"] = int((time.monotonic() - started) * 1e6)
-                log.info("snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s", partition, kind,
-                         head.chain, head.seq, size, models, pending, "" if child is None else " forked")
+                log.info(
+                    "snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s",
+                    partition,
+                    kind,
+                    head.chain,
+                    head.seq,
+                    size,
+                    models,
+                    pending,
+                    "" if child is None else " forked",
+                )
             finally:
                 del snap, item
                 with self._done:
@@ -205,8 +239,9 @@ class ChildFailed(RuntimeError):
     """A forked snapshot child exited without storing its snapshot."""
 
 
-def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None,
-                    with_data: bool = False) -> tuple[int, int, int, memoryview | None]:
+def _wait_for_child(
+    pid: int, read_end: int, limit_s: float | None = None, with_data: bool = False
+) -> tuple[int, int, int, memoryview | None]:
     """The child's report (bytes, models, pending) once it exited, and with ``with_data`` the
     snapshot's bytes it sent after its report line; or ChildFailed with its error. A child still
     running after ``limit_s`` is killed and failed: a child stuck on a lock some thread held at the
@@ -239,21 +274,25 @@ def _wait_for_child(pid: int, read_end: int, limit_s: float | None = None,
                 line, rest = bytes(report).split(b"\n", 1)
                 # np.empty: a bytearray would zero hundreds of MB first, holding the GIL.
                 data = memoryview(np.empty(int(line.split()[1]), np.uint8))
-                data[:len(rest)] = rest
+                data[: len(rest)] = rest
                 got, report = len(rest), bytearray(line)
     finally:
         os.close(read_end)
     _, status = os.waitpid(pid, 0)
     text = report.decode("utf-8", "replace").strip()
     if os.waitstatus_to_exitcode(status) != 0 or not text.startswith("ok "):
-        raise ChildFailed(f"snapshot child exited with {os.waitstatus_to_exitcode(status)}: {text or 'no report'}")
+        raise ChildFailed(
+            f"snapshot child exited with {os.waitstatus_to_exitcode(status)}: {text or 'no report'}"
+        )
     size, models, pending = map(int, text.split()[1:4])
     if with_data and (data is None or got != size):
         raise ChildFailed(f"snapshot child sent {got} of its {size} bytes")
     return size, models, pending, data
 
 
-def _save(store: SnapshotStore, partition: int, head: SnapshotHeader, data: bytes | memoryview) -> None:
+def _save(
+    store: SnapshotStore, partition: int, head: SnapshotHeader, data: bytes | memoryview
+) -> None:
     """Into the store as a base or as an increment of its chain, as ``head`` says."""
     if head.seq == 0:
         store.save(partition, data)
@@ -261,8 +300,15 @@ def _save(store: SnapshotStore, partition: int, head: SnapshotHeader, data: byte
         store.save_increment(partition, head.chain, head.seq, data)
 
 
-def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, partition: int, head: SnapshotHeader,
-                  engine: Any, models: list[str] | None) -> None:
+def _child_writes(
+    write_end: int,
+    parent: int,
+    store: SnapshotStore | None,
+    partition: int,
+    head: SnapshotHeader,
+    engine: Any,
+    models: list[str] | None,
+) -> None:
     """In the forked child: snapshot, pack, store (``store`` None: send the bytes after the
     report line instead), report on ``write_end``, exit. Nothing here may return into the
     worker's code (os._exit in every case), take a lock another thread held at the fork (no
@@ -280,7 +326,9 @@ def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, part
         gc.disable()  # garbage is freed at exit; a collection would only copy pages
         snap = Snapshot(head, engine.snapshot(models))
         data = pack_snapshot(snap)
-        report = f"ok {len(data)} {len(snap.engine['models'])} {len(snap.engine['pending'])}\n".encode()
+        report = (
+            f"ok {len(data)} {len(snap.engine['models'])} {len(snap.engine['pending'])}\n".encode()
+        )
         if store is None:
             _write_all(write_end, report)
             _write_all(write_end, data)
@@ -300,4 +348,4 @@ def _child_writes(write_end: int, parent: int, store: SnapshotStore | None, part
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]

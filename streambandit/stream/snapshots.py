@@ -43,8 +43,17 @@ from streambandit.errors import StreambanditError
 from streambandit.stream.logs import read_range
 from streambandit.wire import Snapshot, SnapshotError, unpack_snapshot
 
-__all__ = ["SnapshotStore", "DirectoryStore", "TopicStore", "SnapshotStoreError", "load_latest", "usable_snapshots",
-           "create_snapshot_topic", "chunk_key", "pack_chunk"]
+__all__ = [
+    "SnapshotStore",
+    "DirectoryStore",
+    "TopicStore",
+    "SnapshotStoreError",
+    "load_latest",
+    "usable_snapshots",
+    "create_snapshot_topic",
+    "chunk_key",
+    "pack_chunk",
+]
 
 log = logging.getLogger("streambandit")
 
@@ -61,16 +70,20 @@ class SnapshotStore(Protocol):
         """Store a base snapshot of ``partition``; the store keeps it and the one before it,
         with the increments of both, and may drop older ones."""
         ...
+
     def candidates(self, partition: int) -> Iterable[bytes]:
         """Stored base snapshots of a partition, newest first. A store may read each only when
         it is asked for the next (a recovery stops at the first usable one)."""
         ...
+
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         """Store increment ``seq`` of ``chain`` (the base it continues)."""
         ...
+
     def increments(self, partition: int, chain: int) -> list[bytes]:
         """The stored increments of ``chain``, in no particular order."""
         ...
+
     def scoped(self, group: str) -> "SnapshotStore":
         """The same store, holding only ``group``'s snapshots."""
         ...
@@ -123,7 +136,11 @@ class DirectoryStore:
 
     def increments(self, partition: int, chain: int) -> list[bytes]:
         d = self._increment_dir(partition)
-        return [f.read_bytes() for f in sorted(d.glob(f"{chain}-*")) if not f.name.endswith(".tmp")] if d.exists() else []
+        return (
+            [f.read_bytes() for f in sorted(d.glob(f"{chain}-*")) if not f.name.endswith(".tmp")]
+            if d.exists()
+            else []
+        )
 
     def candidates(self, partition: int) -> Iterator[bytes | mmap.mmap]:
         # One at a time: a base can be hundreds of MB, and the previous one is read only when
@@ -157,7 +174,9 @@ _KEY = re.compile(rb"(?:([^/]+)/)?p(\d+)/s(\d+)/(\d+)")
 
 # glibc's malloc_trim (absent elsewhere, e.g. musl): free heap memory back to the OS. ctypes
 # releases the GIL for the call. After a snapshot of at least _TRIM_AFTER_BYTES.
-_malloc_trim = getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+_malloc_trim = (
+    getattr(ctypes.CDLL(None), "malloc_trim", None) if sys.platform.startswith("linux") else None
+)
 _TRIM_AFTER_BYTES = 64 << 20
 
 
@@ -187,7 +206,7 @@ def _unpack_chunk(value: bytes) -> _Chunk | None:
     magic, version, generation, index, count, crc = _CHUNK.unpack_from(value)
     if magic != _CHUNK_MAGIC or version != _CHUNK_VERSION:
         return None
-    return _Chunk(generation, index, count, crc, memoryview(value)[_CHUNK.size:])
+    return _Chunk(generation, index, count, crc, memoryview(value)[_CHUNK.size :])
 
 
 @dataclasses.dataclass
@@ -200,13 +219,17 @@ class _Slot:
     indices: frozenset[int] = frozenset()
 
 
-def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slot, mmap.mmap | None]:
+def _assemble(
+    partition: int, slot: int, values: dict[int, bytes]
+) -> tuple[_Slot, mmap.mmap | None]:
     """The slot's snapshot when all its chunks belong to one save and the whole passes its CRC,
     in a private anonymous mapping: what unpack_snapshot lets a restore take as the models' rows
     (a copy fewer of a snapshot that can be hundreds of MB, as from a directory store)."""
     chunks = {i: _unpack_chunk(v) for i, v in values.items()}
-    meta = _Slot(max_generation=max((c.generation for c in chunks.values() if c), default=0),
-                 indices=frozenset(values))
+    meta = _Slot(
+        max_generation=max((c.generation for c in chunks.values() if c), default=0),
+        indices=frozenset(values),
+    )
     if not values:
         return meta, None
     first = chunks.get(0)
@@ -214,8 +237,12 @@ def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slo
         problem = "chunk 0 missing or unreadable"
     else:
         parts = [chunks.get(i) for i in range(first.count)]
-        same = all(c is not None and (c.generation, c.index, c.count, c.crc) == (first.generation, i, first.count, first.crc)
-                   for i, c in enumerate(parts))
+        same = all(
+            c is not None
+            and (c.generation, c.index, c.count, c.crc)
+            == (first.generation, i, first.count, first.crc)
+            for i, c in enumerate(parts)
+        )
         crc = 0
         if same:
             for c in parts:
@@ -227,8 +254,13 @@ def _assemble(partition: int, slot: int, values: dict[int, bytes]) -> tuple[_Slo
         else:
             meta.generation = first.generation
             return meta, _joined(c.payload for c in parts)  # type: ignore[union-attr]
-    log.error("snapshot slot unusable partition=%d slot=%d generation=%d reason=%s; using the other slot",
-              partition, slot, meta.max_generation, problem)
+    log.error(
+        "snapshot slot unusable partition=%d slot=%d generation=%d reason=%s; using the other slot",
+        partition,
+        slot,
+        meta.max_generation,
+        problem,
+    )
     return meta, None
 
 
@@ -242,7 +274,7 @@ def _joined(parts: Iterable[memoryview]) -> mmap.mmap | bytes:
     out = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     at = 0
     for p in parts:
-        out[at:at + len(p)] = p
+        out[at : at + len(p)] = p
         at += len(p)
     return out
 
@@ -265,8 +297,15 @@ class TopicStore:
     supports_increments = False
     fork_safe = False  # its saves go through a Kafka producer, whose threads a child has not
 
-    def __init__(self, bootstrap_servers: str, topic: str, *, kafka: dict[str, Any] | None = None,
-                 max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES, timeout_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        kafka: dict[str, Any] | None = None,
+        max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+        timeout_s: float = 30.0,
+    ) -> None:
         if max_chunk_bytes < 1:
             raise ValueError(f"max_chunk_bytes must be >= 1, got {max_chunk_bytes}")
         self.topic = topic
@@ -281,17 +320,23 @@ class TopicStore:
         except Exception:
             self._reader.close()
             raise
-        self._producer = Producer({
-            "bootstrap.servers": bootstrap_servers, "linger.ms": 0,
-            **{k: v for k, v in for_client("producer", user).items() if k != "transactional.id"},
-            "enable.idempotence": True, "acks": "all",
-            # One record per produce batch. Tansu 0.6 answers ListOffsets with the first offset
-            # of the last batch + 1, so the records after the first of a multi-record batch lie
-            # beyond the "high watermark" a reader stops at. Chunks are too large to gain from
-            # batching anyway.
-            "batch.num.messages": 1,
-            "message.max.bytes": max(1_000_000, max_chunk_bytes + _CHUNK.size + 1024),
-        })
+        self._producer = Producer(
+            {
+                "bootstrap.servers": bootstrap_servers,
+                "linger.ms": 0,
+                **{
+                    k: v for k, v in for_client("producer", user).items() if k != "transactional.id"
+                },
+                "enable.idempotence": True,
+                "acks": "all",
+                # One record per produce batch. Tansu 0.6 answers ListOffsets with the first offset
+                # of the last batch + 1, so the records after the first of a multi-record batch lie
+                # beyond the "high watermark" a reader stops at. Chunks are too large to gain from
+                # batching anyway.
+                "batch.num.messages": 1,
+                "message.max.bytes": max(1_000_000, max_chunk_bytes + _CHUNK.size + 1024),
+            }
+        )
         self._slots: dict[int, list[_Slot]] = {}
         self._warned: set[int] = set()
         self._scope = ""
@@ -312,30 +357,44 @@ class TopicStore:
             raise SnapshotStoreError(
                 f"snapshot topic {self.topic!r} does not exist; create it compacted with as many partitions as the "
                 f"input topics (streambandit.stream.snapshots.create_snapshot_topic, or kafka-topics.sh --create "
-                f"--topic {self.topic} --partitions N --config cleanup.policy=compact)")
+                f"--topic {self.topic} --partitions N --config cleanup.policy=compact)"
+            )
         return len(t.partitions)
 
     def _check_compacted(self, bootstrap_servers: str, user: dict[str, Any]) -> None:
         """Warn (only) when the topic is not compacted: it still works, but grows without bound.
         Best effort: the cluster may not let this client describe configurations."""
         try:
-            admin = AdminClient({"bootstrap.servers": bootstrap_servers, **for_client("admin", user)})
+            admin = AdminClient(
+                {"bootstrap.servers": bootstrap_servers, **for_client("admin", user)}
+            )
             res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
-            policy = admin.describe_configs([res])[res].result(self.timeout_s)["cleanup.policy"].value
+            policy = (
+                admin.describe_configs([res])[res].result(self.timeout_s)["cleanup.policy"].value
+            )
         except (KafkaException, KeyError, TimeoutError) as exc:
             log.info("snapshot topic config not checked topic=%s error=%s", self.topic, exc)
             return
         if "compact" not in (policy or ""):
-            log.warning("snapshot topic not compacted topic=%s cleanup.policy=%s; it will grow without bound",
-                        self.topic, policy)
+            log.warning(
+                "snapshot topic not compacted topic=%s cleanup.policy=%s; it will grow without bound",
+                self.topic,
+                policy,
+            )
 
     def _topic_partition(self, partition: int) -> int:
         if partition < self.partitions:
             return partition
         if partition not in self._warned:
             self._warned.add(partition)
-            log.warning("snapshot topic has fewer partitions than the inputs topic=%s partitions=%d partition=%d; "
-                        "sharing partition %d", self.topic, self.partitions, partition, partition % self.partitions)
+            log.warning(
+                "snapshot topic has fewer partitions than the inputs topic=%s partitions=%d partition=%d; "
+                "sharing partition %d",
+                self.topic,
+                self.partitions,
+                partition,
+                partition % self.partitions,
+            )
         return partition % self.partitions
 
     # -- reading -------------------------------------------------------------------------------
@@ -343,11 +402,18 @@ class TopicStore:
     def _scan(self, partition: int) -> tuple[list[_Slot], list[mmap.mmap | bytes | None]]:
         """Read the partition's chunk records up to the end; the last value of each key wins."""
         tp = self._topic_partition(partition)
-        lo, hi = self._reader.get_watermark_offsets(TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False)
+        lo, hi = self._reader.get_watermark_offsets(
+            TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False
+        )
         latest: dict[tuple[int, int], bytes] = {}
         for msg in read_range(self._reader, self.topic, tp, lo, hi, timeout_s=self.timeout_s):
             m = _KEY.fullmatch(msg.key() or b"")
-            if m is None or (m[1] or b"").decode() != self._scope or int(m[2]) != partition or int(m[3]) >= _SLOTS:
+            if (
+                m is None
+                or (m[1] or b"").decode() != self._scope
+                or int(m[2]) != partition
+                or int(m[3]) >= _SLOTS
+            ):
                 continue  # another group's, another partition sharing this one, or not ours
             k = (int(m[3]), int(m[4]))
             if msg.value() is None:
@@ -356,7 +422,9 @@ class TopicStore:
                 latest[k] = msg.value()
         metas, datas = [], []
         for s in range(_SLOTS):
-            meta, data = _assemble(partition, s, {i: v for (slot, i), v in latest.items() if slot == s})
+            meta, data = _assemble(
+                partition, s, {i: v for (slot, i), v in latest.items() if slot == s}
+            )
             metas.append(meta)
             datas.append(data)
         return metas, datas
@@ -364,7 +432,9 @@ class TopicStore:
     def candidates(self, partition: int) -> list[mmap.mmap | bytes]:
         metas, datas = self._scan(partition)
         self._slots[partition] = metas
-        order = sorted((s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation)
+        order = sorted(
+            (s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation
+        )
         return [datas[s] for s in order]  # type: ignore[misc]
 
     # -- writing -------------------------------------------------------------------------------
@@ -387,8 +457,12 @@ class TopicStore:
                 errors.append(err)
 
         for i in range(count):
-            self._produce(tp, chunk_key(partition, slot, i, self._scope),
-                          pack_chunk(generation, i, count, crc, data[i * size:(i + 1) * size]), delivered)
+            self._produce(
+                tp,
+                chunk_key(partition, slot, i, self._scope),
+                pack_chunk(generation, i, count, crc, data[i * size : (i + 1) * size]),
+                delivered,
+            )
         # Chunks of an earlier, larger save into this slot: ignored by readers (the count says so),
         # and tombstoned so that compaction removes them.
         stale = sorted(i for i in slots[slot].indices if i >= count)
@@ -396,20 +470,34 @@ class TopicStore:
             self._produce(tp, chunk_key(partition, slot, i, self._scope), None, delivered)
         left = self._producer.flush(self.timeout_s)
         if left or errors:
-            raise SnapshotStoreError(f"snapshot of partition {partition} not stored in {self.topic!r}: "
-                                     f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}")
-        slots[slot] = _Slot(generation=generation, max_generation=generation, indices=frozenset(range(count)))
+            raise SnapshotStoreError(
+                f"snapshot of partition {partition} not stored in {self.topic!r}: "
+                f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}"
+            )
+        slots[slot] = _Slot(
+            generation=generation, max_generation=generation, indices=frozenset(range(count))
+        )
         self._slots[partition] = slots
         if len(data) >= _TRIM_AFTER_BYTES and _malloc_trim is not None:
             # The producer copied every chunk, and the allocator keeps the freed copies: the
             # worker would stay larger by the snapshot's size, and every later fork would copy
             # page tables for it too (bench.snapshots, fork-topic). Give them back to the OS.
             _malloc_trim(0)
-        log.debug("snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
-                  partition, self.topic, slot, generation, count, len(stale), len(data))
+        log.debug(
+            "snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
+            partition,
+            self.topic,
+            slot,
+            generation,
+            count,
+            len(stale),
+            len(data),
+        )
 
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
-        raise SnapshotStoreError("a snapshot topic keeps whole snapshots only (supports_increments is False)")
+        raise SnapshotStoreError(
+            "a snapshot topic keeps whole snapshots only (supports_increments is False)"
+        )
 
     def increments(self, partition: int, chain: int) -> list[bytes]:
         return []
@@ -417,7 +505,9 @@ class TopicStore:
     def _produce(self, tp: int, key: bytes, value: bytes | None, on_delivery: Any) -> None:
         while True:
             try:
-                self._producer.produce(self.topic, key=key, value=value, partition=tp, on_delivery=on_delivery)
+                self._producer.produce(
+                    self.topic, key=key, value=value, partition=tp, on_delivery=on_delivery
+                )
                 return
             except BufferError:  # the local queue is full: let deliveries drain it
                 self._producer.poll(0.1)
@@ -435,9 +525,16 @@ class TopicStore:
         self.close()
 
 
-def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *, replication_factor: int = -1,
-                          kafka: dict[str, Any] | None = None, max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
-                          timeout_s: float = 30.0) -> bool:
+def create_snapshot_topic(
+    bootstrap_servers: str,
+    topic: str,
+    partitions: int,
+    *,
+    replication_factor: int = -1,
+    kafka: dict[str, Any] | None = None,
+    max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    timeout_s: float = 30.0,
+) -> bool:
     """Create the snapshot topic, compacted, with ``partitions`` (= the inputs' partition count).
     Returns False when it already exists (left as it is). ``replication_factor=-1``: the
     cluster's default."""
@@ -450,12 +547,24 @@ def create_snapshot_topic(bootstrap_servers: str, topic: str, partitions: int, *
     if max_chunk_bytes + _CHUNK.size + 1024 > 1_000_000:
         config["max.message.bytes"] = str(max_chunk_bytes + _CHUNK.size + 1024)
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(kafka or {})})
-    fut = admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=replication_factor,
-                                        config=config)])[topic]
+    fut = admin.create_topics(
+        [
+            NewTopic(
+                topic,
+                num_partitions=partitions,
+                replication_factor=replication_factor,
+                config=config,
+            )
+        ]
+    )[topic]
     try:
         fut.result(timeout_s)
     except KafkaException as exc:
-        if exc.args and isinstance(exc.args[0], KafkaError) and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS:
+        if (
+            exc.args
+            and isinstance(exc.args[0], KafkaError)
+            and exc.args[0].code() == KafkaError.TOPIC_ALREADY_EXISTS
+        ):
             return False
         raise SnapshotStoreError(f"could not create snapshot topic {topic!r}: {exc}") from exc
     log.info("snapshot topic created topic=%s partitions=%d", topic, partitions)
@@ -470,19 +579,33 @@ def usable_snapshots(store: SnapshotStore, partition: int) -> Iterator[Snapshot]
         try:
             snap = unpack_snapshot(data)
         except SnapshotError as exc:
-            log.error("snapshot unusable partition=%d candidate=%d error=%s; trying an older one", partition, i, exc)
+            log.error(
+                "snapshot unusable partition=%d candidate=%d error=%s; trying an older one",
+                partition,
+                i,
+                exc,
+            )
             continue
         head = snap.header
         if head.partition != partition or head.seq != 0:
-            log.error("snapshot for partition=%d is labelled partition=%d seq=%d; skipped", partition, head.partition,
-                      head.seq)
+            log.error(
+                "snapshot for partition=%d is labelled partition=%d seq=%d; skipped",
+                partition,
+                head.partition,
+                head.seq,
+            )
             continue
         increments = []
         for data in store.increments(partition, head.chain) if head.chain else []:
             try:
                 increments.append(unpack_snapshot(data))
             except SnapshotError as exc:
-                log.error("snapshot increment unusable partition=%d chain=%d error=%s", partition, head.chain, exc)
+                log.error(
+                    "snapshot increment unusable partition=%d chain=%d error=%s",
+                    partition,
+                    head.chain,
+                    exc,
+                )
         yield compose(snap, increments)
 
 

@@ -25,24 +25,38 @@ class StallWatch:
         self._since: dict[str, float] = {}  # condition -> when it was first seen
         self._reported: dict[str, float] = {}  # condition -> when it was last reported
 
-    def check(self, now_s: float, *, assigned: int, input_lag: int | None,
-              behind: dict[tuple[str, int], tuple[int, int]]) -> list[str]:
+    def check(
+        self,
+        now_s: float,
+        *,
+        assigned: int,
+        input_lag: int | None,
+        behind: dict[tuple[str, int], tuple[int, int]],
+    ) -> list[str]:
         """``assigned``: partitions this worker holds; ``input_lag``: records of the group's inputs
         not yet committed (None: unknown); ``behind``: (topic, partition) -> (offset this worker
         committed, offset the group has) wherever the group's is lower."""
         lines = []
         if assigned == 0 and input_lag:
-            lines += self._lasting("unassigned", now_s,
-                                   f"this worker holds no partition while the group's inputs have {input_lag} "
-                                   f"record{'' if input_lag == 1 else 's'} not yet committed; the group may be "
-                                   f"stuck in a rebalance (restart its members)")
+            lines += self._lasting(
+                "unassigned",
+                now_s,
+                f"this worker holds no partition while the group's inputs have {input_lag} "
+                f"record{'' if input_lag == 1 else 's'} not yet committed; the group may be "
+                f"stuck in a rebalance (restart its members)",
+            )
         else:
             self._clear("unassigned")
         if behind:
-            where = ", ".join(f"{t}[{p}] {ours} vs {group}" for (t, p), (ours, group) in sorted(behind.items()))
-            lines += self._lasting("offsets", now_s,
-                                   f"the group's committed offsets stay behind the ones this worker committed ({where}); "
-                                   f"the broker is not applying its commits, and a restart would read that input again")
+            where = ", ".join(
+                f"{t}[{p}] {ours} vs {group}" for (t, p), (ours, group) in sorted(behind.items())
+            )
+            lines += self._lasting(
+                "offsets",
+                now_s,
+                f"the group's committed offsets stay behind the ones this worker committed ({where}); "
+                f"the broker is not applying its commits, and a restart would read that input again",
+            )
         else:
             self._clear("offsets")
         return lines

@@ -72,8 +72,14 @@ class _Child:
 class Supervisor:
     """Runs ``command(i)`` for i in range(n) as child processes (see the module docstring)."""
 
-    def __init__(self, command: Callable[[int], Sequence[str]], n: int, *, poll_s: float = 0.2,
-                 policy: Callable[[], RestartPolicy] = RestartPolicy) -> None:
+    def __init__(
+        self,
+        command: Callable[[int], Sequence[str]],
+        n: int,
+        *,
+        poll_s: float = 0.2,
+        policy: Callable[[], RestartPolicy] = RestartPolicy,
+    ) -> None:
         if n < 1:
             raise ValueError(f"--processes must be >= 1, got {n}")
         self.command = command
@@ -84,8 +90,10 @@ class Supervisor:
         self._code = 0
 
     def _start(self, child: _Child) -> None:
-        child.proc = subprocess.Popen(list(self.command(child.index)),
-                                      preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        child.proc = subprocess.Popen(
+            list(self.command(child.index)),
+            preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
+        )
         child.started, child.restart_at = time.monotonic(), None
         log.info("worker process started index=%d pid=%d", child.index, child.proc.pid)
 
@@ -127,14 +135,25 @@ class Supervisor:
         child.proc = None
         if self._stopping:
             if code not in (0, -signal.SIGTERM):
-                log.warning("worker process exited while stopping index=%d code=%d", child.index, code)
+                log.warning(
+                    "worker process exited while stopping index=%d code=%d", child.index, code
+                )
             return
         if code == CONFIG_ERROR:
-            log.error("worker process refused its configuration index=%d code=%d; stopping all", child.index, code)
+            log.error(
+                "worker process refused its configuration index=%d code=%d; stopping all",
+                child.index,
+                code,
+            )
             self._code = CONFIG_ERROR
             self.stop()
             return
         delay = child.policy.after_failure(ran) if code != 0 else 0.0
         child.restart_at = now + delay
-        log.error("worker process exited index=%d code=%d after %.1f s; restarting in %.1f s",
-                  child.index, code, ran, delay)
+        log.error(
+            "worker process exited index=%d code=%d after %.1f s; restarting in %.1f s",
+            child.index,
+            code,
+            ran,
+            delay,
+        )

@@ -22,7 +22,12 @@ import threading
 from typing import Any, Callable, Iterable
 
 import numpy as np
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 __all__ = ["Histogram", "Status", "render_metrics", "TelemetryServer", "BUCKETS"]
@@ -52,7 +57,9 @@ class Histogram:
         v = np.asarray(values, dtype=np.float64).ravel()
         if v.size:
             # searchsorted 'left': the first bound >= v, i.e. the bucket ``le`` that takes v first.
-            self.counts += np.bincount(np.searchsorted(self.bounds, v, side="left"), minlength=len(self.counts))
+            self.counts += np.bincount(
+                np.searchsorted(self.bounds, v, side="left"), minlength=len(self.counts)
+            )
             self.sum += float(v.sum())
 
     def frozen(self) -> tuple[tuple[tuple[str, int], ...], float]:
@@ -76,7 +83,9 @@ class Status:
     models: int = 0
     open_decisions: int = 0
     lag: tuple[tuple[str, int, int], ...] = ()  # (topic, partition, records behind)
-    snapshot_age_s: tuple[tuple[int, float], ...] = ()  # (partition, seconds since its last snapshot)
+    snapshot_age_s: tuple[
+        tuple[int, float], ...
+    ] = ()  # (partition, seconds since its last snapshot)
     info: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -84,24 +93,45 @@ class Status:
 _COUNTERS = (
     ("records", "input records taken from contexts and rewards", "records_in"),
     ("decisions", "actions committed (one per context decided)", "actions"),
-    ("joined", "decisions closed and written to the joined log (a reward, or the default at the window's end)",
-     "joined"),
-    ("default_rewards", "decisions closed with the default reward: no reward arrived within the window",
-     "default_rewards"),
-    ("merge_forced", "input merges that went ahead without the other source (merge_wait_ms passed)", "merge_forced"),
+    (
+        "joined",
+        "decisions closed and written to the joined log (a reward, or the default at the window's end)",
+        "joined",
+    ),
+    (
+        "default_rewards",
+        "decisions closed with the default reward: no reward arrived within the window",
+        "default_rewards",
+    ),
+    (
+        "merge_forced",
+        "input merges that went ahead without the other source (merge_wait_ms passed)",
+        "merge_forced",
+    ),
     ("merge_out_of_order", "records merged out of event-time order", "merge_out_of_order"),
     ("snapshot_failures", "snapshots that could not be stored", "snapshot_failures"),
-    ("snapshot_fallbacks", "recoveries that fell back from an unusable snapshot", "snapshot_fallbacks"),
+    (
+        "snapshot_fallbacks",
+        "recoveries that fell back from an unusable snapshot",
+        "snapshot_fallbacks",
+    ),
     ("recovered_joined", "joined records re-applied by recoveries", "recovered_joined"),
     ("stalls", "stalls reported (idle while work waits, commits not applied)", "stalls_reported"),
     ("ticks", "idle ticks written to the rewards log", "ticks"),
 )
 _HISTOGRAMS = (
-    ("decision_latency_seconds", "context event time to the commit of its action", "decision_latency"),
+    (
+        "decision_latency_seconds",
+        "context event time to the commit of its action",
+        "decision_latency",
+    ),
     ("batch_seconds", "processing time of a batch, poll to commit", "batch"),
     ("commit_seconds", "time to commit a batch's transaction", "commit"),
-    ("reward_delay_seconds", "reward event time minus its decision's event time, for observed rewards",
-     "reward_delay"),
+    (
+        "reward_delay_seconds",
+        "reward event time minus its decision's event time, for observed rewards",
+        "reward_delay",
+    ),
     ("recovery_seconds", "time to recover an assigned partition (snapshot and logs)", "recovery"),
 )
 
@@ -119,17 +149,37 @@ class _StatusCollector:
         c = s.counters
         for name, doc, key in _COUNTERS:
             yield _counter(name, doc, [((), c.get(key, 0))])
-        yield _counter("dead_letters", "records dead-lettered, by reason code", [
-            ((k.removeprefix("dead_letter."),), v) for k, v in sorted(c.items()) if k.startswith("dead_letter.")],
-            labels=("reason",))
-        yield _counter("transactions", "batch transactions, by outcome",
-                       [(("commit",), c.get("transactions", 0)), (("abort",), c.get("transaction_aborts", 0))],
-                       labels=("outcome",))
-        yield _counter("rebalances", "partition assignments and revocations seen, by kind",
-                       [(("assign",), c.get("assigns", 0)), (("revoke",), c.get("revokes", 0))], labels=("kind",))
-        yield _counter("snapshots", "snapshots stored, by kind",
-                       [(("base",), c.get("snapshot_bases", 0)), (("increment",), c.get("snapshot_increments", 0))],
-                       labels=("kind",))
+        yield _counter(
+            "dead_letters",
+            "records dead-lettered, by reason code",
+            [
+                ((k.removeprefix("dead_letter."),), v)
+                for k, v in sorted(c.items())
+                if k.startswith("dead_letter.")
+            ],
+            labels=("reason",),
+        )
+        yield _counter(
+            "transactions",
+            "batch transactions, by outcome",
+            [(("commit",), c.get("transactions", 0)), (("abort",), c.get("transaction_aborts", 0))],
+            labels=("outcome",),
+        )
+        yield _counter(
+            "rebalances",
+            "partition assignments and revocations seen, by kind",
+            [(("assign",), c.get("assigns", 0)), (("revoke",), c.get("revokes", 0))],
+            labels=("kind",),
+        )
+        yield _counter(
+            "snapshots",
+            "snapshots stored, by kind",
+            [
+                (("base",), c.get("snapshot_bases", 0)),
+                (("increment",), c.get("snapshot_increments", 0)),
+            ],
+            labels=("kind",),
+        )
         for name, doc, key in _HISTOGRAMS:
             buckets, total = s.histograms[key]
             h = HistogramMetricFamily(f"streambandit_{name}", doc)
@@ -137,35 +187,66 @@ class _StatusCollector:
             yield h
         yield _gauge("assigned_partitions", "partitions this worker holds", [((), len(s.assigned))])
         yield _gauge("models", "live models in the partitions held", [((), s.models)])
-        yield _gauge("open_decisions", "decisions waiting for their reward or their window's end",
-                     [((), s.open_decisions)])
-        yield _gauge("consumer_lag", "input records not yet processed, per topic and partition",
-                     [((t, str(p)), n) for t, p, n in s.lag], labels=("topic", "partition"))
-        yield _gauge("snapshot_age_seconds", "seconds since the partition's last snapshot was taken",
-                     [((str(p),), a) for p, a in s.snapshot_age_s], labels=("partition",))
-        yield _gauge("snapshot_last_bytes", "bytes of the last snapshot stored", [((), c.get("snapshot_bytes", 0))])
-        yield _gauge("snapshot_last_write_seconds", "time to pack and store the last snapshot",
-                     [((), c.get("snapshot_write_us", 0) / 1e6)])
-        yield _gauge("snapshot_last_pause_seconds", "the loop's pause for the last snapshot (a copy, or a fork)",
-                     [((), c.get("snapshot_pause_us", 0) / 1e6)])
-        info = GaugeMetricFamily("streambandit_worker_info", "the worker's version, group and instance",
-                                 labels=sorted(s.info))
+        yield _gauge(
+            "open_decisions",
+            "decisions waiting for their reward or their window's end",
+            [((), s.open_decisions)],
+        )
+        yield _gauge(
+            "consumer_lag",
+            "input records not yet processed, per topic and partition",
+            [((t, str(p)), n) for t, p, n in s.lag],
+            labels=("topic", "partition"),
+        )
+        yield _gauge(
+            "snapshot_age_seconds",
+            "seconds since the partition's last snapshot was taken",
+            [((str(p),), a) for p, a in s.snapshot_age_s],
+            labels=("partition",),
+        )
+        yield _gauge(
+            "snapshot_last_bytes",
+            "bytes of the last snapshot stored",
+            [((), c.get("snapshot_bytes", 0))],
+        )
+        yield _gauge(
+            "snapshot_last_write_seconds",
+            "time to pack and store the last snapshot",
+            [((), c.get("snapshot_write_us", 0) / 1e6)],
+        )
+        yield _gauge(
+            "snapshot_last_pause_seconds",
+            "the loop's pause for the last snapshot (a copy, or a fork)",
+            [((), c.get("snapshot_pause_us", 0) / 1e6)],
+        )
+        info = GaugeMetricFamily(
+            "streambandit_worker_info",
+            "the worker's version, group and instance",
+            labels=sorted(s.info),
+        )
         info.add_metric([s.info[k] for k in sorted(s.info)], 1)
         yield info
 
 
-def _counter(name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
-             labels: tuple[str, ...] = ()) -> CounterMetricFamily:
+def _counter(
+    name: str, doc: str, samples: list[tuple[tuple[str, ...], float]], labels: tuple[str, ...] = ()
+) -> CounterMetricFamily:
     return _family(CounterMetricFamily, name, doc, samples, labels)
 
 
-def _gauge(name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
-           labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
+def _gauge(
+    name: str, doc: str, samples: list[tuple[tuple[str, ...], float]], labels: tuple[str, ...] = ()
+) -> GaugeMetricFamily:
     return _family(GaugeMetricFamily, name, doc, samples, labels)
 
 
-def _family(cls: Any, name: str, doc: str, samples: list[tuple[tuple[str, ...], float]],
-            labels: tuple[str, ...]) -> Any:
+def _family(
+    cls: Any,
+    name: str,
+    doc: str,
+    samples: list[tuple[tuple[str, ...], float]],
+    labels: tuple[str, ...],
+) -> Any:
     m = cls(f"streambandit_{name}", doc, labels=list(labels))
     for values, v in samples:
         m.add_metric(list(values), v)
@@ -193,15 +274,28 @@ class TelemetryServer:
 
     ``status()`` gives the newest published Status, ``health()`` and ``ready()`` (ok, reason)."""
 
-    def __init__(self, host: str, port: int, status: Callable[[], Status | None],
-                 health: Callable[[], tuple[bool, str]], ready: Callable[[], tuple[bool, str]]) -> None:
-        routes = {"/metrics": lambda: (200, CONTENT_TYPE_LATEST, render_metrics(status())),
-                  "/healthz": lambda: _probe(health()), "/ready": lambda: _probe(ready())}
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        status: Callable[[], Status | None],
+        health: Callable[[], tuple[bool, str]],
+        ready: Callable[[], tuple[bool, str]],
+    ) -> None:
+        routes = {
+            "/metrics": lambda: (200, CONTENT_TYPE_LATEST, render_metrics(status())),
+            "/healthz": lambda: _probe(health()),
+            "/ready": lambda: _probe(ready()),
+        }
 
         class Handler(http.server.BaseHTTPRequestHandler):
             def do_GET(self) -> None:  # noqa: N802 (the stdlib's name)
                 route = routes.get(self.path.split("?", 1)[0])
-                code, ctype, body = route() if route else (404, "text/plain", b"not found: /metrics, /healthz, /ready\n")
+                code, ctype, body = (
+                    route()
+                    if route
+                    else (404, "text/plain", b"not found: /metrics, /healthz, /ready\n")
+                )
                 self.send_response(code)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(body)))
@@ -214,11 +308,15 @@ class TelemetryServer:
         try:
             self._server = http.server.ThreadingHTTPServer((host, port), Handler)
         except OSError as exc:
-            raise ValueError(f"cannot serve metrics on {host}:{port} ([worker] metrics_port, --metrics-port): "
-                             f"{exc.strerror or exc}") from None
+            raise ValueError(
+                f"cannot serve metrics on {host}:{port} ([worker] metrics_port, --metrics-port): "
+                f"{exc.strerror or exc}"
+            ) from None
         self._server.daemon_threads = True
         self.port = self._server.server_address[1]
-        self._thread = threading.Thread(target=self._server.serve_forever, name="telemetry", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, name="telemetry", daemon=True
+        )
         self._thread.start()
 
     def close(self) -> None:

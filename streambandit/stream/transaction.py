@@ -130,7 +130,9 @@ class Transaction:
     """The worker's transactional producer, one batch at a time (steps 1-7 above; the worker
     does 6, 8 and 9). ``open``: whether a transaction is open."""
 
-    def __init__(self, producer: Producer, delivery_errors: list, transactional_id: str = "") -> None:
+    def __init__(
+        self, producer: Producer, delivery_errors: list, transactional_id: str = ""
+    ) -> None:
         self.producer = producer
         self.transactional_id = transactional_id
         self.delivery_errors = delivery_errors  # appended by note_failed_delivery
@@ -149,7 +151,9 @@ class Transaction:
             produce = self.producer.produce
             for topic, p, key, value in outputs:
                 try:
-                    produce(topic, value, key, p)  # positional: cheaper than keywords, once per output
+                    produce(
+                        topic, value, key, p
+                    )  # positional: cheaper than keywords, once per output
                 except BufferError:  # the local queue is full: let librdkafka send, then retry
                     self.producer.poll(0.1)
                     try:
@@ -157,9 +161,13 @@ class Transaction:
                     except BufferError:
                         # Escaping as itself it would end the worker with this transaction open;
                         # as a failed produce it is aborted and the batch is read again (step 2).
-                        raise KafkaException(KafkaError(
-                            KafkaError._QUEUE_FULL, "the producer's queue stayed full after a 0.1 s poll",
-                            txn_requires_abort=True)) from None
+                        raise KafkaException(
+                            KafkaError(
+                                KafkaError._QUEUE_FULL,
+                                "the producer's queue stayed full after a 0.1 s poll",
+                                txn_requires_abort=True,
+                            )
+                        ) from None
             self.producer.poll(0)
         except KafkaException as exc:
             raise TransactionFailed(exc) from exc
@@ -170,7 +178,9 @@ class Transaction:
         :class:`TransactionFailed` on any failure, and at step 5 for a batch that did commit; on
         return the batch is committed and no transaction is open."""
         if not self.open:
-            raise RuntimeError("commit without an open transaction: a batch with no output commits nothing")
+            raise RuntimeError(
+                "commit without an open transaction: a batch with no output commits nothing"
+            )
         try:
             if offsets:
                 self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
@@ -191,8 +201,10 @@ class Transaction:
         if isinstance(err, KafkaError) and err.fatal():
             hint = ""
             if err.code() in _FENCED:
-                hint = (f"; a newer producer with the transactional id {self.transactional_id!r} started: two live "
-                        f"workers must not share an instance id (--instance-id)")
+                hint = (
+                    f"; a newer producer with the transactional id {self.transactional_id!r} started: two live "
+                    f"workers must not share an instance id (--instance-id)"
+                )
             raise TransactionFatal(f"fatal producer error: {err}{hint}") from exc
         try:
             if self.open:

@@ -87,8 +87,12 @@ class Worker:
     need not end early (tests, benchmarks, the demo).
     """
 
-    def __init__(self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None) -> None:
-        check_client_settings(config)  # a bad librdkafka key or value: an error naming it, before any client
+    def __init__(
+        self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None
+    ) -> None:
+        check_client_settings(
+            config
+        )  # a bad librdkafka key or value: an error naming it, before any client
         self.config = config
         # Only this group's snapshots: another group on the same topics and store has other models.
         self.store = store.scoped(config.group_id)
@@ -103,15 +107,29 @@ class Worker:
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
         quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
-        self.consumer = Consumer(consumer_settings(c.bootstrap_servers, c.group_id, c.kafka,
-                                                   self.transactional_id if c.static_membership else None) | quiet)
+        self.consumer = Consumer(
+            consumer_settings(
+                c.bootstrap_servers,
+                c.group_id,
+                c.kafka,
+                self.transactional_id if c.static_membership else None,
+            )
+            | quiet
+        )
         delivery_errors: list = []
-        producer = Producer(producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka) | quiet
-                            | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)})
+        producer = Producer(
+            producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
+            | quiet
+            | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)}
+        )
         self.transaction = Transaction(producer, delivery_errors, self.transactional_id)
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
-        open_timeout_s = producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
-        self.reader = LogReader(reader_settings(c.bootstrap_servers, c.kafka) | quiet, open_timeout_s)
+        open_timeout_s = (
+            producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
+        )
+        self.reader = LogReader(
+            reader_settings(c.bootstrap_servers, c.kafka) | quiet, open_timeout_s
+        )
         self._stopping = False
         # The group's name for this member, read in the loop's own thread at each assignment: the
         # consumer is not called from another thread while the loop polls it.
@@ -128,8 +146,9 @@ class Worker:
         self._summary_at = time.monotonic()
         self.telemetry: TelemetryServer | None = None
         if c.metrics_port is not None:
-            self.telemetry = TelemetryServer(c.metrics_host, c.metrics_port, lambda: self.status, self.health,
-                                             self.ready)
+            self.telemetry = TelemetryServer(
+                c.metrics_host, c.metrics_port, lambda: self.status, self.health, self.ready
+            )
         self._stalls = StallWatch(c.stall_report_s)
         self._next_stall_check = 0.0
 
@@ -153,7 +172,10 @@ class Worker:
         """Liveness: the loop (or a recovery) made progress within ``health_timeout_s``."""
         quiet = time.monotonic() - self.last_progress
         if quiet > self.config.health_timeout_s:
-            return False, f"stuck: no progress for {quiet:.0f} s (health_timeout_s {self.config.health_timeout_s:g})"
+            return (
+                False,
+                f"stuck: no progress for {quiet:.0f} s (health_timeout_s {self.config.health_timeout_s:g})",
+            )
         return True, "recovering" if self.recovering else "ok"
 
     def ready(self) -> tuple[bool, str]:
@@ -197,25 +219,41 @@ class Worker:
                 if hi >= 0:
                     lag.append((tp.topic, p, max(hi - part.next_offset[src], 0)))
         parts = list(self.partitions.items())
-        return Status(counters=dict(self.metrics), histograms={k: h.frozen() for k, h in self.histograms.items()},
-                      assigned=tuple(sorted(p for p, _ in parts)),
-                      models=sum(len(part.engine.models) for _, part in parts),
-                      open_decisions=sum(len(part.engine.pending) for _, part in parts), lag=tuple(lag),
-                      snapshot_age_s=tuple((p, now - part.snapshot_wall) for p, part in parts),
-                      info={"version": __version__, "group": self.config.group_id, "instance": self.instance_id})
+        return Status(
+            counters=dict(self.metrics),
+            histograms={k: h.frozen() for k, h in self.histograms.items()},
+            assigned=tuple(sorted(p for p, _ in parts)),
+            models=sum(len(part.engine.models) for _, part in parts),
+            open_decisions=sum(len(part.engine.pending) for _, part in parts),
+            lag=tuple(lag),
+            snapshot_age_s=tuple((p, now - part.snapshot_wall) for p, part in parts),
+            info={
+                "version": __version__,
+                "group": self.config.group_id,
+                "instance": self.instance_id,
+            },
+        )
 
     def _log_summary(self, now: float) -> None:
         m, base = self.metrics, self._summary_base
         took = max(now - self._summary_at, 1e-9)
         dead = sum(v for k, v in m.items() if k.startswith("dead_letter.")) - base["dead_letters"]
         lag = sum(n for _, _, n in self.status.lag) if self.status else 0
-        log.info("summary partitions=%d records/s=%.0f decisions/s=%.0f joined/s=%.0f open_decisions=%d lag=%d "
-                 "dead_letters=%d aborts=%d", len(self.partitions), (m["records_in"] - base["records_in"]) / took,
-                 (m["actions"] - base["actions"]) / took, (m["joined"] - base["joined"]) / took,
-                 sum(len(part.engine.pending) for part in self.partitions.values()), lag, dead,
-                 m["transaction_aborts"] - base["transaction_aborts"])
-        self._summary_base = collections.Counter({k: m[k] for k in ("records_in", "actions", "joined",
-                                                                    "transaction_aborts")})
+        log.info(
+            "summary partitions=%d records/s=%.0f decisions/s=%.0f joined/s=%.0f open_decisions=%d lag=%d "
+            "dead_letters=%d aborts=%d",
+            len(self.partitions),
+            (m["records_in"] - base["records_in"]) / took,
+            (m["actions"] - base["actions"]) / took,
+            (m["joined"] - base["joined"]) / took,
+            sum(len(part.engine.pending) for part in self.partitions.values()),
+            lag,
+            dead,
+            m["transaction_aborts"] - base["transaction_aborts"],
+        )
+        self._summary_base = collections.Counter(
+            {k: m[k] for k in ("records_in", "actions", "joined", "transaction_aborts")}
+        )
         self._summary_base["dead_letters"] = dead + base["dead_letters"]
         self._summary_at = now
 
@@ -225,18 +263,33 @@ class Worker:
         wait_for_brokers(self.config)
         self._check_topics()
         self.transaction.producer.init_transactions(30)
-        self.consumer.subscribe([self.config.first_input, self.config.topics.rewards], on_assign=_weakly(self._on_assign),
-                                on_revoke=_weakly(self._on_revoke), on_lost=_weakly(self._on_revoke))
+        self.consumer.subscribe(
+            [self.config.first_input, self.config.topics.rewards],
+            on_assign=_weakly(self._on_assign),
+            on_revoke=_weakly(self._on_revoke),
+            on_lost=_weakly(self._on_revoke),
+        )
         from streambandit import __version__
 
         c, t = self.config, self.config.topics
         self.started = True
-        log.info("worker started version=%s group=%s instance=%s transactional_id=%s brokers=%s %s=%s rewards=%s "
-                 "actions=%s joined=%s dead_letter=%s models=%s metrics=%s", __version__, c.group_id, self.instance_id,
-                 self.transactional_id, c.bootstrap_servers, "decisions" if c.learn_only else "contexts", c.first_input,
-                 t.rewards, t.actions, t.joined, t.dead_letter,
-                 ",".join(f"{m.match}:{m.policy}/d={m.dim}" for m in c.models.specs),
-                 f"{c.metrics_host}:{self.telemetry.port}" if self.telemetry is not None else "off")
+        log.info(
+            "worker started version=%s group=%s instance=%s transactional_id=%s brokers=%s %s=%s rewards=%s "
+            "actions=%s joined=%s dead_letter=%s models=%s metrics=%s",
+            __version__,
+            c.group_id,
+            self.instance_id,
+            self.transactional_id,
+            c.bootstrap_servers,
+            "decisions" if c.learn_only else "contexts",
+            c.first_input,
+            t.rewards,
+            t.actions,
+            t.joined,
+            t.dead_letter,
+            ",".join(f"{m.match}:{m.policy}/d={m.dim}" for m in c.models.specs),
+            f"{c.metrics_host}:{self.telemetry.port}" if self.telemetry is not None else "off",
+        )
 
     def stop(self) -> None:
         self._stopping = True
@@ -308,7 +361,9 @@ class Worker:
         h["commit"].observe([done - committing])
         h["batch"].observe([done - started])
         if times.decided_ms:  # event time to the commit that made the action readable
-            h["decision_latency"].observe((now_ms() - np.asarray(times.decided_ms, dtype=np.float64)) / 1000)
+            h["decision_latency"].observe(
+                (now_ms() - np.asarray(times.decided_ms, dtype=np.float64)) / 1000
+            )
         if times.reward_delays_ms:
             h["reward_delay"].observe(np.asarray(times.reward_delays_ms, dtype=np.float64) / 1000)
         times.clear()
@@ -330,7 +385,9 @@ class Worker:
         except Exception as exc:  # a broker that does not answer: the next check tries again
             log.debug("stall check failed: %s", exc)
             return
-        for line in self._stalls.check(now, assigned=len(self.partitions), input_lag=lag, behind=behind):
+        for line in self._stalls.check(
+            now, assigned=len(self.partitions), input_lag=lag, behind=behind
+        ):
             self.metrics["stalls_reported"] += 1
             log.error("stalled: %s", line)
 
@@ -338,22 +395,35 @@ class Worker:
         """Records of the inputs the group has not committed yet, over every partition."""
         t = self.config.topics
         md = self.consumer.list_topics(timeout=5)
-        tps = [TopicPartition(topic, p) for topic in (self.config.first_input, t.rewards) for p in md.topics[topic].partitions]
+        tps = [
+            TopicPartition(topic, p)
+            for topic in (self.config.first_input, t.rewards)
+            for p in md.topics[topic].partitions
+        ]
         lag = 0
         for tp in self.consumer.committed(tps, 5):
-            _, hi = self.consumer.get_watermark_offsets(TopicPartition(tp.topic, tp.partition), timeout=5, cached=False)
+            _, hi = self.consumer.get_watermark_offsets(
+                TopicPartition(tp.topic, tp.partition), timeout=5, cached=False
+            )
             lag += max(hi - max(tp.offset, 0), 0)
         return lag
 
     def _commits_not_applied(self) -> dict[tuple[str, int], tuple[int, int]]:
         """Where the group's committed offset is below the one this worker last committed."""
-        ours = {(self.batch.topic_of(src), p): off for p, part in self.partitions.items()
-                for src, off in part.committed_offset.items() if off > 0}
+        ours = {
+            (self.batch.topic_of(src), p): off
+            for p, part in self.partitions.items()
+            for src, off in part.committed_offset.items()
+            if off > 0
+        }
         if not ours:
             return {}
         got = self.consumer.committed([TopicPartition(t, p) for t, p in ours], 5)
-        return {(tp.topic, tp.partition): (ours[(tp.topic, tp.partition)], max(tp.offset, 0)) for tp in got
-                if max(tp.offset, 0) < ours[(tp.topic, tp.partition)]}
+        return {
+            (tp.topic, tp.partition): (ours[(tp.topic, tp.partition)], max(tp.offset, 0))
+            for tp in got
+            if max(tp.offset, 0) < ours[(tp.topic, tp.partition)]
+        }
 
     def _poll_batch(self) -> list[Any]:
         """What is already fetched, up to ``batch_max_records``; when nothing is, wait up to
@@ -381,11 +451,15 @@ class Worker:
         answered yet) counts as behind, so the first batch after an assignment waits for both
         inputs' first fetch."""
         topic_of = self.batch.topic_of
-        tps = [TopicPartition(topic_of(src), p) for p in self.partitions for src in (CONTEXTS, REWARDS)]
+        tps = [
+            TopicPartition(topic_of(src), p) for p in self.partitions for src in (CONTEXTS, REWARDS)
+        ]
         out: dict[int, list[bool]] = {p: [False, False] for p in self.partitions}
         for tp in self.consumer.position(tps) if tps else []:
             src = self.batch.source_of[tp.topic]
-            delivered = tp.offset if tp.offset >= 0 else self.partitions[tp.partition].next_offset[src]
+            delivered = (
+                tp.offset if tp.offset >= 0 else self.partitions[tp.partition].next_offset[src]
+            )
             _, hi = self.consumer.get_watermark_offsets(tp, cached=True)
             out[tp.partition][src] = hi < 0 or hi > delivered
         return {p: (b[0], b[1]) for p, b in out.items()}
@@ -395,12 +469,16 @@ class Worker:
     def _committed(self, p: int) -> dict[int, int]:
         """The group's committed offset of partition ``p`` per input source (0 when none)."""
         t = self.config.topics
-        got = self.consumer.committed([TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)], 30)
+        got = self.consumer.committed(
+            [TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)], 30
+        )
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
 
     def _recover(self, p: int) -> PartitionState:
         self.writer.wait(p)  # the stored chain includes what this worker handed over for p
-        return recover_partition(p, self.config, self.writer.reads, self.reader, lambda: self._committed(p), self.metrics)
+        return recover_partition(
+            p, self.config, self.writer.reads, self.reader, lambda: self._committed(p), self.metrics
+        )
 
     def _rebuild_all(self) -> None:
         """After an aborted transaction: every partition from what did commit, and the consumer
@@ -415,7 +493,9 @@ class Worker:
         finally:
             self.recovering = False
         topic_of = self.batch.topic_of
-        committed = self.consumer.committed([TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)], 30)
+        committed = self.consumer.committed(
+            [TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)], 30
+        )
         for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
 
@@ -425,12 +505,21 @@ class Worker:
         now = time.monotonic()
         for p in self.writer.take_failures():
             if p in self.partitions:
-                self.partitions[p].chain = None  # its changes are in no stored snapshot: a base next
+                self.partitions[
+                    p
+                ].chain = None  # its changes are in no stored snapshot: a base next
         for p, part in self.partitions.items():
             # Not while the previous one is still being written: its changes go into the next.
-            if part.settled and not self.writer.busy(p) and snapshot_due(
-                    part.engine.updates - part.updates_at_snapshot, now - part.snapshot_wall, part.snapshot_took_s,
-                    self.config):
+            if (
+                part.settled
+                and not self.writer.busy(p)
+                and snapshot_due(
+                    part.engine.updates - part.updates_at_snapshot,
+                    now - part.snapshot_wall,
+                    part.snapshot_took_s,
+                    self.config,
+                )
+            ):
                 self._snapshot(p)
 
     def _snapshot_if_settled(self, p: int, why: str, final: bool = False) -> None:
@@ -446,8 +535,13 @@ class Worker:
                 self.writer.wait(p)
             return
         self.metrics["snapshots_skipped"] += 1
-        log.info("%s: partition=%d not snapshotted; its input from %s on was processed but not committed and "
-                 "is read again by its next owner", why, p, part.committed_offset)
+        log.info(
+            "%s: partition=%d not snapshotted; its input from %s on was processed but not committed and "
+            "is read again by its next owner",
+            why,
+            p,
+            part.committed_offset,
+        )
 
     def _snapshot(self, p: int) -> None:
         """Hand partition ``p``'s state as of the last commit to the writer (call only between
@@ -460,24 +554,41 @@ class Worker:
         started = time.monotonic()
         # Where our outputs end: past every committed record of ours, so recovery reads the logs
         # from here. Settled first: our transaction is closed, but another producer's may be open.
-        out_next = {topic: self.reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
+        out_next = {
+            topic: self.reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)
+        }
         engine = part.engine
         kind = "base"
         if self.store.supports_increments:
-            kind = plan_snapshot(part.chain, len(engine.changed), len(engine.models), self.config.snapshot_base_every)
+            kind = plan_snapshot(
+                part.chain, len(engine.changed), len(engine.models), self.config.snapshot_base_every
+            )
         changed = engine.take_changed()
         if kind == "base":
-            part.chain = ChainPosition(next_chain_id(now_ms(), part.chain.chain if part.chain else 0), 0)
+            part.chain = ChainPosition(
+                next_chain_id(now_ms(), part.chain.chain if part.chain else 0), 0
+            )
             models = None
         else:
             part.chain = ChainPosition(part.chain.chain, part.chain.seq + 1)
             models = sorted(changed)
-        head = SnapshotHeader(partition=p, created_ms=now_ms(), chain=part.chain.chain, seq=part.chain.seq,
-                              contexts_offset=part.next_offset[CONTEXTS], rewards_offset=part.next_offset[REWARDS],
-                              actions_offset=out_next[t.actions], joined_offset=out_next[t.joined],
-                              dead_letter_offset=out_next[t.dead_letter])
+        head = SnapshotHeader(
+            partition=p,
+            created_ms=now_ms(),
+            chain=part.chain.chain,
+            seq=part.chain.seq,
+            contexts_offset=part.next_offset[CONTEXTS],
+            rewards_offset=part.next_offset[REWARDS],
+            actions_offset=out_next[t.actions],
+            joined_offset=out_next[t.joined],
+            dead_letter_offset=out_next[t.dead_letter],
+        )
         fork_at = self.config.snapshot_fork_models
-        if self.fork_snapshots and fork_at and len(engine.models if models is None else models) >= fork_at:
+        if (
+            self.fork_snapshots
+            and fork_at
+            and len(engine.models if models is None else models) >= fork_at
+        ):
             self.writer.submit_forked(p, head, engine, models)
         else:
             self.writer.submit(p, Snapshot(head, engine.snapshot(models)))
@@ -492,8 +603,12 @@ class Worker:
         self.member_id = consumer.memberid() or ""
         self.metrics["assigns"] += 1
         new = sorted({tp.partition for tp in tps} - set(self.partitions))
-        log.info("rebalance: assigned partitions=%s new=%s member=%s", sorted({tp.partition for tp in tps}), new,
-                 self.member_id)
+        log.info(
+            "rebalance: assigned partitions=%s new=%s member=%s",
+            sorted({tp.partition for tp in tps}),
+            new,
+            self.member_id,
+        )
         self.recovering = True
         try:
             for p in new:
@@ -508,8 +623,13 @@ class Worker:
                 self.histograms["recovery"].observe([took])
                 self.last_progress = time.monotonic()
                 freeze_long_lived()
-                log.info("partition assigned partition=%d recovered_in_ms=%d models=%d open_decisions=%d", p,
-                         self.metrics["recovery_ms"], len(part.engine.models), len(part.engine.pending))
+                log.info(
+                    "partition assigned partition=%d recovered_in_ms=%d models=%d open_decisions=%d",
+                    p,
+                    self.metrics["recovery_ms"],
+                    len(part.engine.models),
+                    len(part.engine.pending),
+                )
         finally:
             self.recovering = False
         self._report(force=True)

@@ -13,7 +13,17 @@ from __future__ import annotations
 import io
 import struct
 
-__all__ = ["MAGIC", "header", "double", "varint", "long", "string", "name", "array_block", "read_long"]
+__all__ = [
+    "MAGIC",
+    "header",
+    "double",
+    "varint",
+    "long",
+    "string",
+    "name",
+    "array_block",
+    "read_long",
+]
 
 # Byte 0 of every record and snapshot (the header: magic, schema id, schema version).
 MAGIC = 0x5B
@@ -44,7 +54,9 @@ def _varint_unsigned(z: int) -> bytes:
 
 
 _SMALL_LO, _SMALL_HI = -64, 4096
-_SMALL = tuple(varint(i) for i in range(_SMALL_LO, _SMALL_HI))  # lengths, indices, small ints: a lookup
+_SMALL = tuple(
+    varint(i) for i in range(_SMALL_LO, _SMALL_HI)
+)  # lengths, indices, small ints: a lookup
 
 # The large longs the worker writes per event (event timestamps, input offsets, model versions)
 # mostly share all but their low 7 bits with one written just before: their varint is the low

@@ -199,11 +199,15 @@ def decode_batch(values: list) -> list:
     shape = np.zeros((n, 2), np.int64)
     value = np.zeros(n, np.float64)
     feats = np.empty(len(raw) // 8 + 1, np.float64)
-    arms = np.empty(len(raw) + n + 1, np.uint8)  # every arm id and a NUL after each (an arm id is >= 1 byte in raw)
+    arms = np.empty(
+        len(raw) + n + 1, np.uint8
+    )  # every arm id and a NUL after each (an arm id is >= 1 byte in raw)
     ids = np.empty(len(raw) + n + 1, np.uint8)
     n_ids = n_arms = 0
     if fast_layouts:
-        n_ids, n_arms = _parse(buf, starts, ends, MAGIC, status, ts, spans, shape, feats, arms, ids, value)
+        n_ids, n_arms = _parse(
+            buf, starts, ends, MAGIC, status, ts, spans, shape, feats, arms, ids, value
+        )
     # Every event id and every arm id of the batch in one decode and one split (a NUL ends each;
     # none holds one). Bytes that are not UTF-8 anywhere: each record is decoded on its own below,
     # so the bad one gets the per-record decoder's error and the others their strings.
@@ -213,7 +217,9 @@ def decode_batch(values: list) -> list:
     except UnicodeDecodeError:
         all_ids = all_arms = None
     if all_ids is None:
-        return _records_one_by_one(values, raw, arms[:n_arms].tobytes(), status, ts, spans, shape, feats, value)
+        return _records_one_by_one(
+            values, raw, arms[:n_arms].tobytes(), status, ts, spans, shape, feats, value
+        )
     # The common case: every string of the batch already decoded. Only the columns this loop reads
     # are turned into lists, and when every context has the same (K, d) (the usual stream) the
     # batch's features (laid end to end in context order) are one (contexts, K, d) array, so a
@@ -224,12 +230,20 @@ def decode_batch(values: list) -> list:
     if n_ctx:
         k0, d0 = shape[is_ctx][0]
         if (shape[is_ctx] == (k0, d0)).all():
-            per_ctx = feats[:n_ctx * k0 * d0].reshape(n_ctx, k0, d0)
+            per_ctx = feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0)
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
     next_id = next_arm = next_ctx = 0
-    for i, (st, t, ka, kb, k, v) in enumerate(zip(status.tolist(), ts.tolist(), spans[:, 2].tolist(),
-                                                  spans[:, 3].tolist(), shape[:, 0].tolist(), value.tolist())):
+    for i, (st, t, ka, kb, k, v) in enumerate(
+        zip(
+            status.tolist(),
+            ts.tolist(),
+            spans[:, 2].tolist(),
+            spans[:, 3].tolist(),
+            shape[:, 0].tolist(),
+            value.tolist(),
+        )
+    ):
         if st == _SLOW:
             out.append(_decode_or_error(values[i]))
             continue
@@ -237,7 +251,7 @@ def decode_batch(values: list) -> list:
         event_id = all_ids[next_id]
         next_id += 1
         if st == _CONTEXT:
-            arm_ids = tuple(all_arms[next_arm:next_arm + k])
+            arm_ids = tuple(all_arms[next_arm : next_arm + k])
             next_arm += k
             if per_ctx is not None:
                 features = per_ctx[next_ctx]
@@ -250,7 +264,9 @@ def decode_batch(values: list) -> list:
         if key is None:
             try:
                 key = keys[key_bytes] = key_bytes.decode()
-            except UnicodeDecodeError:  # the model key is decoded per batch key, not in the id buffer
+            except (
+                UnicodeDecodeError
+            ):  # the model key is decoded per batch key, not in the id buffer
                 out.append(_decode_or_error(values[i]))
                 continue
         if st == _CONTEXT:
@@ -260,21 +276,24 @@ def decode_batch(values: list) -> list:
     return out
 
 
-def _records_one_by_one(values: list, raw: bytes, arm_bytes: bytes, status, ts, spans, shape, feats, value) -> list:
+def _records_one_by_one(
+    values: list, raw: bytes, arm_bytes: bytes, status, ts, spans, shape, feats, value
+) -> list:
     """``decode_batch``'s records when the batch's strings are not all UTF-8: each record's
     strings decoded on their own, so only the bad record fails (with ``codec.decode``'s error)."""
     out = []
-    for i, (st, t, sp, (k, d), v) in enumerate(zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(),
-                                                   value.tolist())):
+    for i, (st, t, sp, (k, d), v) in enumerate(
+        zip(status.tolist(), ts.tolist(), spans.tolist(), shape.tolist(), value.tolist())
+    ):
         try:
             if st == _SLOW:
                 out.append(codec.decode(values[i]))
                 continue
-            event_id = raw[sp[0]:sp[1]].decode()
-            key = raw[sp[2]:sp[3]].decode()
+            event_id = raw[sp[0] : sp[1]].decode()
+            key = raw[sp[2] : sp[3]].decode()
             if st == _CONTEXT:
-                arm_ids = tuple(arm_bytes[sp[4]:sp[5]].decode().split("\x00"))
-                out.append(Context(event_id, key, t, arm_ids, feats[sp[6]:sp[7]].reshape(k, d)))
+                arm_ids = tuple(arm_bytes[sp[4] : sp[5]].decode().split("\x00"))
+                out.append(Context(event_id, key, t, arm_ids, feats[sp[6] : sp[7]].reshape(k, d)))
             else:
                 out.append(Reward(event_id, key, t, v))
         except UnicodeDecodeError:

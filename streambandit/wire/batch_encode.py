@@ -138,7 +138,9 @@ def _ints(*columns: list) -> np.ndarray:
             a = np.array(col)
         except OverflowError as exc:
             raise _Unfit from exc
-        if a.dtype.kind not in "ib" or a.ndim != 1:  # uint64 / object: beyond a long; floats: not ints
+        if (
+            a.dtype.kind not in "ib" or a.ndim != 1
+        ):  # uint64 / object: beyond a long; floats: not ints
             raise _Unfit
         out[:, j] = a
     return out
@@ -167,7 +169,7 @@ def _features(arrays: list) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _slices(out: np.ndarray, ends: np.ndarray) -> list[bytes]:
-    raw = out[:ends[-1]].tobytes()
+    raw = out[: ends[-1]].tobytes()
     starts = [0, *ends[:-1].tolist()]
     return [raw[a:b] for a, b in zip(starts, ends.tolist())]
 
@@ -183,18 +185,35 @@ def encode_actions(actions: list[Action]) -> list[bytes]:
         return []
     n = len(actions)
     try:
-        strs, str_ends = _strings([a.event_id for a in actions], [a.model_key for a in actions],
-                                  [a.arm_id for a in actions])
-        ints = _ints([a.arm_index for a in actions], [a.model_version for a in actions],
-                     [a.decision_timestamp_ms for a in actions], [a.trigger_source for a in actions],
-                     [a.trigger_offset for a in actions])
+        strs, str_ends = _strings(
+            [a.event_id for a in actions],
+            [a.model_key for a in actions],
+            [a.arm_id for a in actions],
+        )
+        ints = _ints(
+            [a.arm_index for a in actions],
+            [a.model_version for a in actions],
+            [a.decision_timestamp_ms for a in actions],
+            [a.trigger_source for a in actions],
+            [a.trigger_offset for a in actions],
+        )
         bits = _bits([a.score for a in actions], [a.propensity for a in actions])
         feats, feat_ends = _features([a.features for a in actions])
     except _Unfit:
         return [encode_action(a) for a in actions]
     out = np.empty(_bound(strs, feats, n, 3 + 4 * 10 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
-    _encode_actions(np.frombuffer(ACTION_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
+    _encode_actions(
+        np.frombuffer(ACTION_HEADER, np.uint8),
+        strs,
+        str_ends,
+        ints,
+        bits,
+        feats,
+        feat_ends,
+        out,
+        ends,
+    )
     return _slices(out, ends)
 
 
@@ -205,14 +224,29 @@ def encode_joined_records(joined: list[Joined]) -> list[bytes]:
     n = len(joined)
     try:
         strs, str_ends = _strings([j.event_id for j in joined], [j.model_key for j in joined])
-        ints = _ints([1 if j.reward_observed else 0 for j in joined], [j.decision_timestamp_ms for j in joined],
-                     [j.join_timestamp_ms for j in joined], [j.model_version_before for j in joined],
-                     [j.trigger_source for j in joined], [j.trigger_offset for j in joined])
+        ints = _ints(
+            [1 if j.reward_observed else 0 for j in joined],
+            [j.decision_timestamp_ms for j in joined],
+            [j.join_timestamp_ms for j in joined],
+            [j.model_version_before for j in joined],
+            [j.trigger_source for j in joined],
+            [j.trigger_offset for j in joined],
+        )
         bits = _bits([j.reward for j in joined], [j.propensity for j in joined])
         feats, feat_ends = _features([j.features for j in joined])
     except _Unfit:
         return [encode_joined(j) for j in joined]
     out = np.empty(_bound(strs, feats, n, 3 + 3 * 10 + 1 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
-    _encode_joined(np.frombuffer(JOINED_HEADER, np.uint8), strs, str_ends, ints, bits, feats, feat_ends, out, ends)
+    _encode_joined(
+        np.frombuffer(JOINED_HEADER, np.uint8),
+        strs,
+        str_ends,
+        ints,
+        bits,
+        feats,
+        feat_ends,
+        out,
+        ends,
+    )
     return _slices(out, ends)

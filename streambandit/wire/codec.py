@@ -22,11 +22,31 @@ from streambandit import reasons
 from streambandit.errors import StreambanditError
 from streambandit.wire import avro
 from streambandit.wire.avro import MAGIC
-from streambandit.wire.records import Action, Context, DeadLetter, Joined, ReplicaDecision, Reward, Tick
+from streambandit.wire.records import (
+    Action,
+    Context,
+    DeadLetter,
+    Joined,
+    ReplicaDecision,
+    Reward,
+    Tick,
+)
 from streambandit.wire.schemas import LEGACY, READERS, VERSIONS, WRITERS
 
-__all__ = ["DecodeError", "encode", "decode", "write", "encode_action", "encode_joined", "action_body",
-           "encode_context_v1", "features_to_bytes", "features_from_bytes", "ACTION_HEADER", "JOINED_HEADER"]
+__all__ = [
+    "DecodeError",
+    "encode",
+    "decode",
+    "write",
+    "encode_action",
+    "encode_joined",
+    "action_body",
+    "encode_context_v1",
+    "features_to_bytes",
+    "features_from_bytes",
+    "ACTION_HEADER",
+    "JOINED_HEADER",
+]
 
 ACTION_HEADER = avro.header(3, VERSIONS[3])
 JOINED_HEADER = avro.header(4, VERSIONS[4])
@@ -41,14 +61,15 @@ class DecodeError(StreambanditError, ValueError):
         self.detail = detail
 
 
-
 def features_to_bytes(x: np.ndarray) -> bytes:
     return np.ascontiguousarray(x, dtype="<f8").tobytes()
 
 
 def features_from_bytes(b: bytes) -> np.ndarray:
     if len(b) % 8:
-        raise DecodeError(reasons.BAD_DIMENSION, f"features have {len(b)} bytes, not a multiple of 8")
+        raise DecodeError(
+            reasons.BAD_DIMENSION, f"features have {len(b)} bytes, not a multiple of 8"
+        )
     return np.frombuffer(b, dtype="<f8").astype(np.float64)
 
 
@@ -65,29 +86,74 @@ def write(schema_id: int, datum: dict, version: int | None = None) -> bytes:
 
 
 def encode_action(a: Action) -> bytes:
-    return ACTION_HEADER + action_body(a.event_id, a.model_key, a.arm_id, a.arm_index, a.score, a.propensity,
-                                       a.model_version, a.decision_timestamp_ms, a.features, a.trigger_source,
-                                       a.trigger_offset)
+    return ACTION_HEADER + action_body(
+        a.event_id,
+        a.model_key,
+        a.arm_id,
+        a.arm_index,
+        a.score,
+        a.propensity,
+        a.model_version,
+        a.decision_timestamp_ms,
+        a.features,
+        a.trigger_source,
+        a.trigger_offset,
+    )
 
 
-def action_body(event_id: str, model_key: str, arm_id: str, arm_index: int, score: float, propensity: float,
-                model_version: int, decision_timestamp_ms: int, features: np.ndarray, trigger_source: int,
-                trigger_offset: int) -> bytes:
+def action_body(
+    event_id: str,
+    model_key: str,
+    arm_id: str,
+    arm_index: int,
+    score: float,
+    propensity: float,
+    model_version: int,
+    decision_timestamp_ms: int,
+    features: np.ndarray,
+    trigger_source: int,
+    trigger_offset: int,
+) -> bytes:
     """An Action's fields in Avro (no header): the action record, and the head of a snapshot's
     pending decision, which has the same fields first."""
     f = features_to_bytes(features)
-    return b"".join((avro.string(event_id), avro.name(model_key), avro.name(arm_id), avro.long(arm_index),
-                     avro.double(score), avro.double(propensity), avro.long(model_version),
-                     avro.long(decision_timestamp_ms), avro.long(len(f)), f, avro.long(trigger_source),
-                     avro.long(trigger_offset)))
+    return b"".join(
+        (
+            avro.string(event_id),
+            avro.name(model_key),
+            avro.name(arm_id),
+            avro.long(arm_index),
+            avro.double(score),
+            avro.double(propensity),
+            avro.long(model_version),
+            avro.long(decision_timestamp_ms),
+            avro.long(len(f)),
+            f,
+            avro.long(trigger_source),
+            avro.long(trigger_offset),
+        )
+    )
 
 
 def encode_joined(j: Joined) -> bytes:
     f = features_to_bytes(j.features)
-    return b"".join((JOINED_HEADER, avro.string(j.event_id), avro.name(j.model_key), avro.long(len(f)), f,
-                     avro.double(j.reward), b"\x01" if j.reward_observed else b"\x00", avro.double(j.propensity),
-                     avro.long(j.decision_timestamp_ms), avro.long(j.join_timestamp_ms),
-                     avro.long(j.model_version_before), avro.long(j.trigger_source), avro.long(j.trigger_offset)))
+    return b"".join(
+        (
+            JOINED_HEADER,
+            avro.string(j.event_id),
+            avro.name(j.model_key),
+            avro.long(len(f)),
+            f,
+            avro.double(j.reward),
+            b"\x01" if j.reward_observed else b"\x00",
+            avro.double(j.propensity),
+            avro.long(j.decision_timestamp_ms),
+            avro.long(j.join_timestamp_ms),
+            avro.long(j.model_version_before),
+            avro.long(j.trigger_source),
+            avro.long(j.trigger_offset),
+        )
+    )
 
 
 def encode(event: Any) -> bytes:
@@ -97,18 +163,43 @@ def encode(event: Any) -> bytes:
     if isinstance(event, Joined):
         return encode_joined(event)
     if isinstance(event, Context):
-        return write(1, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
-                          "arm_ids": list(event.arm_ids), "features": features_to_bytes(event.features)})
+        return write(
+            1,
+            {
+                "event_id": event.event_id,
+                "model_key": event.model_key,
+                "timestamp_ms": event.timestamp_ms,
+                "arm_ids": list(event.arm_ids),
+                "features": features_to_bytes(event.features),
+            },
+        )
     if isinstance(event, Reward):
-        return write(2, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
-                          "value": event.value})
+        return write(
+            2,
+            {
+                "event_id": event.event_id,
+                "model_key": event.model_key,
+                "timestamp_ms": event.timestamp_ms,
+                "value": event.value,
+            },
+        )
     if isinstance(event, Tick):
         return write(7, {"timestamp_ms": event.timestamp_ms, "group_id": event.group_id})
     if isinstance(event, ReplicaDecision):
-        return write(8, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
-                          "arm_ids": list(event.arm_ids), "features": features_to_bytes(event.features),
-                          "arm_index": event.arm_index, "score": event.score, "propensity": event.propensity,
-                          "model_version": event.model_version})
+        return write(
+            8,
+            {
+                "event_id": event.event_id,
+                "model_key": event.model_key,
+                "timestamp_ms": event.timestamp_ms,
+                "arm_ids": list(event.arm_ids),
+                "features": features_to_bytes(event.features),
+                "arm_index": event.arm_index,
+                "score": event.score,
+                "propensity": event.propensity,
+                "model_version": event.model_version,
+            },
+        )
     if isinstance(event, DeadLetter):
         return write(5, {f.name: getattr(event, f.name) for f in dataclasses.fields(event)})
     raise TypeError(f"cannot encode {type(event).__name__}")
@@ -116,9 +207,20 @@ def encode(event: Any) -> bytes:
 
 def encode_context_v1(event: Context) -> bytes:
     """A context in the version 1 layout (one record per arm), as writers before version 2 wrote it."""
-    arms = [{"arm_id": a, "features": features_to_bytes(x)} for a, x in zip(event.arm_ids, event.features)]
-    return write(1, {"event_id": event.event_id, "model_key": event.model_key, "timestamp_ms": event.timestamp_ms,
-                      "arms": arms}, version=1)
+    arms = [
+        {"arm_id": a, "features": features_to_bytes(x)}
+        for a, x in zip(event.arm_ids, event.features)
+    ]
+    return write(
+        1,
+        {
+            "event_id": event.event_id,
+            "model_key": event.model_key,
+            "timestamp_ms": event.timestamp_ms,
+            "arms": arms,
+        },
+        version=1,
+    )
 
 
 # -- decode ------------------------------------------------------------------------------------
@@ -129,24 +231,44 @@ _ADDRESS = re.compile(r"<[^<>]* at 0x[0-9a-fA-F]+>")
 
 def _read(data: bytes) -> tuple[int, int, dict]:
     if not isinstance(data, (bytes, bytearray, memoryview)) or len(data) < 3:
-        raise DecodeError(reasons.MALFORMED, f"record of {0 if data is None else len(data)} bytes is too short for a header")
+        raise DecodeError(
+            reasons.MALFORMED,
+            f"record of {0 if data is None else len(data)} bytes is too short for a header",
+        )
     if data[0] != MAGIC:
-        raise DecodeError(reasons.MALFORMED, f"bad magic byte 0x{data[0]:02x} (expected 0x{MAGIC:02x})")
+        raise DecodeError(
+            reasons.MALFORMED, f"bad magic byte 0x{data[0]:02x} (expected 0x{MAGIC:02x})"
+        )
     sid, ver = data[1], data[2]
     writer = WRITERS.get((sid, ver))
     if writer is None:
-        raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} version {ver} is not known to this reader")
+        raise DecodeError(
+            reasons.UNKNOWN_SCHEMA, f"schema id {sid} version {ver} is not known to this reader"
+        )
     # The current version and the legacy layouts are read with their own schema (no resolution:
     # faster, and a legacy layout is converted below); any other version resolves to the current.
     reader = None if (ver == VERSIONS.get(sid) or (sid, ver) in LEGACY) else READERS[sid]
     try:
         datum = fastavro.schemaless_reader(io.BytesIO(memoryview(data)[3:]), writer, reader)
-    except (EOFError, ValueError, TypeError, UnicodeDecodeError, IndexError, KeyError,
-            fastavro.read.SchemaResolutionError) as exc:
-        code = reasons.MISSING_FIELD if isinstance(exc, fastavro.read.SchemaResolutionError) else reasons.MALFORMED
+    except (
+        EOFError,
+        ValueError,
+        TypeError,
+        UnicodeDecodeError,
+        IndexError,
+        KeyError,
+        fastavro.read.SchemaResolutionError,
+    ) as exc:
+        code = (
+            reasons.MISSING_FIELD
+            if isinstance(exc, fastavro.read.SchemaResolutionError)
+            else reasons.MALFORMED
+        )
         # fastavro's messages can name the stream object ("<_io.BytesIO object at 0x...>"): drop
         # the address, or a dead letter's detail would differ between a run and its replay.
-        raise DecodeError(code, f"Avro decode failed: {_ADDRESS.sub('the record', str(exc))}") from exc
+        raise DecodeError(
+            code, f"Avro decode failed: {_ADDRESS.sub('the record', str(exc))}"
+        ) from exc
     return sid, ver, datum
 
 
@@ -155,8 +277,10 @@ def _context_features(arm_ids: list, block: bytes) -> np.ndarray:
     if not k:
         raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
     if n == 0 or n % (8 * k):
-        raise DecodeError(reasons.BAD_DIMENSION, f"{n} feature bytes do not hold {k} arms of one dimension "
-                                                 f"(8 bytes per value)")
+        raise DecodeError(
+            reasons.BAD_DIMENSION,
+            f"{n} feature bytes do not hold {k} arms of one dimension (8 bytes per value)",
+        )
     feats = np.frombuffer(block, dtype="<f8").reshape(k, n // (8 * k)).astype(np.float64)
     if not np.isfinite(feats).all():
         raise DecodeError(reasons.NON_FINITE_FEATURES, "features contain NaN or infinite values")
@@ -177,7 +301,9 @@ def _decision(d: dict) -> ReplicaDecision:
         raise DecodeError(reasons.BAD_DECISION, f"score {score!r} is not finite")
     if version < 0:
         raise DecodeError(reasons.BAD_DECISION, f"model_version {version} is negative")
-    return ReplicaDecision(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids), feats, i, score, p, version)
+    return ReplicaDecision(
+        d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids), feats, i, score, p, version
+    )
 
 
 def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLetter | ReplicaDecision:
@@ -190,16 +316,32 @@ def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLette
                 raise DecodeError(reasons.EMPTY_ARMS, "the context has no candidate arms")
             sizes = {len(a["features"]) for a in arms}
             if len(sizes) != 1 or 0 in sizes or min(sizes) % 8:
-                raise DecodeError(reasons.BAD_DIMENSION, f"arms have feature sizes {sorted(sizes)} bytes "
-                                                         f"(8 bytes per value, all arms of one dimension)")
+                raise DecodeError(
+                    reasons.BAD_DIMENSION,
+                    f"arms have feature sizes {sorted(sizes)} bytes "
+                    f"(8 bytes per value, all arms of one dimension)",
+                )
             ids = [a["arm_id"] for a in arms]
-            return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids),
-                           _context_features(ids, b"".join(a["features"] for a in arms)))
+            return Context(
+                d["event_id"],
+                d["model_key"],
+                d["timestamp_ms"],
+                tuple(ids),
+                _context_features(ids, b"".join(a["features"] for a in arms)),
+            )
         ids = d["arm_ids"]
-        return Context(d["event_id"], d["model_key"], d["timestamp_ms"], tuple(ids), _context_features(ids, d["features"]))
+        return Context(
+            d["event_id"],
+            d["model_key"],
+            d["timestamp_ms"],
+            tuple(ids),
+            _context_features(ids, d["features"]),
+        )
     if sid == 2:
         if not math.isfinite(d["value"]):
-            raise DecodeError(reasons.NON_FINITE_REWARD, f"reward value {d['value']!r} is not finite")
+            raise DecodeError(
+                reasons.NON_FINITE_REWARD, f"reward value {d['value']!r} is not finite"
+            )
         return Reward(d["event_id"], d["model_key"], d["timestamp_ms"], d["value"])
     if sid == 7:
         return Tick(d["timestamp_ms"], d["group_id"])
@@ -211,4 +353,3 @@ def decode(data: bytes) -> Context | Reward | Tick | Action | Joined | DeadLette
     if sid == 8:
         return _decision(d)
     raise DecodeError(reasons.UNKNOWN_SCHEMA, f"schema id {sid} is not an event")
-

@@ -12,8 +12,18 @@ import dataclasses
 
 import numpy as np
 
-__all__ = ["Context", "Reward", "Tick", "Action", "Joined", "DeadLetter", "InputRef", "ReplicaDecision", "Trigger",
-           "NO_TRIGGER"]
+__all__ = [
+    "Context",
+    "Reward",
+    "Tick",
+    "Action",
+    "Joined",
+    "DeadLetter",
+    "InputRef",
+    "ReplicaDecision",
+    "Trigger",
+    "NO_TRIGGER",
+]
 
 
 @dataclasses.dataclass(slots=True)
@@ -56,8 +66,13 @@ class Tick:
     group_id: str = ""  # the consumer group whose worker wrote it
 
 
-Trigger = tuple[int, int]  # (input source, input offset) of the record whose processing wrote an output
-NO_TRIGGER: Trigger = (-1, -1)  # an output written by no input (an idle partition's tick, a Decider's advance)
+Trigger = tuple[
+    int, int
+]  # (input source, input offset) of the record whose processing wrote an output
+NO_TRIGGER: Trigger = (
+    -1,
+    -1,
+)  # an output written by no input (an idle partition's tick, a Decider's advance)
 
 
 @dataclasses.dataclass(slots=True)
@@ -126,7 +141,11 @@ class DeadLetter:
         """What a redo of this record's batch writes again the same (stream/logs.py,
         committed_view): the refused input's position. A failed update's dead letter has no
         input position (offset -1); the action it holds names the decision."""
-        return (self.source_topic, self.source_offset, self.value if self.source_offset < 0 else b"")
+        return (
+            self.source_topic,
+            self.source_offset,
+            self.value if self.source_offset < 0 else b"",
+        )
 
     @property
     def trigger(self) -> Trigger:

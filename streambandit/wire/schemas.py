@@ -12,11 +12,28 @@ from pathlib import Path
 
 import fastavro
 
-__all__ = ["SCHEMA_DIR", "IDS", "VERSIONS", "READERS", "WRITERS", "LEGACY", "register_writer_schema"]
+__all__ = [
+    "SCHEMA_DIR",
+    "IDS",
+    "VERSIONS",
+    "READERS",
+    "WRITERS",
+    "LEGACY",
+    "register_writer_schema",
+]
 
 SCHEMA_DIR = Path(__file__).resolve().parent / "schemas"
 
-IDS = {"context": 1, "reward": 2, "action": 3, "joined": 4, "dead_letter": 5, "snapshot": 6, "tick": 7, "decision": 8}
+IDS = {
+    "context": 1,
+    "reward": 2,
+    "action": 3,
+    "joined": 4,
+    "dead_letter": 5,
+    "snapshot": 6,
+    "tick": 7,
+    "decision": 8,
+}
 # The version this code writes, per schema id (header byte 2). Context version 2 carries all the
 # arms' features in one packed block (one frombuffer per record instead of one per arm); version 1
 # (``context.v1.avsc``: an array of {arm_id, features} records) is still read.
@@ -32,7 +49,9 @@ def _load(name: str) -> dict:
     return fastavro.parse_schema(json.loads((SCHEMA_DIR / f"{name}.avsc").read_text()))
 
 
-READERS: dict[int, dict] = {_id: _load(_name) for _name, _id in IDS.items()}  # schema id -> current schema
+READERS: dict[int, dict] = {
+    _id: _load(_name) for _name, _id in IDS.items()
+}  # schema id -> current schema
 WRITERS: dict[tuple[int, int], dict] = {(_id, VERSIONS[_id]): READERS[_id] for _id in IDS.values()}
 # Writer versions whose layout cannot be resolved into the current reader schema by Avro's rules:
 # read with their own schema, then converted by the decoder.

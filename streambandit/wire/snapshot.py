@@ -39,8 +39,15 @@ from streambandit.wire.records import InputRef
 from streambandit.wire.schemas import READERS, VERSIONS, WRITERS
 from streambandit.wire.snapshot_header import Snapshot, SnapshotHeader
 
-__all__ = ["SnapshotError", "SnapshotModels", "pack_snapshot", "unpack_snapshot", "state_from_avro", "state_to_avro",
-           "MODEL_STATE_SCHEMA"]
+__all__ = [
+    "SnapshotError",
+    "SnapshotModels",
+    "pack_snapshot",
+    "unpack_snapshot",
+    "state_from_avro",
+    "state_to_avro",
+    "MODEL_STATE_SCHEMA",
+]
 
 
 class SnapshotError(StreambanditError, ValueError):
@@ -56,7 +63,9 @@ _ALIGN = 8  # buffers start at multiples of 8 from the snapshot's first byte (al
 def state_from_avro(arrays: list, scalars: list) -> dict[str, Any]:
     state: dict[str, Any] = {s["name"]: s["value"] for s in scalars}
     for a in arrays:
-        state[a["name"]] = np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+        state[a["name"]] = (
+            np.frombuffer(a["data"], dtype=np.dtype(a["dtype"])).reshape(a["shape"]).copy()
+        )
     return state
 
 
@@ -67,8 +76,14 @@ def state_to_avro(key: str, state: dict[str, Any]) -> dict[str, Any]:
     for name, v in state.items():
         if isinstance(v, np.ndarray):
             le = v.dtype.newbyteorder("<").str
-            arrays.append({"name": name, "dtype": le, "shape": list(v.shape),
-                           "data": np.ascontiguousarray(v).astype(le, copy=False).tobytes()})
+            arrays.append(
+                {
+                    "name": name,
+                    "dtype": le,
+                    "shape": list(v.shape),
+                    "data": np.ascontiguousarray(v).astype(le, copy=False).tobytes(),
+                }
+            )
         else:
             scalars.append({"name": name, "value": v})
     return {"model_key": key, "arrays": arrays, "scalars": scalars}
@@ -89,7 +104,18 @@ def _encode_model(key: str, state: dict[str, Any]) -> bytes:
                 le = _LE_DTYPE[v.dtype] = v.dtype.newbyteorder("<").str
             data = np.ascontiguousarray(v).astype(le, copy=False).tobytes()
             shape = b"".join(map(avro.long, v.shape)) + b"\x00" if v.ndim else b""
-            arrays.append(b"".join((avro.string(name), avro.string(le), avro.long(v.ndim), shape, avro.long(len(data)), data)))
+            arrays.append(
+                b"".join(
+                    (
+                        avro.string(name),
+                        avro.string(le),
+                        avro.long(v.ndim),
+                        shape,
+                        avro.long(len(data)),
+                        data,
+                    )
+                )
+            )
         else:
             scalars.append(avro.string(name) + _union_scalar(v))
     return b"".join((avro.string(key), avro.array_block(arrays), avro.array_block(scalars)))
@@ -107,7 +133,9 @@ def _union_scalar(v: Any) -> bytes:
         return b"\x06" + avro.double(v)
     if isinstance(v, str):
         return b"\x08" + avro.string(v)
-    raise TypeError(f"a model's state scalar must be None, bool, int, float or str, got {type(v).__name__}")
+    raise TypeError(
+        f"a model's state scalar must be None, bool, int, float or str, got {type(v).__name__}"
+    )
 
 
 def _encode_pending(p: dict[str, Any]) -> bytes:
@@ -115,10 +143,25 @@ def _encode_pending(p: dict[str, Any]) -> bytes:
     action's fields, then ``reward`` (union null / double) and ``n_rewards``. A partition holds a
     window's worth of open decisions (thousands), and the snapshot is a pause of the worker's loop."""
     reward = p["reward"]
-    return b"".join((action_body(p["event_id"], p["model_key"], p["arm_id"], p["arm_index"], p["score"],
-                                  p["propensity"], p["model_version"], p["decision_timestamp_ms"], p["features"],
-                                  p["trigger_source"], p["trigger_offset"]),
-                     b"\x00" if reward is None else b"\x02" + avro.double(reward), avro.long(p["n_rewards"])))
+    return b"".join(
+        (
+            action_body(
+                p["event_id"],
+                p["model_key"],
+                p["arm_id"],
+                p["arm_index"],
+                p["score"],
+                p["propensity"],
+                p["model_version"],
+                p["decision_timestamp_ms"],
+                p["features"],
+                p["trigger_source"],
+                p["trigger_offset"],
+            ),
+            b"\x00" if reward is None else b"\x02" + avro.double(reward),
+            avro.long(p["n_rewards"]),
+        )
+    )
 
 
 def _align(n: int) -> int:
@@ -144,18 +187,27 @@ class _Buffers:
         if pad := _align(self.size) - self.size:
             self.parts.append(bytes(pad))
             self.size += pad
-        return b"".join((avro.string(name), avro.string(le), avro.array_block([avro.long(n) for n in column.shape]),
-                         avro.long(offset), avro.long(data.nbytes)))
+        return b"".join(
+            (
+                avro.string(name),
+                avro.string(le),
+                avro.array_block([avro.long(n) for n in column.shape]),
+                avro.long(offset),
+                avro.long(data.nbytes),
+            )
+        )
 
 
 def _encode_block(block: StateBlock, buffers: _Buffers) -> bytes:
     """One ``ModelBlock``, by hand (fastavro's bytes); its columns go to ``buffers``."""
-    return b"".join((
-        avro.array_block([avro.string(k) + _union_scalar(v) for k, v in block.header.items()]),
-        avro.array_block([avro.string(k) for k in block.keys]),
-        avro.array_block([buffers.ref(k, a) for k, a in block.arrays.items()]),
-        avro.array_block([buffers.ref(k, a) for k, a in block.scalars.items()]),
-    ))
+    return b"".join(
+        (
+            avro.array_block([avro.string(k) + _union_scalar(v) for k, v in block.header.items()]),
+            avro.array_block([avro.string(k) for k in block.keys]),
+            avro.array_block([buffers.ref(k, a) for k, a in block.arrays.items()]),
+            avro.array_block([buffers.ref(k, a) for k, a in block.scalars.items()]),
+        )
+    )
 
 
 def pack_snapshot(snap: Snapshot | Mapping[str, Any]) -> bytes:
@@ -171,13 +223,25 @@ def pack_snapshot(snap: Snapshot | Mapping[str, Any]) -> bytes:
     models = avro.array_block([_encode_model(key, state) for key, state in records.items()])
     pending = avro.array_block([_encode_pending(p) for p in eng["pending"]])
     # Recently joined ids (up to max_recent, 100,000 by default): {event_id, observed} each.
-    recent = avro.array_block([avro.string(k) + (b"\x01" if v else b"\x00") for k, v in eng["recent"]])
+    recent = avro.array_block(
+        [avro.string(k) + (b"\x01" if v else b"\x00") for k, v in eng["recent"]]
+    )
     early = []
     for e in eng["early"]:
         src: InputRef = e["source"]
-        early.append({"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
-                      "value": e["value"], "source_partition": src.partition, "source_offset": src.offset,
-                      "key": src.key, "raw": src.value, "source_timestamp_ms": src.timestamp_ms})
+        early.append(
+            {
+                "event_id": e["event_id"],
+                "model_key": e["model_key"],
+                "timestamp_ms": e["timestamp_ms"],
+                "value": e["value"],
+                "source_partition": src.partition,
+                "source_offset": src.offset,
+                "key": src.key,
+                "raw": src.value,
+                "source_timestamp_ms": src.timestamp_ms,
+            }
+        )
     head = snap.header.as_dict() | {"watermark_ms": eng["watermark_ms"]}
     # The record's fields back to back: those before ``models``, the models, then pending, early,
     # recent and counters (the reader splits the schema the same way, _SNAPSHOT_PARTS). Models,
@@ -190,19 +254,33 @@ def pack_snapshot(snap: Snapshot | Mapping[str, Any]) -> bytes:
     buf.write(pending)
     fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["early"], {"early": early})
     buf.write(recent)
-    fastavro.schemaless_writer(buf, _SNAPSHOT_FIELDS["counters"], {"counters": {k: int(v) for k, v in eng["counters"].items()}})
+    fastavro.schemaless_writer(
+        buf,
+        _SNAPSHOT_FIELDS["counters"],
+        {"counters": {k: int(v) for k, v in eng["counters"].items()}},
+    )
     record = buf.getvalue()
     flags = 0
     if len(record) > _COMPRESS_ABOVE:
         # Level 1: a third faster than 6 on model state (float64 arrays) for 1% more bytes.
         record, flags = zlib.compress(record, 1), 1
-    after_crc = [struct.pack("<Q", len(record)), record, bytes(_align(_RECORD_AT + len(record)) - _RECORD_AT - len(record)),
-                 *buffers.parts]
+    after_crc = [
+        struct.pack("<Q", len(record)),
+        record,
+        bytes(_align(_RECORD_AT + len(record)) - _RECORD_AT - len(record)),
+        *buffers.parts,
+    ]
     crc = 0
     for part in after_crc:
         crc = zlib.crc32(part, crc)
-    return b"".join((avro.header(_SNAPSHOT_ID, VERSIONS[_SNAPSHOT_ID]), bytes((flags,)), struct.pack("<I", crc),
-                     *after_crc))
+    return b"".join(
+        (
+            avro.header(_SNAPSHOT_ID, VERSIONS[_SNAPSHOT_ID]),
+            bytes((flags,)),
+            struct.pack("<I", crc),
+            *after_crc,
+        )
+    )
 
 
 def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
@@ -212,17 +290,25 @@ def _split_snapshot_schema(schema: dict) -> tuple[dict, dict, dict]:
     fields = schema["fields"]
     i = next(j for j, f in enumerate(fields) if f["name"] == "models")
     head = {"type": "record", "name": "SnapshotHead", "fields": fields[:i]}
-    tail = {"type": "record", "name": "SnapshotTail", "fields": fields[i + 1:]}
-    return (fastavro.parse_schema(head), fastavro.parse_schema(fields[i]["type"]["items"]),
-            fastavro.parse_schema(tail))
+    tail = {"type": "record", "name": "SnapshotTail", "fields": fields[i + 1 :]}
+    return (
+        fastavro.parse_schema(head),
+        fastavro.parse_schema(fields[i]["type"]["items"]),
+        fastavro.parse_schema(tail),
+    )
 
 
 _SNAPSHOT_PARTS = _split_snapshot_schema(READERS[_SNAPSHOT_ID])
 MODEL_STATE_SCHEMA = _SNAPSHOT_PARTS[1]  # one model's state, as a snapshot holds it
 # Single fields of the snapshot record, each as a record of that one field (the same bytes), for
 # the parts of the tail pack_snapshot leaves to fastavro.
-_SNAPSHOT_FIELDS = {f["name"]: fastavro.parse_schema({"type": "record", "name": f"Snapshot_{f['name']}", "fields": [f]})
-                    for f in READERS[_SNAPSHOT_ID]["fields"] if f["name"] in ("early", "counters")}
+_SNAPSHOT_FIELDS = {
+    f["name"]: fastavro.parse_schema(
+        {"type": "record", "name": f"Snapshot_{f['name']}", "fields": [f]}
+    )
+    for f in READERS[_SNAPSHOT_ID]["fields"]
+    if f["name"] in ("early", "counters")
+}
 
 
 class SnapshotModels(Mapping):
@@ -262,24 +348,44 @@ def _column(ref: dict[str, Any], buffers: memoryview) -> np.ndarray:
     dtype = np.dtype(ref["dtype"])
     shape = tuple(ref["shape"])
     offset, length = ref["offset"], ref["length"]
-    if dtype.kind not in _COLUMN_KINDS or min(shape, default=0) < 0 or offset < 0 or offset + length > len(buffers) \
-            or length != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
-        raise ValueError(f"column {ref['name']!r} ({ref['dtype']}, shape {shape}) does not fit the buffers")
+    if (
+        dtype.kind not in _COLUMN_KINDS
+        or min(shape, default=0) < 0
+        or offset < 0
+        or offset + length > len(buffers)
+        or length != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    ):
+        raise ValueError(
+            f"column {ref['name']!r} ({ref['dtype']}, shape {shape}) does not fit the buffers"
+        )
     return np.frombuffer(buffers, dtype, length // dtype.itemsize, offset).reshape(shape)
 
 
-def _decode_blocks(blocks: list[dict[str, Any]], buffers: memoryview, private: bool) -> list[StateBlock]:
-    return [StateBlock({s["name"]: s["value"] for s in b["header"]}, b["keys"],
-                       {r["name"]: _column(r, buffers) for r in b["arrays"]},
-                       {r["name"]: _column(r, buffers) for r in b["scalars"]}, adoptable=private) for b in blocks]
+def _decode_blocks(
+    blocks: list[dict[str, Any]], buffers: memoryview, private: bool
+) -> list[StateBlock]:
+    return [
+        StateBlock(
+            {s["name"]: s["value"] for s in b["header"]},
+            b["keys"],
+            {r["name"]: _column(r, buffers) for r in b["arrays"]},
+            {r["name"]: _column(r, buffers) for r in b["scalars"]},
+            adoptable=private,
+        )
+        for b in blocks
+    ]
 
 
 def _decode_snapshot_body(body: bytes, version: int) -> dict[str, Any]:
     """The snapshot datum with the per-model records as :class:`SnapshotModels` (current
     version), or fully decoded with Avro's resolution (an older writer version)."""
     if version != VERSIONS[_SNAPSHOT_ID]:
-        d = fastavro.schemaless_reader(io.BytesIO(body), WRITERS[(_SNAPSHOT_ID, version)], READERS[_SNAPSHOT_ID])
-        d["models"] = {m["model_key"]: state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]}
+        d = fastavro.schemaless_reader(
+            io.BytesIO(body), WRITERS[(_SNAPSHOT_ID, version)], READERS[_SNAPSHOT_ID]
+        )
+        d["models"] = {
+            m["model_key"]: state_from_avro(m["arrays"], m["scalars"]) for m in d["models"]
+        }
         return d
     head_schema, model_schema, tail_schema = _SNAPSHOT_PARTS
     stream = io.BytesIO(body)
@@ -318,8 +424,8 @@ def unpack_snapshot(data: bytes | mmap.mmap) -> Snapshot:
     try:
         if version >= 3:
             (length,) = struct.unpack("<Q", data[8:_RECORD_AT])
-            body = bytes(view[_RECORD_AT:_RECORD_AT + length])
-            buffers = view[_align(_RECORD_AT + length):]
+            body = bytes(view[_RECORD_AT : _RECORD_AT + length])
+            buffers = view[_align(_RECORD_AT + length) :]
         else:  # the record is all there is
             body, buffers = bytes(view[8:]), view[:0]
         if flags & 1:
@@ -333,10 +439,23 @@ def unpack_snapshot(data: bytes | mmap.mmap) -> Snapshot:
     engine = {
         "models": models,
         "pending": [{**p, "features": features_from_bytes(p["features"])} for p in d["pending"]],
-        "early": [{"event_id": e["event_id"], "model_key": e["model_key"], "timestamp_ms": e["timestamp_ms"],
-                   "value": e["value"],
-                   "source": InputRef(1, e["source_partition"], e["source_offset"], e["key"], e["raw"],
-                                      e["source_timestamp_ms"])} for e in d["early"]],
+        "early": [
+            {
+                "event_id": e["event_id"],
+                "model_key": e["model_key"],
+                "timestamp_ms": e["timestamp_ms"],
+                "value": e["value"],
+                "source": InputRef(
+                    1,
+                    e["source_partition"],
+                    e["source_offset"],
+                    e["key"],
+                    e["raw"],
+                    e["source_timestamp_ms"],
+                ),
+            }
+            for e in d["early"]
+        ],
         "recent": [(r["event_id"], r["observed"]) for r in d["recent"]],
         "watermark_ms": d["watermark_ms"],
         "counters": dict(d["counters"]),

@@ -12,7 +12,13 @@ from typing import Any
 __all__ = ["SnapshotHeader", "Snapshot", "POSITIONS"]
 
 # The positions in the topics a snapshot's state corresponds to, in the record's order.
-POSITIONS = ("contexts_offset", "rewards_offset", "actions_offset", "joined_offset", "dead_letter_offset")
+POSITIONS = (
+    "contexts_offset",
+    "rewards_offset",
+    "actions_offset",
+    "joined_offset",
+    "dead_letter_offset",
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -22,7 +28,9 @@ class SnapshotHeader:
 
     partition: int
     created_ms: int  # wall clock; informational
-    contexts_offset: int  # the next offset of the first input (contexts, or a learner's decisions) to process
+    contexts_offset: (
+        int  # the next offset of the first input (contexts, or a learner's decisions) to process
+    )
     rewards_offset: int  # the next offset of rewards to process
     actions_offset: int  # the position in actions after the last record this state includes
     joined_offset: int  # ... in joined
@@ -36,15 +44,20 @@ class SnapshotHeader:
         build one): its fields, ``chain`` and ``seq`` 0 when absent; other names ignored."""
         if isinstance(header, SnapshotHeader):
             return header
-        return cls(**{name: header[name] for name in _REQUIRED}, chain=header.get("chain", 0),
-                   seq=header.get("seq", 0))
+        return cls(
+            **{name: header[name] for name in _REQUIRED},
+            chain=header.get("chain", 0),
+            seq=header.get("seq", 0),
+        )
 
     def as_dict(self) -> dict[str, int]:
         return {name: getattr(self, name) for name in _FIELDS}
 
 
 _FIELDS = tuple(f.name for f in dataclasses.fields(SnapshotHeader))
-_REQUIRED = tuple(f.name for f in dataclasses.fields(SnapshotHeader) if f.default is dataclasses.MISSING)
+_REQUIRED = tuple(
+    f.name for f in dataclasses.fields(SnapshotHeader) if f.default is dataclasses.MISSING
+)
 
 
 @dataclasses.dataclass(frozen=True, slots=True, eq=False)

@@ -23,7 +23,12 @@ def topics(broker):
     from streambandit.stream.worker import Topics
 
     tag = uuid.uuid4().hex[:8]
-    t = Topics(contexts=f"contexts-{tag}", rewards=f"rewards-{tag}", actions=f"actions-{tag}",
-               joined=f"joined-{tag}", dead_letter=f"dead-letter-{tag}")
+    t = Topics(
+        contexts=f"contexts-{tag}",
+        rewards=f"rewards-{tag}",
+        actions=f"actions-{tag}",
+        joined=f"joined-{tag}",
+        dead_letter=f"dead-letter-{tag}",
+    )
     broker.create_topics(t.all(), partitions=2)
     return t

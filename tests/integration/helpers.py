@@ -14,11 +14,19 @@ from streambandit.wire import decode, encode
 def producer(broker) -> Producer:
     # Idempotent: a retried send must not duplicate an input record (the tests compare runs that
     # must see the same input).
-    return Producer({"bootstrap.servers": broker.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 5,
-                     "enable.idempotence": True})
+    return Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "partitioner": "murmur2_random",
+            "linger.ms": 5,
+            "enable.idempotence": True,
+        }
+    )
 
 
-def send(prod: Producer, topic: str, event, key: bytes | None = None, raw: bytes | None = None) -> None:
+def send(
+    prod: Producer, topic: str, event, key: bytes | None = None, raw: bytes | None = None
+) -> None:
     k = key if key is not None else event.model_key.encode()
     prod.produce(topic, key=k, value=raw if raw is not None else encode(event))
 
@@ -27,8 +35,15 @@ def read_all(broker, topic: str, partitions: int = 2) -> list:
     """Every readable (read_committed) message of a topic, partition by partition, read to the
     partition's end (EOF), not to its reported high watermark: the embedded broker reports too
     low a one for topics written in non-transactional batches (docs/notes/tansu.md)."""
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "reader", "isolation.level": "read_committed",
-                  "enable.partition.eof": True, "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "reader",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
     try:
         return [m for p in range(partitions) for m in read_range(c, topic, p, 0, end=2**62)]
     finally:
@@ -36,7 +51,13 @@ def read_all(broker, topic: str, partitions: int = 2) -> list:
 
 
 def committed_offsets(broker, group: str, topic: str, partitions: int = 2) -> dict[int, int]:
-    c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
     try:
         got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
         return {tp.partition: max(tp.offset, 0) for tp in got}
@@ -44,12 +65,19 @@ def committed_offsets(broker, group: str, topic: str, partitions: int = 2) -> di
         c.close()
 
 
-def outputs(broker, topics, group: str, partitions: int = 2, first_input: str | None = None) -> dict[str, list]:
+def outputs(
+    broker, topics, group: str, partitions: int = 2, first_input: str | None = None
+) -> dict[str, list]:
     """Our output logs as a committed transaction wrote them (see streambandit/stream/logs.py):
     per topic, the decoded records of all partitions. ``first_input``: the worker's first input
     when it is not contexts (a learn-only worker's decisions)."""
-    committed = {p: {0: committed_offsets(broker, group, first_input or topics.contexts, partitions)[p],
-                     1: committed_offsets(broker, group, topics.rewards, partitions)[p]} for p in range(partitions)}
+    committed = {
+        p: {
+            0: committed_offsets(broker, group, first_input or topics.contexts, partitions)[p],
+            1: committed_offsets(broker, group, topics.rewards, partitions)[p],
+        }
+        for p in range(partitions)
+    }
     out: dict = {"raw_counts": {}}
     for name in ("actions", "joined", "dead_letter"):
         msgs = read_all(broker, getattr(topics, name), partitions)
@@ -65,7 +93,9 @@ def outputs(broker, topics, group: str, partitions: int = 2, first_input: str | 
 def same_state(a: dict, b: dict) -> bool:
     """Two policy states (``state_dict()``, or as a snapshot holds them) are equal to the bit."""
     return a.keys() == b.keys() and all(
-        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k]
+        for k in a
+    )
 
 
 def engine_states_equal(a: dict, b: dict) -> None:
@@ -139,8 +169,13 @@ def start_worker(broker, topics, snapshot_dir, group: str, models: dict, **overr
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker
 
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(models), group_id=group,
-                       topics=topics, **overrides)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(models),
+        group_id=group,
+        topics=topics,
+        **overrides,
+    )
     w = Worker(cfg, DirectoryStore(snapshot_dir))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -165,8 +200,14 @@ class Tail:
     def __init__(self, broker, topic: str, partitions: int = 2) -> None:
         import uuid
 
-        self.c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": f"tail-{uuid.uuid4().hex[:8]}",
-                           "isolation.level": "read_committed", "enable.auto.commit": False})
+        self.c = Consumer(
+            {
+                "bootstrap.servers": broker.bootstrap_servers,
+                "group.id": f"tail-{uuid.uuid4().hex[:8]}",
+                "isolation.level": "read_committed",
+                "enable.auto.commit": False,
+            }
+        )
         self.c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
 
     def read(self, timeout_s: float = 0.2) -> list:
@@ -183,8 +224,10 @@ class Tail:
 
 def topics_toml(topics) -> str:
     """The ``[topics]`` table of a worker configuration that names ``topics``."""
-    return "[topics]\n" + "".join(f'{name} = "{getattr(topics, name)}"\n'
-                                   for name in ("contexts", "decisions", "rewards", "actions", "joined", "dead_letter"))
+    return "[topics]\n" + "".join(
+        f'{name} = "{getattr(topics, name)}"\n'
+        for name in ("contexts", "decisions", "rewards", "actions", "joined", "dead_letter")
+    )
 
 
 SERVE_CONFIG = """
@@ -219,9 +262,26 @@ def serve_process(broker, cfg_path, instance: str, log_path):
     import subprocess
     import sys
 
-    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg_path), "-v",
-                             "--instance-id", instance, "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
-                            stdout=subprocess.PIPE, stderr=open(log_path, "a"), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg_path),
+            "-v",
+            "--instance-id",
+            instance,
+            "--processes",
+            "1",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(log_path, "a"),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def held_partitions(log_path) -> set[int]:
@@ -229,7 +289,9 @@ def held_partitions(log_path) -> set[int]:
     import re
 
     out: set[int] = set()
-    for m in re.finditer(r"partition (assigned|revoked) partition=(\d+)|(worker started)", log_path.read_text()):
+    for m in re.finditer(
+        r"partition (assigned|revoked) partition=(\d+)|(worker started)", log_path.read_text()
+    ):
         if m.group(3):
             out.clear()
         else:

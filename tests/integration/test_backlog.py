@@ -20,14 +20,24 @@ from .helpers import caught_up, outputs, producer, send_tracked, start_worker, w
 pytestmark = pytest.mark.integration
 
 N, D, K = 3000, 20, 10
-MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": D, "reward_window_ms": 100, "default_reward": 0.0}]}
+MODELS = {
+    "models": [
+        {"match": "m-*", "policy": "oful", "dim": D, "reward_window_ms": 100, "default_reward": 0.0}
+    ]
+}
 
 
 def test_a_backlog_is_joined_exactly_as_the_canonical_order_joins_it(broker, topics, tmp_path):
     rng = np.random.default_rng(11)
     prod, sent, events = producer(broker), [], []
     for i in range(N):
-        ctx = Context(f"e{i}", f"m-{i % 4}", 1000 + i, tuple(f"a{k}" for k in range(K)), rng.standard_normal((K, D)) / 5)
+        ctx = Context(
+            f"e{i}",
+            f"m-{i % 4}",
+            1000 + i,
+            tuple(f"a{k}" for k in range(K)),
+            rng.standard_normal((K, D)) / 5,
+        )
         events.append((ctx.timestamp_ms, 0, ctx))
         sent.append(send_tracked(prod, topics.contexts, ctx.model_key.encode(), encode(ctx)))
         if i % 3 == 0:
@@ -36,7 +46,9 @@ def test_a_backlog_is_joined_exactly_as_the_canonical_order_joins_it(broker, top
             sent.append(send_tracked(prod, topics.rewards, rew.model_key.encode(), encode(rew)))
     prod.flush()
 
-    w, t = start_worker(broker, topics, tmp_path / "snaps", "g-backlog", MODELS, idle_tick_ms=10**9)  # merge_wait_ms: default
+    w, t = start_worker(
+        broker, topics, tmp_path / "snaps", "g-backlog", MODELS, idle_tick_ms=10**9
+    )  # merge_wait_ms: default
     try:
         assert wait_for(lambda: caught_up(broker, topics, "g-backlog", sent), timeout_s=120)
     finally:
@@ -48,7 +60,7 @@ def test_a_backlog_is_joined_exactly_as_the_canonical_order_joins_it(broker, top
     engine = PartitionEngine(parse_models_config(MODELS))
     expected = {}
     for _, _, ev in sorted(events, key=lambda e: (e[0], e[1])):
-        for o in (engine.on_context(ev) if isinstance(ev, Context) else engine.on_reward(ev)):
+        for o in engine.on_context(ev) if isinstance(ev, Context) else engine.on_reward(ev):
             if hasattr(o, "reward_observed"):
                 expected[o.event_id] = (o.reward, o.reward_observed)
 
@@ -56,4 +68,6 @@ def test_a_backlog_is_joined_exactly_as_the_canonical_order_joins_it(broker, top
     assert w.metrics["merge_out_of_order"] == 0
     got = {j.event_id: (j.reward, j.reward_observed) for j in out["joined"]}
     assert sum(observed for _, observed in got.values()) == N // 3 + (N % 3 > 0)
-    assert {k: v for k, v in got.items() if k in expected} == {k: v for k, v in expected.items() if k in got}
+    assert {k: v for k, v in got.items() if k in expected} == {
+        k: v for k, v in expected.items() if k in got
+    }

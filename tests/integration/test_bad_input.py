@@ -29,12 +29,28 @@ pytestmark = pytest.mark.integration
 
 DIM = 3
 WINDOW_MS = 5000
-MODELS = {"models": [
-    {"match": "bad-m", "policy": "glb_omd", "dim": DIM, "reward_window_ms": WINDOW_MS, "default_reward": 0.0,
-     "aggregation": "first", "hyper": {"link": "logistic"}},
-    {"match": "bad-p", "policy": "glb_omd", "dim": DIM, "reward_window_ms": WINDOW_MS, "default_reward": 0.0,
-     "aggregation": "first", "hyper": {"link": "poisson"}},
-]}
+MODELS = {
+    "models": [
+        {
+            "match": "bad-m",
+            "policy": "glb_omd",
+            "dim": DIM,
+            "reward_window_ms": WINDOW_MS,
+            "default_reward": 0.0,
+            "aggregation": "first",
+            "hyper": {"link": "logistic"},
+        },
+        {
+            "match": "bad-p",
+            "policy": "glb_omd",
+            "dim": DIM,
+            "reward_window_ms": WINDOW_MS,
+            "default_reward": 0.0,
+            "aggregation": "first",
+            "hyper": {"link": "poisson"},
+        },
+    ]
+}
 GROUP = "g-bad-input"
 KEY = b"bad-m"
 
@@ -44,20 +60,39 @@ def _context_v3_without_timestamp() -> bytes:
     schema = json.loads((schemas.SCHEMA_DIR / "context.avsc").read_text())
     v3 = copy.deepcopy(schema)
     v3["fields"] = [f for f in v3["fields"] if f["name"] != "timestamp_ms"]
-    schemas.register_writer_schema("context", 3, v3)  # the reader knows the writer; resolution must fail
+    schemas.register_writer_schema(
+        "context", 3, v3
+    )  # the reader knows the writer; resolution must fail
     buf = io.BytesIO()
     buf.write(bytes((0x5B, 1, 3)))
-    fastavro.schemaless_writer(buf, fastavro.parse_schema(v3), {
-        "event_id": "mf", "model_key": "bad-m", "arm_ids": ["a"], "features": np.zeros(DIM).tobytes()})
+    fastavro.schemaless_writer(
+        buf,
+        fastavro.parse_schema(v3),
+        {
+            "event_id": "mf",
+            "model_key": "bad-m",
+            "arm_ids": ["a"],
+            "features": np.zeros(DIM).tobytes(),
+        },
+    )
     return buf.getvalue()
 
 
 def _raw_context(event_id: str, ts: int, arms: list[tuple[str, np.ndarray]]) -> bytes:
     """Context bytes written field by field (no validation): any feature bytes, any arm count. In the
     version 1 layout (one record per arm), which can express arms of different dimensions."""
-    return codec.write(1, {"event_id": event_id, "model_key": "bad-m", "timestamp_ms": ts,
-                             "arms": [{"arm_id": a, "features": np.asarray(x, dtype="<f8").tobytes()} for a, x in arms]},
-                         version=1)
+    return codec.write(
+        1,
+        {
+            "event_id": event_id,
+            "model_key": "bad-m",
+            "timestamp_ms": ts,
+            "arms": [
+                {"arm_id": a, "features": np.asarray(x, dtype="<f8").tobytes()} for a, x in arms
+            ],
+        },
+        version=1,
+    )
 
 
 @dataclasses.dataclass
@@ -79,7 +114,9 @@ class Stream:
         self.good_ctx: dict[str, Context] = {}
         self.sent: list[Sent] = []
         self.bad: list[Bad] = []
-        self._open: list[tuple[str, str, Sent]] = []  # bad records waiting for their next good neighbour
+        self._open: list[
+            tuple[str, str, Sent]
+        ] = []  # bad records waiting for their next good neighbour
         self._last_good: str | None = None
 
     def step(self, dt: int = 100) -> int:
@@ -92,14 +129,23 @@ class Stream:
         return s
 
     def context(self, event_id: str, key: str = "bad-m", ts: int | None = None) -> Context:
-        ctx = Context(event_id, key, self.step() if ts is None else ts, ("a", "b", "c"),
-                      self.rng.standard_normal((3, DIM)) / 3)
+        ctx = Context(
+            event_id,
+            key,
+            self.step() if ts is None else ts,
+            ("a", "b", "c"),
+            self.rng.standard_normal((3, DIM)) / 3,
+        )
         self.send(self.topics.contexts, key.encode(), encode(ctx))
         return ctx
 
-    def reward(self, event_id: str, value: float, key: str = "bad-m", ts: int | None = None) -> Sent:
+    def reward(
+        self, event_id: str, value: float, key: str = "bad-m", ts: int | None = None
+    ) -> Sent:
         stamp = self.step(1) if ts is None else ts
-        return self.send(self.topics.rewards, key.encode(), encode(Reward(event_id, key, stamp, value)))
+        return self.send(
+            self.topics.rewards, key.encode(), encode(Reward(event_id, key, stamp, value))
+        )
 
     def good_event(self, event_id: str, value: float | None = None) -> None:
         """A context and, right after it in event time, its reward: joined when the reward comes."""
@@ -115,7 +161,9 @@ class Stream:
         self._open.clear()
         self._last_good = event_id
 
-    def bad_record(self, case: str, reason: str, topic: str, value: bytes, key: bytes | None = KEY) -> Sent:
+    def bad_record(
+        self, case: str, reason: str, topic: str, value: bytes, key: bytes | None = KEY
+    ) -> Sent:
         s = self.send(topic, key, value)
         self._open.append((case, reason, s))
         return s
@@ -124,8 +172,13 @@ class Stream:
 @pytest.fixture(scope="module")
 def run(broker, tmp_path_factory):
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(contexts=f"contexts-{tag}", rewards=f"rewards-{tag}", actions=f"actions-{tag}",
-                    joined=f"joined-{tag}", dead_letter=f"dead-letter-{tag}")
+    topics = Topics(
+        contexts=f"contexts-{tag}",
+        rewards=f"rewards-{tag}",
+        actions=f"actions-{tag}",
+        joined=f"joined-{tag}",
+        dead_letter=f"dead-letter-{tag}",
+    )
     broker.create_topics(topics.all(), partitions=2)
     prod = producer(broker)
     st = Stream(prod, topics, t0=1_700_000_000_000)
@@ -149,27 +202,53 @@ def run(broker, tmp_path_factory):
     good()
     st.bad_record("missing_field", reasons.MISSING_FIELD, C, _context_v3_without_timestamp())
     good()
-    st.bad_record("nan_features", reasons.NON_FINITE_FEATURES, C,
-                  _raw_context("nan", st.step(), [("a", [0.1, 0.2, 0.3]), ("b", [0.1, math.nan, 0.3])]))
+    st.bad_record(
+        "nan_features",
+        reasons.NON_FINITE_FEATURES,
+        C,
+        _raw_context("nan", st.step(), [("a", [0.1, 0.2, 0.3]), ("b", [0.1, math.nan, 0.3])]),
+    )
     good()
-    st.bad_record("inf_features", reasons.NON_FINITE_FEATURES, C,
-                  _raw_context("inf", st.step(), [("a", [math.inf, 0.2, 0.3])]))
+    st.bad_record(
+        "inf_features",
+        reasons.NON_FINITE_FEATURES,
+        C,
+        _raw_context("inf", st.step(), [("a", [math.inf, 0.2, 0.3])]),
+    )
     good()
     # Finite but huge: taken, it would make every later score of the model NaN.
-    st.bad_record("huge_features", reasons.FEATURE_OUT_OF_RANGE, C,
-                  _raw_context("huge", st.step(), [("a", [0.1, 0.2, 0.3]), ("b", [1e200, 0.2, 0.3])]))
+    st.bad_record(
+        "huge_features",
+        reasons.FEATURE_OUT_OF_RANGE,
+        C,
+        _raw_context("huge", st.step(), [("a", [0.1, 0.2, 0.3]), ("b", [1e200, 0.2, 0.3])]),
+    )
     good()
-    st.bad_record("wrong_dimension", reasons.BAD_DIMENSION, C,
-                  _raw_context("dim4", st.step(), [("a", np.full(DIM + 1, 0.1)), ("b", np.full(DIM + 1, 0.2))]))
+    st.bad_record(
+        "wrong_dimension",
+        reasons.BAD_DIMENSION,
+        C,
+        _raw_context(
+            "dim4", st.step(), [("a", np.full(DIM + 1, 0.1)), ("b", np.full(DIM + 1, 0.2))]
+        ),
+    )
     good()
-    st.bad_record("ragged_arms", reasons.BAD_DIMENSION, C,
-                  _raw_context("ragged", st.step(), [("a", np.full(DIM, 0.1)), ("b", np.full(DIM - 1, 0.2))]))
+    st.bad_record(
+        "ragged_arms",
+        reasons.BAD_DIMENSION,
+        C,
+        _raw_context("ragged", st.step(), [("a", np.full(DIM, 0.1)), ("b", np.full(DIM - 1, 0.2))]),
+    )
     good()
     st.bad_record("empty_arms", reasons.EMPTY_ARMS, C, _raw_context("empty", st.step(), []))
     good()
     # Two candidates with one id: the action names its arm by id, and export refused such a log.
-    st.bad_record("duplicate_arm_id", reasons.DUPLICATE_ARM_ID, C,
-                  _raw_context("dupid", st.step(), [("a", [0.1, 0.2, 0.3]), ("a", [0.3, 0.2, 0.1])]))
+    st.bad_record(
+        "duplicate_arm_id",
+        reasons.DUPLICATE_ARM_ID,
+        C,
+        _raw_context("dupid", st.step(), [("a", [0.1, 0.2, 0.3]), ("a", [0.3, 0.2, 0.1])]),
+    )
     good()
     # A duplicate context event id: decided once; the duplicate (other features, later) refused.
     first = st.context("dup")
@@ -179,47 +258,93 @@ def run(broker, tmp_path_factory):
     st._good("dup", first, 1.0)
     good()
     # A reward for an event that never had a context: held, then refused when its window has passed.
-    st.bad_record("unknown_event", reasons.UNKNOWN_EVENT, R, encode(Reward("ghost", "bad-m", st.step(), 1.0)))
+    st.bad_record(
+        "unknown_event", reasons.UNKNOWN_EVENT, R, encode(Reward("ghost", "bad-m", st.step(), 1.0))
+    )
     good()
     # A reward outside the logistic link's range [0, 1], then a good one for the same event.
     ctx = st.context("oor")
-    st.bad_record("out_of_range_logistic", reasons.REWARD_OUT_OF_RANGE, R, encode(Reward("oor", "bad-m", st.step(1), 2.0)))
+    st.bad_record(
+        "out_of_range_logistic",
+        reasons.REWARD_OUT_OF_RANGE,
+        R,
+        encode(Reward("oor", "bad-m", st.step(1), 2.0)),
+    )
     st.reward("oor", 1.0)
     st._good("oor", ctx, 1.0)
     good()
     # A NaN reward, then a good one for the same event.
     ctx = st.context("nanr")
-    st.bad_record("nan_reward", reasons.NON_FINITE_REWARD, R, encode(Reward("nanr", "bad-m", st.step(1), math.nan)))
+    st.bad_record(
+        "nan_reward",
+        reasons.NON_FINITE_REWARD,
+        R,
+        encode(Reward("nanr", "bad-m", st.step(1), math.nan)),
+    )
     st.reward("nanr", 0.0)
     st._good("nanr", ctx, 0.0)
     good()
     # A context and a reward for a model key no configuration matches.
-    st.bad_record("unknown_model_context", reasons.UNKNOWN_MODEL, C,
-                  encode(Context("nobody-1", "nobody", st.step(), ("a",), np.zeros((1, DIM)))), key=b"nobody")
+    st.bad_record(
+        "unknown_model_context",
+        reasons.UNKNOWN_MODEL,
+        C,
+        encode(Context("nobody-1", "nobody", st.step(), ("a",), np.zeros((1, DIM)))),
+        key=b"nobody",
+    )
     good()
-    st.bad_record("unknown_model_reward", reasons.UNKNOWN_MODEL, R,
-                  encode(Reward("nobody-2", "nobody", st.step(), 1.0)), key=b"nobody")
+    st.bad_record(
+        "unknown_model_reward",
+        reasons.UNKNOWN_MODEL,
+        R,
+        encode(Reward("nobody-2", "nobody", st.step(), 1.0)),
+        key=b"nobody",
+    )
     good()
     # A negative count for the Poisson model, then a good one (its neighbours are the bad-m events).
-    pctx = Context("pois", "bad-p", st.step(), ("a", "b", "c"), st.rng.standard_normal((3, DIM)) / 3)
+    pctx = Context(
+        "pois", "bad-p", st.step(), ("a", "b", "c"), st.rng.standard_normal((3, DIM)) / 3
+    )
     st.send(C, b"bad-p", encode(pctx))
-    st.bad_record("out_of_range_poisson", reasons.REWARD_OUT_OF_RANGE, R, encode(Reward("pois", "bad-p", st.step(1), -1.0)),
-                  key=b"bad-p")
+    st.bad_record(
+        "out_of_range_poisson",
+        reasons.REWARD_OUT_OF_RANGE,
+        R,
+        encode(Reward("pois", "bad-p", st.step(1), -1.0)),
+        key=b"bad-p",
+    )
     # Finite but huge: it crashed the compiled Poisson update, and every restart that replayed it.
-    st.bad_record("huge_reward_poisson", reasons.REWARD_OUT_OF_RANGE, R,
-                  encode(Reward("pois", "bad-p", st.step(1), 1e200)), key=b"bad-p")
+    st.bad_record(
+        "huge_reward_poisson",
+        reasons.REWARD_OUT_OF_RANGE,
+        R,
+        encode(Reward("pois", "bad-p", st.step(1), 1e200)),
+        key=b"bad-p",
+    )
     st.send(R, b"bad-p", encode(Reward("pois", "bad-p", st.step(1), 3.0)))
     good()
     # Valid records that do not belong where they are: a reward on the contexts topic, and a
     # context whose message key is not its model key.
-    st.bad_record("wrong_topic", reasons.WRONG_TOPIC, C, encode(Reward("wt", "bad-m", st.step(), 1.0)))
+    st.bad_record(
+        "wrong_topic", reasons.WRONG_TOPIC, C, encode(Reward("wt", "bad-m", st.step(), 1.0))
+    )
     good()
-    st.bad_record("key_mismatch", reasons.KEY_MISMATCH, C,
-                  encode(Context("km", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))), key=b"bad-p")
+    st.bad_record(
+        "key_mismatch",
+        reasons.KEY_MISMATCH,
+        C,
+        encode(Context("km", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))),
+        key=b"bad-p",
+    )
     good()
     # No message key: it lands on a random partition and would build a second copy of the model.
-    st.bad_record("null_key", reasons.KEY_MISMATCH, C,
-                  encode(Context("nk", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))), key=None)
+    st.bad_record(
+        "null_key",
+        reasons.KEY_MISMATCH,
+        C,
+        encode(Context("nk", "bad-m", st.step(), ("a",), np.zeros((1, DIM)))),
+        key=None,
+    )
     good()
     for _ in range(5):
         good()
@@ -231,26 +356,60 @@ def run(broker, tmp_path_factory):
 
     # Ticks off: only the records above move event time (the window test covers ticks). A long
     # merge wait: the merge order is the event-time order however the two topics' fetches interleave.
-    w, t = start_worker(broker, topics, tmp_path_factory.mktemp("bad-input"), GROUP, MODELS,
-                        idle_tick_ms=600_000, merge_wait_ms=1000)
+    w, t = start_worker(
+        broker,
+        topics,
+        tmp_path_factory.mktemp("bad-input"),
+        GROUP,
+        MODELS,
+        idle_tick_ms=600_000,
+        merge_wait_ms=1000,
+    )
     try:
-        assert wait_for(lambda: caught_up(broker, topics, GROUP, st.sent), timeout_s=60, interval_s=0.5), \
-            "the worker did not get through the stream"
+        assert wait_for(
+            lambda: caught_up(broker, topics, GROUP, st.sent), timeout_s=60, interval_s=0.5
+        ), "the worker did not get through the stream"
         out = outputs(broker, topics, GROUP)
         metrics = dict(w.metrics)
-        yield {"stream": st, "out": out, "metrics": metrics, "worker": w, "thread": t, "topics": topics,
-               "prod": prod}
+        yield {
+            "stream": st,
+            "out": out,
+            "metrics": metrics,
+            "worker": w,
+            "thread": t,
+            "topics": topics,
+            "prod": prod,
+        }
     finally:
         w.stop()
         t.join(30)
 
 
-CASES = ["not_a_record", "truncated_avro", "unknown_schema_id", "unknown_schema_version", "missing_field",
-         "nan_features", "inf_features", "huge_features", "wrong_dimension", "ragged_arms", "empty_arms",
-         "duplicate_event", "unknown_event", "out_of_range_logistic", "out_of_range_poisson", "huge_reward_poisson",
-         "nan_reward", "unknown_model_context",
-         "unknown_model_reward", "wrong_topic", "key_mismatch", "null_key",
-         "duplicate_arm_id"]
+CASES = [
+    "not_a_record",
+    "truncated_avro",
+    "unknown_schema_id",
+    "unknown_schema_version",
+    "missing_field",
+    "nan_features",
+    "inf_features",
+    "huge_features",
+    "wrong_dimension",
+    "ragged_arms",
+    "empty_arms",
+    "duplicate_event",
+    "unknown_event",
+    "out_of_range_logistic",
+    "out_of_range_poisson",
+    "huge_reward_poisson",
+    "nan_reward",
+    "unknown_model_context",
+    "unknown_model_reward",
+    "wrong_topic",
+    "key_mismatch",
+    "null_key",
+    "duplicate_arm_id",
+]
 
 
 def test_every_case_is_in_the_stream(run):
@@ -261,16 +420,33 @@ def test_every_case_is_in_the_stream(run):
 def test_bad_record_is_dead_lettered_once_with_its_reason_and_original_bytes(run, case):
     bad = next(b for b in run["stream"].bad if b.case == case)
     s = bad.sent
-    dls = [d for d in run["out"]["dead_letter"]
-           if (d.source_topic, d.source_partition, d.source_offset) == (s.topic, s.partition, s.offset)]
+    dls = [
+        d
+        for d in run["out"]["dead_letter"]
+        if (d.source_topic, d.source_partition, d.source_offset) == (s.topic, s.partition, s.offset)
+    ]
     assert len(dls) == 1, dls
     [d] = dls
     assert d.reason == bad.reason, d.detail
     assert d.value == s.value and d.key == s.key
     assert d.detail  # says what was wrong
     # No output of any kind carries the bad record's event.
-    refused = {"ghost", "nobody-1", "nobody-2", "wt", "km", "mf", "nan", "inf", "huge", "nk", "dupid", "dim4", "ragged",
-               "empty"}
+    refused = {
+        "ghost",
+        "nobody-1",
+        "nobody-2",
+        "wt",
+        "km",
+        "mf",
+        "nan",
+        "inf",
+        "huge",
+        "nk",
+        "dupid",
+        "dim4",
+        "ragged",
+        "empty",
+    }
     assert not any(a.event_id in refused for a in run["out"]["actions"] + run["out"]["joined"])
 
 
@@ -284,14 +460,22 @@ def test_good_neighbours_of_a_bad_record_are_decided_and_joined(run, case):
         ctx = st.good_ctx[event_id]
         a = actions[event_id]
         assert a.decision_timestamp_ms == ctx.timestamp_ms
-        assert a.features.tobytes() == ctx.features[a.arm_index].tobytes() and a.arm_id == ctx.arm_ids[a.arm_index]
+        assert (
+            a.features.tobytes() == ctx.features[a.arm_index].tobytes()
+            and a.arm_id == ctx.arm_ids[a.arm_index]
+        )
         j = joined[event_id]
         assert j.reward_observed and j.reward == st.good[event_id]
 
 
 def test_dead_letters_are_exactly_the_bad_records(run):
-    got = sorted((d.source_topic, d.source_partition, d.source_offset, d.reason) for d in run["out"]["dead_letter"])
-    want = sorted((b.sent.topic, b.sent.partition, b.sent.offset, b.reason) for b in run["stream"].bad)
+    got = sorted(
+        (d.source_topic, d.source_partition, d.source_offset, d.reason)
+        for d in run["out"]["dead_letter"]
+    )
+    want = sorted(
+        (b.sent.topic, b.sent.partition, b.sent.offset, b.reason) for b in run["stream"].bad
+    )
     assert got == want
 
 
@@ -312,7 +496,9 @@ def test_every_good_event_is_decided_once_and_joined_with_its_reward(run):
 def test_duplicate_context_is_answered_by_the_first_decision(run):
     st, out = run["stream"], run["out"]
     first = st.good_ctx["dup"]
-    [a] = [a for a in out["actions"] if a.event_id == "dup"]  # the view keeps the last one: it must be the first
+    [a] = [
+        a for a in out["actions"] if a.event_id == "dup"
+    ]  # the view keeps the last one: it must be the first
     assert a.decision_timestamp_ms == first.timestamp_ms and a.arm_id in first.arm_ids
     assert a.features.tobytes() == first.features[a.arm_index].tobytes()
     [j] = [j for j in out["joined"] if j.event_id == "dup"]
@@ -336,7 +522,9 @@ def test_unknown_event_is_refused_only_when_its_window_has_passed(run):
     by_time = sorted(st.good_ctx.values(), key=lambda c: c.timestamp_ms)
     last, before_last = by_time[-1], by_time[-2]
     assert before_last.timestamp_ms + 1 < ghost_ts + WINDOW_MS <= last.timestamp_ms
-    trigger = next(s for s in st.sent if s.topic == run["topics"].contexts and s.value == encode(last))
+    trigger = next(
+        s for s in st.sent if s.topic == run["topics"].contexts and s.value == encode(last)
+    )
     assert (d.trigger_source, d.trigger_offset) == (0, trigger.offset)
 
 
@@ -362,12 +550,17 @@ def test_the_worker_keeps_running_after_the_bad_records(run, broker):
     ctx = Context("after-all", "bad-m", st.t + 10_000, ("a", "b"), np.full((2, DIM), 0.1))
     prod = run["prod"]
     prod.produce(topics.contexts, key=KEY, value=encode(ctx))
-    prod.produce(topics.rewards, key=KEY, value=encode(Reward("after-all", "bad-m", st.t + 10_001, 1.0)))
+    prod.produce(
+        topics.rewards, key=KEY, value=encode(Reward("after-all", "bad-m", st.t + 10_001, 1.0))
+    )
     prod.flush(30)
     tail = Tail(broker, topics.joined)
     try:
         seen: list = []
-        assert wait_for(lambda: seen.extend(tail.read()) or any(j.event_id == "after-all" for j in seen), timeout_s=30)
+        assert wait_for(
+            lambda: seen.extend(tail.read()) or any(j.event_id == "after-all" for j in seen),
+            timeout_s=30,
+        )
     finally:
         tail.close()
     [j] = [j for j in seen if j.event_id == "after-all"]

@@ -61,13 +61,17 @@ def flow(prod, topics: Topics, sent: list, done: threading.Event, failures: list
             rewarded = []
             for j in range(24):
                 key = KEYS[int(rng.integers(len(KEYS)))]
-                ev = Context(f"e{n}", key, base + 2 * j, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2)
+                ev = Context(
+                    f"e{n}", key, base + 2 * j, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2
+                )
                 sent.append(send_tracked(prod, topics.contexts, key.encode(), encode(ev)))
                 if rng.random() < 0.7:
                     rewarded.append(Reward(f"e{n}", key, base + 2 * j + 50, float(rng.random())))
                 n += 1
             if period % 40 == 7:
-                sent.append(send_tracked(prod, topics.contexts, b"m-0", b"\x00garbage"))  # dead-lettered
+                sent.append(
+                    send_tracked(prod, topics.contexts, b"m-0", b"\x00garbage")
+                )  # dead-lettered
             prod.flush()
             for r in rewarded:
                 sent.append(send_tracked(prod, topics.rewards, r.model_key.encode(), encode(r)))
@@ -80,12 +84,24 @@ def flow(prod, topics: Topics, sent: list, done: threading.Event, failures: list
 
 def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_path):
     tag = uuid.uuid4().hex[:8]
-    topics = Topics(contexts=f"c-{tag}", rewards=f"r-{tag}", actions=f"a-{tag}", joined=f"j-{tag}",
-                    dead_letter=f"d-{tag}")
-    ref_topics = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=f"ref-a-{tag}",
-                        joined=f"ref-j-{tag}", dead_letter=f"ref-d-{tag}")
-    broker.create_topics(topics.all() + [ref_topics.actions, ref_topics.joined, ref_topics.dead_letter],
-                         partitions=PARTITIONS)
+    topics = Topics(
+        contexts=f"c-{tag}",
+        rewards=f"r-{tag}",
+        actions=f"a-{tag}",
+        joined=f"j-{tag}",
+        dead_letter=f"d-{tag}",
+    )
+    ref_topics = Topics(
+        contexts=topics.contexts,
+        rewards=topics.rewards,
+        actions=f"ref-a-{tag}",
+        joined=f"ref-j-{tag}",
+        dead_letter=f"ref-d-{tag}",
+    )
+    broker.create_topics(
+        topics.all() + [ref_topics.actions, ref_topics.joined, ref_topics.dead_letter],
+        partitions=PARTITIONS,
+    )
 
     def serve(group, instance, out_topics):
         cfg = tmp_path / f"{group}.toml"
@@ -108,29 +124,44 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
     try:
         procs["a"], procs["b"] = serve("churn", "a", topics), serve("churn", "b", topics)
         assert wait_for(lambda: everything_held("a", "b"), timeout_s=60), "the group did not form"
-        feeder = threading.Thread(target=flow, args=(producer(broker), topics, sent, done, failures), daemon=True)
+        feeder = threading.Thread(
+            target=flow, args=(producer(broker), topics, sent, done, failures), daemon=True
+        )
         feeder.start()
 
         time.sleep(4)
         procs["c"] = serve("churn", "c", topics)  # joins
-        assert wait_for(lambda: held("c") and everything_held("a", "b", "c"), timeout_s=60), "c got nothing"
+        assert wait_for(lambda: held("c") and everything_held("a", "b", "c"), timeout_s=60), (
+            "c got nothing"
+        )
         time.sleep(1)
         exits += stop_processes(procs.pop("a"))  # leaves cleanly
-        assert wait_for(lambda: everything_held("b", "c"), timeout_s=60), "a's partitions were not taken over"
+        assert wait_for(lambda: everything_held("b", "c"), timeout_s=60), (
+            "a's partitions were not taken over"
+        )
         time.sleep(1)
         procs["b"].send_signal(signal.SIGKILL)  # no snapshot, no leave, maybe a transaction open
         procs["b"].wait(10)
-        assert not done.is_set(), "the flow ended before the kill: the churn did not happen while events flowed"
+        assert not done.is_set(), (
+            "the flow ended before the kill: the churn did not happen while events flowed"
+        )
         time.sleep(1)
         procs["b"] = serve("churn", "b", topics)  # the same instance id
-        assert wait_for(lambda: restarted_and_serving("b") and everything_held("b", "c"), timeout_s=60), \
-            "b did not come back"
+        assert wait_for(
+            lambda: restarted_and_serving("b") and everything_held("b", "c"), timeout_s=60
+        ), "b did not come back"
         assert wait_for(done.is_set, timeout_s=120), "the producer did not finish"
         assert not failures, failures
-        assert wait_for(lambda: caught_up(broker, topics, "churn", sent, PARTITIONS) and everything_held("b", "c"),
-                        timeout_s=120), "the group did not catch up"
+        assert wait_for(
+            lambda: (
+                caught_up(broker, topics, "churn", sent, PARTITIONS) and everything_held("b", "c")
+            ),
+            timeout_s=120,
+        ), "the group did not catch up"
         for name, proc in procs.items():
-            assert proc.poll() is None, f"worker {name} exited: {(tmp_path / f'churn-{name}.log').read_text()[-3000:]}"
+            assert proc.poll() is None, (
+                f"worker {name} exited: {(tmp_path / f'churn-{name}.log').read_text()[-3000:]}"
+            )
         exits += stop_processes(*procs.values())
         procs.clear()
     finally:
@@ -139,15 +170,22 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
 
     ref = serve("ref", "ref", ref_topics)
     try:
-        assert wait_for(lambda: caught_up(broker, topics, "ref", sent, PARTITIONS), timeout_s=120), "reference stuck"
+        assert wait_for(
+            lambda: caught_up(broker, topics, "ref", sent, PARTITIONS), timeout_s=120
+        ), "reference stuck"
     finally:
         exits += stop_processes(ref)
-    for line in exits:  # the one way two runs may legitimately differ (docs/design.md, invariant 5): ruled out
+    for line in (
+        exits
+    ):  # the one way two runs may legitimately differ (docs/design.md, invariant 5): ruled out
         metrics = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
         assert metrics.get("merge_out_of_order", "0") == "0", line
 
     n_contexts = PERIODS * 24
-    got, want = outputs(broker, topics, "churn", PARTITIONS), outputs(broker, ref_topics, "ref", PARTITIONS)
+    got, want = (
+        outputs(broker, topics, "churn", PARTITIONS),
+        outputs(broker, ref_topics, "ref", PARTITIONS),
+    )
     ids = [x.event_id for x in got["actions"]]
     assert len(ids) == len(set(ids)) == n_contexts
     key = lambda x: (x.event_id, x.arm_index, x.model_version, x.propensity)
@@ -155,10 +193,13 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
     jkey = lambda j: (j.event_id, j.reward, j.reward_observed, j.model_version_before)
     assert sorted(map(jkey, got["joined"])) == sorted(map(jkey, want["joined"]))
     assert len(want["joined"]) > n_contexts // 2
-    assert sorted((d.reason, d.source_offset) for d in got["dead_letter"]) == \
-        sorted((d.reason, d.source_offset) for d in want["dead_letter"])
+    assert sorted((d.reason, d.source_offset) for d in got["dead_letter"]) == sorted(
+        (d.reason, d.source_offset) for d in want["dead_letter"]
+    )
     assert len(want["dead_letter"]) == len(range(7, PERIODS, 40))
     for p in range(PARTITIONS):
         a = load_latest(DirectoryStore(tmp_path / "snaps-churn").scoped("churn"), p)
         b = load_latest(DirectoryStore(tmp_path / "snaps-ref").scoped("ref"), p)
-        engine_states_equal(b["engine"], a["engine"])  # models (every partition has some), open decisions, watermark
+        engine_states_equal(
+            b["engine"], a["engine"]
+        )  # models (every partition has some), open decisions, watermark

@@ -16,7 +16,15 @@ from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.wire import Context, Reward, encode
 
-from .helpers import caught_up, engine_states_equal, outputs, producer, read_all, send_tracked, topics_toml
+from .helpers import (
+    caught_up,
+    engine_states_equal,
+    outputs,
+    producer,
+    read_all,
+    send_tracked,
+    topics_toml,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -57,7 +65,13 @@ aggregation = "first"
 
 def make_topics(broker):
     tag = uuid.uuid4().hex[:8]
-    t = Topics(contexts=f"c-{tag}", rewards=f"r-{tag}", actions=f"a-{tag}", joined=f"j-{tag}", dead_letter=f"d-{tag}")
+    t = Topics(
+        contexts=f"c-{tag}",
+        rewards=f"r-{tag}",
+        actions=f"a-{tag}",
+        joined=f"j-{tag}",
+        dead_letter=f"d-{tag}",
+    )
     broker.create_topics(t.all(), partitions=2)
     return t
 
@@ -73,7 +87,9 @@ def produce_input(broker, t, n=1500, seed=0):
         events.append((ts, 0, Context(f"e{i}", key, ts, ("x", "y", "z"), arms), None))
         for _ in range(int(rng.integers(0, 3))):
             d = int(rng.integers(-20, 600))
-            events.append((ts + d, 1, Reward(f"e{i}", key, ts + d, float(rng.integers(0, 3)) / 2), None))
+            events.append(
+                (ts + d, 1, Reward(f"e{i}", key, ts + d, float(rng.integers(0, 3)) / 2), None)
+            )
         if i % 97 == 0:
             events.append((ts, 0, None, b"\x00garbage"))  # dead-lettered as malformed
     # Produced in event-time order per topic, as a well-behaved application would.
@@ -89,10 +105,28 @@ def produce_input(broker, t, n=1500, seed=0):
 
 
 def start(broker, cfg_path, snap_dir, instance, log_path):
-    return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg_path), "-v",
-                             "--bootstrap-servers", broker.bootstrap_servers, "--snapshot-dir", str(snap_dir),
-                             "--instance-id", instance, "--processes", "1"], stdout=subprocess.PIPE,
-                            stderr=open(log_path, "w"), env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    return subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg_path),
+            "-v",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+            "--snapshot-dir",
+            str(snap_dir),
+            "--instance-id",
+            instance,
+            "--processes",
+            "1",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(log_path, "w"),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
 
 def run_to_end(broker, t, tmp, group, kills, sent):
@@ -121,13 +155,21 @@ def run_to_end(broker, t, tmp, group, kills, sent):
         time.sleep(1)
     proc.send_signal(signal.SIGTERM)  # clean stop: final snapshot of every partition
     out, err = proc.communicate(timeout=60)
-    assert proc.returncode == 0, (proc.returncode, out.decode()[-2000:], logs[-1].read_text()[-3000:])
+    assert proc.returncode == 0, (
+        proc.returncode,
+        out.decode()[-2000:],
+        logs[-1].read_text()[-3000:],
+    )
     # The one legitimate way two runs can differ is the merge's wait running out before the other
     # input's record arrived (docs/design.md, invariant 5): rule it out, so a mismatch below means a recovery bug.
     metrics = dict(kv.split("=", 1) for kv in out.decode().split() if "=" in kv)
-    assert metrics.get("merge_out_of_order", "0") == "0", "a record was merged out of order: the wait was too short"
+    assert metrics.get("merge_out_of_order", "0") == "0", (
+        "a record was merged out of order: the wait was too short"
+    )
     text = "".join(log.read_text() for log in logs)
-    assert " base " in text and " increment " in text and " forked" in text, "both kinds, forked and not"
+    assert " base " in text and " increment " in text and " forked" in text, (
+        "both kinds, forked and not"
+    )
     assert "not stored" not in text, "every snapshot write succeeded"
     store = DirectoryStore(snaps).scoped(group)
     return {p: load_latest(store, p) for p in (0, 1)}
@@ -137,12 +179,18 @@ def test_killed_worker_recovers_to_the_uninterrupted_state(broker, tmp_path):
     ref_topics, crash_topics = make_topics(broker), make_topics(broker)
     ref_sent = produce_input(broker, ref_topics)
     crash_sent = produce_input(broker, crash_topics)
-    for a, b in ((ref_topics.contexts, crash_topics.contexts), (ref_topics.rewards, crash_topics.rewards)):
-        same_input = [(m.partition(), m.key(), m.value()) for m in read_all(broker, a)] == \
-                     [(m.partition(), m.key(), m.value()) for m in read_all(broker, b)]
+    for a, b in (
+        (ref_topics.contexts, crash_topics.contexts),
+        (ref_topics.rewards, crash_topics.rewards),
+    ):
+        same_input = [(m.partition(), m.key(), m.value()) for m in read_all(broker, a)] == [
+            (m.partition(), m.key(), m.value()) for m in read_all(broker, b)
+        ]
         assert same_input, "the two runs must see the same input"
     reference = run_to_end(broker, ref_topics, tmp_path, "ref", kills=[], sent=ref_sent)
-    crashed = run_to_end(broker, crash_topics, tmp_path, "crash", kills=[4.0, 3.5, 5.0], sent=crash_sent)
+    crashed = run_to_end(
+        broker, crash_topics, tmp_path, "crash", kills=[4.0, 3.5, 5.0], sent=crash_sent
+    )
 
     for p in (0, 1):
         a, b = reference[p]["engine"], crashed[p]["engine"]
@@ -159,5 +207,6 @@ def test_killed_worker_recovers_to_the_uninterrupted_state(broker, tmp_path):
     # Every reward inside its window applied exactly once: the same joined records, same rewards.
     jkey = lambda j: (j.event_id, j.reward, j.reward_observed, j.model_version_before)
     assert sorted(map(jkey, ref_out["joined"])) == sorted(map(jkey, crash_out["joined"]))
-    assert sorted((d.reason, d.source_offset) for d in ref_out["dead_letter"]) == \
-        sorted((d.reason, d.source_offset) for d in crash_out["dead_letter"])
+    assert sorted((d.reason, d.source_offset) for d in ref_out["dead_letter"]) == sorted(
+        (d.reason, d.source_offset) for d in crash_out["dead_letter"]
+    )

@@ -11,9 +11,18 @@ from .helpers import engine_states_equal, outputs, producer, send, start_worker,
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"models": [
-    {"match": "ads", "policy": "oful", "dim": 3, "reward_window_ms": 60, "default_reward": 0.0, "epsilon": 0.2},
-]}
+MODELS = {
+    "models": [
+        {
+            "match": "ads",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 60,
+            "default_reward": 0.0,
+            "epsilon": 0.2,
+        },
+    ]
+}
 N = 200
 
 
@@ -21,7 +30,15 @@ def test_the_decider_and_a_worker_make_the_same_decisions_and_models(broker, top
     rng = np.random.default_rng(8)
     events = []  # in event time: a context every 10 ms, two of three rewarded 5 ms later
     for i in range(N):
-        events.append(Context(f"e{i}", "ads", 1_000 + 10 * i, ("a", "b", "c", "d"), rng.standard_normal((4, 3)) / 2))
+        events.append(
+            Context(
+                f"e{i}",
+                "ads",
+                1_000 + 10 * i,
+                ("a", "b", "c", "d"),
+                rng.standard_normal((4, 3)) / 2,
+            )
+        )
         if i % 3:
             events.append(Reward(f"e{i}", "ads", 1_000 + 10 * i + 5, float(rng.integers(2))))
     prod = producer(broker)
@@ -33,7 +50,9 @@ def test_the_decider_and_a_worker_make_the_same_decisions_and_models(broker, top
     ranked = {}
     for ev in events:
         if isinstance(ev, Context):
-            r = decider.rank(ev.event_id, ev.model_key, ev.arm_ids, ev.features, timestamp_ms=ev.timestamp_ms)
+            r = decider.rank(
+                ev.event_id, ev.model_key, ev.arm_ids, ev.features, timestamp_ms=ev.timestamp_ms
+            )
             ranked[ev.event_id] = (r.arm_index, r.propensity, r.score, r.model_version)
         else:
             decider.reward(ev.event_id, ev.value, timestamp_ms=ev.timestamp_ms)
@@ -42,16 +61,24 @@ def test_the_decider_and_a_worker_make_the_same_decisions_and_models(broker, top
     # No wall-clock ticks: the worker's event time is the log's, as the Decider's is.
     w, t = start_worker(broker, topics, snaps, "g-decider", MODELS, idle_tick_ms=10**9)
     try:
-        assert wait_for(lambda: len(outputs(broker, topics, "g-decider")["actions"]) >= N, timeout_s=60)
+        assert wait_for(
+            lambda: len(outputs(broker, topics, "g-decider")["actions"]) >= N, timeout_s=60
+        )
     finally:
         w.stop()
         t.join(30)
     actions = outputs(broker, topics, "g-decider")["actions"]
-    assert {a.event_id: (a.arm_index, a.propensity, a.score, a.model_version) for a in actions} == ranked
+    assert {
+        a.event_id: (a.arm_index, a.propensity, a.score, a.model_version) for a in actions
+    } == ranked
     store = DirectoryStore(snaps).scoped("g-decider")
-    snap = next(s for p in (0, 1) if (s := load_latest(store, p)) and "ads" in s["engine"]["models"])
+    snap = next(
+        s for p in (0, 1) if (s := load_latest(store, p)) and "ads" in s["engine"]["models"]
+    )
     assert decider.models["ads"].n_updates > N // 2
     # The same model to the bit, the same decisions still open, the same event time.
     mine = decider.engine.snapshot()
-    engine_states_equal({**snap["engine"], "models": dict(snap["engine"]["models"].items())},
-                        {**mine, "models": {"ads": decider.models["ads"].state_dict()}})
+    engine_states_equal(
+        {**snap["engine"], "models": dict(snap["engine"]["models"].items())},
+        {**mine, "models": {"ads": decider.models["ads"].state_dict()}},
+    )

@@ -20,27 +20,52 @@ from .helpers import caught_up, engine_states_equal, outputs, producer, send_tra
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"models": [
-    {"match": "sum-*", "policy": "glb_omd", "dim": 4, "reward_window_ms": 400, "default_reward": 0.0,
-     "aggregation": "sum", "epsilon": 0.1, "hyper": {"link": "poisson", "S": 2.0}},
-    {"match": "first-*", "policy": "oful", "dim": 4, "reward_window_ms": 300, "default_reward": 0.5,
-     "aggregation": "first"},
-]}
+MODELS = {
+    "models": [
+        {
+            "match": "sum-*",
+            "policy": "glb_omd",
+            "dim": 4,
+            "reward_window_ms": 400,
+            "default_reward": 0.0,
+            "aggregation": "sum",
+            "epsilon": 0.1,
+            "hyper": {"link": "poisson", "S": 2.0},
+        },
+        {
+            "match": "first-*",
+            "policy": "oful",
+            "dim": 4,
+            "reward_window_ms": 300,
+            "default_reward": 0.5,
+            "aggregation": "first",
+        },
+    ]
+}
 KEYS = [f"{kind}-{c}" for c in "abcd" for kind in ("sum", "first")]
 PER_BATCH = 240
 SETTINGS = dict(
     merge_wait_ms=1500,  # long enough that a fetch of the other input always arrives in time
     idle_tick_ms=10**9,  # no wall-clock ticks: both runs must see the same input
-    snapshot_interval_s=0.5, snapshot_every_updates=40, batch_max_records=100,
+    snapshot_interval_s=0.5,
+    snapshot_every_updates=40,
+    batch_max_records=100,
 )
 
 
 class Run:
     """A worker on its own thread with its own TopicStore (as a separate process would have)."""
 
-    def __init__(self, broker, topics: Topics, snap_topic: str, group: str, instance: str, **overrides) -> None:
-        cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
-                           group_id=group, topics=topics, **(SETTINGS | overrides))
+    def __init__(
+        self, broker, topics: Topics, snap_topic: str, group: str, instance: str, **overrides
+    ) -> None:
+        cfg = WorkerConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            models=parse_models_config(MODELS),
+            group_id=group,
+            topics=topics,
+            **(SETTINGS | overrides),
+        )
         # Small chunks: every snapshot here spans several records.
         self.store = TopicStore(broker.bootstrap_servers, snap_topic, max_chunk_bytes=2048)
         self.worker = Worker(cfg, self.store, instance_id=instance)
@@ -64,7 +89,13 @@ class Run:
 
 def make_topics(broker) -> tuple[Topics, str]:
     tag = uuid.uuid4().hex[:8]
-    t = Topics(contexts=f"c-{tag}", rewards=f"r-{tag}", actions=f"a-{tag}", joined=f"j-{tag}", dead_letter=f"d-{tag}")
+    t = Topics(
+        contexts=f"c-{tag}",
+        rewards=f"r-{tag}",
+        actions=f"a-{tag}",
+        joined=f"j-{tag}",
+        dead_letter=f"d-{tag}",
+    )
     broker.create_topics(t.all(), partitions=2)
     snaps = f"snapshots-{tag}"
     assert create_snapshot_topic(broker.bootstrap_servers, snaps, partitions=2)
@@ -106,11 +137,17 @@ def closing(events, partition_of: dict[str, int], tag: str) -> list[tuple[int, o
 def produce(broker, runs: list[Topics], events) -> dict[Topics, list]:
     """The same records into each run's topics; returns where they landed."""
     prod = producer(broker)
-    sent = {t: [send_tracked(prod, t.contexts if src == 0 else t.rewards, ev.model_key.encode(), encode(ev))
-                for src, ev in events] for t in runs}
+    sent = {
+        t: [
+            send_tracked(
+                prod, t.contexts if src == 0 else t.rewards, ev.model_key.encode(), encode(ev)
+            )
+            for src, ev in events
+        ]
+        for t in runs
+    }
     assert prod.flush(30) == 0
     return sent
-
 
 
 def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, topics):
@@ -122,7 +159,9 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
 
     events = batch(0, seed=1)
     first = produce(broker, [topics, ref_topics], events)
-    partition_of = {s.key.decode(): s.partition for s in first[topics] if s.topic == topics.contexts}
+    partition_of = {
+        s.key.decode(): s.partition for s in first[topics] if s.topic == topics.contexts
+    }
     assert set(partition_of.values()) == {0, 1}, "the keys must cover both partitions"
     tail = closing(events, partition_of, "end1")
     first_ids = {ev.event_id for src, ev in events + tail if src == 0}
@@ -137,12 +176,16 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     runs = [w1, ref]
     try:
         assert wait_for(lambda: caught_up(broker, topics, group, first[topics]), timeout_s=120)
-        assert wait_for(lambda: caught_up(broker, ref_topics, ref_group, first[ref_topics]), timeout_s=120)
+        assert wait_for(
+            lambda: caught_up(broker, ref_topics, ref_group, first[ref_topics]), timeout_s=120
+        )
         assert sorted(w1.worker.partitions) == [0, 1]
 
         w2 = Run(broker, topics, snaps, group, "w2", **forked)
         runs.append(w2)
-        assert wait_for(lambda: len(w1.worker.partitions) == 1 and len(w2.worker.partitions) == 1, timeout_s=90)
+        assert wait_for(
+            lambda: len(w1.worker.partitions) == 1 and len(w2.worker.partitions) == 1, timeout_s=90
+        )
         moved = set(w2.worker.partitions)
 
         events = batch(PER_BATCH, seed=2)
@@ -150,7 +193,9 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
         sent = produce(broker, [topics, ref_topics], closing(events, partition_of, "end2"))
         second = {t: second[t] + sent[t] for t in second}
         assert wait_for(lambda: caught_up(broker, topics, group, second[topics]), timeout_s=120)
-        assert wait_for(lambda: caught_up(broker, ref_topics, ref_group, second[ref_topics]), timeout_s=120)
+        assert wait_for(
+            lambda: caught_up(broker, ref_topics, ref_group, second[ref_topics]), timeout_s=120
+        )
         assert set(w2.worker.partitions) == moved and set(w1.worker.partitions) == {0, 1} - moved
     finally:
         for r in runs:
@@ -177,7 +222,9 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     for key, p in partition_of.items():
         if p not in moved:
             continue
-        versions = [(a.event_id in first_ids, a.model_version) for a in out["actions"] if a.model_key == key]
+        versions = [
+            (a.event_id in first_ids, a.model_version) for a in out["actions"] if a.model_key == key
+        ]
         before = max(v for first_batch, v in versions if first_batch)
         after = min(v for first_batch, v in versions if not first_batch)
         assert 0 < before <= after, (key, before, after)
@@ -191,6 +238,12 @@ def test_a_moved_partition_continues_from_the_previous_owners_snapshot(broker, t
     assert sorted(map(dkey, out["dead_letter"])) == sorted(map(dkey, ref_out["dead_letter"]))
 
     # And the same state to the last bit, read back from each run's snapshot topic.
-    with TopicStore(broker.bootstrap_servers, snaps) as s, TopicStore(broker.bootstrap_servers, ref_snaps) as r:
+    with (
+        TopicStore(broker.bootstrap_servers, snaps) as s,
+        TopicStore(broker.bootstrap_servers, ref_snaps) as r,
+    ):
         for p in (0, 1):
-            engine_states_equal(load_latest(s.scoped(group), p)["engine"], load_latest(r.scoped(ref_group), p)["engine"])
+            engine_states_equal(
+                load_latest(s.scoped(group), p)["engine"],
+                load_latest(r.scoped(ref_group), p)["engine"],
+            )

@@ -24,7 +24,11 @@ from .helpers import committed_offsets, outputs, producer, run_in_thread, send, 
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 200, "default_reward": 0.0}]}
+MODELS = {
+    "models": [
+        {"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 200, "default_reward": 0.0}
+    ]
+}
 
 
 class _FailingCommit:
@@ -41,22 +45,35 @@ class _FailingCommit:
         self._left -= 1
         if self._left == 0:
             self._producer.abort_transaction(30)  # leave no open transaction behind on the broker
-            raise KafkaException(KafkaError(KafkaError._FENCED, "injected: producer fenced", fatal=True))
+            raise KafkaException(
+                KafkaError(KafkaError._FENCED, "injected: producer fenced", fatal=True)
+            )
         return self._producer.commit_transaction(*args)
 
 
 def _send_batch(prod, topics, rng, start: int, n: int, t0_ms: int) -> None:
     for i in range(start, start + n):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"),
-                                            rng.standard_normal((3, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(
+                f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))
+            ),
+        )
         if i % 2 == 0:
             send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i + 5, 1.0))
     prod.flush()
 
 
 def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, topics, tmp_path):
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
-                       group_id="g-interrupted", topics=topics, merge_wait_ms=1000, idle_tick_ms=300)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(MODELS),
+        group_id="g-interrupted",
+        topics=topics,
+        merge_wait_ms=1000,
+        idle_tick_ms=300,
+    )
     store = DirectoryStore(tmp_path / "snapshots")
     prod, rng = producer(broker), np.random.default_rng(0)
 
@@ -65,7 +82,9 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     w = Worker(cfg, store)
     w.transaction.producer = _FailingCommit(w.transaction.producer, fail_at=10**9)
     t, errors = run_in_thread(w)
-    assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60)
+    assert wait_for(
+        lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 100, timeout_s=60
+    )
     ours = store.scoped("g-interrupted")
     before = {p: [s["created_ms"] for s in usable_snapshots(ours, p)] for p in (0, 1)}
     w.transaction.producer._left = 1  # the next commit fails
@@ -85,7 +104,10 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     errors.clear()
     del w, t
     gc.collect()
-    committed = {name: committed_offsets(broker, "g-interrupted", getattr(topics, name)) for name in ("contexts", "rewards")}
+    committed = {
+        name: committed_offsets(broker, "g-interrupted", getattr(topics, name))
+        for name in ("contexts", "rewards")
+    }
     for p in (0, 1):
         for snap in after[p]:
             assert snap["contexts_offset"] <= committed["contexts"][p]
@@ -98,7 +120,9 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     t2 = threading.Thread(target=w2.run, daemon=True)
     t2.start()
     try:
-        assert wait_for(lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 200, timeout_s=60)
+        assert wait_for(
+            lambda: len(outputs(broker, topics, "g-interrupted")["joined"]) >= 200, timeout_s=60
+        )
     finally:
         w2.stop()
         t2.join(30)

@@ -24,17 +24,35 @@ from .helpers import producer, send, topics_toml, wait_for
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 500, "default_reward": 0.0}]}
+MODELS = {
+    "models": [
+        {"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 500, "default_reward": 0.0}
+    ]
+}
 
 # Every metric the issue lists, by its Prometheus family name.
 FAMILIES = {
-    "streambandit_decisions", "streambandit_joined", "streambandit_default_rewards", "streambandit_dead_letters",
-    "streambandit_decision_latency_seconds", "streambandit_batch_seconds", "streambandit_reward_delay_seconds",
-    "streambandit_open_decisions", "streambandit_models", "streambandit_snapshot_last_write_seconds",
-    "streambandit_snapshot_last_bytes", "streambandit_snapshot_age_seconds", "streambandit_recovery_seconds",
-    "streambandit_transactions", "streambandit_commit_seconds", "streambandit_merge_forced",
-    "streambandit_merge_out_of_order", "streambandit_consumer_lag", "streambandit_assigned_partitions",
-    "streambandit_rebalances", "streambandit_records",
+    "streambandit_decisions",
+    "streambandit_joined",
+    "streambandit_default_rewards",
+    "streambandit_dead_letters",
+    "streambandit_decision_latency_seconds",
+    "streambandit_batch_seconds",
+    "streambandit_reward_delay_seconds",
+    "streambandit_open_decisions",
+    "streambandit_models",
+    "streambandit_snapshot_last_write_seconds",
+    "streambandit_snapshot_last_bytes",
+    "streambandit_snapshot_age_seconds",
+    "streambandit_recovery_seconds",
+    "streambandit_transactions",
+    "streambandit_commit_seconds",
+    "streambandit_merge_forced",
+    "streambandit_merge_out_of_order",
+    "streambandit_consumer_lag",
+    "streambandit_assigned_partitions",
+    "streambandit_rebalances",
+    "streambandit_records",
 }
 
 
@@ -60,7 +78,11 @@ def scrape(port):
 
 def feed(prod, topics, start, n, rng):
     for i in range(start, start + n):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))),
+        )
         if i % 2 == 0:
             send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", 1000 + 10 * i + 20, 1.0))
     send(prod, topics.contexts, None, key=b"m-0", raw=b"not a record")
@@ -68,9 +90,17 @@ def feed(prod, topics, start, n, rng):
 
 
 def start(broker, topics, tmp_path, group, store=None, **settings):
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
-                       topics=topics, metrics_port=0, metrics_host="127.0.0.1", idle_tick_ms=200, merge_wait_ms=500,
-                       **settings)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(MODELS),
+        group_id=group,
+        topics=topics,
+        metrics_port=0,
+        metrics_host="127.0.0.1",
+        idle_tick_ms=200,
+        merge_wait_ms=500,
+        **settings,
+    )
     w = Worker(cfg, store or DirectoryStore(tmp_path / "snapshots"))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -83,33 +113,59 @@ def test_the_metrics_endpoint_shows_every_metric_and_the_counters_move(broker, t
     w, t = start(broker, topics, tmp_path, "g-metrics")
     port = w.telemetry.port
     try:
-        assert wait_for(lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 100, timeout_s=60)
+        assert wait_for(
+            lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 100,
+            timeout_s=60,
+        )
         families, first = scrape(port)
         assert FAMILIES <= families, FAMILIES - families
-        assert get(port, "/healthz")[0] == 200 and get(port, "/ready") == (200, "serving 2 partition(s)\n")
+        assert get(port, "/healthz")[0] == 200 and get(port, "/ready") == (
+            200,
+            "serving 2 partition(s)\n",
+        )
         feed(prod, topics, 100, 100, rng)
-        assert wait_for(lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 200, timeout_s=60)
-        assert wait_for(lambda: scrape(port)[1].get(("streambandit_joined_total", ()), 0) >= 200, timeout_s=60)
+        assert wait_for(
+            lambda: scrape(port)[1].get(("streambandit_decisions_total", ()), 0) >= 200,
+            timeout_s=60,
+        )
+        assert wait_for(
+            lambda: scrape(port)[1].get(("streambandit_joined_total", ()), 0) >= 200, timeout_s=60
+        )
         _, second = scrape(port)
     finally:
         w.stop()
         t.join(30)
-    moved = ["streambandit_decisions_total", "streambandit_joined_total", "streambandit_records_total",
-             "streambandit_decision_latency_seconds_count", "streambandit_batch_seconds_count",
-             "streambandit_commit_seconds_count", "streambandit_reward_delay_seconds_count"]
+    moved = [
+        "streambandit_decisions_total",
+        "streambandit_joined_total",
+        "streambandit_records_total",
+        "streambandit_decision_latency_seconds_count",
+        "streambandit_batch_seconds_count",
+        "streambandit_commit_seconds_count",
+        "streambandit_reward_delay_seconds_count",
+    ]
     for name in moved:
         assert second[(name, ())] > first.get((name, ()), 0), name
-    assert second[("streambandit_transactions_total", (("outcome", "commit"),))] > \
-        first[("streambandit_transactions_total", (("outcome", "commit"),))]
-    assert second[("streambandit_dead_letters_total", (("reason", "malformed"),))] == 2  # one per feed
+    assert (
+        second[("streambandit_transactions_total", (("outcome", "commit"),))]
+        > first[("streambandit_transactions_total", (("outcome", "commit"),))]
+    )
+    assert (
+        second[("streambandit_dead_letters_total", (("reason", "malformed"),))] == 2
+    )  # one per feed
     # Every odd context has no reward; a reward that reached the worker after its window closed (the
     # merge forced past a lagging rewards partition on a loaded machine) is a default reward plus a
     # late_reward dead letter, never lost and never counted twice.
     late = second.get(("streambandit_dead_letters_total", (("reason", "late_reward"),)), 0)
     assert second[("streambandit_default_rewards_total", ())] == 100 + late
     assert second[("streambandit_models", ())] == 4
-    assert second[("streambandit_snapshots_total", (("kind", "base"),))] >= 2  # one per partition, after recovery
-    assert second[("streambandit_snapshot_last_bytes", ())] > 0 and second[("streambandit_snapshot_last_write_seconds", ())] > 0
+    assert (
+        second[("streambandit_snapshots_total", (("kind", "base"),))] >= 2
+    )  # one per partition, after recovery
+    assert (
+        second[("streambandit_snapshot_last_bytes", ())] > 0
+        and second[("streambandit_snapshot_last_write_seconds", ())] > 0
+    )
     assert second[("streambandit_assigned_partitions", ())] == 2
     assert second[("streambandit_recovery_seconds_count", ())] == 2
     assert second[("streambandit_rebalances_total", (("kind", "assign"),))] >= 1
@@ -152,16 +208,25 @@ def test_ready_is_false_while_partitions_recover_and_true_after(broker, topics, 
         t.join(30)
 
 
-def test_a_wedged_loop_fails_the_liveness_probe_and_a_moving_one_passes_again(broker, topics, tmp_path):
+def test_a_wedged_loop_fails_the_liveness_probe_and_a_moving_one_passes_again(
+    broker, topics, tmp_path
+):
     w, t = start(broker, topics, tmp_path, "g-wedged", health_timeout_s=2)
     port, unwedge = w.telemetry.port, threading.Event()
     try:
         assert wait_for(lambda: get(port, "/ready")[0] == 200, timeout_s=60)
         step = w.step
-        w.step = lambda: (unwedge.wait(60), step())  # the loop's next step blocks, as on a hung call
+        w.step = lambda: (
+            unwedge.wait(60),
+            step(),
+        )  # the loop's next step blocks, as on a hung call
         assert wait_for(lambda: get(port, "/healthz")[0] == 503, timeout_s=30)
         code, body = get(port, "/healthz")
-        assert code == 503 and body.startswith("stuck: no progress for ") and "health_timeout_s 2" in body
+        assert (
+            code == 503
+            and body.startswith("stuck: no progress for ")
+            and "health_timeout_s 2" in body
+        )
         unwedge.set()
         assert wait_for(lambda: get(port, "/healthz") == (200, "ok\n"), timeout_s=30)
     finally:
@@ -172,12 +237,18 @@ def test_a_wedged_loop_fails_the_liveness_probe_and_a_moving_one_passes_again(br
 
 def serve(tmp_path, topics, bootstrap, kafka="", worker=""):
     cfg = tmp_path / "w.toml"
-    cfg.write_text(f'[kafka]\n"bootstrap.servers" = "{bootstrap}"\n{kafka}\n[worker]\ngroup_id = "g-x"\n'
-                   f'snapshot_dir = "{tmp_path / "snaps"}"\n{worker}\n{topics_toml(topics)}\n'
-                   '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+    cfg.write_text(
+        f'[kafka]\n"bootstrap.servers" = "{bootstrap}"\n{kafka}\n[worker]\ngroup_id = "g-x"\n'
+        f'snapshot_dir = "{tmp_path / "snaps"}"\n{worker}\n{topics_toml(topics)}\n'
+        '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n'
+    )
     started = time.monotonic()
-    out = subprocess.run([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--processes", "1"],
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--processes", "1"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     return out, time.monotonic() - started
 
 
@@ -190,13 +261,19 @@ def test_an_unreachable_broker_is_one_error_line_and_an_exit_within_the_wait(tmp
     assert out.returncode == 1 and took < 60
     assert len(error_lines(out.stderr)) == 1, out.stderr
     assert "no Kafka broker answered at 127.0.0.1:1" in out.stderr and "broker_wait_s" in out.stderr
-    assert "Traceback" not in out.stderr and "%3|" not in out.stderr and len(out.stderr.splitlines()) <= 2
+    assert (
+        "Traceback" not in out.stderr
+        and "%3|" not in out.stderr
+        and len(out.stderr.splitlines()) <= 2
+    )
 
 
 def test_a_misspelled_librdkafka_key_is_one_error_line_naming_it(broker, tmp_path, topics):
     out, took = serve(tmp_path, topics, broker.bootstrap_servers, kafka='"linger.mss" = 5')
     assert out.returncode == 2 and took < 60
-    assert out.stderr.count("\n") == 1 and "linger.mss" in out.stderr and "Traceback" not in out.stderr
+    assert (
+        out.stderr.count("\n") == 1 and "linger.mss" in out.stderr and "Traceback" not in out.stderr
+    )
 
 
 def test_topics_create_then_serve_starts_with_no_other_setup(broker, tmp_path):
@@ -204,20 +281,31 @@ def test_topics_create_then_serve_starts_with_no_other_setup(broker, tmp_path):
 
     tag = uuid.uuid4().hex[:8]
     cfg = tmp_path / "w.toml"
-    cfg.write_text(f'[kafka]\n"bootstrap.servers" = "{broker.bootstrap_servers}"\n[worker]\ngroup_id = "g-{tag}"\n'
-                   f'snapshot_topic = "snaps-{tag}"\n[topics]\n'
-                   + "".join(f'{k} = "{k}-{tag}"\n' for k in ("contexts", "rewards", "actions", "joined", "dead_letter"))
-                   + '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+    cfg.write_text(
+        f'[kafka]\n"bootstrap.servers" = "{broker.bootstrap_servers}"\n[worker]\ngroup_id = "g-{tag}"\n'
+        f'snapshot_topic = "snaps-{tag}"\n[topics]\n'
+        + "".join(
+            f'{k} = "{k}-{tag}"\n'
+            for k in ("contexts", "rewards", "actions", "joined", "dead_letter")
+        )
+        + '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n'
+    )
 
     def cli(*args, timeout=120):
-        return subprocess.run([sys.executable, "-m", "streambandit", *args], capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(
+            [sys.executable, "-m", "streambandit", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
 
     before = cli("topics", "describe", "--config", str(cfg))
     assert before.returncode == 1 and f"contexts-{tag}: missing" in before.stdout
     made = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
     assert made.returncode == 0, made.stderr
-    assert made.stdout.count(": created") == 6 and f"snaps-{tag}: created (compacted)" in made.stdout
+    assert (
+        made.stdout.count(": created") == 6 and f"snaps-{tag}: created (compacted)" in made.stdout
+    )
     again = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
     assert again.returncode == 0 and again.stdout.count(": exists") == 6
     described = cli("topics", "describe", "--config", str(cfg))

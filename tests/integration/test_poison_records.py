@@ -34,22 +34,50 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker
 
-    models = parse_models_config({"models": [{"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": WINDOW_MS,
-                                              "default_reward": 0.0}]})
+    models = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m",
+                    "policy": "oful",
+                    "dim": 3,
+                    "reward_window_ms": WINDOW_MS,
+                    "default_reward": 0.0,
+                }
+            ]
+        }
+    )
     # stall_report_s = 1: a healthy run must not report a stall even when it looks every 0.25 s.
-    w = Worker(WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=models, group_id=GROUP, topics=topics,
-                            idle_tick_ms=10**9, stall_report_s=1.0), DirectoryStore(tmp_path / "snaps"))
+    w = Worker(
+        WorkerConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            models=models,
+            group_id=GROUP,
+            topics=topics,
+            idle_tick_ms=10**9,
+            stall_report_s=1.0,
+        ),
+        DirectoryStore(tmp_path / "snaps"),
+    )
     t, failure = run_in_thread(w)
     # A client producer that may send large records (the worker's own producer keeps the default limit).
-    prod = Producer({"bootstrap.servers": broker.bootstrap_servers, "message.max.bytes": 8_000_000,
-                     "partitioner": "murmur2_random"})
+    prod = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "message.max.bytes": 8_000_000,
+            "partitioner": "murmur2_random",
+        }
+    )
     now = int(time.time() * 1000)
     rng = np.random.default_rng(5)
     good: list[str] = []
 
     def context(event_id: str, ts: int) -> None:
-        prod.produce(topics.contexts, key=b"m", value=encode(Context(event_id, "m", ts, ("a", "b"),
-                                                                     rng.standard_normal((2, 3)) / 2)))
+        prod.produce(
+            topics.contexts,
+            key=b"m",
+            value=encode(Context(event_id, "m", ts, ("a", "b"), rng.standard_normal((2, 3)) / 2)),
+        )
 
     def reward(event_id: str, ts: int, value: float = 1.0) -> None:
         prod.produce(topics.rewards, key=b"m", value=encode(Reward(event_id, "m", ts, value)))
@@ -66,13 +94,19 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
         some_good("a", now)
         prod.produce(topics.contexts, key=b"m", value=huge)
         some_good("b", now + 100)
-        prod.produce(topics.contexts, key=b"m", value=encode(Context(long_id, "m", now + 150, ("a", "b"), np.zeros((2, 3)))))
+        prod.produce(
+            topics.contexts,
+            key=b"m",
+            value=encode(Context(long_id, "m", now + 150, ("a", "b"), np.zeros((2, 3)))),
+        )
         some_good("c", now + 200)
         context("year-3000", 32_503_680_000_000)
         some_good("d", now + 300)
         prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1)))  # no group: foreign
         some_good("e", now + 400)
-        prod.produce(topics.rewards, key=b"m", value=encode(Tick(2**63 - 1, GROUP)))  # forged: too far ahead
+        prod.produce(
+            topics.rewards, key=b"m", value=encode(Tick(2**63 - 1, GROUP))
+        )  # forged: too far ahead
         some_good("f", now + 500)
         # The window closes in event time: rewards that came in their window were joined with
         # their value, not with the default a far-future watermark would have given them.
@@ -89,19 +123,28 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
     assert sorted(a.event_id for a in out["actions"]) == sorted(good + ["closer"])
     joined = {j.event_id: j for j in out["joined"]}
     assert sorted(joined) == sorted(good), sorted(joined)
-    wrong = [(j.event_id, j.reward_observed, j.reward) for j in joined.values() if not (j.reward_observed and j.reward == 1.0)]
+    wrong = [
+        (j.event_id, j.reward_observed, j.reward)
+        for j in joined.values()
+        if not (j.reward_observed and j.reward == 1.0)
+    ]
     assert not wrong, wrong
     by_reason = {}
     for d in out["dead_letter"]:
         by_reason.setdefault(d.reason, []).append(d)
-    assert sorted(by_reason) == sorted([reasons.MALFORMED, reasons.ID_TOO_LONG, reasons.EVENT_TIME_AHEAD,
-                                        reasons.FOREIGN_TICK])
+    assert sorted(by_reason) == sorted(
+        [reasons.MALFORMED, reasons.ID_TOO_LONG, reasons.EVENT_TIME_AHEAD, reasons.FOREIGN_TICK]
+    )
     [malformed] = by_reason[reasons.MALFORMED]
     assert huge.startswith(malformed.value) and len(malformed.value) < len(huge)
-    assert hashlib.sha256(huge).hexdigest() in malformed.detail and "3000000 bytes" in malformed.detail
+    assert (
+        hashlib.sha256(huge).hexdigest() in malformed.detail and "3000000 bytes" in malformed.detail
+    )
     [too_long] = by_reason[reasons.ID_TOO_LONG]
     assert "1200000 bytes" in too_long.detail
-    assert len(by_reason[reasons.EVENT_TIME_AHEAD]) == 2  # the year-3000 context and the forged tick
+    assert (
+        len(by_reason[reasons.EVENT_TIME_AHEAD]) == 2
+    )  # the year-3000 context and the forged tick
     assert len(by_reason[reasons.FOREIGN_TICK]) == 1
 
 
@@ -116,13 +159,36 @@ def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tm
     from streambandit.stream.snapshots import DirectoryStore
     from streambandit.stream.worker import Worker
 
-    models = parse_models_config({"models": [{"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": 1000,
-                                              "default_reward": 0.0}]})
-    w = Worker(WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=models, group_id="g-stall", topics=topics,
-                            stall_report_s=0.5), DirectoryStore(tmp_path / "snaps"))
+    models = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m",
+                    "policy": "oful",
+                    "dim": 3,
+                    "reward_window_ms": 1000,
+                    "default_reward": 0.0,
+                }
+            ]
+        }
+    )
+    w = Worker(
+        WorkerConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            models=models,
+            group_id="g-stall",
+            topics=topics,
+            stall_report_s=0.5,
+        ),
+        DirectoryStore(tmp_path / "snaps"),
+    )
     prod = Producer({"bootstrap.servers": broker.bootstrap_servers})
     for i in range(5):
-        prod.produce(topics.contexts, key=b"m", value=encode(Context(f"s{i}", "m", 1000 + i, ("a",), np.zeros((1, 3)))))
+        prod.produce(
+            topics.contexts,
+            key=b"m",
+            value=encode(Context(f"s{i}", "m", 1000 + i, ("a",), np.zeros((1, 3)))),
+        )
     prod.flush(10)
     try:
         with caplog.at_level(logging.ERROR, logger="streambandit"):
@@ -133,6 +199,9 @@ def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tm
             w._check_stalls()
         assert w.metrics["stalls_reported"] == 1
         # (how many records: the embedded broker undercounts a non-transactional batch, docs/notes/tansu.md)
-        assert any("holds no partition" in r.getMessage() and "not yet committed" in r.getMessage() for r in caplog.records)
+        assert any(
+            "holds no partition" in r.getMessage() and "not yet committed" in r.getMessage()
+            for r in caplog.records
+        )
     finally:
         w.close()

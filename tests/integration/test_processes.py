@@ -23,32 +23,62 @@ def test_two_worker_processes_from_one_command_survive_a_killed_one(broker, topi
     n = 40_000
     prod, rng = producer(broker), np.random.default_rng(11)
     for i in range(n):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))),
+        )
     prod.flush()
     cfg = tmp_path / "worker.toml"
     cfg.write_text(serve_config("g-processes", tmp_path / "snaps", topics))
     log = tmp_path / "serve.log"
-    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "-v",
-                             "--processes", "2", "--instance-id", "box", "--bootstrap-servers", broker.bootstrap_servers],
-                            stdout=subprocess.PIPE, stderr=open(log, "w"), text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "-v",
+            "--processes",
+            "2",
+            "--instance-id",
+            "box",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=open(log, "w"),
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
 
     def done() -> int:
         return sum(committed_offsets(broker, "g-processes", topics.contexts).values())
 
     def pids() -> dict[int, int]:  # worker index -> the pid of its latest process
-        return {int(m[1]): int(m[2]) for m in re.finditer(r"worker process started index=(\d+) pid=(\d+)", log.read_text())}
+        return {
+            int(m[1]): int(m[2])
+            for m in re.finditer(r"worker process started index=(\d+) pid=(\d+)", log.read_text())
+        }
 
     try:
-        assert wait_for(lambda: log.read_text().count("partition assigned") >= 2 and done() > 2_000, timeout_s=90), \
-            log.read_text()[-3000:]
+        assert wait_for(
+            lambda: log.read_text().count("partition assigned") >= 2 and done() > 2_000,
+            timeout_s=90,
+        ), log.read_text()[-3000:]
         first = pids()
         os.kill(first[0], signal.SIGKILL)
-        assert wait_for(lambda: pids().get(0) not in (None, first[0]), timeout_s=30), log.read_text()[-3000:]
+        assert wait_for(lambda: pids().get(0) not in (None, first[0]), timeout_s=30), (
+            log.read_text()[-3000:]
+        )
         # The restarted worker is up before the stop: a process still importing the package when
         # SIGTERM comes dies of it without its metrics line (serve handles the signal from its
         # first line on: the next test stops it at that moment).
-        assert wait_for(lambda: log.read_text().count("worker started") >= 3, timeout_s=60), log.read_text()[-3000:]
+        assert wait_for(lambda: log.read_text().count("worker started") >= 3, timeout_s=60), (
+            log.read_text()[-3000:]
+        )
         assert wait_for(lambda: done() >= n, timeout_s=120), f"stuck at {done()} of {n}"
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -66,14 +96,30 @@ def test_two_worker_processes_from_one_command_survive_a_killed_one(broker, topi
     assert len(ids) == len(set(ids)) == n
 
 
-def test_a_stop_that_comes_while_the_worker_is_being_built_is_a_clean_stop(broker, topics, tmp_path):
+def test_a_stop_that_comes_while_the_worker_is_being_built_is_a_clean_stop(
+    broker, topics, tmp_path
+):
     """SIGTERM as soon as ``serve`` handles it (its first act), before the worker exists or while
     it is being built: kept, honoured once the worker runs; exit 0 with the metrics line."""
     cfg = tmp_path / "worker.toml"
     cfg.write_text(serve_config("g-early-stop", tmp_path / "snaps", topics))
-    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--processes", "1",
-                             "--bootstrap-servers", broker.bootstrap_servers],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "--processes",
+            "1",
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
     def catches_sigterm() -> bool:  # the handler is installed: SigCgt has SIGTERM's bit
         try:
@@ -87,4 +133,6 @@ def test_a_stop_that_comes_while_the_worker_is_being_built_is_a_clean_stop(broke
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
-    assert sum(" snapshots=" in f" {line}" for line in out.splitlines()) == 1, out  # its metrics line
+    assert sum(" snapshots=" in f" {line}" for line in out.splitlines()) == 1, (
+        out
+    )  # its metrics line

@@ -24,11 +24,28 @@ WINDOW_MS = 10_000
 
 
 def config(broker, topics, group):
-    models = parse_models_config({"models": [{"match": "m*", "policy": "hvt_ucb", "dim": 3, "reward_window_ms": WINDOW_MS,
-                                              "default_reward": 0.0, "aggregation": "sum"}]})
+    models = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m*",
+                    "policy": "hvt_ucb",
+                    "dim": 3,
+                    "reward_window_ms": WINDOW_MS,
+                    "default_reward": 0.0,
+                    "aggregation": "sum",
+                }
+            ]
+        }
+    )
     # No idle ticks: a tick is an output, and would commit the reward's offset along with it.
-    return WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=models, group_id=group, topics=topics,
-                        idle_tick_ms=10**9)
+    return WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=models,
+        group_id=group,
+        topics=topics,
+        idle_tick_ms=10**9,
+    )
 
 
 def start(broker, topics, group, snaps):
@@ -87,9 +104,17 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
     rng = np.random.default_rng(1)
     w, t, _ = start(broker, topics, "g2", snaps)
     for i in range(40):
-        send(prod, topics.contexts, Context(f"e{i}", "m", 1_000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3)) / 2))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", "m", 1_000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3)) / 2),
+        )
         send(prod, topics.rewards, Reward(f"e{i}", "m", 1_000 + 10 * i + 5, 0.5))
-    send(prod, topics.contexts, Context("late", "m", 1_000 + 2 * WINDOW_MS, ("a", "b"), np.zeros((2, 3))))
+    send(
+        prod,
+        topics.contexts,
+        Context("late", "m", 1_000 + 2 * WINDOW_MS, ("a", "b"), np.zeros((2, 3))),
+    )
     prod.flush()
     assert wait_for(lambda: w.metrics["joined"] == 40, timeout_s=60)
     stop(w, t)
@@ -128,7 +153,9 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
 
 
 @pytest.mark.slow
-def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broker, topics, tmp_path):
+def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(
+    broker, topics, tmp_path
+):
     """``streambandit serve`` without --instance-id, SIGKILLed while it drains a backlog (inside a
     transaction nearly all the time), then started again: the default id is stable, so the new
     process fences the dead one and its open transaction ends at once. With a random id the
@@ -144,14 +171,31 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     cfg.write_text(serve_config("g-kill", tmp_path / "snaps", topics))
     prod, rng, n = producer(broker), np.random.default_rng(2), 100_000
     for i in range(n):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", f"m-{i % 8}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3))),
+        )
     prod.flush()
 
     def serve():
-        return subprocess.Popen([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg),
-                                 "--processes", "1", "--bootstrap-servers", broker.bootstrap_servers],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "streambandit",
+                "serve",
+                "--config",
+                str(cfg),
+                "--processes",
+                "1",
+                "--bootstrap-servers",
+                broker.bootstrap_servers,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
 
     def done() -> int:
         return sum(committed_offsets(broker, "g-kill", topics.contexts).values())
@@ -163,7 +207,9 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
             before = done()
             first = serve()
             try:
-                assert wait_for(lambda: done() > before + 1_000, timeout_s=90, interval_s=0.05), "no progress"
+                assert wait_for(lambda: done() > before + 1_000, timeout_s=90, interval_s=0.05), (
+                    "no progress"
+                )
                 left_open = kill_inside_a_transaction(first, probe)
             finally:
                 first.kill()
@@ -178,7 +224,9 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(broke
     try:
         # The dead instance's transaction ends when its successor starts, not at the transaction
         # timeout (60 s here): readers see the group's outputs again at once.
-        assert wait_for(lambda: not open_transaction(broker, topics), timeout_s=20), "the transaction is still open"
+        assert wait_for(lambda: not open_transaction(broker, topics), timeout_s=20), (
+            "the transaction is still open"
+        )
     except BaseException:
         second.kill()
         raise
@@ -200,12 +248,25 @@ class TransactionProbe:
     def __init__(self, broker, topics, partitions=(0, 1)) -> None:
         from confluent_kafka import Consumer, TopicPartition
 
-        self.tps = [TopicPartition(t, p) for t in (topics.actions, topics.joined) for p in partitions]
-        self.clients = [Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "probe",
-                                  "isolation.level": level}) for level in ("read_committed", "read_uncommitted")]
+        self.tps = [
+            TopicPartition(t, p) for t in (topics.actions, topics.joined) for p in partitions
+        ]
+        self.clients = [
+            Consumer(
+                {
+                    "bootstrap.servers": broker.bootstrap_servers,
+                    "group.id": "probe",
+                    "isolation.level": level,
+                }
+            )
+            for level in ("read_committed", "read_uncommitted")
+        ]
 
     def open(self) -> bool:
-        ends = [[c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps] for c in self.clients]
+        ends = [
+            [c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps]
+            for c in self.clients
+        ]
         return any(a < b for a, b in zip(*ends))
 
     def close(self) -> None:
@@ -241,7 +302,14 @@ def _stream(n: int, seed: int) -> list[tuple[str, object]]:
     out: list[tuple[str, object]] = []
     for i in range(n):
         key = f"m{i % 4}"
-        out.append(("c", Context(f"e{i}", key, 1_000 + 20 * i, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2)))
+        out.append(
+            (
+                "c",
+                Context(
+                    f"e{i}", key, 1_000 + 20 * i, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2
+                ),
+            )
+        )
         if i % 2 == 0:
             out.append(("r", Reward(f"e{i}", key, 1_000 + 20 * i + 7, float(rng.random()))))
     return out
@@ -256,7 +324,12 @@ def _send_all(prod, topics, events) -> None:
 def _models(snaps, group: str) -> dict:
     """The models in ``group``'s newest snapshot of each partition."""
     store = DirectoryStore(snaps).scoped(group)
-    return {key: state for p in (0, 1) if (s := load_latest(store, p)) for key, state in s["engine"]["models"].items()}
+    return {
+        key: state
+        for p in (0, 1)
+        if (s := load_latest(store, p))
+        for key, state in s["engine"]["models"].items()
+    }
 
 
 @pytest.mark.slow
@@ -278,19 +351,29 @@ def test_eight_stops_at_random_moments_and_a_group_that_churns_while_idle(broker
     per_cycle = len(events) // cycles
     for cycle in range(cycles):
         w, t, failure = start(broker, topics, "g-cycles", snaps)
-        _send_all(prod, topics, events[cycle * per_cycle:(cycle + 1) * per_cycle])
+        _send_all(prod, topics, events[cycle * per_cycle : (cycle + 1) * per_cycle])
         time.sleep(rnd.uniform(0.0, 1.0))  # stop wherever the worker is
         stop(w, t)
         assert not failure, (cycle, failure)
-    _send_all(prod, topics, events[cycles * per_cycle:])
+    _send_all(prod, topics, events[cycles * per_cycle :])
 
     w, t, failure = start(broker, topics, "g-cycles", snaps)
     try:
-        assert wait_for(lambda: failure or w.metrics["pending"] > 0, timeout_s=30), (failure, sorted(w.metrics.items()))
+        assert wait_for(lambda: failure or w.metrics["pending"] > 0, timeout_s=30), (
+            failure,
+            sorted(w.metrics.items()),
+        )
         for _ in range(3):  # a consumer joins the group and leaves: two rebalances each
-            c = Consumer({"bootstrap.servers": broker.bootstrap_servers, "group.id": "g-cycles",
-                          "session.timeout.ms": 6000, "max.poll.interval.ms": 10000, "enable.auto.commit": False,
-                          "isolation.level": "read_committed"})
+            c = Consumer(
+                {
+                    "bootstrap.servers": broker.bootstrap_servers,
+                    "group.id": "g-cycles",
+                    "session.timeout.ms": 6000,
+                    "max.poll.interval.ms": 10000,
+                    "enable.auto.commit": False,
+                    "isolation.level": "read_committed",
+                }
+            )
             c.subscribe([topics.contexts, topics.rewards])
             deadline = time.monotonic() + 5
             while time.monotonic() < deadline and not c.assignment():
@@ -298,12 +381,22 @@ def test_eight_stops_at_random_moments_and_a_group_that_churns_while_idle(broker
             c.close()
             assert not failure, failure
         # Back to one member: it holds both partitions again and closes every window.
-        assert wait_for(lambda: failure or len(w.partitions) == 2, timeout_s=60), ("partitions", sorted(w.partitions))
+        assert wait_for(lambda: failure or len(w.partitions) == 2, timeout_s=60), (
+            "partitions",
+            sorted(w.partitions),
+        )
         for k in range(4):  # one per key, so every partition's watermark passes every window
-            send(prod, topics.contexts, Context(f"closer-{k}", f"m{k}", 1_000 + 20 * 400 + 60_000, ("a",), np.zeros((1, 3))))
+            send(
+                prod,
+                topics.contexts,
+                Context(
+                    f"closer-{k}", f"m{k}", 1_000 + 20 * 400 + 60_000, ("a",), np.zeros((1, 3))
+                ),
+            )
         prod.flush()
-        assert wait_for(lambda: failure or w.metrics["joined"] > 0 and w.metrics["pending"] <= 4, timeout_s=60), \
-            ("closing", sorted(w.metrics.items()))
+        assert wait_for(
+            lambda: failure or w.metrics["joined"] > 0 and w.metrics["pending"] <= 4, timeout_s=60
+        ), ("closing", sorted(w.metrics.items()))
     finally:
         stop(w, t)
     assert not failure, failure
@@ -311,8 +404,11 @@ def test_eight_stops_at_random_moments_and_a_group_that_churns_while_idle(broker
     # The same input, one uninterrupted worker in another group.
     ref, rt, ref_failure = start(broker, topics, "g-reference", tmp_path / "ref")
     try:
-        assert wait_for(lambda: ref_failure or ref.metrics["joined"] >= 400, timeout_s=90), \
-            ("reference", ref_failure, sorted(ref.metrics.items()))
+        assert wait_for(lambda: ref_failure or ref.metrics["joined"] >= 400, timeout_s=90), (
+            "reference",
+            ref_failure,
+            sorted(ref.metrics.items()),
+        )
     finally:
         stop(ref, rt)
     out = outputs(broker, topics, "g-cycles")
@@ -321,7 +417,10 @@ def test_eight_stops_at_random_moments_and_a_group_that_churns_while_idle(broker
     assert len(set(ids)) == len(ids)
     got, want = _models(snaps, "g-cycles"), _models(tmp_path / "ref", "g-reference")
     assert got.keys() == want.keys() and got
-    engine_states_equal({"models": got, "pending": [], "watermark_ms": 0}, {"models": want, "pending": [], "watermark_ms": 0})
+    engine_states_equal(
+        {"models": got, "pending": [], "watermark_ms": 0},
+        {"models": want, "pending": [], "watermark_ms": 0},
+    )
 
 
 @pytest.mark.slow
@@ -337,12 +436,23 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
 
     from streambandit.config.worker import Topics
 
-    from .helpers import committed_offsets, engine_states_equal, held_partitions, serve_process, stop_processes
+    from .helpers import (
+        committed_offsets,
+        engine_states_equal,
+        held_partitions,
+        serve_process,
+        stop_processes,
+    )
 
     def serve(group, instance, out_topics, snaps):
         cfg = tmp_path / f"{group}-{instance}.toml"
-        out = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=out_topics.actions,
-                     joined=out_topics.joined, dead_letter=out_topics.dead_letter)
+        out = Topics(
+            contexts=topics.contexts,
+            rewards=topics.rewards,
+            actions=out_topics.actions,
+            joined=out_topics.joined,
+            dead_letter=out_topics.dead_letter,
+        )
         cfg.write_text(serve_config(group, snaps, out, worker="idle_tick_ms = 1000000000"))
         return serve_process(broker, cfg, instance, tmp_path / f"{group}-{instance}.log")
 
@@ -356,7 +466,11 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
     prod = producer(broker)
     for i in range(n):  # 8 keys over both partitions; a reward for every other context, 7 ms later
         key = f"m-{i % 8}"
-        send(prod, topics.contexts, Context(f"e{i}", key, 1_000 + i, ("a", "b"), rng.standard_normal((2, 3)) / 2))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", key, 1_000 + i, ("a", "b"), rng.standard_normal((2, 3)) / 2),
+        )
         if i % 2 == 0:
             send(prod, topics.rewards, Reward(f"e{i}", key, 1_000 + i + 7, float(rng.random())))
     prod.flush()
@@ -369,15 +483,25 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
             # The killed worker must have committed work on its partition since its last snapshot
             # (taken when it was assigned it), or a recovery that read no log would lose nothing.
             before = committed_offsets(broker, "g-two", topics.contexts)
-            assert wait_for(lambda: len(held("g-two", "a")) == len(held("g-two", "b")) == 1 and all(
-                committed_offsets(broker, "g-two", topics.contexts)[p] > before[p] + 3_000 for p in held("g-two", "a")),
-                timeout_s=90, interval_s=0.05), "no progress"
+            assert wait_for(
+                lambda: (
+                    len(held("g-two", "a")) == len(held("g-two", "b")) == 1
+                    and all(
+                        committed_offsets(broker, "g-two", topics.contexts)[p] > before[p] + 3_000
+                        for p in held("g-two", "a")
+                    )
+                ),
+                timeout_s=90,
+                interval_s=0.05,
+            ), "no progress"
             probe = TransactionProbe(broker, topics, partitions=held("g-two", "a"))
             try:
                 left_open = kill_inside_a_transaction(a, probe)
             finally:
                 probe.close()
-            assert done("g-two") < n, "the backlog was drained before a kill left a transaction open"
+            assert done("g-two") < n, (
+                "the backlog was drained before a kill left a transaction open"
+            )
             if left_open:
                 break
             stop_processes(b)
@@ -389,27 +513,44 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         time.sleep(12)
         assert b.poll() is None, "the survivor exited"
         a = serve("g-two", "a", topics, tmp_path / "snaps")  # the same instance id: aborts it
-        assert wait_for(lambda: done("g-two") >= n, timeout_s=120), f"stuck at {done('g-two')} of {n}"
+        assert wait_for(lambda: done("g-two") >= n, timeout_s=120), (
+            f"stuck at {done('g-two')} of {n}"
+        )
     finally:
         stop_processes(*(p for p in (a, b) if p is not None))
 
     # The same input, one worker never stopped, writing to output topics of its own.
     tag = topics.actions.rsplit("-", 1)[1]
-    ref_topics = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=f"ref-actions-{tag}",
-                        joined=f"ref-joined-{tag}", dead_letter=f"ref-dead-letter-{tag}")
-    broker.create_topics([ref_topics.actions, ref_topics.joined, ref_topics.dead_letter], partitions=2)
+    ref_topics = Topics(
+        contexts=topics.contexts,
+        rewards=topics.rewards,
+        actions=f"ref-actions-{tag}",
+        joined=f"ref-joined-{tag}",
+        dead_letter=f"ref-dead-letter-{tag}",
+    )
+    broker.create_topics(
+        [ref_topics.actions, ref_topics.joined, ref_topics.dead_letter], partitions=2
+    )
     ref = serve("g-ref", "ref", ref_topics, tmp_path / "ref")
     try:
-        assert wait_for(lambda: done("g-ref") >= n, timeout_s=120), f"reference stuck at {done('g-ref')}"
+        assert wait_for(lambda: done("g-ref") >= n, timeout_s=120), (
+            f"reference stuck at {done('g-ref')}"
+        )
     finally:
         stop_processes(ref)
 
     got, want = outputs(broker, topics, "g-two"), outputs(broker, ref_topics, "g-ref")
     ids = [x.event_id for x in got["actions"]]
     assert len(ids) == len(set(ids)) == n
-    assert collections.Counter(d.reason for d in got["dead_letter"]) == \
-        collections.Counter(d.reason for d in want["dead_letter"])
+    assert collections.Counter(d.reason for d in got["dead_letter"]) == collections.Counter(
+        d.reason for d in want["dead_letter"]
+    )
     assert len(got["joined"]) == len(want["joined"])
-    models_got, models_want = _models(tmp_path / "snaps", "g-two"), _models(tmp_path / "ref", "g-ref")
-    engine_states_equal({"models": models_got, "pending": [], "watermark_ms": 0},
-                        {"models": models_want, "pending": [], "watermark_ms": 0})
+    models_got, models_want = (
+        _models(tmp_path / "snaps", "g-two"),
+        _models(tmp_path / "ref", "g-ref"),
+    )
+    engine_states_equal(
+        {"models": models_got, "pending": [], "watermark_ms": 0},
+        {"models": models_want, "pending": [], "watermark_ms": 0},
+    )

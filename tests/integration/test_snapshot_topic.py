@@ -12,7 +12,13 @@ import pytest
 from confluent_kafka import Producer
 from confluent_kafka.admin import ConfigResource
 
-from streambandit.stream.snapshots import SnapshotStoreError, TopicStore, chunk_key, create_snapshot_topic, load_latest
+from streambandit.stream.snapshots import (
+    SnapshotStoreError,
+    TopicStore,
+    chunk_key,
+    create_snapshot_topic,
+    load_latest,
+)
 from streambandit.wire import pack_snapshot
 
 from .helpers import read_all
@@ -40,7 +46,12 @@ def open_store(broker, snap_topic):
     opened = []
 
     def open_(cls=TopicStore, **kw):
-        s = cls(broker.bootstrap_servers, snap_topic, max_chunk_bytes=kw.pop("max_chunk_bytes", CHUNK), **kw)
+        s = cls(
+            broker.bootstrap_servers,
+            snap_topic,
+            max_chunk_bytes=kw.pop("max_chunk_bytes", CHUNK),
+            **kw,
+        )
         opened.append(s)
         return s
 
@@ -56,10 +67,25 @@ def blob(n: int, seed: int) -> bytes:
 def snapshot(partition: int, mark: int, size: int = 8) -> bytes:
     """A real partition snapshot; ``mark`` tells them apart, ``size`` floats of noise make it big."""
     state = {"theta": np.random.default_rng(mark).standard_normal(size)}
-    return pack_snapshot({"partition": partition, "created_ms": mark, "contexts_offset": mark, "rewards_offset": 0,
-                          "actions_offset": 0, "joined_offset": 0, "dead_letter_offset": 0,
-                          "engine": {"models": {"m": state}, "pending": [], "early": [], "recent": [],
-                                     "watermark_ms": 0, "counters": {}}})
+    return pack_snapshot(
+        {
+            "partition": partition,
+            "created_ms": mark,
+            "contexts_offset": mark,
+            "rewards_offset": 0,
+            "actions_offset": 0,
+            "joined_offset": 0,
+            "dead_letter_offset": 0,
+            "engine": {
+                "models": {"m": state},
+                "pending": [],
+                "early": [],
+                "recent": [],
+                "watermark_ms": 0,
+                "counters": {},
+            },
+        }
+    )
 
 
 def latest_values(broker, topic: str) -> dict[bytes, bytes | None]:
@@ -105,8 +131,10 @@ def test_a_snapshot_of_many_chunks_round_trips_byte_exact(broker, snap_topic, op
     t.save(1, big)
     got = load_latest(open_store(), 1)
     assert got["created_ms"] == 7
-    assert got["engine"]["models"]["m"]["theta"].tobytes() == \
-        np.random.default_rng(7).standard_normal(250_000).tobytes()
+    assert (
+        got["engine"]["models"]["m"]["theta"].tobytes()
+        == np.random.default_rng(7).standard_normal(250_000).tobytes()
+    )
 
 
 class Killed(Exception):
@@ -126,7 +154,9 @@ class CrashingStore(TopicStore):
         super()._produce(tp, key, value, on_delivery)
 
 
-def test_a_save_that_died_halfway_falls_back_to_the_previous_snapshot(broker, snap_topic, open_store, caplog):
+def test_a_save_that_died_halfway_falls_back_to_the_previous_snapshot(
+    broker, snap_topic, open_store, caplog
+):
     a, b = snapshot(0, mark=1, size=2000), snapshot(0, mark=2, size=2000)
     assert len(b) > 4 * CHUNK
     s = open_store()
@@ -147,7 +177,9 @@ def test_a_save_that_died_halfway_falls_back_to_the_previous_snapshot(broker, sn
     assert stored(open_store(), 0) == [d, b]
 
 
-def test_a_corrupt_chunk_is_reported_and_the_previous_snapshot_used(broker, snap_topic, open_store, caplog):
+def test_a_corrupt_chunk_is_reported_and_the_previous_snapshot_used(
+    broker, snap_topic, open_store, caplog
+):
     a, b = snapshot(0, mark=1, size=2000), snapshot(0, mark=2, size=2000)
     s = open_store()
     s.save(0, a)
@@ -165,7 +197,9 @@ def test_a_corrupt_chunk_is_reported_and_the_previous_snapshot_used(broker, snap
     assert "checksum mismatch" in caplog.text
 
 
-def test_a_snapshot_labelled_for_another_partition_is_skipped(broker, snap_topic, open_store, caplog):
+def test_a_snapshot_labelled_for_another_partition_is_skipped(
+    broker, snap_topic, open_store, caplog
+):
     s = open_store()
     s.save(0, snapshot(0, mark=1))
     s.save(0, snapshot(1, mark=2))  # intact, but not partition 0's
@@ -214,22 +248,47 @@ def test_a_missing_snapshot_topic_is_a_clear_error(broker, tmp_path):
     with pytest.raises(SnapshotStoreError, match="snapshot topic 'no-such-topic' does not exist"):
         TopicStore(broker.bootstrap_servers, "no-such-topic")
     cfg = tmp_path / "w.toml"
-    cfg.write_text('[worker]\nsnapshot_topic = "no-such-topic"\n\n'
-                   '[[models]]\nmatch = "*"\npolicy = "oful"\ndim = 2\nreward_window_ms = 100\ndefault_reward = 0.0\n')
-    out = subprocess.run([sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--bootstrap-servers",
-                          broker.bootstrap_servers], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    cfg.write_text(
+        '[worker]\nsnapshot_topic = "no-such-topic"\n\n'
+        '[[models]]\nmatch = "*"\npolicy = "oful"\ndim = 2\nreward_window_ms = 100\ndefault_reward = 0.0\n'
+    )
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "serve",
+            "--config",
+            str(cfg),
+            "--bootstrap-servers",
+            broker.bootstrap_servers,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert out.returncode == 2, out.stderr
-    assert "snapshot topic 'no-such-topic' does not exist" in out.stderr and "Traceback" not in out.stderr
-    assert "no-such-topic" not in broker.admin().list_topics(timeout=10).topics  # and it was not created
+    assert (
+        "snapshot topic 'no-such-topic' does not exist" in out.stderr
+        and "Traceback" not in out.stderr
+    )
+    assert (
+        "no-such-topic" not in broker.admin().list_topics(timeout=10).topics
+    )  # and it was not created
 
 
 def test_a_store_takes_the_workers_kafka_table_with_its_sub_tables(open_store):
     """The worker's [kafka] table, [kafka.consumer] and [kafka.producer] included, configures the
     store's clients (each sub-table to its own client): serve with snapshot_topic failed to start
     with 'No such configuration property: "consumer"'."""
-    store = open_store(kafka={"client.id": "sb-test", "consumer": {"fetch.wait.max.ms": 10},
-                              "producer": {"linger.ms": 1}})
+    store = open_store(
+        kafka={
+            "client.id": "sb-test",
+            "consumer": {"fetch.wait.max.ms": 10},
+            "producer": {"linger.ms": 1},
+        }
+    )
     data = snapshot(0, 7)
     store.save(0, data)
     assert load_latest(store, 0)["created_ms"] == 7

@@ -10,7 +10,12 @@ import pytest
 
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
-from streambandit.stream.snapshots import DirectoryStore, TopicStore, create_snapshot_topic, load_latest
+from streambandit.stream.snapshots import (
+    DirectoryStore,
+    TopicStore,
+    create_snapshot_topic,
+    load_latest,
+)
 from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
@@ -20,23 +25,50 @@ pytestmark = pytest.mark.integration
 
 N = 120
 CONFIGS = {  # a learner and a window of its own per group
-    "g-oful": {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 200, "default_reward": 0.0}]},
-    "g-glb": {"models": [{"match": "m-*", "policy": "glb_omd", "dim": 3, "reward_window_ms": 300, "default_reward": 0.0,
-                          "hyper": {"link": "gaussian"}}]},
+    "g-oful": {
+        "models": [
+            {
+                "match": "m-*",
+                "policy": "oful",
+                "dim": 3,
+                "reward_window_ms": 200,
+                "default_reward": 0.0,
+            }
+        ]
+    },
+    "g-glb": {
+        "models": [
+            {
+                "match": "m-*",
+                "policy": "glb_omd",
+                "dim": 3,
+                "reward_window_ms": 300,
+                "default_reward": 0.0,
+                "hyper": {"link": "gaussian"},
+            }
+        ]
+    },
 }
 
 
 def group_topics(topics: Topics, group: str, broker) -> Topics:
     """The shared inputs, and output topics of the group's own (outputs are per deployment)."""
     tag = uuid.uuid4().hex[:6]
-    t = Topics(contexts=topics.contexts, rewards=topics.rewards, actions=f"a-{group}-{tag}", joined=f"j-{group}-{tag}",
-               dead_letter=f"d-{group}-{tag}")
+    t = Topics(
+        contexts=topics.contexts,
+        rewards=topics.rewards,
+        actions=f"a-{group}-{tag}",
+        joined=f"j-{group}-{tag}",
+        dead_letter=f"d-{group}-{tag}",
+    )
     broker.create_topics([t.actions, t.joined, t.dead_letter], partitions=2)
     return t
 
 
 @pytest.mark.parametrize("kind", ["topic", "directory"])
-def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(broker, topics, tmp_path, kind):
+def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(
+    broker, topics, tmp_path, kind
+):
     if kind == "topic":
         name = f"snapshots-{uuid.uuid4().hex[:8]}"
         create_snapshot_topic(broker.bootstrap_servers, name, partitions=2)
@@ -44,28 +76,45 @@ def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(brok
         def store():
             return TopicStore(broker.bootstrap_servers, name)
     else:
+
         def store():
             return DirectoryStore(tmp_path / "snaps")
 
     prod, rng = producer(broker), np.random.default_rng(7)
     for i in range(N):
         key = f"m-{i % 4}"
-        send(prod, topics.contexts, Context(f"e{i}", key, 1_000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3)) / 2))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", key, 1_000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3)) / 2),
+        )
         send(prod, topics.rewards, Reward(f"e{i}", key, 1_000 + 10 * i + 3, float(rng.random())))
-    send(prod, topics.contexts, Context("closer", "m-0", 1_000 + 10 * N + 5_000, ("a",), np.zeros((1, 3))))
+    send(
+        prod,
+        topics.contexts,
+        Context("closer", "m-0", 1_000 + 10 * N + 5_000, ("a",), np.zeros((1, 3))),
+    )
     prod.flush()
     out_topics = {g: group_topics(topics, g, broker) for g in CONFIGS}
 
     def worker(group: str) -> Worker:
-        cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(CONFIGS[group]),
-                           group_id=group, topics=out_topics[group], idle_tick_ms=10**9)
+        cfg = WorkerConfig(
+            bootstrap_servers=broker.bootstrap_servers,
+            models=parse_models_config(CONFIGS[group]),
+            group_id=group,
+            topics=out_topics[group],
+            idle_tick_ms=10**9,
+        )
         return Worker(cfg, store())
 
     def run_until(workers, done, timeout_s):
         """Run ``workers`` in threads until ``done()``, then stop them; returns whether it came."""
         threads = {g: run_in_thread(w) for g, w in workers.items()}
         try:
-            return wait_for(lambda: done() or any(f for _, f in threads.values()), timeout_s=timeout_s) and done()
+            return (
+                wait_for(lambda: done() or any(f for _, f in threads.values()), timeout_s=timeout_s)
+                and done()
+            )
         finally:
             for w in workers.values():
                 w.stop()
@@ -75,11 +124,16 @@ def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(brok
 
     # Both groups side by side to the end of the stream, then stopped (each snapshots its partitions).
     first = {g: worker(g) for g in CONFIGS}
-    assert run_until(first, lambda: all(w.metrics["joined"] >= N for w in first.values()), 90), \
-        {g: w.metrics["joined"] for g, w in first.items()}
+    assert run_until(first, lambda: all(w.metrics["joined"] >= N for w in first.values()), 90), {
+        g: w.metrics["joined"] for g, w in first.items()
+    }
     saved = {g: {p: load_latest(store().scoped(g), p) for p in (0, 1)} for g in CONFIGS}
     for g, snaps in saved.items():  # each group's own learner in its own snapshots
-        policies = {m["policy"] if "policy" in m else None for s in snaps.values() for m in s["engine"]["models"].values()}
+        policies = {
+            m["policy"] if "policy" in m else None
+            for s in snaps.values()
+            for m in s["engine"]["models"].values()
+        }
         assert snaps[0] is not None and snaps[1] is not None, g
         assert sum(len(s["engine"]["models"]) for s in snaps.values()) == 4, (g, policies)
 
@@ -88,7 +142,10 @@ def test_two_groups_share_a_snapshot_store_and_never_read_each_others_state(brok
     again = {g: worker(g) for g in CONFIGS}
     assert run_until(again, lambda: all(len(w.partitions) == 2 for w in again.values()), 60)
     for g, w in again.items():
-        assert w.metrics["snapshot_fallbacks"] == 0 and w.metrics["recovered_joined"] == 0, (g, dict(w.metrics))
+        assert w.metrics["snapshot_fallbacks"] == 0 and w.metrics["recovered_joined"] == 0, (
+            g,
+            dict(w.metrics),
+        )
         for p in (0, 1):
             now = load_latest(store().scoped(g), p)["engine"]["models"]
             before = saved[g][p]["engine"]["models"]

@@ -15,13 +15,28 @@ from .helpers import outputs, producer, send, wait_for
 
 pytestmark = pytest.mark.integration
 
-MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 500, "default_reward": 0.0,
-                      "aggregation": "first"}]}
+MODELS = {
+    "models": [
+        {
+            "match": "m-*",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 500,
+            "default_reward": 0.0,
+            "aggregation": "first",
+        }
+    ]
+}
 
 
 def start_worker(broker, topics, tmp_path, group, **overrides):
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS), group_id=group,
-                       topics=topics, **overrides)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(MODELS),
+        group_id=group,
+        topics=topics,
+        **overrides,
+    )
     w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"))
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
@@ -33,7 +48,13 @@ def test_every_context_gets_exactly_one_action_and_rewards_are_joined(broker, to
     rng = np.random.default_rng(0)
     n = 200
     for i in range(n):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(
+                f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))
+            ),
+        )
         if i % 2 == 0:
             send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", 1000 + 10 * i + 50, 1.0))
     prod.flush()
@@ -68,9 +89,13 @@ def test_what_lives_as_long_as_the_worker_is_out_of_the_collectors_walks(broker,
         assert wait_for(lambda: len(w.partitions) == 2, timeout_s=60)
         walked = {id(o) for o in gc.get_objects()}
         assert gc.get_freeze_count() > 0
-        assert id(streambandit.numerics.kernels.oful_update) not in walked  # a module-level object, alive since import
-        assert all(id(part.engine) not in walked and id(part.engine.models) not in walked
-                   for part in list(w.partitions.values()))
+        assert (
+            id(streambandit.numerics.kernels.oful_update) not in walked
+        )  # a module-level object, alive since import
+        assert all(
+            id(part.engine) not in walked and id(part.engine.models) not in walked
+            for part in list(w.partitions.values())
+        )
     finally:
         w.stop()
         t.join(30)
@@ -84,15 +109,26 @@ def test_a_static_member_joins_under_its_transactional_id_and_serves(broker, top
     prod = producer(broker)
     rng = np.random.default_rng(1)
     for i in range(20):
-        send(prod, topics.contexts, Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))))
+        send(
+            prod,
+            topics.contexts,
+            Context(f"e{i}", f"m-{i % 4}", 1000 + 10 * i, ("a", "b"), rng.standard_normal((2, 3))),
+        )
     prod.flush()
-    cfg = WorkerConfig(bootstrap_servers=broker.bootstrap_servers, models=parse_models_config(MODELS),
-                       group_id="g-static", topics=topics, static_membership=True)
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(MODELS),
+        group_id="g-static",
+        topics=topics,
+        static_membership=True,
+    )
     w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"), instance_id="pod-0")
     t = threading.Thread(target=w.run, daemon=True)
     t.start()
     try:
-        assert wait_for(lambda: len(outputs(broker, topics, "g-static")["actions"]) == 20, timeout_s=60)
+        assert wait_for(
+            lambda: len(outputs(broker, topics, "g-static")["actions"]) == 20, timeout_s=60
+        )
         # librdkafka names a static member after its instance id (read by the worker's thread:
         # a call on the consumer from this one, while the loop polls it, can block for good)
         assert "pod-0" in w.member_id

@@ -22,7 +22,9 @@ def test_a_report_is_its_json_rendered(name):
 
 
 def test_every_benchmark_module_is_listed_and_every_result_has_its_benchmark():
-    runnable = {p.stem for p in (ROOT / "bench").glob("*.py") if f'harness.main("{p.stem}"' in p.read_text()}
+    runnable = {
+        p.stem for p in (ROOT / "bench").glob("*.py") if f'harness.main("{p.stem}"' in p.read_text()
+    }
     assert runnable == set(BENCHMARKS)
     assert {p.stem for p in RESULTS.glob("*.json")} == set(BENCHMARKS)
     assert {p.stem for p in RESULTS.glob("*.md")} == set(BENCHMARKS)

@@ -20,8 +20,13 @@ def k8s_worker_toml() -> str:
     return textwrap.dedent(block)
 
 
-@pytest.mark.parametrize("name, text", [("deploy/worker.toml", (DEPLOY / "worker.toml").read_text()),
-                                        ("deploy/k8s ConfigMap", k8s_worker_toml())])
+@pytest.mark.parametrize(
+    "name, text",
+    [
+        ("deploy/worker.toml", (DEPLOY / "worker.toml").read_text()),
+        ("deploy/k8s ConfigMap", k8s_worker_toml()),
+    ],
+)
 def test_example_configurations_load(name, text):
     config, snapshots = parse_worker_config(tomllib.loads(text), source=name)
     assert snapshots.topic == "streambandit-snapshots"
@@ -45,7 +50,11 @@ def test_probes_scrapes_and_healthcheck_use_the_port_the_worker_serves():
     docker = (DEPLOY / "Dockerfile").read_text()
     cmd_port = re.search(r'CMD \[.*"--metrics-port", "(\d+)"', docker).group(1)
     assert f"127.0.0.1:{cmd_port}/healthz" in docker and f"EXPOSE {cmd_port}" in docker
-    assert "USER 10001" in docker and "NUMBA_CACHE_DIR" in docker and "streambandit.cli.warmup" in docker
+    assert (
+        "USER 10001" in docker
+        and "NUMBA_CACHE_DIR" in docker
+        and "streambandit.cli.warmup" in docker
+    )
 
 
 def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_serves():
@@ -56,15 +65,24 @@ def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_ser
     from streambandit.stream.telemetry import render_metrics
     from tests.unit.stream.test_telemetry import status
 
-    served = {f.name for f in text_string_to_metric_families(
-        render_metrics(status(**{"dead_letter.malformed": 1})).decode())}
+    served = {
+        f.name
+        for f in text_string_to_metric_families(
+            render_metrics(status(**{"dead_letter.malformed": 1})).decode()
+        )
+    }
     dashboard = json.loads((DEPLOY / "grafana" / "streambandit.json").read_text())
     exprs = " ".join(t["expr"] for p in dashboard["panels"] for t in p["targets"])
     guide = (DEPLOY.parent / "docs" / "operations.md").read_text()
     for where, text in (("dashboard", exprs), ("docs/operations.md", guide)):
-        named = {re.sub(r"_(bucket|count|sum|total)$", "", n) for n in re.findall(r"streambandit_[a-z_]+", text)}
+        named = {
+            re.sub(r"_(bucket|count|sum|total)$", "", n)
+            for n in re.findall(r"streambandit_[a-z_]+", text)
+        }
         assert named - {"streambandit_"} <= served, (where, named - served)
     # The guide's metric table lists every family served, by its name without the prefix.
     table = {re.sub(r"_total$", "", m) for m in re.findall(r"^\| `([a-z_]+)", guide, flags=re.M)}
     table |= {m for m in re.findall(r"`(snapshot_last_[a-z_]+)`", guide)}
-    assert {n.removeprefix("streambandit_") for n in served} <= table, served - {f"streambandit_{t}" for t in table}
+    assert {n.removeprefix("streambandit_") for n in served} <= table, served - {
+        f"streambandit_{t}" for t in table
+    }

@@ -19,23 +19,33 @@ ROOT = Path(__file__).resolve().parents[2] / "streambandit"
 # share a floor are siblings and import none of each other.
 FLOORS: list[dict[str, tuple[str, ...]]] = [
     # Errors, reason codes, atomic files, log line formats, the progress line: no imports of ours.
-    {"base": ("streambandit.errors", "streambandit.reasons", "streambandit.atomic", "streambandit.progress",
-              "streambandit.log_format")},
-    {"numerics": ("streambandit.numerics",)},          # compiled kernels, row-wise products, linalg
-    {"sketch": ("streambandit.sketch",)},              # Frequent Directions, dyadic blocks, Nystrom
-    {"policies": ("streambandit.policies",)},          # the learners
-    {"wire": ("streambandit.wire",)},                  # records, Avro, the snapshot format
-    {"config": ("streambandit.config",)},              # the typed configuration, no Kafka client
-    {"engine": ("streambandit.engine",)},              # decide, join, windows, merge, chains: pure
+    {
+        "base": (
+            "streambandit.errors",
+            "streambandit.reasons",
+            "streambandit.atomic",
+            "streambandit.progress",
+            "streambandit.log_format",
+        )
+    },
+    {"numerics": ("streambandit.numerics",)},  # compiled kernels, row-wise products, linalg
+    {"sketch": ("streambandit.sketch",)},  # Frequent Directions, dyadic blocks, Nystrom
+    {"policies": ("streambandit.policies",)},  # the learners
+    {"wire": ("streambandit.wire",)},  # records, Avro, the snapshot format
+    {"config": ("streambandit.config",)},  # the typed configuration, no Kafka client
+    {"engine": ("streambandit.engine",)},  # decide, join, windows, merge, chains: pure
     # Three drivers of the engine and the learners, siblings: the Kafka runtime, offline
     # evaluation and the simulator.
-    {"stream": ("streambandit.stream",), "replay": ("streambandit.replay",), "sim": ("streambandit.sim",)},
-    {"serving": ("streambandit.serving",)},            # Decider, api, replicas
-    {"dev": ("streambandit.dev",)},                    # embedded broker, demo, simulated ad server
+    {
+        "stream": ("streambandit.stream",),
+        "replay": ("streambandit.replay",),
+        "sim": ("streambandit.sim",),
+    },
+    {"serving": ("streambandit.serving",)},  # Decider, api, replicas
+    {"dev": ("streambandit.dev",)},  # embedded broker, demo, simulated ad server
     # The one bridge from the runtime's topics to replay's input, and the in-process benchmark.
     {"export": ("streambandit.export",), "benchmarks": ("streambandit.benchmarks",)},
     {"cli": ("streambandit.cli", "streambandit.__main__")},  # the commands
-
 ]
 # Layers that talk to Kafka; every other layer must import without the client.
 KAFKA_LAYERS = {"stream", "serving", "dev", "export", "cli"}
@@ -102,8 +112,10 @@ def violations(modules: dict[str, set[str]]) -> list[str]:
 
 
 def package_modules() -> dict[str, set[str]]:
-    return {module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py")
-            for p in ROOT.rglob("*.py")}
+    return {
+        module_name(p): imported_modules(p.read_text(), module_name(p), p.name == "__init__.py")
+        for p in ROOT.rglob("*.py")
+    }
 
 
 def test_every_module_belongs_to_a_layer():
@@ -122,9 +134,14 @@ def test_no_module_imports_itself_back():
     modules = package_modules()
     # A package's __init__ only hands names on; a module importing its own package's face is no circle.
     known = {p for p in modules if not (ROOT.parent / p.replace(".", "/") / "__init__.py").exists()}
-    edges = {name: {m for m in imports if m in known and m != name} for name, imports in modules.items()
-             if name in known}
-    circles = sorted(f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, ()))
+    edges = {
+        name: {m for m in imports if m in known and m != name}
+        for name, imports in modules.items()
+        if name in known
+    }
+    circles = sorted(
+        f"{a} <-> {b}" for a in edges for b in edges[a] if a < b and a in edges.get(b, ())
+    )
     assert circles == []
 
 
@@ -132,15 +149,22 @@ def test_the_direction_check_sees_up_sideways_and_the_client():
     """An import up a floor, one between siblings and the Kafka client in a pure layer are each
     caught, also through a relative or function-level import."""
     bad = {
-        "streambandit.replay.runner": imported_modules("def f():\n    from ..stream import worker\n",
-                                                       "streambandit.replay.runner"),
-        "streambandit.stream.worker": imported_modules("import streambandit.serving.replica\n",
-                                                       "streambandit.stream.worker"),
-        "streambandit.policies.oful": imported_modules("from streambandit.engine.partition import PartitionEngine\n",
-                                                       "streambandit.policies.oful"),
-        "streambandit.engine.merge": imported_modules("from confluent_kafka import Consumer\n",
-                                                      "streambandit.engine.merge"),
-        "streambandit.cli.commands": imported_modules("from streambandit.stream import worker\n", "streambandit.cli.commands"),
+        "streambandit.replay.runner": imported_modules(
+            "def f():\n    from ..stream import worker\n", "streambandit.replay.runner"
+        ),
+        "streambandit.stream.worker": imported_modules(
+            "import streambandit.serving.replica\n", "streambandit.stream.worker"
+        ),
+        "streambandit.policies.oful": imported_modules(
+            "from streambandit.engine.partition import PartitionEngine\n",
+            "streambandit.policies.oful",
+        ),
+        "streambandit.engine.merge": imported_modules(
+            "from confluent_kafka import Consumer\n", "streambandit.engine.merge"
+        ),
+        "streambandit.cli.commands": imported_modules(
+            "from streambandit.stream import worker\n", "streambandit.cli.commands"
+        ),
     }
     assert violations(bad) == [
         "streambandit.engine.merge (engine) imports the Kafka client",
@@ -174,11 +198,17 @@ def pure_modules() -> list[str]:
 def test_the_pure_layers_import_without_the_kafka_client():
     pure = pure_modules()
     assert "streambandit.engine.partition" in pure and "streambandit.replay.runner" in pure
-    out = subprocess.run([sys.executable, "-c", BLOCK, *pure], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCK, *pure], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
 
 
 def test_the_blocker_really_blocks():
-    out = subprocess.run([sys.executable, "-c", BLOCK, "streambandit.stream.worker"], capture_output=True, text=True,
-                         timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-c", BLOCK, "streambandit.stream.worker"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode != 0 and "confluent_kafka is blocked" in out.stderr

@@ -81,21 +81,38 @@ def run(link: str, name: str, *, size: str, seeds: int | None, progress: Callabl
         for seed in range(n_seeds):
             env = _instance(link, radius, seed)
             for ln in LEARNERS:
-                curves.append(common.run_curve(Curve, _setting(radius), ln, _learner(ln, link, radius), env,
-                                               rounds, seed, progress))
+                curves.append(
+                    common.run_curve(
+                        Curve,
+                        _setting(radius),
+                        ln,
+                        _learner(ln, link, radius),
+                        env,
+                        rounds,
+                        seed,
+                        progress,
+                    )
+                )
     settings = [_setting(s) for s in RADII]
     tbl, stats = common.table(curves, settings, list(LEARNERS))
     summary = _summary(link, tbl, stats, settings, rounds, n_seeds)
     choices = list(CHOICES_COMMON)
     if link == "logistic":
-        choices.append("oful: noise_sd = 0.5 (Bernoulli rewards are 1/2-sub-Gaussian), S = the true radius, theory radius.")
+        choices.append(
+            "oful: noise_sd = 0.5 (Bernoulli rewards are 1/2-sub-Gaussian), S = the true radius, theory radius."
+        )
     else:
-        choices.append("oful: noise_sd = e^(S/2) (square root of the largest Poisson variance e^S; Poisson rewards are "
-                       "not sub-Gaussian), S = e^S (a bound on the mean reward, the linear fit's scale), theory radius.")
+        choices.append(
+            "oful: noise_sd = e^(S/2) (square root of the largest Poisson variance e^S; Poisson rewards are "
+            "not sub-Gaussian), S = e^S (a bound on the mean reward, the linear fit's scale), theory radius."
+        )
     full_rounds, full_seeds = SIZES["full"]
-    choices.append(f"Sizes: full = T {full_rounds}, {full_seeds} seeds (the paper's runtime sweep uses T = 3000; the "
-                   f"paper gives no T for the regret runs); this run: T = {rounds}, {n_seeds} seed(s)"
-                   + (" (fewer than the paper)" if (rounds, n_seeds) != (full_rounds, full_seeds) else "") + ".")
+    choices.append(
+        f"Sizes: full = T {full_rounds}, {full_seeds} seeds (the paper's runtime sweep uses T = 3000; the "
+        f"paper gives no T for the regret runs); this run: T = {rounds}, {n_seeds} seed(s)"
+        + (" (fewer than the paper)" if (rounds, n_seeds) != (full_rounds, full_seeds) else "")
+        + "."
+    )
     return ExperimentResult(name=name, curves=curves, summary=summary, choices=choices)
 
 
@@ -115,29 +132,46 @@ def _summary(link, tbl, stats, settings, rounds, n_seeds) -> str:
     for st in settings:
         o_e, o_l = m(st, "glb_omd", "early"), m(st, "glb_omd", "late")
         g_e, g_l = m(st, "glm_ucb_refit", "early"), m(st, "glm_ucb_refit", "late")
-        ro, rg, rf = m(st, "glb_omd", "final"), m(st, "glm_ucb_refit", "final"), m(st, "oful", "final")
+        ro, rg, rf = (
+            m(st, "glb_omd", "final"),
+            m(st, "glm_ucb_refit", "final"),
+            m(st, "oful", "final"),
+        )
         lines.append(
             f"- {st}: glb_omd time/round late/early = {o_l / o_e:.2f} ({o_l:.0f} us late); refit "
             f"late/early = {g_l / g_e:.2f} ({g_l:.0f} us late, {g_l / o_l:.0f}x glb_omd). Final regret glb_omd "
             f"{ro:.1f}, refit {rg:.1f} (ratio {ro / rg:.2f}), oful {rf:.1f}."
         )
-    ratios_time = [m(st, "glm_ucb_refit", "late") / m(st, "glm_ucb_refit", "early") for st in settings]
+    ratios_time = [
+        m(st, "glm_ucb_refit", "late") / m(st, "glm_ucb_refit", "early") for st in settings
+    ]
     flat = all(m(st, "glb_omd", "late") / m(st, "glb_omd", "early") < 1.5 for st in settings)
     grows = all(r > 1.2 for r in ratios_time)
-    comparable = all(m(st, "glb_omd", "final") <= 1.5 * m(st, "glm_ucb_refit", "final") + 1e-9 for st in settings)
+    comparable = all(
+        m(st, "glb_omd", "final") <= 1.5 * m(st, "glm_ucb_refit", "final") + 1e-9 for st in settings
+    )
     beats_oful = [st for st in settings if m(st, "glb_omd", "final") < m(st, "oful", "final")]
     lines += [
         "",
         "**Agreement:** "
-        + ("glb_omd's time per round is flat in t" if flat
-           else "glb_omd's time per round is NOT flat in t (late/early >= 1.5 somewhere)")
+        + (
+            "glb_omd's time per round is flat in t"
+            if flat
+            else "glb_omd's time per round is NOT flat in t (late/early >= 1.5 somewhere)"
+        )
         + "; the refitting baseline's time per round "
-        + ("grows with t (late/early > 1.2 at every S)" if grows else
-           "grows only mildly or not at all at this T (late/early <= 1.2 somewhere): scipy's fixed per-call overhead "
-           "dominates the O(t) work at these t, so the growth the paper describes only shows at longer horizons")
+        + (
+            "grows with t (late/early > 1.2 at every S)"
+            if grows
+            else "grows only mildly or not at all at this T (late/early <= 1.2 somewhere): scipy's fixed per-call overhead "
+            "dominates the O(t) work at these t, so the growth the paper describes only shows at longer horizons"
+        )
         + ". glb_omd's final regret is "
-        + ("within 1.5x of the refit baseline's at every S (comparable)" if comparable
-           else "more than 1.5x the refit baseline's at some S (NOT comparable)")
+        + (
+            "within 1.5x of the refit baseline's at every S (comparable)"
+            if comparable
+            else "more than 1.5x the refit baseline's at some S (NOT comparable)"
+        )
         + f". glb_omd beats OFUL at {len(beats_oful)} of {len(settings)} radii"
         + (f" ({', '.join(beats_oful)})" if beats_oful else "")
         + ". The paper does not claim anything about OFUL; bench/results/regret_vs_oful.md finds "
@@ -146,5 +180,7 @@ def _summary(link, tbl, stats, settings, rounds, n_seeds) -> str:
     ]
     if n_seeds < 3:
         lines.append("")
-        lines.append(f"(Only {n_seeds} seed(s): these statements are smoke-test figures, not evidence.)")
+        lines.append(
+            f"(Only {n_seeds} seed(s): these statements are smoke-test figures, not evidence.)"
+        )
     return "\n".join(lines)

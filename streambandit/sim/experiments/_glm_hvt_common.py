@@ -11,8 +11,16 @@ from streambandit.sim.runner import run_policy
 _PROGRESS_EVERY = 100
 
 
-def run_curve(curve_cls, setting: str, learner: str, policy, env, rounds: int, seed: int,
-              progress: Callable[[int], None]):
+def run_curve(
+    curve_cls,
+    setting: str,
+    learner: str,
+    policy,
+    env,
+    rounds: int,
+    seed: int,
+    progress: Callable[[int], None],
+):
     """One run through :func:`run_policy`, reporting progress in increments of completed rounds."""
     done = [0]
 
@@ -22,7 +30,9 @@ def run_curve(curve_cls, setting: str, learner: str, policy, env, rounds: int, s
             done[0] = n
 
     res = run_policy(policy, env, rounds, seed, progress=tick)
-    return curve_cls(setting=setting, learner=learner, seed=seed, regret=res.regret, seconds=res.seconds)
+    return curve_cls(
+        setting=setting, learner=learner, seed=seed, regret=res.regret, seconds=res.seconds
+    )
 
 
 def per_round_us(seconds: np.ndarray) -> tuple[float, float]:
@@ -44,23 +54,29 @@ def table(curves, settings: list[str], learners: list[str]) -> tuple[str, dict]:
     numbers behind it: stats[(setting, learner)] = dict(final=[...], early=[...], late=[...], total=[...])."""
     stats: dict = {}
     for c in curves:
-        s = stats.setdefault((c.setting, c.learner), {"final": [], "early": [], "late": [], "total": []})
+        s = stats.setdefault(
+            (c.setting, c.learner), {"final": [], "early": [], "late": [], "total": []}
+        )
         early, late = per_round_us(c.seconds)
         s["final"].append(float(c.regret[-1]))
         s["early"].append(early)
         s["late"].append(late)
         s["total"].append(float(c.seconds[-1]))
-    lines = ["| setting | learner | final regret (mean +- sd) | median us/round, first 10% | median us/round, last 10% "
-             "| late/early | total s/run |",
-             "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [
+        "| setting | learner | final regret (mean +- sd) | median us/round, first 10% | median us/round, last 10% "
+        "| late/early | total s/run |",
+        "|---|---|---:|---:|---:|---:|---:|",
+    ]
     for st in settings:
         for ln in learners:
             s = stats.get((st, ln))
             if s is None:
                 continue
             early, late = float(np.mean(s["early"])), float(np.mean(s["late"]))
-            lines.append(f"| {st} | {ln} | {mean_sd(s['final'])} | {early:.0f} | {late:.0f} | {late / early:.2f} "
-                         f"| {np.mean(s['total']):.2f} |")
+            lines.append(
+                f"| {st} | {ln} | {mean_sd(s['final'])} | {early:.0f} | {late:.0f} | {late / early:.2f} "
+                f"| {np.mean(s['total']):.2f} |"
+            )
     return "\n".join(lines), stats
 
 

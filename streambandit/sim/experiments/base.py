@@ -43,7 +43,10 @@ def write_result(result: ExperimentResult, out_dir: str | Path, *, size: str) ->
     """``NAME.csv`` (every round of every curve), ``NAME.md`` and, with matplotlib, ``NAME.png``."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = [_write_csv(result, out / f"{result.name}.csv"), _write_md(result, out / f"{result.name}.md", size)]
+    written = [
+        _write_csv(result, out / f"{result.name}.csv"),
+        _write_md(result, out / f"{result.name}.md", size),
+    ]
     png = _write_png(result, out / f"{result.name}.png")
     if png is not None:
         written.append(png)
@@ -58,15 +61,33 @@ def _write_csv(result: ExperimentResult, path: Path) -> Path:
         for c in result.curves:
             cols = [c.extra.get(k) for k in extras]
             for t in range(len(c.regret)):
-                w.writerow([c.setting, c.learner, c.seed, t + 1, repr(float(c.regret[t])), repr(float(c.seconds[t])),
-                            *("" if v is None else repr(float(v[t])) for v in cols)])
+                w.writerow(
+                    [
+                        c.setting,
+                        c.learner,
+                        c.seed,
+                        t + 1,
+                        repr(float(c.regret[t])),
+                        repr(float(c.seconds[t])),
+                        *("" if v is None else repr(float(v[t])) for v in cols),
+                    ]
+                )
     return path
 
 
 def _write_md(result: ExperimentResult, path: Path, size: str) -> Path:
-    lines = [f"# `streambandit simulate {result.name}` ({size} size)", "", result.summary.strip(), ""]
+    lines = [
+        f"# `streambandit simulate {result.name}` ({size} size)",
+        "",
+        result.summary.strip(),
+        "",
+    ]
     if result.choices:
-        lines += ["## Settings we chose where the paper is silent", ""] + [f"- {c}" for c in result.choices] + [""]
+        lines += (
+            ["## Settings we chose where the paper is silent", ""]
+            + [f"- {c}" for c in result.choices]
+            + [""]
+        )
     path.write_text("\n".join(lines))
     return path
 
@@ -94,13 +115,19 @@ def _write_png(result: ExperimentResult, path: Path) -> Path | None:
             regret = np.stack([c.regret[:t_len] for c in curves])
             rounds = np.arange(1, t_len + 1)
             mean, sd = regret.mean(axis=0), regret.std(axis=0)
-            line, = axes[0, col].plot(rounds, mean, label=learner)
-            axes[0, col].fill_between(rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.2)
+            (line,) = axes[0, col].plot(rounds, mean, label=learner)
+            axes[0, col].fill_between(
+                rounds, mean - sd, mean + sd, color=line.get_color(), alpha=0.2
+            )
             # Time per round, smoothed over windows of ~1% of the run (median over seeds).
-            per_round = np.median(np.stack([np.diff(c.seconds[:t_len], prepend=0.0) for c in curves]), axis=0)
+            per_round = np.median(
+                np.stack([np.diff(c.seconds[:t_len], prepend=0.0) for c in curves]), axis=0
+            )
             w = max(1, t_len // 100)
             smooth = np.convolve(per_round, np.ones(w) / w, mode="valid") * 1e3
-            axes[1, col].plot(np.arange(w, t_len + 1), smooth, color=line.get_color(), label=learner)
+            axes[1, col].plot(
+                np.arange(w, t_len + 1), smooth, color=line.get_color(), label=learner
+            )
         axes[0, col].set_title(setting)
         axes[0, col].set_ylabel("cumulative regret (mean, band: +-1 sd over seeds)")
         axes[1, col].set_ylabel("ms per round (select + update)")

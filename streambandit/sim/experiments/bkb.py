@@ -87,10 +87,20 @@ def problem(n_arms: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 
 def _make(name: str, seed: int):
     if name in ("bkb", "bkb_stream"):
-        return make_policy(name, dim=2, bandwidth=BANDWIDTH, lam=LAM, noise_sd=XI, qbar=QBAR, seed=seed)
+        return make_policy(
+            name, dim=2, bandwidth=BANDWIDTH, lam=LAM, noise_sd=XI, qbar=QBAR, seed=seed
+        )
     if name.startswith("bkb_stream "):
-        return make_policy("bkb_stream", dim=2, bandwidth=BANDWIDTH, lam=LAM, noise_sd=XI, qbar=QBAR, seed=seed,
-                           m_max=SMALL_BUDGET)
+        return make_policy(
+            "bkb_stream",
+            dim=2,
+            bandwidth=BANDWIDTH,
+            lam=LAM,
+            noise_sd=XI,
+            qbar=QBAR,
+            seed=seed,
+            m_max=SMALL_BUDGET,
+        )
     return ExactGPUCB(bandwidth=BANDWIDTH, lam=LAM, noise_sd=XI)
 
 
@@ -105,8 +115,14 @@ def contextual_problem(k: int, rounds: int, seed: int) -> tuple[np.ndarray, np.n
     return arms, f
 
 
-def play(learner, arms: np.ndarray, f: np.ndarray, rounds: int, seed: int,
-         progress: Callable[[int], None] | None = None) -> Curve:
+def play(
+    learner,
+    arms: np.ndarray,
+    f: np.ndarray,
+    rounds: int,
+    seed: int,
+    progress: Callable[[int], None] | None = None,
+) -> Curve:
     """Same noise draws for every learner of a seed; regret against the best arm of the round.
     ``arms`` (A, 2) is a catalog offered every round, or (rounds, K, 2) new arms each round (then
     ``f`` is (rounds, K))."""
@@ -127,8 +143,14 @@ def play(learner, arms: np.ndarray, f: np.ndarray, rounds: int, seed: int,
         dict_size[t] = getattr(learner, "dictionary_size", learner.n_points)
         if progress is not None and ((t + 1) % 20 == 0 or t + 1 == rounds):
             progress(20 if (t + 1) % 20 == 0 else (t + 1) % 20)
-    return Curve(setting="", learner="", seed=seed, regret=regret, seconds=seconds,
-                 extra={"dictionary_size": dict_size, "distinct_arms_pulled": distinct, "arm_index": pulled})
+    return Curve(
+        setting="",
+        learner="",
+        seed=seed,
+        regret=regret,
+        seconds=seconds,
+        extra={"dictionary_size": dict_size, "distinct_arms_pulled": distinct, "arm_index": pulled},
+    )
 
 
 def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndarray) -> float:
@@ -139,7 +161,9 @@ def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndar
     t = len(history)
     chol = cholesky(kernel_matrix("rbf", BANDWIDTH, history, history) + LAM * np.eye(t), lower=True)
     start = time.perf_counter()
-    c = solve_triangular(chol, kernel_matrix("rbf", BANDWIDTH, history, x_new[None, :])[:, 0], lower=True)
+    c = solve_triangular(
+        chol, kernel_matrix("rbf", BANDWIDTH, history, x_new[None, :])[:, 0], lower=True
+    )
     d = np.sqrt(1.0 + LAM - c @ c)
     g = solve_triangular(chol, kernel_matrix("rbf", BANDWIDTH, history, arms), lower=True)
     g_new = (kernel_matrix("rbf", BANDWIDTH, x_new[None, :], arms)[0] - c @ g) / d
@@ -149,7 +173,9 @@ def textbook_round_seconds(history: np.ndarray, arms: np.ndarray, x_new: np.ndar
     return elapsed
 
 
-def run(*, size: str, seeds: int | None = None, progress: Callable[[int], None] = lambda n: None) -> ExperimentResult:
+def run(
+    *, size: str, seeds: int | None = None, progress: Callable[[int], None] = lambda n: None
+) -> ExperimentResult:
     s = _size(size, seeds)
     setting = f"rbf A={s.n_arms}"
     curves = []
@@ -169,8 +195,9 @@ def run(*, size: str, seeds: int | None = None, progress: Callable[[int], None] 
             c = play(_make(name, seed), ctx_arms, ctx_f, ctx_rounds, seed, progress)
             c.setting, c.learner = f"rbf contextual K={k}", name
             curves.append(c)
-    return ExperimentResult(name=NAME, curves=curves, summary=_summary(curves, size, s, textbook),
-                            choices=_choices(s))
+    return ExperimentResult(
+        name=NAME, curves=curves, summary=_summary(curves, size, s, textbook), choices=_choices(s)
+    )
 
 
 def _figures(curves: list[Curve]) -> dict[str, dict[str, float]]:
@@ -180,12 +207,16 @@ def _figures(curves: list[Curve]) -> dict[str, dict[str, float]]:
         fin = np.array([c.regret[-1] for c in cs])
         us = np.array([per_round_us(c.seconds) for c in cs])
         sl = [x for x in (slope(c.regret) for c in cs) if np.isfinite(x)]
-        figs[name] = {"final": fin.mean(), "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0,
-                      "slope": float(np.mean(sl)) if sl else float("nan"),
-                      "early_us": us[:, 0].mean(), "late_us": us[:, 1].mean(),
-                      "total_s": float(np.mean([c.seconds[-1] for c in cs])),
-                      "dict": float(np.mean([c.extra["dictionary_size"][-1] for c in cs])),
-                      "distinct": float(np.mean([c.extra["distinct_arms_pulled"][-1] for c in cs]))}
+        figs[name] = {
+            "final": fin.mean(),
+            "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0,
+            "slope": float(np.mean(sl)) if sl else float("nan"),
+            "early_us": us[:, 0].mean(),
+            "late_us": us[:, 1].mean(),
+            "total_s": float(np.mean([c.seconds[-1] for c in cs])),
+            "dict": float(np.mean([c.extra["dictionary_size"][-1] for c in cs])),
+            "distinct": float(np.mean([c.extra["distinct_arms_pulled"][-1] for c in cs])),
+        }
     return figs
 
 
@@ -193,8 +224,11 @@ def _table(figs: dict[str, dict[str, float]]) -> list[str]:
     return [
         "| learner | final regret | slope | us/round early | us/round late | total s | dictionary at T | points held at T |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
-        *(f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
-          f"{f['late_us']:,.0f} | {f['total_s']:.2f} | {f['dict']:.0f} | {f['distinct']:.0f} |" for name, f in figs.items()),
+        *(
+            f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
+            f"{f['late_us']:,.0f} | {f['total_s']:.2f} | {f['dict']:.0f} | {f['distinct']:.0f} |"
+            for name, f in figs.items()
+        ),
     ]
 
 
@@ -202,11 +236,13 @@ def _stream_verdict(figs: dict[str, dict[str, float]], where: str) -> str:
     st, small, g = figs["bkb_stream"], figs[f"bkb_stream m_max={SMALL_BUDGET}"], figs["gp_ucb"]
     ratio = st["final"] / g["final"] if g["final"] > 0 else float("inf")
     ratio_small = small["final"] / g["final"] if g["final"] > 0 else float("inf")
-    return (f"{where}: bkb_stream's final regret is {ratio:.2f}x exact GP-UCB's "
-            f"({'within' if ratio <= 1.5 else 'NOT within'} the 1.5x of the test), with {st['dict']:.0f} dictionary "
-            f"points and no pulled point held (GP-UCB holds {g['distinct']:.0f}), at {st['total_s'] / g['total_s']:.2f}x "
-            f"its time; with a budget of {SMALL_BUDGET} points, which binds, {ratio_small:.2f}x "
-            f"({'within' if ratio_small <= 1.5 else 'NOT within'} 1.5x).")
+    return (
+        f"{where}: bkb_stream's final regret is {ratio:.2f}x exact GP-UCB's "
+        f"({'within' if ratio <= 1.5 else 'NOT within'} the 1.5x of the test), with {st['dict']:.0f} dictionary "
+        f"points and no pulled point held (GP-UCB holds {g['distinct']:.0f}), at {st['total_s'] / g['total_s']:.2f}x "
+        f"its time; with a budget of {SMALL_BUDGET} points, which binds, {ratio_small:.2f}x "
+        f"({'within' if ratio_small <= 1.5 else 'NOT within'} 1.5x)."
+    )
 
 
 def _summary(curves: list[Curve], size: str, s: _Size, textbook: dict[int, float]) -> str:
@@ -220,64 +256,88 @@ def _summary(curves: list[Curve], size: str, s: _Size, textbook: dict[int, float
     ratio_t = b["total_s"] / g["total_s"] if g["total_s"] > 0 else float("inf")
     near = ratio_r <= 1.5
     faster = ratio_t <= 0.5
-    verdict = (f"BKB's final regret is {ratio_r:.2f}x exact GP-UCB's ({'near it' if near else 'NOT near it'}, "
-               f"1.5x is the test) and it takes {ratio_t:.2f}x its time "
-               f"({'a fraction of it' if faster else 'NOT a fraction of it (0.5x is the test)'}); its dictionary "
-               f"ends at {b['dict']:.0f} points after {s.rounds} rounds ({b['distinct']:.0f} distinct arms pulled). ")
+    verdict = (
+        f"BKB's final regret is {ratio_r:.2f}x exact GP-UCB's ({'near it' if near else 'NOT near it'}, "
+        f"1.5x is the test) and it takes {ratio_t:.2f}x its time "
+        f"({'a fraction of it' if faster else 'NOT a fraction of it (0.5x is the test)'}); its dictionary "
+        f"ends at {b['dict']:.0f} points after {s.rounds} rounds ({b['distinct']:.0f} distinct arms pulled). "
+    )
     if not faster:
-        verdict += ("This agrees with bench/results/bkb.md: on a fixed catalog the counter form of exact GP-UCB "
-                    "costs O(u^3 + A u^2) with u distinct pulled arms, and u stays small (GP-UCB concentrates on "
-                    "few arms), so it is about as fast as BKB. The paper's speed-up is over the textbook form, "
-                    "whose round costs Omega(A t^2) over the t x t kernel matrix of the pulls with repetition "
-                    "(timed below, not run in full).")
+        verdict += (
+            "This agrees with bench/results/bkb.md: on a fixed catalog the counter form of exact GP-UCB "
+            "costs O(u^3 + A u^2) with u distinct pulled arms, and u stays small (GP-UCB concentrates on "
+            "few arms), so it is about as fast as BKB. The paper's speed-up is over the textbook form, "
+            "whose round costs Omega(A t^2) over the t x t kernel matrix of the pulls with repetition "
+            "(timed below, not run in full)."
+        )
     else:
         verdict += "The time saving is over the counter form of exact GP-UCB, already far cheaper than the textbook t x t form."
     tb_rows = []
     for t, sec in sorted(textbook.items()):
         near = [c for c in catalog if c.seed == 0]
-        per = {c.learner: (c.seconds[t - 1] - c.seconds[max(t - 1 - 20, 0)]) / min(20, t - 1 or 1) for c in near}
-        tb_rows.append(f"| {t} | {sec * 1e3:,.1f} | {per.get('gp_ucb', float('nan')) * 1e3:,.1f} | "
-                       f"{per.get('bkb', float('nan')) * 1e3:,.1f} |")
+        per = {
+            c.learner: (c.seconds[t - 1] - c.seconds[max(t - 1 - 20, 0)]) / min(20, t - 1 or 1)
+            for c in near
+        }
+        tb_rows.append(
+            f"| {t} | {sec * 1e3:,.1f} | {per.get('gp_ucb', float('nan')) * 1e3:,.1f} | "
+            f"{per.get('bkb', float('nan')) * 1e3:,.1f} |"
+        )
     if textbook:
         t_last = max(textbook)
         b0 = next(c for c in catalog if c.learner == "bkb" and c.seed == 0)
         w = min(20, t_last - 1) or 1
         bkb_last = (b0.seconds[t_last - 1] - b0.seconds[t_last - 1 - w]) / w
         if bkb_last > 0:
-            holds = "holds" if textbook[t_last] > 2 * bkb_last else "does NOT clearly hold (2x is the test)"
-            verdict += (f" Against the textbook form the time claim {holds}: at t = {t_last} one textbook round takes "
-                        f"{textbook[t_last] * 1e3:,.1f} ms (a lower bound), {textbook[t_last] / bkb_last:.1f}x BKB's "
-                        f"{bkb_last * 1e3:,.1f} ms; the textbook round grows like t^2.")
+            holds = (
+                "holds"
+                if textbook[t_last] > 2 * bkb_last
+                else "does NOT clearly hold (2x is the test)"
+            )
+            verdict += (
+                f" Against the textbook form the time claim {holds}: at t = {t_last} one textbook round takes "
+                f"{textbook[t_last] * 1e3:,.1f} ms (a lower bound), {textbook[t_last] / bkb_last:.1f}x BKB's "
+                f"{bkb_last * 1e3:,.1f} ms; the textbook round grows like t^2."
+            )
     tb = []
     if tb_rows:
-        tb = ["", "Textbook GP-UCB, one round (lower bound: variances of all arms over the t x t factor) against "
-              "the mean ms/round of the two learners over the 20 rounds before t, seed 0:", "",
-              "| t | textbook ms/round | gp_ucb (counter form) ms/round | bkb ms/round |",
-              "|---:|---:|---:|---:|", *tb_rows]
-    return "\n".join([
-        "**Paper's claim** (000, Sec. 1, 3.2, Thm 4.1): BKB's regret is within a constant of GP-UCB's, "
-        "with a dictionary of size O~(d_eff) and O~(T A d_eff^2) total time instead of GP-UCB's O(T A t^2)-type cost.",
-        "",
-        f"Size `{size}`, {s.seeds} seed(s), A = {s.n_arms} arms, T = {s.rounds}. Final cumulative "
-        "pseudo-regret mean +- sd over seeds; slope = log-log slope of the regret between T/4 and T; "
-        "us/round over the first and last tenth of the rounds; dictionary = BKB's |S_T| (for GP-UCB: "
-        "its distinct pulled arms); points held = the distinct pulled points kept (bkb_stream: its dictionary).",
-        "",
-        *_table(figs),
-        *tb,
-        "",
-        f"New arms every round (the contextual setting): K = {k} arms uniform in [0,1]^2 per round, T = {ctx_rounds}, "
-        "the same seeds; regret against the round's best arm. Points held: the pulled points kept (GP-UCB, "
-        "bkb) or the dictionary (bkb_stream).",
-        "",
-        *_table(ctx_figs),
-        "",
-        "### Verdict",
-        "",
-        verdict,
-        "",
-        _stream_verdict(figs, "On the catalog") + " " + _stream_verdict(ctx_figs, "With new arms every round"),
-    ])
+        tb = [
+            "",
+            "Textbook GP-UCB, one round (lower bound: variances of all arms over the t x t factor) against "
+            "the mean ms/round of the two learners over the 20 rounds before t, seed 0:",
+            "",
+            "| t | textbook ms/round | gp_ucb (counter form) ms/round | bkb ms/round |",
+            "|---:|---:|---:|---:|",
+            *tb_rows,
+        ]
+    return "\n".join(
+        [
+            "**Paper's claim** (000, Sec. 1, 3.2, Thm 4.1): BKB's regret is within a constant of GP-UCB's, "
+            "with a dictionary of size O~(d_eff) and O~(T A d_eff^2) total time instead of GP-UCB's O(T A t^2)-type cost.",
+            "",
+            f"Size `{size}`, {s.seeds} seed(s), A = {s.n_arms} arms, T = {s.rounds}. Final cumulative "
+            "pseudo-regret mean +- sd over seeds; slope = log-log slope of the regret between T/4 and T; "
+            "us/round over the first and last tenth of the rounds; dictionary = BKB's |S_T| (for GP-UCB: "
+            "its distinct pulled arms); points held = the distinct pulled points kept (bkb_stream: its dictionary).",
+            "",
+            *_table(figs),
+            *tb,
+            "",
+            f"New arms every round (the contextual setting): K = {k} arms uniform in [0,1]^2 per round, T = {ctx_rounds}, "
+            "the same seeds; regret against the round's best arm. Points held: the pulled points kept (GP-UCB, "
+            "bkb) or the dictionary (bkb_stream).",
+            "",
+            *_table(ctx_figs),
+            "",
+            "### Verdict",
+            "",
+            verdict,
+            "",
+            _stream_verdict(figs, "On the catalog")
+            + " "
+            + _stream_verdict(ctx_figs, "With new arms every round"),
+        ]
+    )
 
 
 def _choices(s: _Size) -> list[str]:

@@ -50,14 +50,20 @@ class _Setting:
 
 def _settings(size: str) -> list[_Setting]:
     if size == "tiny":
-        return [_Setting("heavy-tail d=40", "synthetic", 120, 40, 10, (4,), 4),
-                _Setting("digits", "digits", 120, 64, 10, (4,), 4)]
+        return [
+            _Setting("heavy-tail d=40", "synthetic", 120, 40, 10, (4,), 4),
+            _Setting("digits", "digits", 120, 64, 10, (4,), 4),
+        ]
     if size == "default":
-        return [_Setting("heavy-tail d=200", "synthetic", 3000, 200, 20, (20, 100), 20),
-                _Setting("digits", "digits", 3000, 64, 10, (4, 8, 16), 4)]
+        return [
+            _Setting("heavy-tail d=200", "synthetic", 3000, 200, 20, (20, 100), 20),
+            _Setting("digits", "digits", 3000, 64, 10, (4, 8, 16), 4),
+        ]
     if size == "full":
-        return [_Setting("heavy-tail d=500", "synthetic", 2000, 500, 100, (50, 450), 50),
-                _Setting("digits", "digits", 2000, 64, 10, (4, 8, 16, 32), 4)]
+        return [
+            _Setting("heavy-tail d=500", "synthetic", 2000, 500, 100, (50, 450), 50),
+            _Setting("digits", "digits", 2000, 64, 10, (4, 8, 16, 32), 4),
+        ]
     raise ValueError(f"size must be tiny, default or full, got {size!r}")
 
 
@@ -75,7 +81,10 @@ def _learners(s: _Setting) -> dict[str, tuple[str, dict]]:
         for ell in s.sketch_sizes:
             out[f"{fam} l={ell}"] = (fam, {"sketch_size": ell})
     out[f"dbs_linucb l0={s.l0}"] = ("dbs_linucb", {"l0": s.l0, "epsilon": EPSILON, "sketch": "fd"})
-    out[f"dbs_linucb-rfd l0={s.l0}"] = ("dbs_linucb", {"l0": s.l0, "epsilon": EPSILON, "sketch": "rfd"})
+    out[f"dbs_linucb-rfd l0={s.l0}"] = (
+        "dbs_linucb",
+        {"l0": s.l0, "epsilon": EPSILON, "sketch": "rfd"},
+    )
     return out
 
 
@@ -109,10 +118,14 @@ def load_digits_data() -> tuple[np.ndarray, np.ndarray]:
     try:
         from sklearn.datasets import load_digits
     except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("the digits experiment needs scikit-learn (pip install scikit-learn); "
-                          "its digits data ship inside the package, nothing is downloaded") from exc
+        raise ImportError(
+            "the digits experiment needs scikit-learn (pip install scikit-learn); "
+            "its digits data ship inside the package, nothing is downloaded"
+        ) from exc
     data = load_digits()
-    return unit_rows(np.asarray(data.data, dtype=np.float64)), np.asarray(data.target, dtype=np.int64)
+    return unit_rows(np.asarray(data.data, dtype=np.float64)), np.asarray(
+        data.target, dtype=np.int64
+    )
 
 
 class DigitsEnvironment:
@@ -154,7 +167,9 @@ class DigitsEnvironment:
 # -- the loop ---------------------------------------------------------------------------------
 
 
-def play(policy, env, rounds: int, seed: int, progress: Callable[[int], None] | None = None) -> Curve:
+def play(
+    policy, env, rounds: int, seed: int, progress: Callable[[int], None] | None = None
+) -> Curve:
     """:func:`streambandit.sim.runner.run_policy` (same seeding, so every learner sees the same arm
     sets) recording ``state_nbytes()`` after each round, with progress in steps of 50 rounds."""
     done = 0
@@ -165,11 +180,17 @@ def play(policy, env, rounds: int, seed: int, progress: Callable[[int], None] | 
             progress(n - done)
             done = n
 
-    res = run_policy(policy, env, rounds, seed, progress=step, record={"memory_bytes": policy.state_nbytes})
-    return Curve(setting="", learner="", seed=seed, regret=res.regret, seconds=res.seconds, extra=res.extra)
+    res = run_policy(
+        policy, env, rounds, seed, progress=step, record={"memory_bytes": policy.state_nbytes}
+    )
+    return Curve(
+        setting="", learner="", seed=seed, regret=res.regret, seconds=res.seconds, extra=res.extra
+    )
 
 
-def run(*, size: str, seeds: int | None = None, progress: Callable[[int], None] = lambda n: None) -> ExperimentResult:
+def run(
+    *, size: str, seeds: int | None = None, progress: Callable[[int], None] = lambda n: None
+) -> ExperimentResult:
     n_seeds = _seeds(size, seeds)
     digits = None
     curves: list[Curve] = []
@@ -189,8 +210,12 @@ def run(*, size: str, seeds: int | None = None, progress: Callable[[int], None] 
                     sk = policy.sketch
                     c.extra["dbs_exact_mode"] = np.full(s.rounds, float(sk.fallback))
                 curves.append(c)
-    return ExperimentResult(name=NAME, curves=curves, summary=_summary(curves, size, n_seeds),
-                            choices=_choices(size, n_seeds))
+    return ExperimentResult(
+        name=NAME,
+        curves=curves,
+        summary=_summary(curves, size, n_seeds),
+        choices=_choices(size, n_seeds),
+    )
 
 
 # -- the report --------------------------------------------------------------------------------
@@ -214,7 +239,9 @@ def per_round_us(seconds: np.ndarray) -> tuple[float, float]:
     return early * 1e6, late * 1e6
 
 
-def table(curves: list[Curve], setting: str, *, extra_key: str | None = "memory_bytes") -> tuple[list[str], dict]:
+def table(
+    curves: list[Curve], setting: str, *, extra_key: str | None = "memory_bytes"
+) -> tuple[list[str], dict]:
     """Markdown rows per learner (means over seeds) and the raw figures."""
     learners = list(dict.fromkeys(c.learner for c in curves if c.setting == setting))
     rows, figs = [], {}
@@ -225,11 +252,18 @@ def table(curves: list[Curve], setting: str, *, extra_key: str | None = "memory_
         sl = sl[np.isfinite(sl)]
         us = np.array([per_round_us(c.seconds) for c in cs])
         total = np.mean([c.seconds[-1] for c in cs])
-        f = {"final": fin.mean(), "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0,
-             "slope": float(sl.mean()) if len(sl) else float("nan"),
-             "early_us": us[:, 0].mean(), "late_us": us[:, 1].mean(), "total_s": total}
-        row = (f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
-               f"{f['late_us']:,.0f} | {total:.2f}")
+        f = {
+            "final": fin.mean(),
+            "sd": fin.std(ddof=1) if len(fin) > 1 else 0.0,
+            "slope": float(sl.mean()) if len(sl) else float("nan"),
+            "early_us": us[:, 0].mean(),
+            "late_us": us[:, 1].mean(),
+            "total_s": total,
+        }
+        row = (
+            f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
+            f"{f['late_us']:,.0f} | {total:.2f}"
+        )
         if extra_key is not None:
             f["mem_kb"] = np.mean([c.extra[extra_key].max() for c in cs]) / 1024
             row += f" | {f['mem_kb']:,.1f}"
@@ -253,15 +287,22 @@ def _summary(curves: list[Curve], size: str, n_seeds: int) -> str:
     verdicts = []
     for setting in dict.fromkeys(c.setting for c in curves):
         rows, figs = table(curves, setting)
-        lines += ["", f"### {setting}", "",
-                  "| learner | final regret | slope | us/round early | us/round late | total s | peak memory KB |",
-                  "|---|---:|---:|---:|---:|---:|---:|", *rows]
+        lines += [
+            "",
+            f"### {setting}",
+            "",
+            "| learner | final regret | slope | us/round early | us/round late | total s | peak memory KB |",
+            "|---|---:|---:|---:|---:|---:|---:|",
+            *rows,
+        ]
         exact = [c for c in curves if c.setting == setting and "dbs_exact_mode" in c.extra]
         if exact:
             n_exact = sum(int(c.extra["dbs_exact_mode"][-1]) for c in exact)
             lines.append("")
-            lines.append(f"DBSLinUCB runs that had switched to exact (OFUL) updates by the end (Invariant 2's "
-                         f"block cap): {n_exact} of {len(exact)}.")
+            lines.append(
+                f"DBSLinUCB runs that had switched to exact (OFUL) updates by the end (Invariant 2's "
+                f"block cap): {n_exact} of {len(exact)}."
+            )
         oful = figs.get("oful")
         dbs = {k: v for k, v in figs.items() if k.startswith("dbs_linucb")}
         fixed = {k: v for k, v in figs.items() if k.startswith(("soful", "cbscfd"))}
@@ -273,24 +314,39 @@ def _summary(curves: list[Curve], size: str, n_seeds: int) -> str:
             worst_dbs = max(v["final"] for v in dbs.values())
             dbs_slopes = ", ".join("%.2f" % x["slope"] for x in dbs.values())
             small_slopes = ", ".join("%.2f" % fixed[k]["slope"] for k in small)
-            v = (f"**{setting}:** DBSLinUCB final regret {best_dbs:.1f}-{worst_dbs:.1f} "
-                 f"(slopes {dbs_slopes}) vs OFUL {oful['final']:.1f} "
-                 f"(slope {oful['slope']:.2f}); the smallest fixed sketches ({', '.join(small)}): up to "
-                 f"{worst_small:.1f} (slopes {small_slopes}). ")
+            v = (
+                f"**{setting}:** DBSLinUCB final regret {best_dbs:.1f}-{worst_dbs:.1f} "
+                f"(slopes {dbs_slopes}) vs OFUL {oful['final']:.1f} "
+                f"(slope {oful['slope']:.2f}); the smallest fixed sketches ({', '.join(small)}): up to "
+                f"{worst_small:.1f} (slopes {small_slopes}). "
+            )
             agree_regret = worst_dbs <= 1.5 * oful["final"] and worst_small > 1.5 * worst_dbs
-            v += (f"Ratios: DBS / OFUL = {worst_dbs / oful['final']:.2f}, smallest fixed sketch / DBS = "
-                  f"{worst_small / worst_dbs:.2f}. ") if oful["final"] > 0 and worst_dbs > 0 else ""
-            v += ("Agrees with the paper on regret: the small fixed sketch is clearly worse and DBS stays near OFUL. "
-                  if agree_regret else
-                  "Does NOT clearly reproduce the paper's regret gap here (DBS within 1.5x OFUL and the small "
-                  "sketch > 1.5x DBS is the test). ")
+            v += (
+                (
+                    f"Ratios: DBS / OFUL = {worst_dbs / oful['final']:.2f}, smallest fixed sketch / DBS = "
+                    f"{worst_small / worst_dbs:.2f}. "
+                )
+                if oful["final"] > 0 and worst_dbs > 0
+                else ""
+            )
+            v += (
+                "Agrees with the paper on regret: the small fixed sketch is clearly worse and DBS stays near OFUL. "
+                if agree_regret
+                else "Does NOT clearly reproduce the paper's regret gap here (DBS within 1.5x OFUL and the small "
+                "sketch > 1.5x DBS is the test). "
+            )
             dbs_mem = max(x["mem_kb"] for x in dbs.values())
             dbs_time = max(x["total_s"] for x in dbs.values())
-            v += (f"Time: DBS {dbs_time:.2f} s vs OFUL {oful['total_s']:.2f} s total; peak memory DBS "
-                  f"{dbs_mem:,.1f} KB vs OFUL {oful['mem_kb']:,.1f} KB"
-                  + (" (DBS cheaper in both)." if dbs_mem < oful["mem_kb"] and dbs_time < oful["total_s"] else
-                     " (DBS is not cheaper than OFUL on both counts here; on a full-rank stream it falls back "
-                     "to OFUL's d x d inverse after about (Bmax-1) eps l0 rounds)."))
+            v += (
+                f"Time: DBS {dbs_time:.2f} s vs OFUL {oful['total_s']:.2f} s total; peak memory DBS "
+                f"{dbs_mem:,.1f} KB vs OFUL {oful['mem_kb']:,.1f} KB"
+                + (
+                    " (DBS cheaper in both)."
+                    if dbs_mem < oful["mem_kb"] and dbs_time < oful["total_s"]
+                    else " (DBS is not cheaper than OFUL on both counts here; on a full-rank stream it falls back "
+                    "to OFUL's d x d inverse after about (Bmax-1) eps l0 rounds)."
+                )
+            )
             verdicts.append(v)
     lines += ["", "### Verdict", "", *verdicts]
     return "\n".join(lines)

@@ -58,7 +58,11 @@ def run(*, size: str, seeds: int | None, progress: Callable[[int], None]):
         for seed in range(n_seeds):
             env = _instance(noise, seed)
             for ln in LEARNERS:
-                curves.append(common.run_curve(Curve, label, ln, _learner(ln, eps, nu, rounds), env, rounds, seed, progress))
+                curves.append(
+                    common.run_curve(
+                        Curve, label, ln, _learner(ln, eps, nu, rounds), env, rounds, seed, progress
+                    )
+                )
     settings = [n[0] for n in NOISES]
     tbl, stats = common.table(curves, settings, list(LEARNERS))
     full_rounds, full_seeds = SIZES["full"]
@@ -79,10 +83,16 @@ def run(*, size: str, seeds: int | None, progress: Callable[[int], None]):
         "Timing: select+update wall time per round from run_policy, single process; 'early'/'late' = median time "
         "per round over the first/last 10% of rounds.",
         f"Sizes: full = T {full_rounds}, {full_seeds} seeds (the paper's); this run T = {rounds}, {n_seeds} seed(s)"
-        + (" (fewer than the paper)" if (rounds, n_seeds) != (full_rounds, full_seeds) else "") + ". "
+        + (" (fewer than the paper)" if (rounds, n_seeds) != (full_rounds, full_seeds) else "")
+        + ". "
         "CRTM / CRMM baselines of the paper are not run.",
     ]
-    return ExperimentResult(name=NAME, curves=curves, summary=_summary(tbl, stats, settings, rounds, n_seeds), choices=choices)
+    return ExperimentResult(
+        name=NAME,
+        curves=curves,
+        summary=_summary(tbl, stats, settings, rounds, n_seeds),
+        choices=choices,
+    )
 
 
 def _summary(tbl, stats, settings, rounds, n_seeds) -> str:
@@ -108,21 +118,38 @@ def _summary(tbl, stats, settings, rounds, n_seeds) -> str:
             f"time/round late/early = {m(st, 'huber_refit', 'late') / m(st, 'huber_refit', 'early'):.2f}, hvt_ucb "
             f"{m(st, 'hvt_ucb', 'late') / m(st, 'hvt_ucb', 'early'):.2f}."
         )
-    h, f, o = m(heavy, "hvt_ucb", "final"), m(heavy, "huber_refit", "final"), m(heavy, "oful", "final")
+    h, f, o = (
+        m(heavy, "hvt_ucb", "final"),
+        m(heavy, "huber_refit", "final"),
+        m(heavy, "oful", "final"),
+    )
     speed = m(heavy, "huber_refit", "total") / m(heavy, "hvt_ucb", "total")
     lines += [
         "",
         "**Agreement:** under heavy tails hvt_ucb's regret is "
-        + ("LOWER than OFUL's (agrees)" if h < o else "NOT lower than OFUL's (disagrees with the paper)")
+        + (
+            "LOWER than OFUL's (agrees)"
+            if h < o
+            else "NOT lower than OFUL's (disagrees with the paper)"
+        )
         + "; it is "
-        + ("within 1.5x of the full-pass Huber baseline (close, agrees)" if h <= 1.5 * f
-           else "more than 1.5x the full-pass Huber baseline's (not close)")
+        + (
+            "within 1.5x of the full-pass Huber baseline (close, agrees)"
+            if h <= 1.5 * f
+            else "more than 1.5x the full-pass Huber baseline's (not close)"
+        )
         + f"; the full-pass baseline costs {speed:.0f}x hvt_ucb's total time at T = {rounds} "
-        + ("(hvt_ucb at a small fraction of its time, agrees in kind; the paper's >800x is at T = 18000 with its own solver)"
-           if speed >= 5 else "(the gap is small at this T)")
+        + (
+            "(hvt_ucb at a small fraction of its time, agrees in kind; the paper's >800x is at T = 18000 with its own solver)"
+            if speed >= 5
+            else "(the gap is small at this T)"
+        )
         + ". bench/results/regret_vs_oful.md also finds OFUL ahead of hvt_ucb at default radii. "
         "Nothing was tuned to agree.",
     ]
     if n_seeds < 3:
-        lines += ["", f"(Only {n_seeds} seed(s): these statements are smoke-test figures, not evidence.)"]
+        lines += [
+            "",
+            f"(Only {n_seeds} seed(s): these statements are smoke-test figures, not evidence.)",
+        ]
     return "\n".join(lines)

@@ -29,7 +29,11 @@ def tiny():
 
 
 def test_stream_shapes_and_model(tiny):
-    assert tiny.arms.shape == (N, K, D) and tiny.rewards.shape == (N, K) and tiny.mean_rewards.shape == (N, K)
+    assert (
+        tiny.arms.shape == (N, K, D)
+        and tiny.rewards.shape == (N, K)
+        and tiny.mean_rewards.shape == (N, K)
+    )
     assert (tiny.n, tiny.n_arms, tiny.dim) == (N, K, D)
     np.testing.assert_allclose(np.linalg.norm(tiny.arms, axis=2), 1.0)
     assert np.linalg.norm(tiny.theta) == pytest.approx(1.0)
@@ -39,7 +43,11 @@ def test_stream_shapes_and_model(tiny):
 
 
 def test_stream_is_deterministic_by_seed():
-    a, b, c = make_stream(20, 3, 4, seed=1), make_stream(20, 3, 4, seed=1), make_stream(20, 3, 4, seed=2)
+    a, b, c = (
+        make_stream(20, 3, 4, seed=1),
+        make_stream(20, 3, 4, seed=1),
+        make_stream(20, 3, 4, seed=2),
+    )
     for field in ("arms", "rewards", "mean_rewards", "theta"):
         np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
     assert not np.array_equal(a.rewards, c.rewards)
@@ -61,7 +69,11 @@ def test_oracle_regret_is_zero_and_other_choices_are_not(tiny):
     assert regret(tiny, oracle_choices(tiny)) == 0.0
     worst = tiny.mean_rewards.argmin(axis=1)
     cum = cumulative_regret(tiny, worst)
-    assert cum.shape == (N,) and np.all(np.diff(cum) > 0) and regret(tiny, worst) == pytest.approx(cum[-1])
+    assert (
+        cum.shape == (N,)
+        and np.all(np.diff(cum) > 0)
+        and regret(tiny, worst) == pytest.approx(cum[-1])
+    )
     # A prefix of choices is scored on the same prefix of the stream.
     assert regret(tiny, worst[:10]) == pytest.approx(cum[9])
 
@@ -180,8 +192,14 @@ def test_missing_peers_are_rows_not_failures():
         "sys.exit(inprocess.main(['--n', '50', '--d', '3', '--K', '2', '--repeats', '1',\n"
         "                         '--only', 'vw_squarecb,mabwiser_linucb,river_linucb']))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True, text=True).stdout
-    for row in ("Vowpal Wabbit cb_explore_adf --squarecb", "MABWiser LinUCB", "River bandit.LinUCBDisjoint"):
+    out = subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout
+    for row in (
+        "Vowpal Wabbit cb_explore_adf --squarecb",
+        "MABWiser LinUCB",
+        "River bandit.LinUCBDisjoint",
+    ):
         line = next(x for x in out.splitlines() if x.startswith(f"| {row}"))
         assert "not installed (pip install 'streambandit[bench]')" in line
     assert "| streambandit oful, play() | 50 |" in out
@@ -193,8 +211,24 @@ def test_missing_peers_are_rows_not_failures():
 def test_tiny_run_end_to_end(tmp_path):
     """Two rows in their own processes: the report, the JSON and the ratios hang together."""
     md, js = tmp_path / "r.md", tmp_path / "r.json"
-    code = inprocess.main(["--n", "300", "--d", "4", "--K", "3", "--repeats", "1", "--only", "naive_oful",
-                           "--md", str(md), "--json", str(js)])
+    code = inprocess.main(
+        [
+            "--n",
+            "300",
+            "--d",
+            "4",
+            "--K",
+            "3",
+            "--repeats",
+            "1",
+            "--only",
+            "naive_oful",
+            "--md",
+            str(md),
+            "--json",
+            str(js),
+        ]
+    )
     assert code == 0
     import json
 

@@ -5,7 +5,9 @@ import sys
 
 
 def run(*args):
-    return subprocess.run([sys.executable, "-m", "streambandit", *args], capture_output=True, text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "streambandit", *args], capture_output=True, text=True, timeout=120
+    )
 
 
 def test_simulate_ads_runs_and_learns_something():
@@ -27,8 +29,11 @@ def test_bench_passes_its_options_to_the_benchmark():
     out = run("bench", "--quick", "--only", "oful_play,naive_oful")
     assert out.returncode == 0, out.stderr
     assert "Command: `streambandit bench peers --quick --only oful_play,naive_oful`" in out.stdout
-    rows = [line for line in out.stdout.splitlines() if line.startswith("| streambandit oful, play()")
-            or line.startswith("| naive numpy OFUL")]
+    rows = [
+        line
+        for line in out.stdout.splitlines()
+        if line.startswith("| streambandit oful, play()") or line.startswith("| naive numpy OFUL")
+    ]
     assert len(rows) >= 2 and "2,000" in rows[0]
 
 
@@ -51,7 +56,17 @@ def test_every_subcommand_and_option_says_what_it_is_for():
 
     parser = build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    assert {"serve", "topics", "broker", "demo", "replay", "export", "simulate", "simulate-ads", "bench"} <= set(sub.choices)
+    assert {
+        "serve",
+        "topics",
+        "broker",
+        "demo",
+        "replay",
+        "export",
+        "simulate",
+        "simulate-ads",
+        "bench",
+    } <= set(sub.choices)
     for name, command in sub.choices.items():
         assert command.description, name
         for action in command._actions:
@@ -68,10 +83,14 @@ def test_version():
 
 def test_check_config_validates_and_exits(tmp_path):
     cfg = tmp_path / "w.toml"
-    cfg.write_text('[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n[worker]\nsnapshot_dir = "s"\n'
-                   '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n')
+    cfg.write_text(
+        '[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n[worker]\nsnapshot_dir = "s"\n'
+        '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n'
+    )
     out = run("serve", "--config", str(cfg), "--check-config")
-    assert out.returncode == 0 and "valid" in out.stdout and "m-* (oful, d=3)" in out.stdout, out.stderr
+    assert out.returncode == 0 and "valid" in out.stdout and "m-* (oful, d=3)" in out.stdout, (
+        out.stderr
+    )
     cfg.write_text(cfg.read_text() + '[kafka.producer]\n"linger.ms" = "soon"\n')
     out = run("serve", "--config", str(cfg), "--check-config")
     assert out.returncode == 2 and "linger.ms" in out.stderr and out.stderr.count("\n") == 1
@@ -85,6 +104,11 @@ def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeyp
     monkeypatch.setattr(streambandit.serving.api, "serve_api", lambda models, **kw: seen.update(kw))
     assert cli.main(["api", "--models", "m.toml"]) == 0
     assert "max_models" not in seen  # serve_api's own default, 10,000: clients name the keys
-    assert cli.main(["api", "--models", "m.toml", "--max-models", "7"]) == 0 and seen["max_models"] == 7
+    assert (
+        cli.main(["api", "--models", "m.toml", "--max-models", "7"]) == 0
+        and seen["max_models"] == 7
+    )
     args = cli.build_parser().parse_args(["api", "--replica-of", "learner.toml"])
-    assert args.max_models is None  # a replica holds the learners' models, bounded by their max_models
+    assert (
+        args.max_models is None
+    )  # a replica holds the learners' models, bounded by their max_models

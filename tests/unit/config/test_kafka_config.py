@@ -9,7 +9,11 @@ USER = {"client.id": "w1", "consumer": {"fetch.wait.max.ms": 10}, "producer": {"
 
 
 def test_sub_tables_reach_only_their_client():
-    c, p, r = consumer_settings("b:9092", "g", USER), producer_settings("b:9092", "t", USER), reader_settings("b:9092", USER)
+    c, p, r = (
+        consumer_settings("b:9092", "g", USER),
+        producer_settings("b:9092", "t", USER),
+        reader_settings("b:9092", USER),
+    )
     assert c["client.id"] == p["client.id"] == r["client.id"] == "w1"
     assert c["fetch.wait.max.ms"] == r["fetch.wait.max.ms"] == 10 and "fetch.wait.max.ms" not in p
     assert p["linger.ms"] == 1 and "linger.ms" not in c
@@ -17,10 +21,19 @@ def test_sub_tables_reach_only_their_client():
 
 
 def test_exactly_once_settings_are_forced():
-    user = {"enable.auto.commit": True, "isolation.level": "read_uncommitted", "enable.idempotence": False,
-            "consumer": {"group.id": "other"}, "producer": {"transactional.id": "other", "acks": "1"}}
+    user = {
+        "enable.auto.commit": True,
+        "isolation.level": "read_uncommitted",
+        "enable.idempotence": False,
+        "consumer": {"group.id": "other"},
+        "producer": {"transactional.id": "other", "acks": "1"},
+    }
     c, p = consumer_settings("b:9092", "g", user), producer_settings("b:9092", "t", user)
-    assert (c["enable.auto.commit"], c["isolation.level"], c["group.id"]) == (False, "read_committed", "g")
+    assert (c["enable.auto.commit"], c["isolation.level"], c["group.id"]) == (
+        False,
+        "read_committed",
+        "g",
+    )
     assert (p["enable.idempotence"], p["transactional.id"], p["acks"]) == (True, "t", "all")
 
 
@@ -31,7 +44,10 @@ def test_an_unknown_sub_table_is_an_error():
 
 def test_static_membership_uses_the_workers_own_instance_id():
     assert "group.instance.id" not in consumer_settings("b:9092", "g", USER)
-    assert consumer_settings("b:9092", "g", USER, static_instance="g-w1")["group.instance.id"] == "g-w1"
+    assert (
+        consumer_settings("b:9092", "g", USER, static_instance="g-w1")["group.instance.id"]
+        == "g-w1"
+    )
     # Not from the shared file: every process of the group would claim the same member id.
     with pytest.raises(ValueError, match="static_membership"):
         consumer_settings("b:9092", "g", {"consumer": {"group.instance.id": "x"}})

@@ -38,7 +38,13 @@ def test_load_and_resolve_exact_before_pattern(tmp_path):
 
 
 def entry(**changes):
-    base = {"match": "m", "policy": "oful", "dim": 3, "reward_window_ms": 100, "default_reward": 0.0}
+    base = {
+        "match": "m",
+        "policy": "oful",
+        "dim": 3,
+        "reward_window_ms": 100,
+        "default_reward": 0.0,
+    }
     base.update(changes)
     return {"models": [{k: v for k, v in base.items() if v is not None}]}
 

@@ -21,13 +21,34 @@ from streambandit.wire import Context, InputRef, Reward
 
 CLOCK = 50_000
 AHEAD_MS, ID_BYTES, MAX_MODELS = 1_000, 64, 3
-MODELS = {"models": [
-    {"match": "ads-*", "policy": "oful", "dim": 3, "reward_window_ms": 60_000, "default_reward": 0.0, "epsilon": 0.2},
-    {"match": "clicks-*", "policy": "glb_omd", "dim": 3, "reward_window_ms": 60_000, "default_reward": 0.0,
-     "hyper": {"link": "logistic"}},
-    {"match": "counts-*", "policy": "glb_omd", "dim": 3, "reward_window_ms": 60_000, "default_reward": 0.0,
-     "hyper": {"link": "poisson"}},
-]}
+MODELS = {
+    "models": [
+        {
+            "match": "ads-*",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 60_000,
+            "default_reward": 0.0,
+            "epsilon": 0.2,
+        },
+        {
+            "match": "clicks-*",
+            "policy": "glb_omd",
+            "dim": 3,
+            "reward_window_ms": 60_000,
+            "default_reward": 0.0,
+            "hyper": {"link": "logistic"},
+        },
+        {
+            "match": "counts-*",
+            "policy": "glb_omd",
+            "dim": 3,
+            "reward_window_ms": 60_000,
+            "default_reward": 0.0,
+            "hyper": {"link": "poisson"},
+        },
+    ]
+}
 CONFIG = parse_models_config(MODELS)
 ARMS = ("a", "b")
 X = np.array([[0.5, 0.0, 0.1], [0.0, 0.5, 0.2]])
@@ -39,8 +60,9 @@ class EngineCaller:
     """The partition engine, fed the records of the calls."""
 
     def __init__(self) -> None:
-        self.engine = PartitionEngine(CONFIG, max_id_bytes=ID_BYTES, max_event_time_ahead_ms=AHEAD_MS,
-                                      max_models=MAX_MODELS)
+        self.engine = PartitionEngine(
+            CONFIG, max_id_bytes=ID_BYTES, max_event_time_ahead_ms=AHEAD_MS, max_models=MAX_MODELS
+        )
         self.offset = 0
 
     def _ref(self, source: int) -> InputRef:
@@ -54,12 +76,20 @@ class EngineCaller:
 
     def rank(self, event_id, model_key, arm_ids, features, timestamp_ms=CLOCK):
         ref = self._ref(0)
-        context = Context(event_id, model_key, timestamp_ms, tuple(arm_ids), np.asarray(features, dtype=np.float64))
+        context = Context(
+            event_id,
+            model_key,
+            timestamp_ms,
+            tuple(arm_ids),
+            np.asarray(features, dtype=np.float64),
+        )
         self._raise_refusal(self.engine.on_context(context, ref), ref)
 
     def reward(self, event_id, value, model_key, timestamp_ms=CLOCK):
         ref = self._ref(1)
-        self._raise_refusal(self.engine.on_reward(Reward(event_id, model_key, timestamp_ms, value), ref), ref)
+        self._raise_refusal(
+            self.engine.on_reward(Reward(event_id, model_key, timestamp_ms, value), ref), ref
+        )
 
     def close(self) -> None:
         pass
@@ -67,8 +97,13 @@ class EngineCaller:
 
 class DeciderCaller:
     def __init__(self) -> None:
-        self.decider = Decider(MODELS, clock=lambda: CLOCK, max_id_bytes=ID_BYTES, max_event_time_ahead_ms=AHEAD_MS,
-                               max_models=MAX_MODELS)
+        self.decider = Decider(
+            MODELS,
+            clock=lambda: CLOCK,
+            max_id_bytes=ID_BYTES,
+            max_event_time_ahead_ms=AHEAD_MS,
+            max_models=MAX_MODELS,
+        )
 
     def rank(self, event_id, model_key, arm_ids, features, timestamp_ms=CLOCK):
         self.decider.rank(event_id, model_key, list(arm_ids), features, timestamp_ms=timestamp_ms)
@@ -84,8 +119,12 @@ class ReplicaCaller:
     """A replica that never started: no broker to follow, ready by hand, what it logs kept here."""
 
     def __init__(self) -> None:
-        config = WorkerConfig(bootstrap_servers="127.0.0.1:9", models=CONFIG, max_id_bytes=ID_BYTES,
-                              max_event_time_ahead_ms=AHEAD_MS)
+        config = WorkerConfig(
+            bootstrap_servers="127.0.0.1:9",
+            models=CONFIG,
+            max_id_bytes=ID_BYTES,
+            max_event_time_ahead_ms=AHEAD_MS,
+        )
         self.replica = Replica(config, None, clock=lambda: CLOCK, max_models=MAX_MODELS)
         self.replica.ready.set()
         self.logged: list = []
@@ -119,7 +158,9 @@ def callers():
 
 
 def rank(event_id="h1", model_key="ads-1", arm_ids=ARMS, features=X, timestamp_ms=CLOCK):
-    return lambda c: c.rank(event_id, model_key, arm_ids, np.asarray(features, dtype=np.float64), timestamp_ms)
+    return lambda c: c.rank(
+        event_id, model_key, arm_ids, np.asarray(features, dtype=np.float64), timestamp_ms
+    )
 
 
 def reward(event_id="e1", value=1.0, model_key="ads-1", timestamp_ms=CLOCK):
@@ -137,7 +178,10 @@ HOSTILE = {
     "infinite feature": (rank(features=with_value(np.inf, 1, 2)), "non_finite_features"),
     "negative infinite feature": (rank(features=with_value(-np.inf)), "non_finite_features"),
     "huge feature": (rank(features=with_value(1e300)), "feature_out_of_range"),
-    "negative feature past the bound": (rank(features=with_value(-2e6, 1, 1)), "feature_out_of_range"),
+    "negative feature past the bound": (
+        rank(features=with_value(-2e6, 1, 1)),
+        "feature_out_of_range",
+    ),
     "not the model's dimension": (rank(features=np.zeros((2, 4))), "bad_dimension"),
     "more feature rows than arms": (rank(features=np.zeros((3, 3))), "bad_dimension"),
     "fewer feature rows than arms": (rank(arm_ids=("a", "b", "c")), "bad_dimension"),
@@ -145,9 +189,15 @@ HOSTILE = {
     "no arms": (rank(arm_ids=(), features=np.zeros((0, 3))), "empty_arms"),
     "an arm id twice": (rank(arm_ids=("a", "a")), "duplicate_arm_id"),
     "event id past max_id_bytes": (rank(event_id="e" * (ID_BYTES + 1)), "id_too_long"),
-    "event id past max_id_bytes in UTF-8 only": (rank(event_id="é" * (ID_BYTES // 2 + 1)), "id_too_long"),
+    "event id past max_id_bytes in UTF-8 only": (
+        rank(event_id="é" * (ID_BYTES // 2 + 1)),
+        "id_too_long",
+    ),
     "model key past max_id_bytes": (rank(model_key="ads-" + "k" * ID_BYTES), "id_too_long"),
-    "chosen arm's id past max_id_bytes": (rank(arm_ids=("a" * (ID_BYTES + 1),), features=X[:1]), "id_too_long"),
+    "chosen arm's id past max_id_bytes": (
+        rank(arm_ids=("a" * (ID_BYTES + 1),), features=X[:1]),
+        "id_too_long",
+    ),
     "event time far ahead": (rank(timestamp_ms=CLOCK + AHEAD_MS + 1), "event_time_ahead"),
     "unknown model key": (rank(model_key="nobody"), "unknown_model"),
     "event id decided before": (rank(event_id="e1"), "duplicate_event"),
@@ -155,7 +205,10 @@ HOSTILE = {
     "NaN reward": (reward(value=float("nan")), "non_finite_reward"),
     "infinite reward": (reward(value=float("-inf")), "non_finite_reward"),
     "huge reward": (reward(value=1e300), "reward_out_of_range"),
-    "reward outside [0, 1] for the logistic link": (reward("c1", 2.0, "clicks-1"), "reward_out_of_range"),
+    "reward outside [0, 1] for the logistic link": (
+        reward("c1", 2.0, "clicks-1"),
+        "reward_out_of_range",
+    ),
     "negative reward for the Poisson link": (reward("p1", -1.0, "counts-1"), "reward_out_of_range"),
     "reward time far ahead": (reward(timestamp_ms=CLOCK + AHEAD_MS + 1), "event_time_ahead"),
     "reward's event id past max_id_bytes": (reward(event_id="r" * (ID_BYTES + 1)), "id_too_long"),
@@ -164,7 +217,9 @@ HOSTILE = {
 
 
 @pytest.mark.parametrize("call, reason", HOSTILE.values(), ids=HOSTILE.keys())
-def test_the_engine_the_decider_and_a_replica_refuse_the_same_input_with_the_same_reason(callers, call, reason):
+def test_the_engine_the_decider_and_a_replica_refuse_the_same_input_with_the_same_reason(
+    callers, call, reason
+):
     got = {}
     for name, c in callers.items():
         with pytest.raises(DecisionError) as err:
@@ -174,7 +229,8 @@ def test_the_engine_the_decider_and_a_replica_refuse_the_same_input_with_the_sam
     # Nothing decided or logged for it: the replica logged only the decisions of OPEN.
     assert len(callers["replica"].logged) == len(OPEN)
     assert {k: m.n_updates for k, m in callers["decider"].decider.models.items()} == dict.fromkeys(
-        (key for _, key in OPEN), 0)
+        (key for _, key in OPEN), 0
+    )
 
 
 # A call's form, which a record off a topic has by construction: the Decider's and the replica's.
@@ -222,7 +278,9 @@ RULE_CALLS = {
 }
 
 
-@pytest.mark.parametrize("function, call, passing", [(f, *v) for f, v in RULE_CALLS.items()], ids=RULE_CALLS.keys())
+@pytest.mark.parametrize(
+    "function, call, passing", [(f, *v) for f, v in RULE_CALLS.items()], ids=RULE_CALLS.keys()
+)
 def test_each_of_the_three_refuses_through_the_rule(callers, monkeypatch, function, call, passing):
     monkeypatch.setattr(admission, function, lambda *args: Refusal(function, "the rule, replaced"))
     for other in passing:

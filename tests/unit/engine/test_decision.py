@@ -42,5 +42,7 @@ def test_exploration_frequencies_match_the_logged_propensities():
     # Binomial standard error at n = 20,000 is <= 0.0035; 5 of them is a safe, still sharp bound.
     np.testing.assert_allclose(counts / n, expected, atol=0.018)
     # Same event, same draw: a duplicate or a replay decides identically.
-    again = [decide(p, arms, epsilon=eps, model_key="m", event_id="e5", seed=7).index for _ in range(3)]
+    again = [
+        decide(p, arms, epsilon=eps, model_key="m", event_id="e5", seed=7).index for _ in range(3)
+    ]
     assert len(set(again)) == 1

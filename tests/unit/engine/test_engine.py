@@ -11,10 +11,32 @@ from streambandit.sim.ads import AdTraffic
 D = 3
 
 
-def engine(aggregation="first", window=100, default=0.0, policy="oful", epsilon=0.0, dim=D, hyper=None, **kw):
-    cfg = parse_models_config({"models": [{
-        "match": "m*", "policy": policy, "dim": dim, "reward_window_ms": window, "default_reward": default,
-        "aggregation": aggregation, "epsilon": epsilon, "hyper": hyper or {}}]})
+def engine(
+    aggregation="first",
+    window=100,
+    default=0.0,
+    policy="oful",
+    epsilon=0.0,
+    dim=D,
+    hyper=None,
+    **kw,
+):
+    cfg = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m*",
+                    "policy": policy,
+                    "dim": dim,
+                    "reward_window_ms": window,
+                    "default_reward": default,
+                    "aggregation": aggregation,
+                    "epsilon": epsilon,
+                    "hyper": hyper or {},
+                }
+            ]
+        }
+    )
     return PartitionEngine(cfg, **kw)
 
 
@@ -32,7 +54,12 @@ def test_a_reward_inside_the_window_is_joined_and_applied_once():
     [a] = e.on_context(ctx("e1", 10))
     assert isinstance(a, Action) and a.model_version == 0 and a.propensity == 1.0
     [j] = e.on_reward(Reward("e1", "m1", 50, 1.0))
-    assert isinstance(j, Joined) and j.reward == 1.0 and j.reward_observed and j.model_version_before == 0
+    assert (
+        isinstance(j, Joined)
+        and j.reward == 1.0
+        and j.reward_observed
+        and j.model_version_before == 0
+    )
     assert np.array_equal(j.features, a.features)
     assert e.models["m1"].n_updates == 1
     [r] = e.on_reward(Reward("e1", "m1", 60, 1.0))
@@ -93,7 +120,11 @@ def test_an_early_reward_whose_context_never_comes_is_dead_lettered():
 )
 def test_refusals_carry_a_reason_and_leave_state_alone(event, reason):
     e = engine()
-    out = e.on_context(event, source="src") if isinstance(event, Context) else e.on_reward(event, source="src")
+    out = (
+        e.on_context(event, source="src")
+        if isinstance(event, Context)
+        else e.on_reward(event, source="src")
+    )
     assert [(o.reason, o.source) for o in out] == [(reason, "src")]
     assert e.models == {} and e.pending == {}
 
@@ -116,7 +147,11 @@ def test_bounded_pending_evicts_the_oldest_with_a_joined_record():
     e.on_context(ctx("e1", 1))
     e.on_context(ctx("e2", 2))
     out = e.on_context(ctx("e3", 3))
-    assert kinds(out) == ["Action", "Joined"] and out[1].event_id == "e1" and not out[1].reward_observed
+    assert (
+        kinds(out) == ["Action", "Joined"]
+        and out[1].event_id == "e1"
+        and not out[1].reward_observed
+    )
     assert list(e.pending) == ["e2", "e3"] and e.counters["evicted_pending"] == 1
 
 
@@ -150,7 +185,12 @@ def test_engine_model_equals_a_policy_fed_the_joined_sequence_and_learns():
     for j in joined:
         fresh.update(j.features, j.reward)
     mine, theirs = e.models["m1"].state_dict(), fresh.state_dict()
-    assert all(np.array_equal(mine[k], theirs[k]) if isinstance(mine[k], np.ndarray) else mine[k] == theirs[k] for k in mine)
+    assert all(
+        np.array_equal(mine[k], theirs[k])
+        if isinstance(mine[k], np.ndarray)
+        else mine[k] == theirs[k]
+        for k in mine
+    )
     assert len(joined) == 3000 and not e.pending
     assert np.mean(chosen_rate[1500:]) > 1.5 * np.mean(random_rate[1500:])
 
@@ -165,7 +205,9 @@ def test_the_update_count_follows_every_applied_update_and_only_those():
         out = e.on_context(ctx(f"e{i}", 10 * i, key=f"m{i % 3}"))
         if i % 2:
             out += e.on_reward(Reward(f"e{i}", f"m{i % 3}", 10 * i + 1, 1.0))
-        out += e.on_reward(Reward("nobody", "m1", 10 * i + 2, 0.5))  # no such decision: never applied
+        out += e.on_reward(
+            Reward("nobody", "m1", 10 * i + 2, 0.5)
+        )  # no such decision: never applied
         joined += [o for o in out if isinstance(o, Joined)]
     joined += [o for o in e.advance_to(10_000) if isinstance(o, Joined)]
     assert e.updates == sum(m.n_updates for m in e.models.values()) == len(joined) == 30
@@ -177,8 +219,19 @@ def test_the_update_count_follows_every_applied_update_and_only_those():
 def test_a_client_inventing_model_keys_never_grows_a_partition_past_the_workers_max_models():
     from streambandit.config.app import parse_worker_config
 
-    raw = {"kafka": {"bootstrap.servers": "unused:9092"}, "worker": {"max_models": 3},
-           "models": [{"match": "m*", "policy": "glb_omd", "dim": D, "reward_window_ms": 100, "default_reward": 0.0}]}
+    raw = {
+        "kafka": {"bootstrap.servers": "unused:9092"},
+        "worker": {"max_models": 3},
+        "models": [
+            {
+                "match": "m*",
+                "policy": "glb_omd",
+                "dim": D,
+                "reward_window_ms": 100,
+                "default_reward": 0.0,
+            }
+        ],
+    }
     cfg, _ = parse_worker_config(raw)
     e = PartitionEngine(cfg.models, **cfg.engine_limits())
     refused = []
@@ -186,8 +239,12 @@ def test_a_client_inventing_model_keys_never_grows_a_partition_past_the_workers_
         out = e.on_context(ctx(f"e{i}", 10 + i, key=f"m{i}"))
         refused += [o.reason for o in out if isinstance(o, Rejected)]
     assert sorted(e.models) == ["m0", "m1", "m2"] and refused == ["too_many_models"] * 7
-    assert kinds(e.on_context(ctx("again", 30, key="m1"))) == ["Action"]  # known keys are still served
-    restored = PartitionEngine.restore(cfg.models, e.snapshot(), **cfg.engine_limits())  # a restart keeps the bound
+    assert kinds(e.on_context(ctx("again", 30, key="m1"))) == [
+        "Action"
+    ]  # known keys are still served
+    restored = PartitionEngine.restore(
+        cfg.models, e.snapshot(), **cfg.engine_limits()
+    )  # a restart keeps the bound
     [r] = restored.on_context(ctx("new", 40, key="m9"))
     assert isinstance(r, Rejected) and r.reason == "too_many_models" and len(restored.models) == 3
     assert parse_worker_config(raw | {"worker": {}})[0].engine_limits()["max_models"] == 1_000_000

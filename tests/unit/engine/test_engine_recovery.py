@@ -16,14 +16,40 @@ from streambandit.config.models import parse_models_config
 from streambandit.engine.partition import Action, Context, Joined, PartitionEngine, Rejected, Reward
 from streambandit.sim.ads import AdTraffic
 
-CONFIG = parse_models_config({"models": [
-    {"match": "sum-*", "policy": "glb_omd", "dim": 6, "reward_window_ms": 400, "default_reward": 0.0,
-     "aggregation": "sum", "epsilon": 0.1, "hyper": {"link": "poisson", "S": 3.0, "beta_scale": 0.1}},
-    {"match": "first-*", "policy": "oful", "dim": 6, "reward_window_ms": 300, "default_reward": 0.0,
-     "aggregation": "first", "epsilon": 0.0},
-    {"match": "last-*", "policy": "hvt_ucb", "dim": 6, "reward_window_ms": 500, "default_reward": 0.5,
-     "aggregation": "last", "epsilon": 0.2},
-]})
+CONFIG = parse_models_config(
+    {
+        "models": [
+            {
+                "match": "sum-*",
+                "policy": "glb_omd",
+                "dim": 6,
+                "reward_window_ms": 400,
+                "default_reward": 0.0,
+                "aggregation": "sum",
+                "epsilon": 0.1,
+                "hyper": {"link": "poisson", "S": 3.0, "beta_scale": 0.1},
+            },
+            {
+                "match": "first-*",
+                "policy": "oful",
+                "dim": 6,
+                "reward_window_ms": 300,
+                "default_reward": 0.0,
+                "aggregation": "first",
+                "epsilon": 0.0,
+            },
+            {
+                "match": "last-*",
+                "policy": "hvt_ucb",
+                "dim": 6,
+                "reward_window_ms": 500,
+                "default_reward": 0.5,
+                "aggregation": "last",
+                "epsilon": 0.2,
+            },
+        ]
+    }
+)
 LIMITS = {"max_pending": 30, "max_early_rewards": 2, "max_recent": 400}
 
 
@@ -48,10 +74,14 @@ def make_inputs(seed, n_contexts=700):
         arrival = ts + (int(rng.integers(100, 900)) if rng.random() < 0.05 else 0)
         events.append((arrival, 0, Context(eid, key, ts, req.ad_ids, req.features)))
         if rng.random() < 0.03:
-            events.append((ts + 1, 0, Context(eid, key, ts + 1, req.ad_ids, req.features)))  # duplicate
+            events.append(
+                (ts + 1, 0, Context(eid, key, ts + 1, req.ad_ids, req.features))
+            )  # duplicate
         for _ in range(int(rng.integers(0, 3))):
             delay = int(rng.integers(-30, 700))  # negative: early; beyond the window: late
-            value = float(rng.integers(0, 3)) if rng.random() > 0.05 else -1.0  # out of range for Poisson
+            value = (
+                float(rng.integers(0, 3)) if rng.random() > 0.05 else -1.0
+            )  # out of range for Poisson
             events.append((ts + delay, 1, Reward(eid, key, ts + delay, value)))
         if rng.random() < 0.05:
             events.append((ts + 5, 1, Reward(f"ghost{i}", key, ts + 5, 1.0)))  # context never comes
@@ -95,12 +125,16 @@ def recover(snap, logs, inputs, committed):
     state, pos = snap
     engine = PartitionEngine.restore(CONFIG, state, **LIMITS)
     after = slice(pos["input"], committed)
-    rewards = [(ev, ("in", i)) for i, ev in enumerate(inputs) if after.start <= i < after.stop and isinstance(ev, Reward)]
-    dead = logs["dead_letter"][pos["dead_letter"]:]
+    rewards = [
+        (ev, ("in", i))
+        for i, ev in enumerate(inputs)
+        if after.start <= i < after.stop and isinstance(ev, Reward)
+    ]
+    dead = logs["dead_letter"][pos["dead_letter"] :]
     timestamps = [ev.timestamp_ms for ev in inputs[after]]
     engine.recover_from_logs(
-        joined=logs["joined"][pos["joined"]:],
-        actions=logs["actions"][pos["actions"]:],
+        joined=logs["joined"][pos["joined"] :],
+        actions=logs["actions"][pos["actions"] :],
         rewards=rewards,
         dead_lettered={src for _, src in dead},
         closed_event_ids={src[1] for reason, src in dead if reason == "update_failed"},
@@ -126,7 +160,11 @@ def assert_same_logs(a, b):
         dx, dy = dataclasses.asdict(x), dataclasses.asdict(y)
         assert dx.keys() == dy.keys()
         for k in dx:
-            assert (dx[k].tobytes() == dy[k].tobytes()) if isinstance(dx[k], np.ndarray) else dx[k] == dy[k], k
+            assert (
+                (dx[k].tobytes() == dy[k].tobytes())
+                if isinstance(dx[k], np.ndarray)
+                else dx[k] == dy[k]
+            ), k
     assert a["dead_letter"] == b["dead_letter"]
 
 
@@ -137,7 +175,9 @@ def test_killed_at_random_moments_and_recovered_equals_uninterrupted(seed):
     # The stream exercises every path the recovery must rebuild.
     reasons = {r for r, _ in ref_logs["dead_letter"]}
     assert {"duplicate_event", "late_reward", "unknown_event", "reward_out_of_range"} <= reasons
-    assert any(not j.reward_observed for j in ref_logs["joined"]) and any(j.reward_observed for j in ref_logs["joined"])
+    assert any(not j.reward_observed for j in ref_logs["joined"]) and any(
+        j.reward_observed for j in ref_logs["joined"]
+    )
     assert reference.counters["evicted_pending"] > 0 and reference.counters["evicted_early"] > 0
 
     rng = np.random.default_rng(100 + seed)
@@ -168,15 +208,24 @@ def test_recovery_refuses_logs_that_do_not_fit_the_snapshot():
     engine, logs = run_uninterrupted(inputs)
     fresh = PartitionEngine.restore(CONFIG, PartitionEngine(CONFIG, **LIMITS).snapshot(), **LIMITS)
     with pytest.raises(Exception, match="version"):
-        fresh.recover_from_logs(joined=logs["joined"][5:], actions=[], rewards=[], dead_lettered=set(),
-                                closed_event_ids=set(), max_input_timestamp_ms=0)
+        fresh.recover_from_logs(
+            joined=logs["joined"][5:],
+            actions=[],
+            rewards=[],
+            dead_lettered=set(),
+            closed_event_ids=set(),
+            max_input_timestamp_ms=0,
+        )
 
 
 def test_the_watermark_is_recovered_from_the_inputs_not_only_from_the_joins():
     """A tick moves the watermark to 1000 but closes only a window ending at 100 (the joined log
     says 100). A late context (t = 50) after the crash must be joined at once, as it is live."""
-    inputs = [Context("e0", "first-a", 0, ("a",), np.full((1, 6), 0.1)), Tick(1000),
-              Context("e1", "first-a", 50, ("a",), np.full((1, 6), 0.2))]
+    inputs = [
+        Context("e0", "first-a", 0, ("a",), np.full((1, 6), 0.1)),
+        Tick(1000),
+        Context("e1", "first-a", 50, ("a",), np.full((1, 6), 0.2)),
+    ]
     reference, ref_logs = run_uninterrupted(inputs)
     engine, logs = PartitionEngine(CONFIG, **LIMITS), new_logs()
     snap = (engine.snapshot(), {"input": 0, "actions": 0, "joined": 0, "dead_letter": 0})

@@ -59,7 +59,10 @@ def test_timestamps_out_of_order_within_one_input_are_not_counted():
 def test_any_arrival_interleaving_gives_the_replay_order(seed):
     rng = np.random.default_rng(seed)
     streams = {
-        src: [(off, int(ts)) for off, ts in enumerate(np.sort(rng.integers(0, 500, size=int(rng.integers(1, 40)))))]
+        src: [
+            (off, int(ts))
+            for off, ts in enumerate(np.sort(rng.integers(0, 500, size=int(rng.integers(1, 40)))))
+        ]
         for src in (CONTEXTS, REWARDS)
     }
     # Replay: everything present, merged at once.

@@ -22,7 +22,10 @@ def test_the_seeded_state_is_numpys_pcg64_state():
     for seed in _seeds(2000, np.random.default_rng(0)):
         s_hi, s_lo, i_hi, i_lo = seed_state(np.uint64(seed & MASK), np.uint64(seed >> 64))
         want = np.random.PCG64(seed).state["state"]
-        assert (int(s_hi) << 64 | int(s_lo), int(i_hi) << 64 | int(i_lo)) == (want["state"], want["inc"]), seed
+        assert (int(s_hi) << 64 | int(s_lo), int(i_hi) << 64 | int(i_lo)) == (
+            want["state"],
+            want["inc"],
+        ), seed
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 10, 80, 1000, 2**31 + 1, 2**32 - 1, 2**32])

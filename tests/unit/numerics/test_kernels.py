@@ -26,7 +26,9 @@ CASES = [
 ]
 
 
-def stream(seed: int, n: int, k: int, d: int, link: str = "gaussian") -> tuple[np.ndarray, np.ndarray]:
+def stream(
+    seed: int, n: int, k: int, d: int, link: str = "gaussian"
+) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)
     arms = rng.normal(size=(n, k, d))
     arms /= np.maximum(1.0, np.linalg.norm(arms, axis=2, keepdims=True))  # ||x|| <= 1
@@ -68,7 +70,9 @@ def test_play_in_pieces_is_play_in_one_go(name, params):
     whole = make_policy(name, dim=arms.shape[2], **params)
     pieces = make_policy(name, dim=arms.shape[2], **params)
     a = whole.play(arms, rewards)
-    b = np.concatenate([pieces.play(arms[i:i + 37], rewards[i:i + 37]) for i in range(0, len(arms), 37)])
+    b = np.concatenate(
+        [pieces.play(arms[i : i + 37], rewards[i : i + 37]) for i in range(0, len(arms), 37)]
+    )
     assert np.array_equal(a, b)
     assert_same_state(whole.state_dict(), pieces.state_dict())
 
@@ -115,13 +119,19 @@ def test_oful_matches_brute_force_ridge_regression():
 def _glb_omd_reference(arms, rewards, link, s_radius, lam, eta, beta_of_t):
     """GLB-OMD Algorithm 1 in plain numpy; the projection (eq. 42b) by scipy's SLSQP."""
     d = arms.shape[2]
-    mu = {"logistic": lambda z: 1 / (1 + np.exp(-z)), "gaussian": lambda z: z, "poisson": np.exp}[link]
-    dmu = {"logistic": lambda z: mu(z) * (1 - mu(z)), "gaussian": lambda z: 1.0, "poisson": np.exp}[link]
+    mu = {"logistic": lambda z: 1 / (1 + np.exp(-z)), "gaussian": lambda z: z, "poisson": np.exp}[
+        link
+    ]
+    dmu = {"logistic": lambda z: mu(z) * (1 - mu(z)), "gaussian": lambda z: 1.0, "poisson": np.exp}[
+        link
+    ]
     theta, h = np.zeros(d), lam * np.eye(d)
     chosen = []
     for t in range(len(arms)):
         hinv = np.linalg.inv(h)
-        ucb = arms[t] @ theta + beta_of_t(t) * np.sqrt(np.einsum("kd,de,ke->k", arms[t], hinv, arms[t]))
+        ucb = arms[t] @ theta + beta_of_t(t) * np.sqrt(
+            np.einsum("kd,de,ke->k", arms[t], hinv, arms[t])
+        )
         k = int(np.argmax(ucb))
         chosen.append(k)
         x, r = arms[t, k], rewards[t, k]
@@ -130,10 +140,20 @@ def _glb_omd_reference(arms, rewards, link, s_radius, lam, eta, beta_of_t):
         # eq. (42a): the unconstrained minimiser of the quadratic model.
         zeta = theta - eta * (mu(z) - r) * np.linalg.solve(a, x)
         if zeta @ zeta > s_radius**2:
-            res = minimize(lambda th: (th - zeta) @ a @ (th - zeta), zeta * s_radius / np.linalg.norm(zeta),
-                           jac=lambda th: 2 * a @ (th - zeta), method="SLSQP",
-                           constraints=[{"type": "ineq", "fun": lambda th: s_radius**2 - th @ th,
-                                         "jac": lambda th: -2 * th}], options={"ftol": 1e-15, "maxiter": 500})
+            res = minimize(
+                lambda th: (th - zeta) @ a @ (th - zeta),
+                zeta * s_radius / np.linalg.norm(zeta),
+                jac=lambda th: 2 * a @ (th - zeta),
+                method="SLSQP",
+                constraints=[
+                    {
+                        "type": "ineq",
+                        "fun": lambda th: s_radius**2 - th @ th,
+                        "jac": lambda th: -2 * th,
+                    }
+                ],
+                options={"ftol": 1e-15, "maxiter": 500},
+            )
             zeta = res.x
         theta = zeta
         h = h + dmu(x @ theta) * np.outer(x, x)
@@ -150,7 +170,9 @@ def test_glb_omd_kernel_matches_a_numpy_transcription_of_algorithm_1(link, s_rad
     for t in range(len(arms)):
         probe.n_updates = t
         betas.append(probe.beta())
-    chosen, theta, h = _glb_omd_reference(arms, rewards, link, s_radius, lam, eta, lambda t: betas[t])
+    chosen, theta, h = _glb_omd_reference(
+        arms, rewards, link, s_radius, lam, eta, lambda t: betas[t]
+    )
     got = p.play(arms, rewards)
     assert got.tolist() == chosen.tolist()
     np.testing.assert_allclose(p.theta, theta, rtol=1e-6, atol=1e-7)
@@ -212,18 +234,28 @@ def _hvt_reference(p, arms, rewards):
         x, r, t = arms[t0, k], rewards[t0, k], t0 + 1
         n = math.sqrt(x @ vinv @ x)
         beta_prev = p._config["beta_scale"] * (p._beta_coef * max(t - 1, 1) ** p._p + p._beta_const)
-        floor = math.sqrt(2 * beta_prev / (p.tau0 * math.sqrt(c["alpha"]) * t ** p._p)) * n
+        floor = math.sqrt(2 * beta_prev / (p.tau0 * math.sqrt(c["alpha"]) * t**p._p)) * n
         sigma = max(c["nu"], c["sigma_min"], floor, 2 * math.sqrt(2) * n)
         w = n / (sigma * math.sqrt(c["alpha"]))
-        tau = p.tau0 * math.sqrt(1 + w * w) / w * t ** p._p
+        tau = p.tau0 * math.sqrt(1 + w * w) / w * t**p._p
         v = v + np.outer(x, x) / (c["alpha"] * sigma**2)
         z = (r - x @ theta) / sigma
         theta = theta + np.clip(z, -tau, tau) / sigma * np.linalg.solve(v, x)
         if theta @ theta > c["S"] ** 2:
-            res = minimize(lambda th: (th - theta) @ v @ (th - theta), theta * c["S"] / np.linalg.norm(theta),
-                           jac=lambda th: 2 * v @ (th - theta), method="SLSQP",
-                           constraints=[{"type": "ineq", "fun": lambda th: c["S"] ** 2 - th @ th,
-                                         "jac": lambda th: -2 * th}], options={"ftol": 1e-15, "maxiter": 500})
+            res = minimize(
+                lambda th: (th - theta) @ v @ (th - theta),
+                theta * c["S"] / np.linalg.norm(theta),
+                jac=lambda th: 2 * v @ (th - theta),
+                method="SLSQP",
+                constraints=[
+                    {
+                        "type": "ineq",
+                        "fun": lambda th: c["S"] ** 2 - th @ th,
+                        "jac": lambda th: -2 * th,
+                    }
+                ],
+                options={"ftol": 1e-15, "maxiter": 500},
+            )
             theta = res.x
     return np.array(chosen), theta, v
 
@@ -232,7 +264,9 @@ def _hvt_reference(p, arms, rewards):
 def test_hvt_ucb_kernel_matches_a_numpy_transcription_of_algorithm_1(params):
     rng = np.random.default_rng(7)
     arms, _ = stream(7, 150, 5, 4)
-    rewards = arms @ np.array([0.2, -0.1, 0.1, 0.05]) + rng.standard_t(1.5, size=arms.shape[:2])  # heavy tails
+    rewards = arms @ np.array([0.2, -0.1, 0.1, 0.05]) + rng.standard_t(
+        1.5, size=arms.shape[:2]
+    )  # heavy tails
     p = make_policy("hvt_ucb", dim=4, **params)
     chosen, theta, v = _hvt_reference(make_policy("hvt_ucb", dim=4, **params), arms, rewards)
     assert p.play(arms, rewards).tolist() == chosen.tolist()

@@ -4,7 +4,11 @@ import numpy as np
 import pytest
 from scipy.optimize import minimize
 
-from streambandit.numerics.linalg import project_to_ball_in_norm, sherman_morrison_update, sym_matvec
+from streambandit.numerics.linalg import (
+    project_to_ball_in_norm,
+    sherman_morrison_update,
+    sym_matvec,
+)
 
 
 def random_spd(rng, d, cond=100.0):
@@ -24,7 +28,9 @@ def test_sherman_morrison_matches_dense_inverse():
         w = float(rng.uniform(0.1, 3.0))
         v = sherman_morrison_update(inv, x, w)
         m = m + w * np.outer(x, x)
-        np.testing.assert_allclose(v, np.linalg.solve(m - w * np.outer(x, x), x), rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(
+            v, np.linalg.solve(m - w * np.outer(x, x), x), rtol=1e-9, atol=1e-12
+        )
     np.testing.assert_allclose(inv, np.linalg.inv(m), rtol=1e-9, atol=1e-12)
     assert np.array_equal(inv, inv.T), "a symmetric inverse must stay exactly symmetric"
 

@@ -8,20 +8,33 @@ from pathlib import Path
 
 import streambandit.numerics.jit as jit
 
-RUN = ("import numpy as np; from streambandit import make_policy; import streambandit.numerics.jit as j; "
-       "p = make_policy('oful', dim=3); i = p.select(np.eye(3)); p.update(np.eye(3)[i], 1.0); "
-       "print('ran', repr(j.CACHE_DIR))")
+RUN = (
+    "import numpy as np; from streambandit import make_policy; import streambandit.numerics.jit as j; "
+    "p = make_policy('oful', dim=3); i = p.select(np.eye(3)); p.update(np.eye(3)[i], 1.0); "
+    "print('ran', repr(j.CACHE_DIR))"
+)
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def run(tmp_path):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
-    env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(ROOT), "OPENBLAS_NUM_THREADS": "1",
-           "NUMBA_CACHE_DIR": str(blocker / "numba"), "TMPDIR": str(tmp_path / "tmp")}  # no HOME
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "PYTHONPATH": str(ROOT),
+        "OPENBLAS_NUM_THREADS": "1",
+        "NUMBA_CACHE_DIR": str(blocker / "numba"),
+        "TMPDIR": str(tmp_path / "tmp"),
+    }  # no HOME
     (tmp_path / "tmp").mkdir()
-    return subprocess.run([sys.executable, "-c", RUN], env=env, capture_output=True, text=True, timeout=300,
-                          cwd=tmp_path)
+    return subprocess.run(
+        [sys.executable, "-c", RUN],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
 
 
 def test_an_unwritable_numba_cache_dir_and_no_home_still_run_the_learners(tmp_path):
@@ -42,7 +55,9 @@ def nothing_writable_but(tmp_path, monkeypatch):
     (tmp_path / "tmp").mkdir()
 
 
-def test_with_neither_the_package_nor_a_home_writable_a_private_temporary_directory_is_used(tmp_path, monkeypatch):
+def test_with_neither_the_package_nor_a_home_writable_a_private_temporary_directory_is_used(
+    tmp_path, monkeypatch
+):
     nothing_writable_but(tmp_path, monkeypatch)
     chosen = jit._choose()
     assert chosen == str(tmp_path / "tmp" / f"streambandit-numba-{os.getuid()}")

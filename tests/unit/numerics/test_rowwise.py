@@ -14,19 +14,31 @@ def in_order(terms):
     return s
 
 
-@pytest.mark.parametrize("n, k, m", [(1, 1, 1), (3, 7, 5), (17, 33, 9), (64, 200, 3), (0, 4, 2), (2, 0, 3)])
+@pytest.mark.parametrize(
+    "n, k, m", [(1, 1, 1), (3, 7, 5), (17, 33, 9), (64, 200, 3), (0, 4, 2), (2, 0, 3)]
+)
 def test_products_match_numpy_and_an_in_order_python_sum(n, k, m):
     rng = np.random.default_rng(n * 1000 + k * 10 + m)
     a, b, c = rng.standard_normal((n, k)), rng.standard_normal((k, m)), rng.standard_normal((m, k))
     v, a2 = rng.standard_normal(k), rng.standard_normal((n, k))
     got = rowwise.matmul(a, b)
     np.testing.assert_allclose(got, a @ b, rtol=1e-12, atol=1e-12)
-    assert got.tolist() == [[in_order(a[i, q] * b[q, j] for q in range(k)) for j in range(m)] for i in range(n)]
-    assert rowwise.matvec(a, v).tolist() == [in_order(a[i, q] * v[q] for q in range(k)) for i in range(n)]
-    assert rowwise.rowdot(a, a2).tolist() == [in_order(a[i, q] * a2[i, q] for q in range(k)) for i in range(n)]
+    assert got.tolist() == [
+        [in_order(a[i, q] * b[q, j] for q in range(k)) for j in range(m)] for i in range(n)
+    ]
+    assert rowwise.matvec(a, v).tolist() == [
+        in_order(a[i, q] * v[q] for q in range(k)) for i in range(n)
+    ]
+    assert rowwise.rowdot(a, a2).tolist() == [
+        in_order(a[i, q] * a2[i, q] for q in range(k)) for i in range(n)
+    ]
     d2 = rowwise.sq_distances(a, c)
-    np.testing.assert_allclose(d2, ((a[:, None, :] - c[None, :, :]) ** 2).sum(-1), rtol=1e-12, atol=1e-12)
-    assert d2.tolist() == [[in_order((a[i, q] - c[j, q]) ** 2 for q in range(k)) for j in range(m)] for i in range(n)]
+    np.testing.assert_allclose(
+        d2, ((a[:, None, :] - c[None, :, :]) ** 2).sum(-1), rtol=1e-12, atol=1e-12
+    )
+    assert d2.tolist() == [
+        [in_order((a[i, q] - c[j, q]) ** 2 for q in range(k)) for j in range(m)] for i in range(n)
+    ]
 
 
 def test_a_row_does_not_depend_on_its_neighbours_or_its_offset():
@@ -43,7 +55,10 @@ def test_a_row_does_not_depend_on_its_neighbours_or_its_offset():
 def test_non_contiguous_inputs_and_shape_errors():
     rng = np.random.default_rng(1)
     a, b = rng.standard_normal((6, 8)), rng.standard_normal((5, 8))
-    assert rowwise.matmul(a[:, ::2], b[:, ::2].T).tolist() == rowwise.matmul(a[:, ::2].copy(), b[:, ::2].T.copy()).tolist()
+    assert (
+        rowwise.matmul(a[:, ::2], b[:, ::2].T).tolist()
+        == rowwise.matmul(a[:, ::2].copy(), b[:, ::2].T.copy()).tolist()
+    )
     with pytest.raises(ValueError, match="matmul"):
         rowwise.matmul(a, b)
     with pytest.raises(ValueError, match="matvec"):

@@ -14,7 +14,13 @@ import scipy.linalg
 
 from streambandit import make_policy
 from streambandit.sim.gp_ucb import ExactGPUCB, effective_dimension, gp_posterior, kernel_matrix
-from streambandit.sketch.nystrom import DTCPosterior, Kernel, inclusion_probabilities, resample_dictionary, resampling_rng
+from streambandit.sketch.nystrom import (
+    DTCPosterior,
+    Kernel,
+    inclusion_probabilities,
+    resample_dictionary,
+    resampling_rng,
+)
 
 D = 3
 
@@ -36,7 +42,9 @@ def contextual_run(kernel, qbar, rounds=60, seed=0, **hyper):
     return p, np.array(xs), np.array(ys)
 
 
-@pytest.mark.parametrize("kernel, hyper", [("rbf", {"bandwidth": 0.7, "lam": 0.2}), ("linear", {"lam": 0.5})])
+@pytest.mark.parametrize(
+    "kernel, hyper", [("rbf", {"bandwidth": 0.7, "lam": 0.2}), ("linear", {"lam": 0.5})]
+)
 @pytest.mark.parametrize("qbar", [math.inf, 1e9])
 def test_full_dictionary_is_exact_gp_ucb(kernel, hyper, qbar):
     p, xs, ys = contextual_run(kernel, qbar, **hyper)
@@ -72,7 +80,9 @@ def test_full_dictionary_follows_the_exact_gp_ucb_trajectory():
     assert p.n_points == ref.n_points < 40
 
 
-@pytest.mark.parametrize("kernel, hyper", [("rbf", {"bandwidth": 0.7, "lam": 0.2}), ("linear", {"lam": 0.5})])
+@pytest.mark.parametrize(
+    "kernel, hyper", [("rbf", {"bandwidth": 0.7, "lam": 0.2}), ("linear", {"lam": 0.5})]
+)
 def test_sum_of_pulled_variances_is_the_effective_dimension(kernel, hyper):
     """eq. (5): sum_s sigma_t^2(x_s) over the t pulls (with multiplicity, 1/lambda scale) equals
     Tr(K_t (K_t + lam I)^-1); multiplied by lambda, the GP-scale variances sum to lam times it."""
@@ -131,8 +141,12 @@ def test_linear_kernel_dictionary_is_ridge_on_its_span(dict_rows, rank):
     a_tilde = proj @ xs.T @ xs @ proj + lam * np.eye(D)
     test = rng.standard_normal((7, D))
     mu, s2 = post.mean_s2(test)
-    np.testing.assert_allclose(mu, test @ np.linalg.solve(a_tilde, proj @ xs.T @ ys), rtol=0, atol=1e-10)
-    np.testing.assert_allclose(s2, np.einsum("ij,ji->i", test, np.linalg.solve(a_tilde, test.T)), rtol=0, atol=1e-10)
+    np.testing.assert_allclose(
+        mu, test @ np.linalg.solve(a_tilde, proj @ xs.T @ ys), rtol=0, atol=1e-10
+    )
+    np.testing.assert_allclose(
+        s2, np.einsum("ij,ji->i", test, np.linalg.solve(a_tilde, test.T)), rtol=0, atol=1e-10
+    )
 
 
 def test_inclusion_probabilities_and_the_seeded_draw():
@@ -140,15 +154,24 @@ def test_inclusion_probabilities_and_the_seeded_draw():
     counts = np.array([1, 3, 5, 1])
     np.testing.assert_allclose(inclusion_probabilities(s2, 4.0), [1.0, 0.2, 0.0, 1.0])
     np.testing.assert_array_equal(inclusion_probabilities(s2, math.inf), np.ones(4))
-    masks = np.array([resample_dictionary(s2, counts, 4.0, resampling_rng(7, step)) for step in range(4000)])
+    masks = np.array(
+        [resample_dictionary(s2, counts, 4.0, resampling_rng(7, step)) for step in range(4000)]
+    )
     assert masks[:, [0, 3]].all() and not masks[:, 2].any()
     # Point 1 is drawn when any of its 3 copies is: 1 - 0.8^3 = 0.488 (sd of the mean 0.008).
     assert masks[:, 1].mean() == pytest.approx(1 - 0.8**3, abs=0.03)
     # A function of (seed, step) only.
-    np.testing.assert_array_equal(resample_dictionary(s2, counts, 4.0, resampling_rng(7, 11)), masks[11])
-    assert not np.array_equal(masks[:, 1], [resample_dictionary(s2, counts, 4.0, resampling_rng(8, s))[1] for s in range(4000)])
+    np.testing.assert_array_equal(
+        resample_dictionary(s2, counts, 4.0, resampling_rng(7, 11)), masks[11]
+    )
+    assert not np.array_equal(
+        masks[:, 1],
+        [resample_dictionary(s2, counts, 4.0, resampling_rng(8, s))[1] for s in range(4000)],
+    )
     # Never empty: when every draw fails, the most likely point is kept.
-    tiny = resample_dictionary(np.array([1e-9, 3e-9, 2e-9]), np.array([1, 1, 1]), 1.0, resampling_rng(0, 0))
+    tiny = resample_dictionary(
+        np.array([1e-9, 3e-9, 2e-9]), np.array([1, 1, 1]), 1.0, resampling_rng(0, 0)
+    )
     np.testing.assert_array_equal(tiny, [False, True, False])
 
 
@@ -159,11 +182,16 @@ def test_an_update_draws_the_dictionary_from_the_variances_before_the_pull():
     p = make_policy("bkb", dim=2, bandwidth=0.3, lam=0.1, qbar=1.5, seed=3)
     for _ in range(30):
         p.update(rng.uniform(0, 1, 2), float(rng.random()))
-    for x in [p.points[4].copy(), np.array([0.37, 0.61]), p.points[0].copy(), np.array([0.9, 0.05])]:
+    for x in [
+        p.points[4].copy(),
+        np.array([0.37, 0.61]),
+        p.points[0].copy(),
+        np.array([0.9, 0.05]),
+    ]:
         step = p.n_updates
         s2 = np.concatenate([p.posterior(p.points)[1], p.posterior(x[None])[1]])
         p.update(x, 1.0)
-        expected = resample_dictionary(s2[:p.n_points], p.counts, 1.5, resampling_rng(3, step))
+        expected = resample_dictionary(s2[: p.n_points], p.counts, 1.5, resampling_rng(3, step))
         np.testing.assert_array_equal(p.in_dict, expected)
         assert 0 < p.dictionary_size < p.n_points
 
@@ -184,20 +212,38 @@ def test_first_pull_seeds_the_dictionary_and_scores_do_not_consume_randomness():
         p.update(x, r)
         q.update(x, r)
     for k, v in p.state_dict().items():
-        assert (v.tobytes() == q.state_dict()[k].tobytes()) if isinstance(v, np.ndarray) else v == q.state_dict()[k]
+        assert (
+            (v.tobytes() == q.state_dict()[k].tobytes())
+            if isinstance(v, np.ndarray)
+            else v == q.state_dict()[k]
+        )
 
 
 def test_beta_rules_in_closed_form():
     p, xs, _ = contextual_run("linear", math.inf, lam=0.5, noise_sd=0.3, F=2.0, delta=0.2)
     d_eff = effective_dimension("linear", 1.0, 0.5, xs)
     t = len(xs)
-    assert p.beta() == pytest.approx(math.sqrt(0.5) * 2.0 + 0.3 * math.sqrt(math.log(t) * d_eff + math.log(5.0)), rel=1e-9)
-    q, xs, _ = contextual_run("linear", math.inf, lam=0.5, noise_sd=0.3, F=2.0, delta=0.2, beta_rule="theory",
-                              eps=0.5, beta_scale=0.1)
+    assert p.beta() == pytest.approx(
+        math.sqrt(0.5) * 2.0 + 0.3 * math.sqrt(math.log(t) * d_eff + math.log(5.0)), rel=1e-9
+    )
+    q, xs, _ = contextual_run(
+        "linear",
+        math.inf,
+        lam=0.5,
+        noise_sd=0.3,
+        F=2.0,
+        delta=0.2,
+        beta_rule="theory",
+        eps=0.5,
+        beta_scale=0.1,
+    )
     kappa2 = float((xs * xs).sum(axis=1).max())  # linear kernel: max k(x, x) over the pulls
     log_term = 1.0 + math.log(1.0 + kappa2 * t / 0.5)
     d_eff = effective_dimension("linear", 1.0, 0.5, xs)
-    theory = 2 * 0.3 * math.sqrt(3.0 * log_term * d_eff + math.log(5.0)) + (1 + 1 / math.sqrt(0.5)) * math.sqrt(0.5) * 2.0
+    theory = (
+        2 * 0.3 * math.sqrt(3.0 * log_term * d_eff + math.log(5.0))
+        + (1 + 1 / math.sqrt(0.5)) * math.sqrt(0.5) * 2.0
+    )
     assert q.beta() == pytest.approx(0.1 * theory, rel=1e-9)
     assert make_policy("bkb", dim=D, beta=0.7).beta() == 0.7
 
@@ -219,7 +265,12 @@ def test_fixed_catalog_dictionary_tracks_d_eff_and_the_work_stays_flat():
         p.update(arms[i], f[i] + noise[t - 1])
         if t in (125, 500):
             pulls = np.repeat(p.points, p.counts, axis=0)
-            seen[t] = (p.dictionary_size, p.n_points, effective_dimension("rbf", 0.25, 0.05, pulls), p.pulled_variance_sum)
+            seen[t] = (
+                p.dictionary_size,
+                p.n_points,
+                effective_dimension("rbf", 0.25, 0.05, pulls),
+                p.pulled_variance_sum,
+            )
             u = p.n_points
             assert u <= 150 and p.state_nbytes() == 8 * u * 2 + 17 * u + 8
     for t, (m, u, d_eff, ssum) in seen.items():

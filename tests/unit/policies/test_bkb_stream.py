@@ -22,7 +22,9 @@ def test_with_every_pull_in_the_span_it_is_exact_gp_ucb(fresh):
     """qbar = inf and room for every distinct pull: the projection loses nothing, so the posterior,
     beta~ and every choice are exact GP-UCB's (sim/gp_ucb.py, its own algebra)."""
     rng = np.random.default_rng(1)
-    p = make_policy("bkb_stream", dim=2, bandwidth=BW, lam=LAM, noise_sd=XI, qbar=math.inf, m_max=400)
+    p = make_policy(
+        "bkb_stream", dim=2, bandwidth=BW, lam=LAM, noise_sd=XI, qbar=math.inf, m_max=400
+    )
     g = ExactGPUCB(bandwidth=BW, lam=LAM, noise_sd=XI)
     catalog = rng.uniform(0, 1, (40, 2))
     for t in range(120):
@@ -69,7 +71,9 @@ def test_a_resparsified_model_is_the_pulls_projected_on_the_kept_points():
         rewards.append(r)
     kept = np.array([0, 2, 3, 7, 11, p.dictionary_size - 1])
     points = p.dictionary[kept]
-    chol, gram, bz, vinv = onl.shrink(kernel_matrix("rbf", 0.5, points, points), p.chol, p.gram, p.bz, kept, 0.1)
+    chol, gram, bz, vinv = onl.shrink(
+        kernel_matrix("rbf", 0.5, points, points), p.chol, p.gram, p.bz, kept, 0.1
+    )
     z = np.linalg.solve(chol, kernel_matrix("rbf", 0.5, points, np.array(pulls)))  # (m', t)
     assert np.allclose(chol @ chol.T, kernel_matrix("rbf", 0.5, points, points), atol=1e-12)
     assert np.allclose(gram, z @ z.T, atol=1e-8)
@@ -97,8 +101,15 @@ def test_a_hostile_state_is_refused_and_leaves_the_policy_as_it_was():
     good = p.state_dict()
     m = good["dictionary"].shape[0]
     cases = {
-        "too many points": {**good, "dictionary": np.zeros((7, 3)), "chol": np.eye(7), "gram": np.zeros((7, 7)),
-                            "vinv": np.eye(7), "bz": np.zeros(7), "incl": np.ones(7)},
+        "too many points": {
+            **good,
+            "dictionary": np.zeros((7, 3)),
+            "chol": np.eye(7),
+            "gram": np.zeros((7, 7)),
+            "vinv": np.eye(7),
+            "bz": np.zeros(7),
+            "incl": np.ones(7),
+        },
         "shapes disagree": {**good, "gram": np.zeros((m + 1, m + 1))},
         "not finite": {**good, "bz": np.full(m, np.nan)},
         "not a root": {**good, "chol": -np.eye(m)},
@@ -116,8 +127,14 @@ def test_a_hostile_state_is_refused_and_leaves_the_policy_as_it_was():
 
 
 def test_the_budget_and_schedule_are_checked():
-    for bad in ({"m_max": 0}, {"m_max": 10**6}, {"m_max": 2.5}, {"min_gap": 0}, {"qbar": 0.0},
-                {"resparsify_at": -1.0}):
+    for bad in (
+        {"m_max": 0},
+        {"m_max": 10**6},
+        {"m_max": 2.5},
+        {"min_gap": 0},
+        {"qbar": 0.0},
+        {"resparsify_at": -1.0},
+    ):
         with pytest.raises(ValueError):
             make_policy("bkb_stream", dim=2, **bad)
     assert make_policy("bkb_stream", dim=2, m_max=100).config()["min_gap"] == 25
@@ -133,11 +150,27 @@ def test_exact_bkb_is_bounded_when_asked_and_the_worker_requires_the_bound():
     before = p.state_dict()
     with pytest.raises(ValueError, match="max_points = 3"):
         p.update([0.5, 0.5], 1.0)
-    assert all(np.array_equal(before[k], v) if isinstance(v, np.ndarray) else before[k] == v
-               for k, v in p.state_dict().items())  # refused whole
+    assert all(
+        np.array_equal(before[k], v) if isinstance(v, np.ndarray) else before[k] == v
+        for k, v in p.state_dict().items()
+    )  # refused whole
+
     def models(hyper):
-        return parse_models_config({"models": [{"match": "m", "policy": "bkb", "dim": 2, "reward_window_ms": 10,
-                                                "default_reward": 0.0, "hyper": hyper}]})
+        return parse_models_config(
+            {
+                "models": [
+                    {
+                        "match": "m",
+                        "policy": "bkb",
+                        "dim": 2,
+                        "reward_window_ms": 10,
+                        "default_reward": 0.0,
+                        "hyper": hyper,
+                    }
+                ]
+            }
+        )
+
     with pytest.raises(ValueError, match="bkb_stream"):
         WorkerConfig(bootstrap_servers="x:1", models=models({}))
     WorkerConfig(bootstrap_servers="x:1", models=models({"max_points": 500}))

@@ -50,7 +50,13 @@ def warmed_policy(link, radius, seed, d=4, n=30):
         x = rng.standard_normal(d)
         x /= np.linalg.norm(x)
         y = float(mu(x @ np.full(d, 0.4)))
-        r = float(rng.random() < y) if link == "logistic" else float(rng.poisson(y)) if link == "poisson" else y
+        r = (
+            float(rng.random() < y)
+            if link == "logistic"
+            else float(rng.poisson(y))
+            if link == "poisson"
+            else y
+        )
         p.update(x, r)
     return p, rng
 
@@ -60,12 +66,19 @@ def warmed_policy(link, radius, seed, d=4, n=30):
 def test_one_update_equals_numerical_omd_step(link, seed):
     # S = 10 keeps the step inside the ball; a small S and x along theta force the projection.
     small = 0.05 if link == "logistic" else 0.3
-    for radius, reward, inside in ((10.0, 1.0, True), (small, 1.0 if link == "logistic" else 5.0, False)):
+    for radius, reward, inside in (
+        (10.0, 1.0, True),
+        (small, 1.0 if link == "logistic" else 5.0, False),
+    ):
         p, rng = warmed_policy(link, radius, seed)
-        x = rng.standard_normal(p.dim) + (0.0 if inside else 3.0 * p.theta / np.linalg.norm(p.theta))
+        x = rng.standard_normal(p.dim) + (
+            0.0 if inside else 3.0 * p.theta / np.linalg.norm(p.theta)
+        )
         x /= np.linalg.norm(x)
         theta, h = p.theta.copy(), p.h.copy()
-        expected, grad, m = omd_subproblem_solution(theta, h, x, reward, link, p.config()["eta"], 1.0, radius)
+        expected, grad, m = omd_subproblem_solution(
+            theta, h, x, reward, link, p.config()["eta"], 1.0, radius
+        )
         p.update(x, reward)
         assert (np.linalg.norm(p.theta) < radius - 1e-9) == inside
         np.testing.assert_allclose(p.theta, expected, atol=1e-6)
@@ -100,7 +113,9 @@ def test_gaussian_link_without_projection_is_ridge_regression():
         p.update(x, r)
         if k in (1, 10, 400):
             v = lam * np.eye(d) + xs[:k].T @ xs[:k] / sigma2
-            np.testing.assert_allclose(p.theta, np.linalg.solve(v, xs[:k].T @ rs[:k] / sigma2), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(
+                p.theta, np.linalg.solve(v, xs[:k].T @ rs[:k] / sigma2), rtol=0, atol=1e-10
+            )
             np.testing.assert_allclose(p.h, v, rtol=0, atol=1e-10)
     np.testing.assert_allclose(p.hinv @ p.h, np.eye(d), atol=1e-10)
 
@@ -111,14 +126,20 @@ def test_beta_is_equation_5():
     for _ in range(7):
         p.update(np.full(5, 0.1), 1.0)
     t = 8
-    expected = math.sqrt(4 * lam * 4 + 2 * eta * math.log(10) + 6 * 5 * eta**2 * math.log(2 + 2 * c_mu * t / lam))
+    expected = math.sqrt(
+        4 * lam * 4 + 2 * eta * math.log(10) + 6 * 5 * eta**2 * math.log(2 + 2 * c_mu * t / lam)
+    )
     assert p.beta() == pytest.approx(0.5 * expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(
     "link, reward, message",
-    [("logistic", 1.5, r"\[0, 1\]"), ("logistic", -0.1, r"\[0, 1\]"), ("poisson", -1.0, ">= 0"),
-     ("gaussian", math.nan, "finite")],
+    [
+        ("logistic", 1.5, r"\[0, 1\]"),
+        ("logistic", -0.1, r"\[0, 1\]"),
+        ("poisson", -1.0, ">= 0"),
+        ("gaussian", math.nan, "finite"),
+    ],
 )
 def test_rewards_outside_the_link_range_are_rejected(link, reward, message):
     p = make_policy("glb_omd", dim=3, link=link)

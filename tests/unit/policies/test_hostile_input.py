@@ -11,9 +11,15 @@ from streambandit import POLICIES, make_policy
 from streambandit.numerics.kernels import MAX_ABS_FEATURE, MAX_ABS_REWARD
 
 DIM = 4
-CASES = [pytest.param(name, params, id=f"{name}-{i}")
-         for name, cls in sorted(POLICIES.items()) for i, params in enumerate(cls._test_params())]
-CASES += [pytest.param("glb_omd", {"link": link, "S": 3.0}, id=f"glb_omd-{link}") for link in ("poisson", "gaussian")]
+CASES = [
+    pytest.param(name, params, id=f"{name}-{i}")
+    for name, cls in sorted(POLICIES.items())
+    for i, params in enumerate(cls._test_params())
+]
+CASES += [
+    pytest.param("glb_omd", {"link": link, "S": 3.0}, id=f"glb_omd-{link}")
+    for link in ("poisson", "gaussian")
+]
 
 
 def any_float(rng, shape=()):
@@ -40,7 +46,9 @@ def finite_state(p) -> bool:
 
 def same_state(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
-        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k] for k in a)
+        a[k].tobytes() == b[k].tobytes() if isinstance(a[k], np.ndarray) else a[k] == b[k]
+        for k in a
+    )
 
 
 @pytest.mark.parametrize("name, params", CASES)

@@ -20,7 +20,9 @@ def stream(seed, n, d, outliers=False):
 
 def test_alpha_one_no_huber_no_projection_is_weighted_ridge():
     d, lam = 5, 2.0
-    p = make_policy("hvt_ucb", dim=d, alpha=1.0, huber=False, project=False, lam=lam, nu=0.7, horizon=500)
+    p = make_policy(
+        "hvt_ucb", dim=d, alpha=1.0, huber=False, project=False, lam=lam, nu=0.7, horizon=500
+    )
     xs, rs = stream(0, 300, d)
     sigmas = []
     for k, (x, r) in enumerate(zip(xs, rs), start=1):
@@ -29,7 +31,9 @@ def test_alpha_one_no_huber_no_projection_is_weighted_ridge():
         if k in (1, 25, 300):
             w = 1.0 / np.square(sigmas)
             v = lam * np.eye(d) + (xs[:k] * w[:, None]).T @ xs[:k]
-            np.testing.assert_allclose(p.theta, np.linalg.solve(v, (xs[:k] * w[:, None]).T @ rs[:k]), rtol=0, atol=1e-10)
+            np.testing.assert_allclose(
+                p.theta, np.linalg.solve(v, (xs[:k] * w[:, None]).T @ rs[:k]), rtol=0, atol=1e-10
+            )
             np.testing.assert_allclose(p.v, v, rtol=0, atol=1e-10)
     # The weights were not all equal: sigma_t really varied with ||x||_{V^-1}, so the test is of
     # a weighted, not a plain, ridge regression.
@@ -39,7 +43,9 @@ def test_alpha_one_no_huber_no_projection_is_weighted_ridge():
 @pytest.mark.parametrize("alpha", [1.0, 4.0])
 def test_after_each_update_the_normalised_norm_identity_holds(alpha):
     d = 4
-    p = make_policy("hvt_ucb", dim=d, alpha=alpha, epsilon=0.6, nu=1.3, horizon=1000, beta_scale=1.0)
+    p = make_policy(
+        "hvt_ucb", dim=d, alpha=alpha, epsilon=0.6, nu=1.3, horizon=1000, beta_scale=1.0
+    )
     xs, rs = stream(1, 200, d, outliers=True)
     for x, r in zip(xs, rs):
         n = math.sqrt(x @ p.vinv @ x)  # ||X_t||_{V_{t-1}^-1}
@@ -55,7 +61,9 @@ def test_after_each_update_the_normalised_norm_identity_holds(alpha):
 
 def test_huber_step_is_clipped_at_tau():
     d = 3
-    p = make_policy("hvt_ucb", dim=d, epsilon=0.5, nu=1.0, horizon=1000, project=False, beta_scale=1.0)
+    p = make_policy(
+        "hvt_ucb", dim=d, epsilon=0.5, nu=1.0, horizon=1000, project=False, beta_scale=1.0
+    )
     xs, rs = stream(2, 20, d)
     for x, r in zip(xs, rs):
         p.update(x, r)
@@ -92,7 +100,9 @@ def test_zero_context_is_a_no_op_on_the_estimate():
     assert p.n_updates == 1
 
 
-@pytest.mark.parametrize("bad", [{"epsilon": 0.0}, {"epsilon": 1.5}, {"horizon": 0}, {"nu": -1.0}, {"alpha": 0.0}])
+@pytest.mark.parametrize(
+    "bad", [{"epsilon": 0.0}, {"epsilon": 1.5}, {"horizon": 0}, {"nu": -1.0}, {"alpha": 0.0}]
+)
 def test_bad_hyper_parameters_are_rejected(bad):
     with pytest.raises(ValueError):
         make_policy("hvt_ucb", dim=2, **bad)

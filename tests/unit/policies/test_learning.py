@@ -22,7 +22,9 @@ ROUNDS = 10_000
 
 def linear_env():
     rng = np.random.default_rng(10)
-    return GLMEnvironment(theta=random_unit_vector(rng, 5), link="linear", n_arms=10, noise_scale=0.5)
+    return GLMEnvironment(
+        theta=random_unit_vector(rng, 5), link="linear", n_arms=10, noise_scale=0.5
+    )
 
 
 def logistic_env():
@@ -40,7 +42,9 @@ def poisson_env():
 def heavy_tailed_env():
     rng = np.random.default_rng(13)
     arms = unit_rows(rng.uniform(-1, 1, (50, 2)))
-    return GLMEnvironment(theta=random_unit_vector(rng, 2), link="linear", arms=arms, noise="student_t", df=2.1)
+    return GLMEnvironment(
+        theta=random_unit_vector(rng, 2), link="linear", arms=arms, noise="student_t", df=2.1
+    )
 
 
 CASES = [
@@ -53,12 +57,22 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("name, params, make_env", CASES, ids=[f"{c[0]}-{c[2].__name__}" for c in CASES])
+@pytest.mark.parametrize(
+    "name, params, make_env", CASES, ids=[f"{c[0]}-{c[2].__name__}" for c in CASES]
+)
 def test_regret_is_sublinear_and_far_below_random(name, params, make_env):
     env = make_env()
     seeds = (0, 1)
-    regret = np.mean([run_policy(make_policy(name, dim=env.dim, **params), env, ROUNDS, s).regret for s in seeds], axis=0)
+    regret = np.mean(
+        [
+            run_policy(make_policy(name, dim=env.dim, **params), env, ROUNDS, s).regret
+            for s in seeds
+        ],
+        axis=0,
+    )
     random_final = np.mean([run_uniform(env, ROUNDS, s).regret[-1] for s in seeds])
     slope = math.log(regret[-1] / regret[ROUNDS // 4 - 1]) / math.log(4.0)
     assert slope < 0.8, f"regret grows like T^{slope:.2f} over [T/4, T]: not sublinear enough"
-    assert regret[-1] < random_final / 3, f"regret {regret[-1]:.1f} vs uniform random {random_final:.1f}"
+    assert regret[-1] < random_final / 3, (
+        f"regret {regret[-1]:.1f} vs uniform random {random_final:.1f}"
+    )

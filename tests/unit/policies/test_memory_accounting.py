@@ -91,4 +91,6 @@ def test_per_model_overhead_beyond_state_is_bounded(policy):
     per_model = traced / n
     state = sum(m.state_nbytes() for m in models) / n
     overhead = per_model - state
-    assert 0 < overhead < OVERHEAD_BOUND[policy], f"{policy}: {per_model:.0f} B per model, state {state:.0f} B"
+    assert 0 < overhead < OVERHEAD_BOUND[policy], (
+        f"{policy}: {per_model:.0f} B per model, state {state:.0f} B"
+    )

@@ -49,7 +49,10 @@ def test_state_holds_only_arrays_and_scalars(name, params):
     play(p, 0, 20)
     for k, v in p.state_dict().items():
         assert isinstance(k, str)
-        assert isinstance(v, np.ndarray) or v is None or type(v) in (bool, int, float, str), (k, type(v))
+        assert isinstance(v, np.ndarray) or v is None or type(v) in (bool, int, float, str), (
+            k,
+            type(v),
+        )
 
 
 @pytest.mark.parametrize("name, params", CASES)
@@ -140,7 +143,11 @@ def test_mismatched_state_is_rejected(name, params):
     with pytest.raises(ValueError, match="policy"):
         make_policy(other, dim=DIM).load_state_dict(state)
     changed = dict(state)
-    key = next(k for k in state if k.startswith("config.") and k != "config.seed" and isinstance(state[k], float))
+    key = next(
+        k
+        for k in state
+        if k.startswith("config.") and k != "config.seed" and isinstance(state[k], float)
+    )
     changed[key] = state[key] * 2 + 1
     with pytest.raises(ValueError, match="configuration"):
         make_policy(name, dim=DIM, **params).load_state_dict(changed)

@@ -47,9 +47,16 @@ class ArrayModel:
         if self.name == "oful":
             return kernels.oful_beta(*self.k["_beta_args"], self.logdet)
         if self.name == "glb_omd":
-            return kernels.glb_omd_beta(self.c["beta_scale"], self.k["_beta_const"], self.k["_beta_log_coef"],
-                                        self.k["_beta_t_coef"], self.n)
-        return self.c["beta_scale"] * (self.k["_beta_coef"] * max(self.n, 1) ** self.k["_p"] + self.k["_beta_const"])
+            return kernels.glb_omd_beta(
+                self.c["beta_scale"],
+                self.k["_beta_const"],
+                self.k["_beta_log_coef"],
+                self.k["_beta_t_coef"],
+                self.n,
+            )
+        return self.c["beta_scale"] * (
+            self.k["_beta_coef"] * max(self.n, 1) ** self.k["_p"] + self.k["_beta_const"]
+        )
 
     def select(self, arms) -> int:
         return kernels.ucb_argmax(arms, self.theta, self.inv, self.beta())
@@ -59,14 +66,27 @@ class ArrayModel:
         if self.name == "oful":
             self.logdet += kernels.oful_update(self.inv, self.b, self.theta, x, r, work)
         elif self.name == "glb_omd":
-            assert kernels.glb_omd_update(self.theta, self.m, self.inv, x, r, *self.k["_step_args"], work) == kernels.OK
+            assert (
+                kernels.glb_omd_update(
+                    self.theta, self.m, self.inv, x, r, *self.k["_step_args"], work
+                )
+                == kernels.OK
+            )
         else:
-            kernels.hvt_ucb_update(self.theta, self.m, self.inv, x, r, self.n, self.k["_step_params"], work)
+            kernels.hvt_ucb_update(
+                self.theta, self.m, self.inv, x, r, self.n, self.k["_step_params"], work
+            )
         self.n += 1
 
     def state(self) -> dict:
         if self.name == "oful":
-            return {"n_updates": self.n, "logdet": self.logdet, "vinv": self.inv, "b": self.b, "theta": self.theta}
+            return {
+                "n_updates": self.n,
+                "logdet": self.logdet,
+                "vinv": self.inv,
+                "b": self.b,
+                "theta": self.theta,
+            }
         second = "h" if self.name == "glb_omd" else "v"
         return {"n_updates": self.n, "theta": self.theta, second: self.m, f"{second}inv": self.inv}
 
@@ -82,9 +102,20 @@ def assert_state_is(policy, expected: dict) -> None:
 
 def initial_state(name: str, lam: float) -> dict:
     if name == "oful":
-        return {"n_updates": 0, "logdet": 0.0, "vinv": np.eye(D) / lam, "b": np.zeros(D), "theta": np.zeros(D)}
+        return {
+            "n_updates": 0,
+            "logdet": 0.0,
+            "vinv": np.eye(D) / lam,
+            "b": np.zeros(D),
+            "theta": np.zeros(D),
+        }
     second = "h" if name == "glb_omd" else "v"
-    return {"n_updates": 0, "theta": np.zeros(D), second: np.eye(D) * lam, f"{second}inv": np.eye(D) / lam}
+    return {
+        "n_updates": 0,
+        "theta": np.zeros(D),
+        second: np.eye(D) * lam,
+        f"{second}inv": np.eye(D) / lam,
+    }
 
 
 @pytest.fixture
@@ -102,7 +133,9 @@ def where(p) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize("name, params", CASES)
-def test_many_models_across_chunks_are_bitwise_the_per_model_array_learners(name, params, small_chunks):
+def test_many_models_across_chunks_are_bitwise_the_per_model_array_learners(
+    name, params, small_chunks
+):
     link = params.get("link", "gaussian")
     models = [make_policy(name, dim=D, seed=SEED, **params) for _ in range(23)]
     assert models[0]._store.rows_per_chunk == 5 and len(models[0]._store.chunks) == 5
@@ -165,7 +198,11 @@ def test_a_copy_gets_its_own_row(name, params, how):
     arms, rewards = stream(2, 40, 5, D, params.get("link", "gaussian"))
     p = make_policy(name, dim=D, **params)
     p.play(arms[:20], rewards[:20])
-    q = {"copy": copy.copy, "deepcopy": copy.deepcopy, "pickle": lambda m: pickle.loads(pickle.dumps(m))}[how](p)
+    q = {
+        "copy": copy.copy,
+        "deepcopy": copy.deepcopy,
+        "pickle": lambda m: pickle.loads(pickle.dumps(m)),
+    }[how](p)
     assert type(q) is type(p) and where(q) != where(p)
     assert_same_state(q.state_dict(), p.state_dict())
     before = p.state_dict()
@@ -233,7 +270,9 @@ def test_a_failed_constructor_takes_no_row():
 def test_adopted_columns_become_rows_and_the_store_keeps_count(small_chunks, n):
     p = make_policy("oful", dim=D, seed=SEED)
     store = p._store
-    half_filled = [make_policy("oful", dim=D, seed=SEED) for _ in range(2)]  # the bump chunk part used
+    half_filled = [
+        make_policy("oful", dim=D, seed=SEED) for _ in range(2)
+    ]  # the bump chunk part used
     before_live, before_cap = store.live, store.capacity
     rng = np.random.default_rng(n)
     columns = tuple(rng.standard_normal((n, *a.shape)).astype(a.dtype) for a in store.initial)
@@ -245,7 +284,9 @@ def test_adopted_columns_become_rows_and_the_store_keeps_count(small_chunks, n):
     for j, (chunk, i) in enumerate(got):
         for column, w, src in zip(chunk, want, columns):
             assert column[i].tobytes() == w[j].tobytes()
-            assert np.shares_memory(column, src) == (j < full)  # full chunks are views; the tail a copy
+            assert np.shares_memory(column, src) == (
+                j < full
+            )  # full chunks are views; the tail a copy
     # Rows handed out after: the bump chunk's unused rows, then the tail's, never an adopted one.
     taken = {(id(c[0]), i) for c, i in got} | {(id(q._chunk[0]), q._i) for q in (p, *half_filled)}
     later = [make_policy("oful", dim=D, seed=SEED) for _ in range(store.capacity - store.live + 3)]
@@ -257,8 +298,12 @@ def test_adopted_columns_become_rows_and_the_store_keeps_count(small_chunks, n):
 def test_columns_that_do_not_fit_the_store_are_not_adopted(small_chunks):
     store = make_policy("oful", dim=D, seed=SEED)._store
     good = [np.zeros((4, *a.shape), a.dtype) for a in store.initial]
-    for bad in (good[:-1], [good[0][:, :1], *good[1:]], [good[0].astype(np.float32), *good[1:]],
-                [np.asfortranarray(np.zeros((4, D, D))) if a.ndim == 3 else a for a in good]):
+    for bad in (
+        good[:-1],
+        [good[0][:, :1], *good[1:]],
+        [good[0].astype(np.float32), *good[1:]],
+        [np.asfortranarray(np.zeros((4, D, D))) if a.ndim == 3 else a for a in good],
+    ):
         with pytest.raises(ValueError, match="do not match"):
             store.adopt(tuple(bad))
     readonly = [a.copy() for a in good]

@@ -61,12 +61,15 @@ def test_a_sketch_as_large_as_d_is_oful(name):
     np.testing.assert_allclose(p.theta, oful.theta, rtol=0, atol=1e-9)
 
 
-@pytest.mark.parametrize("name, params", [
-    ("soful", {"sketch_size": 3}),
-    ("cbscfd", {"sketch_size": 3}),
-    ("dbs_linucb", {"l0": 1, "epsilon": 20.0, "sketch": "fd"}),
-    ("dbs_linucb", {"l0": 1, "epsilon": 20.0, "sketch": "rfd"}),
-])
+@pytest.mark.parametrize(
+    "name, params",
+    [
+        ("soful", {"sketch_size": 3}),
+        ("cbscfd", {"sketch_size": 3}),
+        ("dbs_linucb", {"l0": 1, "epsilon": 20.0, "sketch": "fd"}),
+        ("dbs_linucb", {"l0": 1, "epsilon": 20.0, "sketch": "rfd"}),
+    ],
+)
 def test_theta_and_scores_equal_the_dense_sketched_ridge(name, params):
     d = 20
     p = make_policy(name, dim=d, beta=0.7, **params)
@@ -90,14 +93,19 @@ def test_theta_and_scores_equal_the_dense_sketched_ridge(name, params):
     np.testing.assert_allclose(p.theta, np.linalg.solve(a_hat, b), rtol=0, atol=1e-9)
     arms = unit_rows(np.random.default_rng(3).standard_normal((7, d)))
     widths = np.einsum("kd,kd->k", arms, np.linalg.solve(a_hat, arms.T).T)
-    np.testing.assert_allclose(p.scores(arms), arms @ p.theta + 0.7 * np.sqrt(widths), rtol=0, atol=1e-9)
+    np.testing.assert_allclose(
+        p.scores(arms), arms @ p.theta + 0.7 * np.sqrt(widths), rtol=0, atol=1e-9
+    )
 
 
-@pytest.mark.parametrize("params", [
-    {"l0": 2, "epsilon": 5.0},
-    {"l0": 2, "epsilon": 5.0, "sketch": "fd", "fast": False},
-    {"l0": 1, "epsilon": 40.0, "rank_test": "d2"},
-])
+@pytest.mark.parametrize(
+    "params",
+    [
+        {"l0": 2, "epsilon": 5.0},
+        {"l0": 2, "epsilon": 5.0, "sketch": "fd", "fast": False},
+        {"l0": 1, "epsilon": 40.0, "rank_test": "d2"},
+    ],
+)
 def test_save_load_continue_through_blocks_and_the_switch(params):
     """The contract suite runs at d = 4 (at most 2 blocks); here at d = 40 with several blocks, the
     rank-test basis and the switch to exact updates, saving at every 9th round."""
@@ -116,14 +124,16 @@ def test_save_load_continue_through_blocks_and_the_switch(params):
     for t, state in states:
         b = make_policy("dbs_linucb", dim=d, **params)
         b.load_state_dict(state)
-        for (arms, reward), expected in zip(rounds[t + 1:], choices[t + 1:]):
+        for (arms, reward), expected in zip(rounds[t + 1 :], choices[t + 1 :]):
             i = b.select(arms)
             assert i == expected
             b.update(arms[i], reward)
         mine = b.state_dict()
         assert mine.keys() == final.keys()
         for k, v in final.items():
-            assert (v.tobytes() == mine[k].tobytes()) if isinstance(v, np.ndarray) else v == mine[k], (t, k)
+            assert (
+                (v.tobytes() == mine[k].tobytes()) if isinstance(v, np.ndarray) else v == mine[k]
+            ), (t, k)
 
 
 def test_inconsistent_loaded_states_are_rejected():
@@ -132,8 +142,14 @@ def test_inconsistent_loaded_states_are_rejected():
     play(p, 5, 30, d)
     assert p.sketch.n_closed == 1 and not p.sketch.fallback
     state = p.state_dict()
-    for key, value in [("minv", np.zeros((2, 2))), ("vinv", np.eye(d)), ("basis", np.zeros((1, d + 1))),
-                       ("basis", np.zeros((3, d))), ("active", np.zeros((5, d + 1))), ("block_mass", np.zeros(7))]:
+    for key, value in [
+        ("minv", np.zeros((2, 2))),
+        ("vinv", np.eye(d)),
+        ("basis", np.zeros((1, d + 1))),
+        ("basis", np.zeros((3, d))),
+        ("active", np.zeros((5, d + 1))),
+        ("block_mass", np.zeros(7)),
+    ]:
         broken = dict(state, **{key: value})
         fresh = make_policy("dbs_linucb", dim=d, l0=1, epsilon=20.0)
         before = fresh.state_dict()
@@ -142,7 +158,9 @@ def test_inconsistent_loaded_states_are_rejected():
         assert fresh.state_dict().keys() == before.keys() and fresh.n_updates == 0
     s = make_policy("soful", dim=d, sketch_size=2)
     play(s, 5, 30, d)
-    broken = dict(s.state_dict(), rows=np.ones((4, d)), minv=np.eye(4))  # 4 rows: the 2l buffer would have shrunk
+    broken = dict(
+        s.state_dict(), rows=np.ones((4, d)), minv=np.eye(4)
+    )  # 4 rows: the 2l buffer would have shrunk
     with pytest.raises(ValueError, match="FD rows"):
         make_policy("soful", dim=d, sketch_size=2).load_state_dict(broken)
 
@@ -156,14 +174,20 @@ def test_theory_radii_are_the_papers_formulas():
     # eq. (18) and Theorem 6 at E = 3, t = 100, m = 8, h = 1.
     logs = 2 * math.log(10.0) + 30 * math.log(1 + 1.5) + 8 * math.log(1 + 100 / 16)
     assert radius_fd(shrink=3.0, rank=8, t=100, **kw) == pytest.approx(
-        0.5 * math.sqrt(2.5) * math.sqrt(logs) + 1.5 * math.sqrt(2.0) * 2.5, rel=1e-14)
+        0.5 * math.sqrt(2.5) * math.sqrt(logs) + 1.5 * math.sqrt(2.0) * 2.5, rel=1e-14
+    )
     logs_r = 2 * math.log(10.0) + 30 * math.log(1 + 1.5) + 8 * math.log(1 + 100 / 16 + 0.5)
     assert radius_rfd(shrink=3.0, h=1.0, rank=8, t=100, **kw) == pytest.approx(
-        0.5 * math.sqrt(logs_r) + 1.5 * math.sqrt(5.0), rel=1e-14)
-    p = make_policy("cbscfd", dim=30, sketch_size=4, **{k: kw[k] for k in ("lam", "noise_sd", "S", "delta")})
+        0.5 * math.sqrt(logs_r) + 1.5 * math.sqrt(5.0), rel=1e-14
+    )
+    p = make_policy(
+        "cbscfd", dim=30, sketch_size=4, **{k: kw[k] for k in ("lam", "noise_sd", "S", "delta")}
+    )
     play(p, 6, 40, 30)
     alpha = p.sketch.shrink_total
-    assert p.beta() == pytest.approx(radius_rfd(shrink=alpha, h=alpha / 2, rank=8, t=40, **kw), rel=1e-14)
+    assert p.beta() == pytest.approx(
+        radius_rfd(shrink=alpha, h=alpha / 2, rank=8, t=40, **kw), rel=1e-14
+    )
 
 
 def test_memory_per_model_is_the_documented_formula():
@@ -171,9 +195,9 @@ def test_memory_per_model_is_the_documented_formula():
     oful = make_policy("oful", dim=d)
     soful = make_policy("soful", dim=d, sketch_size=ell)
     play(soful, 7, 5, d)
-    assert soful.state_nbytes() < 8 * (2 * d + 2 * ell * d + 4 * ell ** 2)  # buffers grow by doubling
+    assert soful.state_nbytes() < 8 * (2 * d + 2 * ell * d + 4 * ell**2)  # buffers grow by doubling
     play(soful, 7, 2 * ell, d)
-    assert soful.state_nbytes() == 8 * (2 * d + 2 * ell * d + 4 * ell ** 2)
+    assert soful.state_nbytes() == 8 * (2 * d + 2 * ell * d + 4 * ell**2)
     assert oful.state_nbytes() == 8 * (d * d + 2 * d)
     dbs = make_policy("dbs_linucb", dim=d, l0=2, epsilon=8.0)
     play(dbs, 7, 60, d)
@@ -233,11 +257,18 @@ def test_a_too_small_sketch_has_linear_regret_and_dbs_does_not():
     def slope(r):
         return math.log(r[-1] / r[rounds // 4 - 1]) / math.log(4.0)
 
-    assert slope(regret["soful"]) > 0.9, "a sketch of 4 rows on a rank-12 flat spectrum must fail linearly"
+    assert slope(regret["soful"]) > 0.9, (
+        "a sketch of 4 rows on a rank-12 flat spectrum must fail linearly"
+    )
     assert slope(regret["dbs_linucb"]) < 0.5 and slope(regret["oful"]) < 0.5
     assert regret["dbs_linucb"][-1] < 2.0 * regret["oful"][-1]
     assert regret["soful"][-1] > 8.0 * regret["dbs_linucb"][-1]
     dbs = models["dbs_linucb"].sketch
-    assert not dbs.fallback and dbs.n_closed == 2 and dbs.active_ell == 16 and dbs.cov.fd.shrink_total == 0.0
+    assert (
+        not dbs.fallback
+        and dbs.n_closed == 2
+        and dbs.active_ell == 16
+        and dbs.cov.fd.shrink_total == 0.0
+    )
     assert models["soful"].sketch.shrink_total > rounds / 10  # Delta_T grows with T
     assert models["dbs_linucb"].state_nbytes() < models["oful"].state_nbytes() / 2

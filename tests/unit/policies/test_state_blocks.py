@@ -14,17 +14,37 @@ import pytest
 from streambandit.config.models import parse_models_config
 from streambandit.engine.partition import PartitionEngine
 from streambandit.policies.state_blocks import ModelStates, model_states
-from streambandit.wire import Context, Reward, SnapshotError, pack_snapshot, schemas, snapshot, unpack_snapshot
+from streambandit.wire import (
+    Context,
+    Reward,
+    SnapshotError,
+    pack_snapshot,
+    schemas,
+    snapshot,
+    unpack_snapshot,
+)
 from streambandit.wire.avro import header
 
 D, K = 4, 3
-HEAD = {"partition": 0, "created_ms": 1, "contexts_offset": 0, "rewards_offset": 0, "actions_offset": 0,
-        "joined_offset": 0, "dead_letter_offset": 0}
+HEAD = {
+    "partition": 0,
+    "created_ms": 1,
+    "contexts_offset": 0,
+    "rewards_offset": 0,
+    "actions_offset": 0,
+    "joined_offset": 0,
+    "dead_letter_offset": 0,
+}
 
 
 def config(*entries):
-    return parse_models_config({"models": [{"dim": D, "reward_window_ms": 50, "default_reward": 0.0, **e}
-                                           for e in entries]})
+    return parse_models_config(
+        {
+            "models": [
+                {"dim": D, "reward_window_ms": 50, "default_reward": 0.0, **e} for e in entries
+            ]
+        }
+    )
 
 
 def fed(cfg, n, seed=0, prefix="m"):
@@ -41,8 +61,14 @@ def fed(cfg, n, seed=0, prefix="m"):
 
 def equal_states(a: dict, b: dict) -> bool:
     return a.keys() == b.keys() and all(
-        type(a[k]) is type(b[k]) and ((a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes())
-                                      if isinstance(a[k], np.ndarray) else a[k] == b[k]) for k in a)
+        type(a[k]) is type(b[k])
+        and (
+            (a[k].dtype == b[k].dtype and a[k].tobytes() == b[k].tobytes())
+            if isinstance(a[k], np.ndarray)
+            else a[k] == b[k]
+        )
+        for k in a
+    )
 
 
 def round_trip(cfg, e, models=None, into=None):
@@ -63,7 +89,9 @@ def test_a_block_restores_every_model_to_the_bit_and_they_continue_alike(policy)
     assert set(r.models) == set(e.models)
     rng = np.random.default_rng(5)
     for key, m in e.models.items():
-        assert equal_states(states[key], m.state_dict())  # the block's row is the model's state_dict
+        assert equal_states(
+            states[key], m.state_dict()
+        )  # the block's row is the model's state_dict
         assert equal_states(r.models[key].state_dict(), m.state_dict())
     for key in list(e.models)[::97]:  # restored models decide and learn as the originals do
         x = rng.standard_normal((K, D)) / 3
@@ -75,8 +103,11 @@ def test_a_block_restores_every_model_to_the_bit_and_they_continue_alike(policy)
 
 
 def test_blocks_and_records_together_and_an_increment():
-    cfg = config({"match": "s*", "policy": "soful"}, {"match": "o*", "policy": "oful", "hyper": {"lam": 2.0}},
-                 {"match": "g*", "policy": "glb_omd"})
+    cfg = config(
+        {"match": "s*", "policy": "soful"},
+        {"match": "o*", "policy": "oful", "hyper": {"lam": 2.0}},
+        {"match": "g*", "policy": "glb_omd"},
+    )
     e = PartitionEngine(cfg)
     for prefix in "sog":
         e.models.update(fed(cfg, 40, prefix=prefix).models)
@@ -113,8 +144,14 @@ def test_a_column_that_does_not_fit_its_buffers_is_refused():
     buffers = memoryview(bytes(64))
     ok = {"name": "theta", "dtype": "<f8", "shape": [2, 4], "offset": 0, "length": 64}
     assert snapshot._column(ok, buffers).shape == (2, 4)
-    for bad in ({"offset": 8}, {"length": 56}, {"shape": [3, 4], "length": 96}, {"dtype": "|O"},
-                {"shape": [-2, -4]}, {"offset": -8}):
+    for bad in (
+        {"offset": 8},
+        {"length": 56},
+        {"shape": [3, 4], "length": 96},
+        {"dtype": "|O"},
+        {"shape": [-2, -4]},
+        {"offset": -8},
+    ):
         with pytest.raises(ValueError, match="does not fit"):
             snapshot._column(ok | bad, buffers)
 
@@ -131,7 +168,7 @@ def test_block_columns_are_8_aligned_raw_and_covered_by_the_checksum():
     e = fed(config({"match": "m*", "policy": "oful"}), 50)
     data = pack_snapshot(HEAD | {"engine": e.snapshot()})
     (length,) = struct.unpack("<Q", data[8:16])
-    record = zlib.decompress(data[16:16 + length]) if data[3] & 1 else data[16:16 + length]
+    record = zlib.decompress(data[16 : 16 + length]) if data[3] & 1 else data[16 : 16 + length]
     d = fastavro.schemaless_reader(io.BytesIO(record), schemas.READERS[6], schemas.READERS[6])
     start = -(-(16 + length) // 8) * 8
     [block] = d["model_blocks"]
@@ -150,16 +187,45 @@ def test_a_version_2_snapshot_is_still_read():
     cfg = config({"match": "m*", "policy": "glb_omd"})
     e = fed(cfg, 6)
     s = e.snapshot()
-    models = [{"model_key": k, "arrays": [{"name": n, "dtype": v.dtype.newbyteorder("<").str, "shape": list(v.shape),
-                                            "data": v.astype(v.dtype.newbyteorder("<")).tobytes()}
-                                           for n, v in m.state_dict().items() if isinstance(v, np.ndarray)],
-               "scalars": [{"name": n, "value": v} for n, v in m.state_dict().items() if not isinstance(v, np.ndarray)]}
-              for k, m in e.models.items()]
+    models = [
+        {
+            "model_key": k,
+            "arrays": [
+                {
+                    "name": n,
+                    "dtype": v.dtype.newbyteorder("<").str,
+                    "shape": list(v.shape),
+                    "data": v.astype(v.dtype.newbyteorder("<")).tobytes(),
+                }
+                for n, v in m.state_dict().items()
+                if isinstance(v, np.ndarray)
+            ],
+            "scalars": [
+                {"name": n, "value": v}
+                for n, v in m.state_dict().items()
+                if not isinstance(v, np.ndarray)
+            ],
+        }
+        for k, m in e.models.items()
+    ]
     buf = io.BytesIO()
-    fastavro.schemaless_writer(buf, schemas.WRITERS[(6, 2)], HEAD | {
-        "chain": 0, "seq": 0, "watermark_ms": s["watermark_ms"], "models": models,
-        "pending": [{**p, "features": p["features"].astype("<f8").tobytes()} for p in s["pending"]], "early": [],
-        "recent": [{"event_id": k, "observed": bool(v)} for k, v in s["recent"]], "counters": {}})
+    fastavro.schemaless_writer(
+        buf,
+        schemas.WRITERS[(6, 2)],
+        HEAD
+        | {
+            "chain": 0,
+            "seq": 0,
+            "watermark_ms": s["watermark_ms"],
+            "models": models,
+            "pending": [
+                {**p, "features": p["features"].astype("<f8").tobytes()} for p in s["pending"]
+            ],
+            "early": [],
+            "recent": [{"event_id": k, "observed": bool(v)} for k, v in s["recent"]],
+            "counters": {},
+        },
+    )
     body = buf.getvalue()
     old = header(6, 2) + b"\x00" + struct.pack("<I", zlib.crc32(body)) + body
     r = PartitionEngine.restore(cfg, unpack_snapshot(old)["engine"])
@@ -195,7 +261,9 @@ def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(p
     assert adopted > rows.rows_per_chunk
     r = PartitionEngine.restore(cfg, snap["engine"])
     assert block.handed_over
-    shared = sum(np.shares_memory(r.models[k]._chunk[THETA], block.arrays["theta"]) for k in e.models)
+    shared = sum(
+        np.shares_memory(r.models[k]._chunk[THETA], block.arrays["theta"]) for k in e.models
+    )
     assert shared == adopted - adopted % rows.rows_per_chunk
     rng = np.random.default_rng(3)
     for key, m in e.models.items():
@@ -211,7 +279,9 @@ def test_a_mapped_snapshot_file_becomes_the_rows_and_the_file_stays_as_written(p
     with pytest.raises(ValueError, match="handed over"):  # the block now holds the models' changes
         PartitionEngine.restore(cfg, snap["engine"])
     # A new save replaces the file while these models still use the old one's pages.
-    store.save(0, pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": fed(cfg, 10, seed=4).snapshot()}))
+    store.save(
+        0, pack_snapshot(HEAD | {"chain": 0, "seq": 0, "engine": fed(cfg, 10, seed=4).snapshot()})
+    )
     for key in list(e.models)[::7]:
         assert equal_states(r.models[key].state_dict(), e.models[key].state_dict())
 
@@ -229,7 +299,10 @@ def test_a_partition_restored_again_and_again_reuses_the_rows_it_freed(tmp_path)
     sizes = []
     for _ in range(4):
         r = PartitionEngine.restore(cfg, load_latest(store, 0)["engine"])
-        assert all(equal_states(r.models[k].state_dict(), m.state_dict()) for k, m in list(e.models.items())[::50])
+        assert all(
+            equal_states(r.models[k].state_dict(), m.state_dict())
+            for k, m in list(e.models.items())[::50]
+        )
         sizes.append(rows.capacity)
         del r  # revoked: its rows go back to the store, which e keeps alive
     assert sizes[1:] == sizes[:1] * 3

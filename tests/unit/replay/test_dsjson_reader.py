@@ -20,9 +20,15 @@ DIM = 64
 
 # The shape Personalizer writes and `vw --dsjson --cb_explore_adf` reads: labels before "c".
 E1 = {
-    "_label_cost": -1.0, "_label_probability": 0.6, "_label_Action": 2, "_labelIndex": 1,
+    "_label_cost": -1.0,
+    "_label_probability": 0.6,
+    "_label_Action": 2,
+    "_labelIndex": 1,
     "o": [{"v": 1.0, "EventId": "ev-1", "ActionTaken": False}],
-    "Timestamp": "2024-03-01T12:30:45.1234567Z", "Version": "1", "EventId": "ev-1", "a": [2, 1, 3],
+    "Timestamp": "2024-03-01T12:30:45.1234567Z",
+    "Version": "1",
+    "EventId": "ev-1",
+    "a": [2, 1, 3],
     "c": {
         "User": {"id": "u1", "age": 0.25, "premium": True, "churned": False, "_segment": "hidden"},
         "Geo": {"city": "New York"},
@@ -33,50 +39,100 @@ E1 = {
             {"_tag": "a3", "Item": {"id": "a3"}, "Style": {"color": "red"}},
         ],
     },
-    "p": [0.6, 0.2, 0.2], "VWState": {"m": "model-1/abc"},
+    "p": [0.6, 0.2, 0.2],
+    "VWState": {"m": "model-1/abc"},
 }
 E2 = {
-    "_label_cost": 0.0, "_label_probability": 0.5, "_label_Action": 1, "_labelIndex": 0,
+    "_label_cost": 0.0,
+    "_label_probability": 0.5,
+    "_label_Action": 1,
+    "_labelIndex": 0,
     "o": [{"v": 0.0, "EventId": "ev-2", "ActionTaken": False}],
-    "Timestamp": "2024-03-01T12:31:00.0000000Z", "Version": "1", "EventId": "ev-2", "a": [1, 3, 2],
-    "c": {"User": {"id": "u2", "age": 0.5}, "Geo": {"city": "Paris"}, "hour": 9, "_multi": E1["c"]["_multi"]},
-    "p": [0.5, 0.25, 0.25], "VWState": {"m": "model-1/abc"},
+    "Timestamp": "2024-03-01T12:31:00.0000000Z",
+    "Version": "1",
+    "EventId": "ev-2",
+    "a": [1, 3, 2],
+    "c": {
+        "User": {"id": "u2", "age": 0.5},
+        "Geo": {"city": "Paris"},
+        "hour": 9,
+        "_multi": E1["c"]["_multi"],
+    },
+    "p": [0.5, 0.25, 0.25],
+    "VWState": {"m": "model-1/abc"},
 }
 E3 = {
-    "_label_cost": -0.5, "_label_probability": 0.25, "_label_Action": 3, "_labelIndex": 2,
-    "Timestamp": "2024-03-01T12:32:10.5000000Z", "Version": "1", "EventId": "ev-3", "a": [3, 1, 2],
+    "_label_cost": -0.5,
+    "_label_probability": 0.25,
+    "_label_Action": 3,
+    "_labelIndex": 2,
+    "Timestamp": "2024-03-01T12:32:10.5000000Z",
+    "Version": "1",
+    "EventId": "ev-3",
+    "a": [3, 1, 2],
     "c": {"User": {"id": "u3"}, "_multi": E1["c"]["_multi"]},
-    "p": [0.25, 0.5, 0.25], "VWState": {"m": "model-1/abc"},
+    "p": [0.25, 0.5, 0.25],
+    "VWState": {"m": "model-1/abc"},
 }
 
 # The oracle for E1, written out by hand from the module's rules.
-E1_SHARED = [("User^idu1", 1.0), ("User^age", 0.25), ("User^premium", 1.0), ("Geo^cityNew_York", 1.0), ("hour", 14.0)]
+E1_SHARED = [
+    ("User^idu1", 1.0),
+    ("User^age", 0.25),
+    ("User^premium", 1.0),
+    ("Geo^cityNew_York", 1.0),
+    ("hour", 14.0),
+]
 E1_OWN = [
     [("Item^ida1", 1.0), ("Item^price", 1.5)],
     [("Item^ida2", 1.0), ("Item^price", 2.0)],
     [("Item^ida3", 1.0), ("Style^colorred", 1.0)],
 ]
 E1_CROSSES_ARM0 = [
-    ("User^idu1*Item^ida1", 1.0), ("User^idu1*Item^price", 1.5),
-    ("User^age*Item^ida1", 0.25), ("User^age*Item^price", 0.375),
-    ("User^premium*Item^ida1", 1.0), ("User^premium*Item^price", 1.5),
-    ("Geo^cityNew_York*Item^ida1", 1.0), ("Geo^cityNew_York*Item^price", 1.5),
-    ("hour*Item^ida1", 14.0), ("hour*Item^price", 21.0),
+    ("User^idu1*Item^ida1", 1.0),
+    ("User^idu1*Item^price", 1.5),
+    ("User^age*Item^ida1", 0.25),
+    ("User^age*Item^price", 0.375),
+    ("User^premium*Item^ida1", 1.0),
+    ("User^premium*Item^price", 1.5),
+    ("Geo^cityNew_York*Item^ida1", 1.0),
+    ("Geo^cityNew_York*Item^price", 1.5),
+    ("hour*Item^ida1", 14.0),
+    ("hour*Item^price", 21.0),
 ]
 
 # VW's JSON value rules in one line: nested object, array with null/zero/object, _text, zero, null.
 RULES = {
-    "_label_cost": 1.0, "_label_probability": 1.0, "_labelIndex": 0, "Timestamp": "2024-01-01T00:00:00Z",
-    "EventId": "rules", "a": [1, 2],
+    "_label_cost": 1.0,
+    "_label_probability": 1.0,
+    "_labelIndex": 0,
+    "Timestamp": "2024-01-01T00:00:00Z",
+    "EventId": "rules",
+    "a": [1, 2],
     "c": {
-        "User": {"geo": {"city": "Paris"}, "emb": [0.5, None, 0, 2, {"k": 1}], "z": 0, "note": None,
-                 "_hidden": 3, "_text": "big  red:x"},
-        "n": 2, "s": "a b",
+        "User": {
+            "geo": {"city": "Paris"},
+            "emb": [0.5, None, 0, 2, {"k": 1}],
+            "z": 0,
+            "note": None,
+            "_hidden": 3,
+            "_text": "big  red:x",
+        },
+        "n": 2,
+        "s": "a b",
         "_multi": [{"A": {"tags": "x|y:z"}}, {}],
     },
 }
-RULES_SHARED = [("geo^cityParis", 1.0), ("emb^[0]", 0.5), ("emb^[2]", 2.0), ("emb^k", 1.0), ("User^big", 1.0),
-                ("User^red_x", 1.0), ("n", 2.0), ("sa_b", 1.0)]
+RULES_SHARED = [
+    ("geo^cityParis", 1.0),
+    ("emb^[0]", 0.5),
+    ("emb^[2]", 2.0),
+    ("emb^k", 1.0),
+    ("User^big", 1.0),
+    ("User^red_x", 1.0),
+    ("n", 2.0),
+    ("sa_b", 1.0),
+]
 RULES_OWN = [[("A^tagsx_y_z", 1.0)], []]
 
 
@@ -112,12 +168,19 @@ def test_reads_the_logged_decisions(tmp_path):
     assert [d.action for d in ds] == [1, 0, 2]
     assert [d.propensity for d in ds] == [0.6, 0.5, 0.25]
     assert [d.reward for d in ds] == [1.0, 0.0, 0.5]  # -_label_cost
-    assert [d.timestamp_ms for d in ds] == [_ms(2024, 3, 1, 12, 30, 45) + 123, _ms(2024, 3, 1, 12, 31, 0),
-                                            _ms(2024, 3, 1, 12, 32, 10) + 500]
+    assert [d.timestamp_ms for d in ds] == [
+        _ms(2024, 3, 1, 12, 30, 45) + 123,
+        _ms(2024, 3, 1, 12, 31, 0),
+        _ms(2024, 3, 1, 12, 32, 10) + 500,
+    ]
     for n, d in enumerate(ds, start=1):
         assert d.arm_ids == ("0", "1", "2")
         assert d.features.shape == (3, DIM) and d.features.dtype == np.float64
-        assert (d.model_key, d.decision_version, d.source) == ("personalizer", -1, f"{path} line {n}")
+        assert (d.model_key, d.decision_version, d.source) == (
+            "personalizer",
+            -1,
+            f"{path} line {n}",
+        )
 
 
 def test_features_equal_the_hashed_hand_written_names():
@@ -147,7 +210,9 @@ def _vw_audit(path, capfd) -> list[dict[str, float]]:
     writes the audit to the process's stdout)."""
     pyvw = pytest.importorskip("vowpalwabbit.pyvw")
     capfd.readouterr()
-    vw = pyvw.Workspace(arg_list=["--cb_explore_adf", "--dsjson", "--audit", "-t", "--quiet", "-d", str(path)])
+    vw = pyvw.Workspace(
+        arg_list=["--cb_explore_adf", "--dsjson", "--audit", "-t", "--quiet", "-d", str(path)]
+    )
     vw.run_parser()
     vw.finish()
     rows = []
@@ -183,20 +248,25 @@ def test_gzip_file(tmp_path):
 
 def test_blank_lines_crlf_and_a_byte_order_mark(tmp_path):
     path = tmp_path / "log.dsjson"
-    path.write_bytes(b"\xef\xbb\xbf" + _line(E1).encode() + b"\r\n\r\n   \n" + _line(E2).encode())  # no final newline
+    path.write_bytes(
+        b"\xef\xbb\xbf" + _line(E1).encode() + b"\r\n\r\n   \n" + _line(E2).encode()
+    )  # no final newline
     counts: dict[str, int] = {}
     ds = list(read_dsjson(path, dim=DIM, counts=counts))
     assert [d.source for d in ds] == [f"{path} line 1", f"{path} line 4"]
     assert counts == {"read": 2}
 
 
-@pytest.mark.parametrize("text, ms", [
-    ("2024-03-01T12:30:45.1234567Z", _ms(2024, 3, 1, 12, 30, 45) + 123),
-    ("2024-03-01T12:30:45Z", _ms(2024, 3, 1, 12, 30, 45)),
-    ("2024-03-01T12:30:45.9Z", _ms(2024, 3, 1, 12, 30, 45) + 900),
-    ("2024-03-01T14:30:45.500+02:00", _ms(2024, 3, 1, 12, 30, 45) + 500),
-    ("1969-12-31T23:59:59.5000000Z", -500),
-])
+@pytest.mark.parametrize(
+    "text, ms",
+    [
+        ("2024-03-01T12:30:45.1234567Z", _ms(2024, 3, 1, 12, 30, 45) + 123),
+        ("2024-03-01T12:30:45Z", _ms(2024, 3, 1, 12, 30, 45)),
+        ("2024-03-01T12:30:45.9Z", _ms(2024, 3, 1, 12, 30, 45) + 900),
+        ("2024-03-01T14:30:45.500+02:00", _ms(2024, 3, 1, 12, 30, 45) + 500),
+        ("1969-12-31T23:59:59.5000000Z", -500),
+    ],
+)
 def test_timestamps(text, ms):
     assert parse_line(_line({**E1, "Timestamp": text}), dim=DIM).timestamp_ms == ms
 
@@ -249,13 +319,21 @@ BAD = [
     ("no cost", _edit(_label_cost=None), "reward"),
     ("skipLearn", _edit(_skipLearn=True), "reward"),
     ("cost NaN", _edit(_label_cost="NaN"), "reward"),
-    ("cost infinite", _edit(_label_cost=-1.0).replace('"_label_cost":-1.0', '"_label_cost":-1e400'), "reward"),
+    (
+        "cost infinite",
+        _edit(_label_cost=-1.0).replace('"_label_cost":-1.0', '"_label_cost":-1e400'),
+        "reward",
+    ),
     ("feature NaN", _edit(c_hour=float("nan")), "features"),
     ("feature overflows", _edit(c_hour=1.0).replace('"hour":1.0', '"hour":1e400'), "features"),
     ("string in an array", _edit(c_tags=["x", "y"]), "features"),
     ("_text not a string", _edit(c__text=3), "features"),
     ("deduplicated action", _edit(c__multi=[{"__aid": 7}, {"A": {"x": 1}}], a=None), "features"),
-    ("cross overflows", _edit(c_hour=1e200, c__multi=[{"A": {"x": 1e200}}, {"A": {"x": 1}}], a=None), "features"),
+    (
+        "cross overflows",
+        _edit(c_hour=1e200, c__multi=[{"A": {"x": 1e200}}, {"A": {"x": 1}}], a=None),
+        "features",
+    ),
     ("no EventId", _edit(EventId=None), "event_id"),
     ("empty EventId", _edit(EventId=""), "event_id"),
     ("numeric EventId", _edit(EventId=7), "event_id"),
@@ -276,9 +354,15 @@ def test_a_bad_line_raises_naming_it_and_is_skipped_by_reason(tmp_path, line, re
 
 def test_a_ccb_line_is_refused_as_unsupported():
     # The CCB shape of VW's test/train-sets/issue4669.dsjson.
-    ccb = {"Timestamp": "2024-01-01T00:00:00Z", "EventId": "ccb-1",
-           "c": {"_multi": [{"f": "1"}, {"f": "2"}], "_slots": [{"_inc": [0, 1]}, {"_inc": [1]}]},
-           "_outcomes": [{"_label_cost": 1.0, "_a": [0, 1], "_p": [0.5, 0.5]}, {"_label_cost": 0.0, "_a": [1], "_p": [1]}]}
+    ccb = {
+        "Timestamp": "2024-01-01T00:00:00Z",
+        "EventId": "ccb-1",
+        "c": {"_multi": [{"f": "1"}, {"f": "2"}], "_slots": [{"_inc": [0, 1]}, {"_inc": [1]}]},
+        "_outcomes": [
+            {"_label_cost": 1.0, "_a": [0, 1], "_p": [0.5, 0.5]},
+            {"_label_cost": 0.0, "_a": [1], "_p": [1]},
+        ],
+    }
     with pytest.raises(LogError, match="CCB/slates DSJSON is not supported") as err:
         parse_line(_line(ccb), dim=DIM, where="x line 1")
     assert err.value.reason == "malformed"
@@ -292,7 +376,9 @@ def test_an_over_long_line_is_refused_without_being_read_whole(tmp_path, monkeyp
     assert len(at_limit) == limit
     long = _edit(pad="x" * (20 * limit))
     path = tmp_path / "log.dsjson"
-    path.write_text("\n".join([_line(E2), long, at_limit, long[:limit + 1]]))  # the last one ends the file
+    path.write_text(
+        "\n".join([_line(E2), long, at_limit, long[: limit + 1]])
+    )  # the last one ends the file
 
     sizes: list[int] = []
     opened = dsjson._open
@@ -326,7 +412,9 @@ def test_an_over_long_line_is_refused_without_being_read_whole(tmp_path, monkeyp
 
 def test_text_that_is_not_utf8_always_raises(tmp_path):
     path = tmp_path / "log.dsjson"
-    path.write_bytes(_line(E1).encode() + b"\n" + _line(E2).encode().replace(b"Paris", b"Par\xefs") + b"\n")
+    path.write_bytes(
+        _line(E1).encode() + b"\n" + _line(E2).encode().replace(b"Paris", b"Par\xefs") + b"\n"
+    )
     for skip_bad in (False, True):
         with pytest.raises(LogError, match=f"^{path} line 2: not UTF-8") as err:
             list(read_dsjson(path, dim=DIM, skip_bad=skip_bad))

@@ -17,7 +17,12 @@ import math
 import numpy as np
 import pytest
 
-from streambandit.replay.estimators import ESTIMATORS, EstimatorError, OffPolicyEvaluator, RidgeRewardModel
+from streambandit.replay.estimators import (
+    ESTIMATORS,
+    EstimatorError,
+    OffPolicyEvaluator,
+    RidgeRewardModel,
+)
 
 K, D = 4, 3
 THETA = np.array([1.0, -0.5, 0.25])
@@ -71,8 +76,9 @@ def simulate(seed: int, n: int, *, logging: str, target: str, reward: str):
     return x, action, p_log[np.arange(n), action], r, _target_probs(x, target)
 
 
-def evaluate(seed: int, n: int, *, logging="uniform", target="greedy", reward="linear", clip=None,
-             model=True) -> OffPolicyEvaluator:
+def evaluate(
+    seed: int, n: int, *, logging="uniform", target="greedy", reward="linear", clip=None, model=True
+) -> OffPolicyEvaluator:
     """Streams a simulated log through the evaluator; the ridge model predicts before it learns."""
     x, action, prop, r, pi = simulate(seed, n, logging=logging, target=target, reward=reward)
     ev = OffPolicyEvaluator(clip=clip)
@@ -81,7 +87,9 @@ def evaluate(seed: int, n: int, *, logging="uniform", target="greedy", reward="l
     for i in range(n):
         a = int(action[i])
         q = m.predict(x[i]) if model else zeros
-        ev.add(action=a, propensity=float(prop[i]), reward=float(r[i]), target_probs=pi[i], predicted=q)
+        ev.add(
+            action=a, propensity=float(prop[i]), reward=float(r[i]), target_probs=pi[i], predicted=q
+        )
         if model:
             m.update(x[i, a], float(r[i]))
     return ev
@@ -96,7 +104,9 @@ def test_the_simulated_logs_have_the_stated_propensities():
     p_log = _logging_probs(x, "softmax")
     assert prop.min() >= 0.075 and np.allclose(p_log.sum(axis=1), 1.0)
     # the empirical frequency of each action matches the mean propensity
-    assert np.allclose(np.bincount(action, minlength=K) / len(action), p_log.mean(axis=0), atol=0.01)
+    assert np.allclose(
+        np.bincount(action, minlength=K) / len(action), p_log.mean(axis=0), atol=0.01
+    )
 
 
 # -- coverage, a big run, convergence ---------------------------------------------------------
@@ -141,7 +151,9 @@ def test_a_big_run_is_inside_every_interval_and_dm_with_the_right_model_is_close
         assert e.ci_low <= v <= e.ci_high, (name, e, v)
         assert e.n == 20_000 and e.clipped == 0
         assert e.ci_high - e.ci_low < 0.1, e  # the interval is informative
-    assert abs(est["dm"].value - v) < 0.03 and est["dm"].interval == "none"  # close, with no interval claimed
+    assert (
+        abs(est["dm"].value - v) < 0.03 and est["dm"].interval == "none"
+    )  # close, with no interval claimed
     # DR with a good model has a smaller interval than IPS
     assert est["dr"].ci_high - est["dr"].ci_low < 0.7 * (est["ips"].ci_high - est["ips"].ci_low)
     # on non-uniform logs the replay estimator (which ignores propensities) is biased: it is only
@@ -151,7 +163,9 @@ def test_a_big_run_is_inside_every_interval_and_dm_with_the_right_model_is_close
     _, _, _, r, _ = simulate(7, 20_000, logging="softmax", target="eps", reward="linear")
     lv = ev.logging_value
     assert lv.value == pytest.approx(r.mean(), abs=1e-12) and lv.n == 20_000
-    assert lv.ci_high - lv.value == pytest.approx(1.959964 * r.std(ddof=1) / math.sqrt(20_000), rel=1e-5)
+    assert lv.ci_high - lv.value == pytest.approx(
+        1.959964 * r.std(ddof=1) / math.sqrt(20_000), rel=1e-5
+    )
 
 
 def test_estimates_converge_as_the_log_grows():
@@ -245,7 +259,9 @@ def test_estimators_by_hand_on_three_events():
     assert est["replay"].n == 2
     assert est["ips"].ess == pytest.approx(16 / 8)
     s = (w * rr).std(ddof=1)
-    assert est["ips"].ci_high == pytest.approx((w * rr).mean() + 1.959964 * s / math.sqrt(3), rel=1e-6)
+    assert est["ips"].ci_high == pytest.approx(
+        (w * rr).mean() + 1.959964 * s / math.sqrt(3), rel=1e-6
+    )
     # the delta method for the ratios: sd(u - R v) / (sqrt(n) mean(v))
     for name, v in (("snips", w), ("replay", np.array([1.0, 0.5, 0.0]))):
         ratio = (v * rr).sum() / v.sum()
@@ -261,11 +277,18 @@ def test_clipping_counts_and_biases_ips_downward():
     """Bernoulli rewards (>= 0), non-uniform logging, greedy target: weights reach ~13; clipped
     at 3 the count equals the number of raw weights above 3, and the clipped IPS is biased low."""
     v = true_value("greedy", "bernoulli")
-    _, action, prop, _, pi = simulate(5, 20_000, logging="softmax", target="greedy", reward="bernoulli")
+    _, action, prop, _, pi = simulate(
+        5, 20_000, logging="softmax", target="greedy", reward="bernoulli"
+    )
     raw = pi[np.arange(20_000), action] / prop
-    clipped = by_name(evaluate(5, 20_000, logging="softmax", target="greedy", reward="bernoulli", clip=3.0,
-                               model=False))
-    plain = by_name(evaluate(5, 20_000, logging="softmax", target="greedy", reward="bernoulli", model=False))
+    clipped = by_name(
+        evaluate(
+            5, 20_000, logging="softmax", target="greedy", reward="bernoulli", clip=3.0, model=False
+        )
+    )
+    plain = by_name(
+        evaluate(5, 20_000, logging="softmax", target="greedy", reward="bernoulli", model=False)
+    )
     assert clipped["ips"].clipped == int((raw > 3.0).sum()) > 1000
     assert clipped["snips"].clipped == clipped["dr"].clipped == clipped["ips"].clipped
     assert plain["ips"].clipped == 0
@@ -303,13 +326,28 @@ def test_ridge_reward_model_equals_the_closed_form():
         m.predict(np.ones((2, D + 1)))
 
 
-@pytest.mark.parametrize("kwargs", [
-    dict(action=2), dict(action=-1), dict(propensity=0.0), dict(propensity=1.5), dict(propensity=float("nan")),
-    dict(reward=float("inf")), dict(target_probs=np.array([0.7, 0.7])), dict(target_probs=np.array([1.0])),
-    dict(predicted=np.array([0.0, float("nan")])),
-])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(action=2),
+        dict(action=-1),
+        dict(propensity=0.0),
+        dict(propensity=1.5),
+        dict(propensity=float("nan")),
+        dict(reward=float("inf")),
+        dict(target_probs=np.array([0.7, 0.7])),
+        dict(target_probs=np.array([1.0])),
+        dict(predicted=np.array([0.0, float("nan")])),
+    ],
+)
 def test_bad_events_are_refused(kwargs):
-    good = dict(action=0, propensity=0.5, reward=1.0, target_probs=np.array([0.5, 0.5]), predicted=np.zeros(2))
+    good = dict(
+        action=0,
+        propensity=0.5,
+        reward=1.0,
+        target_probs=np.array([0.5, 0.5]),
+        predicted=np.zeros(2),
+    )
     ev = OffPolicyEvaluator()
     with pytest.raises(EstimatorError):
         ev.add(**{**good, **kwargs})
@@ -319,14 +357,35 @@ def test_bad_events_are_refused(kwargs):
 def test_empty_and_single_event_estimates():
     ev = OffPolicyEvaluator()
     assert all(math.isnan(e.value) and e.n == 0 for e in ev.estimates())
-    ev.add(action=0, propensity=0.5, reward=0.7, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
+    ev.add(
+        action=0,
+        propensity=0.5,
+        reward=0.7,
+        target_probs=np.array([1.0, 0.0]),
+        predicted=np.zeros(2),
+    )
     for e in ev.estimates():  # one event of a reward that is not 0/1: nothing bounds the value
         assert math.isfinite(e.value)
-        assert e.interval == "none" if e.name == "dm" else (e.ci_low, e.ci_high) == (-math.inf, math.inf), e
+        assert (
+            e.interval == "none"
+            if e.name == "dm"
+            else (e.ci_low, e.ci_high) == (-math.inf, math.inf)
+        ), e
     one = OffPolicyEvaluator()  # one 0/1 reward: the score intervals of one trial
-    one.add(action=0, propensity=0.5, reward=1.0, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
-    assert {e.name: e.interval for e in one.estimates()} == {"replay": "wilson", "ips": "score", "snips": "wilson",
-                                                               "dm": "none", "dr": "score-shifted"}
+    one.add(
+        action=0,
+        propensity=0.5,
+        reward=1.0,
+        target_probs=np.array([1.0, 0.0]),
+        predicted=np.zeros(2),
+    )
+    assert {e.name: e.interval for e in one.estimates()} == {
+        "replay": "wilson",
+        "ips": "score",
+        "snips": "wilson",
+        "dm": "none",
+        "dr": "score-shifted",
+    }
     assert 0 < one.estimates()[0].ci_low < 1 == one.estimates()[0].ci_high
     with pytest.raises(EstimatorError):
         OffPolicyEvaluator(clip=0.0)

@@ -23,7 +23,9 @@ def test_wilson_solves_its_score_equation_and_is_near_the_exact_interval(k, n):
     lo, hi = wilson(k / n, n, Z95)
     p_hat = k / n
     for end in (lo, hi):  # each end either solves (p_hat - p)^2 = z^2 p (1 - p) / n or is 0 or 1
-        assert end in (0.0, 1.0) or (p_hat - end) ** 2 == pytest.approx(Z95**2 * end * (1 - end) / n, rel=1e-9)
+        assert end in (0.0, 1.0) or (p_hat - end) ** 2 == pytest.approx(
+            Z95**2 * end * (1 - end) / n, rel=1e-9
+        )
     assert lo <= p_hat <= hi
     exact_lo = stats.beta.ppf(0.025, k, n - k + 1) if k > 0 else 0.0
     exact_hi = stats.beta.ppf(0.975, k + 1, n - k) if k < n else 1.0
@@ -46,7 +48,9 @@ def zero_reward_log(n=200, seed=0, logging="uniform"):
         a = int(rng.choice(K, p=p))
         target = np.zeros(K)
         target[int(rng.integers(K))] = 1.0
-        ev.add(action=a, propensity=float(p[a]), reward=0.0, target_probs=target, predicted=np.zeros(K))
+        ev.add(
+            action=a, propensity=float(p[a]), reward=0.0, target_probs=target, predicted=np.zeros(K)
+        )
     return ev
 
 
@@ -61,7 +65,9 @@ def test_a_log_with_no_reward_gets_intervals_that_are_not_a_point():
     assert est["replay"].ci_high == pytest.approx(wilson(0.0, est["replay"].n, Z95)[1])
     assert est["dr"].interval == "score-shifted" and est["ips"].interval == "score"
     lv = ev.logging_value
-    assert lv.interval == "wilson" and lv.ci_high == pytest.approx(1 - 0.025 ** (1 / 200), rel=0.05)  # exact's ~0.018
+    assert lv.interval == "wilson" and lv.ci_high == pytest.approx(
+        1 - 0.025 ** (1 / 200), rel=0.05
+    )  # exact's ~0.018
 
 
 def test_coverage_over_200_independent_logs_with_a_known_truth():
@@ -79,7 +85,12 @@ def test_coverage_over_200_independent_logs_with_a_known_truth():
 
 def test_dm_has_no_interval():
     e = by_name(evaluate(0, 300))["dm"]
-    assert math.isfinite(e.value) and math.isnan(e.ci_low) and math.isnan(e.ci_high) and e.interval == "none"
+    assert (
+        math.isfinite(e.value)
+        and math.isnan(e.ci_low)
+        and math.isnan(e.ci_high)
+        and e.interval == "none"
+    )
 
 
 def test_the_bootstrap_agrees_with_the_normal_intervals_on_a_large_log_and_is_seeded():
@@ -87,8 +98,13 @@ def test_the_bootstrap_agrees_with_the_normal_intervals_on_a_large_log_and_is_se
         x, action, prop, r, pi = simulate(7, 4000, logging="softmax", target="eps", reward="linear")
         ev = OffPolicyEvaluator(bootstrap=bootstrap, seed=seed)
         for i in range(len(r)):
-            ev.add(action=int(action[i]), propensity=float(prop[i]), reward=float(r[i]), target_probs=pi[i],
-                   predicted=np.zeros(K))
+            ev.add(
+                action=int(action[i]),
+                propensity=float(prop[i]),
+                reward=float(r[i]),
+                target_probs=pi[i],
+                predicted=np.zeros(K),
+            )
         return by_name(ev), ev.logging_value
 
     normal, nlog = run(0)
@@ -123,15 +139,28 @@ def test_the_poisson_bootstrap_is_the_percentile_of_its_replicates():
 def test_a_reward_range_scores_two_valued_rewards_and_refuses_a_reward_outside():
     ev = OffPolicyEvaluator(reward_range=(-1.0, 1.0))
     for i in range(100):
-        ev.add(action=0, propensity=0.5, reward=-1.0 if i % 10 else 1.0, target_probs=np.array([1.0, 0.0]),
-               predicted=np.zeros(2))
+        ev.add(
+            action=0,
+            propensity=0.5,
+            reward=-1.0 if i % 10 else 1.0,
+            target_probs=np.array([1.0, 0.0]),
+            predicted=np.zeros(2),
+        )
     est = by_name(ev)
     # replay over the 100 matched events: 10% at the top, i.e. -0.8 on [-1, 1]
     assert est["replay"].value == pytest.approx(-0.8) and est["replay"].interval == "wilson"
     lo, hi = wilson(0.1, 100, Z95)
-    assert (est["replay"].ci_low, est["replay"].ci_high) == pytest.approx((-1 + 2 * lo, -1 + 2 * hi))
+    assert (est["replay"].ci_low, est["replay"].ci_high) == pytest.approx(
+        (-1 + 2 * lo, -1 + 2 * hi)
+    )
     with pytest.raises(EstimatorError, match=r"outside the reward range \[-1, 1\]"):
-        ev.add(action=0, propensity=0.5, reward=1.5, target_probs=np.array([1.0, 0.0]), predicted=np.zeros(2))
+        ev.add(
+            action=0,
+            propensity=0.5,
+            reward=1.5,
+            target_probs=np.array([1.0, 0.0]),
+            predicted=np.zeros(2),
+        )
     with pytest.raises(EstimatorError, match="lo < hi"):
         OffPolicyEvaluator(reward_range=(1.0, 1.0))
 

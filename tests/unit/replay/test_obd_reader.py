@@ -25,8 +25,16 @@ ITEMS = {
     1: (-0.54, "b", "x", "p"),
     2: (0.97, "b", "y", "q"),
 }
-LOG_HEADER = ["", "timestamp", "item_id", "position", "click", "propensity_score",
-              *[f"user_feature_{j}" for j in range(N_USER)], *[f"user-item_affinity_{i}" for i in range(K)]]
+LOG_HEADER = [
+    "",
+    "timestamp",
+    "item_id",
+    "position",
+    "click",
+    "propensity_score",
+    *[f"user_feature_{j}" for j in range(N_USER)],
+    *[f"user-item_affinity_{i}" for i in range(K)],
+]
 
 
 def _hex(label: str) -> str:
@@ -47,15 +55,33 @@ def _log_rows(n_impressions: int = 12, seed: int = 7) -> list[dict]:
         users = [_hex(f"u{j}-{rng.integers(3)}") for j in range(N_USER)]
         affinity = [float(rng.integers(0, 3)) for _ in range(K)]
         for pos, item in enumerate(rng.permutation(K)[:3], start=1):
-            rows.append({"index": str(len(rows)), "timestamp": _stamp(us), "us": us, "item_id": int(item),
-                         "position": pos, "click": int(rng.random() < 0.3), "propensity_score": 1.0 / K,
-                         "users": users, "affinity": affinity})
+            rows.append(
+                {
+                    "index": str(len(rows)),
+                    "timestamp": _stamp(us),
+                    "us": us,
+                    "item_id": int(item),
+                    "position": pos,
+                    "click": int(rng.random() < 0.3),
+                    "propensity_score": 1.0 / K,
+                    "users": users,
+                    "affinity": affinity,
+                }
+            )
     return rows
 
 
 def _log_line(r: dict) -> list[str]:
-    return [r["index"], r["timestamp"], str(r["item_id"]), str(r["position"]), str(r["click"]),
-            repr(r["propensity_score"]), *r["users"], *[repr(a) for a in r["affinity"]]]
+    return [
+        r["index"],
+        r["timestamp"],
+        str(r["item_id"]),
+        str(r["position"]),
+        str(r["click"]),
+        repr(r["propensity_score"]),
+        *r["users"],
+        *[repr(a) for a in r["affinity"]],
+    ]
 
 
 def _write_csv(path, header: list[str], lines: list[list[str]]) -> None:
@@ -66,12 +92,20 @@ def _write_csv(path, header: list[str], lines: list[list[str]]) -> None:
 
 
 def _write_items(directory) -> None:
-    lines = [[str(n), str(item), repr(v[0]), *[_hex(label) for label in v[1:]]]
-             for n, (item, v) in enumerate(ITEMS.items())]
-    _write_csv(directory / "item_context.csv", ["", "item_id", *[f"item_feature_{j}" for j in range(4)]], lines)
+    lines = [
+        [str(n), str(item), repr(v[0]), *[_hex(label) for label in v[1:]]]
+        for n, (item, v) in enumerate(ITEMS.items())
+    ]
+    _write_csv(
+        directory / "item_context.csv",
+        ["", "item_id", *[f"item_feature_{j}" for j in range(4)]],
+        lines,
+    )
 
 
-def _campaign(tmp_path, lines: list[list[str]] | None = None, header: list[str] | None = None, rows=None):
+def _campaign(
+    tmp_path, lines: list[list[str]] | None = None, header: list[str] | None = None, rows=None
+):
     """``<tmp>/random/men/`` with ``men.csv`` and ``item_context.csv``; returns the directory."""
     d = tmp_path / "random" / "men"
     d.mkdir(parents=True)
@@ -151,10 +185,15 @@ def test_timestamps_in_obds_text_form(tmp_path):
 def test_arms_in_numeric_item_id_order(tmp_path):
     d = tmp_path / "c"
     d.mkdir()
-    _write_csv(d / "item_context.csv", ["", "item_id", "item_feature_0"], [["0", "10", "1.0"], ["1", "3", "2.0"],
-                                                                          ["2", "7", "3.0"]])
+    _write_csv(
+        d / "item_context.csv",
+        ["", "item_id", "item_feature_0"],
+        [["0", "10", "1.0"], ["1", "3", "2.0"], ["2", "7", "3.0"]],
+    )
     header = LOG_HEADER[:7]
-    _write_csv(d / "c.csv", header, [["0", "2019-11-24 00:00:00+00:00", "10", "1", "0", "0.5", "h"]])
+    _write_csv(
+        d / "c.csv", header, [["0", "2019-11-24 00:00:00+00:00", "10", "1", "0", "0.5", "h"]]
+    )
     (dec,) = read_obd(d, combine="concat", user_dim=2)
     assert dec.arm_ids == ("3", "7", "10") and dec.action == 2
     assert dec.features[:, -1].tolist() == [2.0, 3.0, 1.0]
@@ -166,7 +205,9 @@ def test_features_equal_the_hand_built_vectors(tmp_path, rule, user_dim):
     rows = _log_rows()
     ds = list(read_obd(_campaign(tmp_path, rows=rows), combine=rule, user_dim=user_dim))
     for n in (0, 17):
-        np.testing.assert_array_equal(ds[n].features, _expected_features(rows[n]["users"], user_dim, rule))
+        np.testing.assert_array_equal(
+            ds[n].features, _expected_features(rows[n]["users"], user_dim, rule)
+        )
 
 
 def test_an_empty_user_feature_adds_nothing(tmp_path):
@@ -203,8 +244,25 @@ def test_directory_and_file_paths_agree(tmp_path):
     by_dir, by_file = list(read_obd(d)), list(read_obd(str(d / "men.csv")))
     assert len(by_dir) == len(by_file) == 36
     for x, y in zip(by_dir, by_file):
-        assert (x.event_id, x.action, x.position, x.propensity, x.reward, x.timestamp_ms, x.slate_id, x.source) == \
-            (y.event_id, y.action, y.position, y.propensity, y.reward, y.timestamp_ms, y.slate_id, y.source)
+        assert (
+            x.event_id,
+            x.action,
+            x.position,
+            x.propensity,
+            x.reward,
+            x.timestamp_ms,
+            x.slate_id,
+            x.source,
+        ) == (
+            y.event_id,
+            y.action,
+            y.position,
+            y.propensity,
+            y.reward,
+            y.timestamp_ms,
+            y.slate_id,
+            y.source,
+        )
         np.testing.assert_array_equal(x.features, y.features)
     assert obd_dim(d) == obd_dim(d / "men.csv")
 
@@ -263,16 +321,29 @@ def test_a_row_with_too_few_fields_is_malformed(tmp_path):
 
 def test_bad_rows_skipped_and_counted_by_reason(tmp_path):
     lines = [_log_line(r) for r in _log_rows()]
-    bad = [(0, "item_id", "42"), (5, "position", "0"), (6, "position", "9"), (10, "propensity_score", "0"),
-           (11, "click", "x"), (20, "item_id", "-1")]
+    bad = [
+        (0, "item_id", "42"),
+        (5, "position", "0"),
+        (6, "position", "9"),
+        (10, "propensity_score", "0"),
+        (11, "click", "x"),
+        (20, "item_id", "-1"),
+    ]
     for n, field, value in bad:
         lines[n] = _with(lines[n], field, value)
     lines.insert(30, ["1", "2"])
     counts: dict[str, int] = {}
     ds = list(read_obd(_campaign(tmp_path, lines=lines), skip_bad=True, counts=counts))
     assert len(ds) == 30
-    assert counts == {"read": 30, "skipped": 7, "skipped_catalog": 2, "skipped_position": 2,
-                      "skipped_propensity": 1, "skipped_reward": 1, "skipped_malformed": 1}
+    assert counts == {
+        "read": 30,
+        "skipped": 7,
+        "skipped_catalog": 2,
+        "skipped_position": 2,
+        "skipped_propensity": 1,
+        "skipped_reward": 1,
+        "skipped_malformed": 1,
+    }
     assert {x.event_id for x in ds}.isdisjoint({str(n) for n, _, _ in bad})
 
 
@@ -299,7 +370,10 @@ def test_a_missing_log_column_raises(tmp_path):
 
 def test_affinity_needs_every_items_column(tmp_path):
     header = [h for h in LOG_HEADER if h != "user-item_affinity_3"]
-    lines = [[v for h, v in zip(LOG_HEADER, _log_line(r)) if h != "user-item_affinity_3"] for r in _log_rows(1)]
+    lines = [
+        [v for h, v in zip(LOG_HEADER, _log_line(r)) if h != "user-item_affinity_3"]
+        for r in _log_rows(1)
+    ]
     d = _campaign(tmp_path, lines=lines, header=header)
     assert len(list(read_obd(d))) == 3
     with pytest.raises(LogError, match="user-item_affinity_3") as err:
@@ -318,7 +392,11 @@ def test_item_context_without_item_id_raises(tmp_path):
 @pytest.mark.parametrize("cell", ["", "nan"])
 def test_a_bad_item_feature_is_a_catalog_error(tmp_path, cell):
     d = _campaign(tmp_path)
-    _write_csv(d / "item_context.csv", ["", "item_id", "item_feature_0"], [["0", "0", "1.0"], ["1", "1", cell]])
+    _write_csv(
+        d / "item_context.csv",
+        ["", "item_id", "item_feature_0"],
+        [["0", "0", "1.0"], ["1", "1", cell]],
+    )
     with pytest.raises(LogError, match=r"item_context\.csv") as err:
         read_obd(d)
     assert err.value.reason == "catalog"

@@ -24,9 +24,14 @@ def _write(tmp_path, name: str, text: str):
 def _decision(i: int, rng: np.random.Generator) -> LoggedDecision:
     k = int(rng.integers(1, 5))
     return LoggedDecision(
-        timestamp_ms=1_700_000_000_000 + i, event_id=f"ev-{i}", model_key=f"m{i % 3}",
-        arm_ids=tuple(f"arm{j}" for j in range(k)), features=rng.normal(size=(k, 3)) * 10.0 ** rng.integers(-300, 300),
-        action=int(rng.integers(k)), propensity=float(rng.uniform(1e-9, 1.0)), reward=float(rng.normal()),
+        timestamp_ms=1_700_000_000_000 + i,
+        event_id=f"ev-{i}",
+        model_key=f"m{i % 3}",
+        arm_ids=tuple(f"arm{j}" for j in range(k)),
+        features=rng.normal(size=(k, 3)) * 10.0 ** rng.integers(-300, 300),
+        action=int(rng.integers(k)),
+        propensity=float(rng.uniform(1e-9, 1.0)),
+        reward=float(rng.normal()),
         decision_version=int(rng.integers(-1, 1000)),
     )
 
@@ -56,9 +61,18 @@ def test_csv_with_a_catalog(tmp_path):
     ds = list(read_csv(log, cat))
     assert len(ds) == 2
     d = ds[0]
-    assert (d.timestamp_ms, d.event_id, d.model_key, d.arm_ids, d.action) == (1000, "e1", "m", ("a", "b", "c"), 1)
+    assert (d.timestamp_ms, d.event_id, d.model_key, d.arm_ids, d.action) == (
+        1000,
+        "e1",
+        "m",
+        ("a", "b", "c"),
+        1,
+    )
     assert d.propensity == 0.5 and d.reward == 1.0 and d.decision_version == -1
-    assert np.array_equal(d.features, [[1.0, 0.0], [0.0, 1.0], [0.5, -0.25]]) and d.features.dtype == np.float64
+    assert (
+        np.array_equal(d.features, [[1.0, 0.0], [0.0, 1.0], [0.5, -0.25]])
+        and d.features.dtype == np.float64
+    )
     assert ds[1].arm_ids == ("c", "a") and ds[1].action == 0
     assert np.array_equal(ds[1].features, [[0.5, -0.25], [1.0, 0.0]])
     # an already read catalog works too
@@ -66,9 +80,11 @@ def test_csv_with_a_catalog(tmp_path):
 
 
 def test_csv_with_inline_features(tmp_path):
-    text = ("timestamp_ms,event_id,model_key,arm_ids,action,propensity,reward,features,decision_version\n"
-            '5,e1,m,x|y,y,0.75,2.5,"1 2 3|4 5 6e-3",17\n'
-            "6,e2,m,x,x,1,0,0.1 -0.2 0.3,\n")
+    text = (
+        "timestamp_ms,event_id,model_key,arm_ids,action,propensity,reward,features,decision_version\n"
+        '5,e1,m,x|y,y,0.75,2.5,"1 2 3|4 5 6e-3",17\n'
+        "6,e2,m,x,x,1,0,0.1 -0.2 0.3,\n"
+    )
     ds = list(read_csv(_write(tmp_path, "inline.csv", text)))
     assert np.array_equal(ds[0].features, [[1, 2, 3], [4, 5, 6e-3]]) and ds[0].action == 1
     assert ds[0].decision_version == 17 and ds[1].decision_version == -1
@@ -112,14 +128,23 @@ def test_skip_bad_skips_and_counts_every_bad_row(tmp_path):
     ds = list(read_csv(log, cat, skip_bad=True, counts=counts))
     assert [d.event_id for d in ds] == ["e1", "e2"]
     assert counts["read"] == 2 and counts["skipped"] == len(BAD_ROWS)
-    assert counts["skipped_propensity"] == 4 and counts["skipped_malformed"] == 3 and counts["skipped_reward"] == 2
+    assert (
+        counts["skipped_propensity"] == 4
+        and counts["skipped_malformed"] == 3
+        and counts["skipped_reward"] == 2
+    )
     assert counts["skipped_action"] == counts["skipped_catalog"] == counts["skipped_arms"] == 1
 
 
-@pytest.mark.parametrize("features,words", [
-    ("1 2|3", "wrong feature count"), ("1 2", "features give 1 arms, arm_ids has 2"), ("1 x|3 4", "non-numeric"),
-    ("1 nan|3 4", "non-finite"),
-])
+@pytest.mark.parametrize(
+    "features,words",
+    [
+        ("1 2|3", "wrong feature count"),
+        ("1 2", "features give 1 arms, arm_ids has 2"),
+        ("1 x|3 4", "non-numeric"),
+        ("1 nan|3 4", "non-finite"),
+    ],
+)
 def test_bad_inline_features(tmp_path, features, words):
     text = HEADER.strip() + ",features\n" + f"1,e1,m,a|b,a,0.5,1.0,{features}\n"
     with pytest.raises(LogError, match="row 1") as exc:
@@ -129,7 +154,9 @@ def test_bad_inline_features(tmp_path, features, words):
 
 def test_whole_file_problems_always_raise(tmp_path):
     cat = _write(tmp_path, "arms.csv", CATALOG)
-    no_reward = _write(tmp_path, "a.csv", "timestamp_ms,event_id,model_key,arm_ids,action,propensity\n")
+    no_reward = _write(
+        tmp_path, "a.csv", "timestamp_ms,event_id,model_key,arm_ids,action,propensity\n"
+    )
     with pytest.raises(LogError, match=r"lacks the columns \['reward'\]"):
         list(read_csv(no_reward, cat, skip_bad=True))
     with pytest.raises(LogError, match="no catalog"):
@@ -148,8 +175,17 @@ def test_whole_file_problems_always_raise(tmp_path):
 def test_avro_round_trip_is_bit_exact(tmp_path):
     rng = np.random.default_rng(0)
     ds = [_decision(i, rng) for i in range(300)]
-    ds.append(dataclasses.replace(ds[0], event_id="edge", features=np.array([[-0.0, 5e-324, 1.7976931348623157e308]]),
-                                  arm_ids=("only",), action=0, propensity=1.0, reward=-0.0))
+    ds.append(
+        dataclasses.replace(
+            ds[0],
+            event_id="edge",
+            features=np.array([[-0.0, 5e-324, 1.7976931348623157e308]]),
+            arm_ids=("only",),
+            action=0,
+            propensity=1.0,
+            reward=-0.0,
+        )
+    )
     for codec in ("null", "deflate"):
         path = tmp_path / f"log-{codec}.avro"
         assert write_avro(path, iter(ds), codec=codec) == len(ds)
@@ -174,8 +210,13 @@ def test_avro_bad_records(tmp_path):
     from streambandit.replay.files import LOGGED_DECISION_SCHEMA, _to_record
 
     recs = [_to_record(d) for d in good]
-    broken = [dict(recs[0], propensity=None), dict(recs[0], propensity=1.5), dict(recs[0], action=99),
-              dict(recs[0], features=recs[0]["features"][:-8]), dict(recs[0], reward=float("nan"))]
+    broken = [
+        dict(recs[0], propensity=None),
+        dict(recs[0], propensity=1.5),
+        dict(recs[0], action=99),
+        dict(recs[0], features=recs[0]["features"][:-8]),
+        dict(recs[0], reward=float("nan")),
+    ]
     raw = tmp_path / "raw.avro"
     with open(raw, "wb") as f:
         fastavro.writer(f, LOGGED_DECISION_SCHEMA, [recs[0], *broken, recs[2]])
@@ -184,8 +225,14 @@ def test_avro_bad_records(tmp_path):
     counts: dict[str, int] = {}
     back = list(read_avro(raw, skip_bad=True, counts=counts))
     assert [d.event_id for d in back] == [good[0].event_id, good[2].event_id]
-    assert counts == {"read": 2, "skipped": 5, "skipped_propensity": 2, "skipped_action": 1, "skipped_features": 1,
-                      "skipped_reward": 1}
+    assert counts == {
+        "read": 2,
+        "skipped": 5,
+        "skipped_propensity": 2,
+        "skipped_action": 1,
+        "skipped_features": 1,
+        "skipped_reward": 1,
+    }
 
 
 def test_not_an_avro_file(tmp_path):
@@ -221,7 +268,11 @@ def test_unreadable_csv_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(files, "_FIELD_LIMIT", 1000)
     saved = csv.field_size_limit(1000)  # the process-wide limit, whatever an earlier test set
     big = "1002,e3,m,a|b,b,0.5,1.0," + '"' + "1 " * 600 + '"'
-    log = _write(tmp_path, "log.csv", HEADER.strip() + ",features\n" + big + "\n" + GOOD[0] + ",1 2|3 4|5 6\n")
+    log = _write(
+        tmp_path,
+        "log.csv",
+        HEADER.strip() + ",features\n" + big + "\n" + GOOD[0] + ",1 2|3 4|5 6\n",
+    )
     try:
         _unreadable_rows(tmp_path, log)
     finally:

@@ -27,8 +27,12 @@ USER_SHIFT = {"a": 0.5, "b": -0.5}  # user_feature_0's effect on every logit
 
 
 def cli(*args, timeout=180):
-    out = subprocess.run([sys.executable, "-m", "streambandit", *map(str, args)], capture_output=True, text=True,
-                         timeout=timeout)
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     return out
 
@@ -52,16 +56,37 @@ def obd_campaign(directory, n_impressions, seed):
     epoch = datetime(2019, 11, 24, tzinfo=UTC)
     with open(directory / f"{directory.name}.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["", "timestamp", "item_id", "position", "click", "propensity_score",
-                    *[f"user_feature_{j}" for j in range(USER_FEATURES)], *[f"user-item_affinity_{i}" for i in range(K)]])
+        w.writerow(
+            [
+                "",
+                "timestamp",
+                "item_id",
+                "position",
+                "click",
+                "propensity_score",
+                *[f"user_feature_{j}" for j in range(USER_FEATURES)],
+                *[f"user-item_affinity_{i}" for i in range(K)],
+            ]
+        )
         for m in range(n_impressions):
             user = "ab"[int(rng.integers(2))]
             stamp = str(epoch + timedelta(seconds=m))
             for slot, item in enumerate(rng.permutation(K)[:SLOTS]):
                 click = int(rng.random() < ctr(item, user, slot))
                 index = len(rows)
-                w.writerow([index, stamp, item, slot + 1, click, repr(1.0 / K), hexed[user], hexed["z"],
-                            *["0.0"] * K])
+                w.writerow(
+                    [
+                        index,
+                        stamp,
+                        item,
+                        slot + 1,
+                        click,
+                        repr(1.0 / K),
+                        hexed[user],
+                        hexed["z"],
+                        *["0.0"] * K,
+                    ]
+                )
                 rows.append((user, slot, int(item), click, str(index)))
     return rows
 
@@ -86,7 +111,18 @@ def test_an_obd_shaped_campaign_with_a_frozen_and_an_external_target(tmp_path):
     obd_campaign(train, 600, seed=1)
     rows = obd_campaign(test, 900, seed=2)
     state = tmp_path / "models.avro"
-    cli("replay", train, "--config", config, "--user-dim", "4", "--save-state", state, "--out", tmp_path / "r1")
+    cli(
+        "replay",
+        train,
+        "--config",
+        config,
+        "--user-dim",
+        "4",
+        "--save-state",
+        state,
+        "--out",
+        tmp_path / "r1",
+    )
 
     # The external target ("bts", as OBD's Bernoulli TS would be given): per slot, a fixed
     # distribution over the items, from a side file keyed by the row's index.
@@ -97,11 +133,29 @@ def test_an_obd_shaped_campaign_with_a_frozen_and_an_external_target(tmp_path):
         w.writerow(["event_id", "probs"])
         for *_, index in rows:
             w.writerow([index, "|".join(repr(float(p)) for p in policy)])
-    cli("replay", test, "--config", f"frozen={config}", "--frozen", "--state", state, "--external", f"bts={probs}",
-        "--user-dim", "4", "--out", tmp_path / "r2")
+    cli(
+        "replay",
+        test,
+        "--config",
+        f"frozen={config}",
+        "--frozen",
+        "--state",
+        state,
+        "--external",
+        f"bts={probs}",
+        "--user-dim",
+        "4",
+        "--out",
+        tmp_path / "r2",
+    )
     report = json.loads((tmp_path / "r2" / "replay.json").read_text())
     frozen, bts = report["targets"]
-    assert (frozen["name"], frozen["kind"], bts["name"], bts["kind"]) == ("frozen", "frozen", "bts", "external")
+    assert (frozen["name"], frozen["kind"], bts["name"], bts["kind"]) == (
+        "frozen",
+        "frozen",
+        "bts",
+        "external",
+    )
     assert report["events"] == len(rows) == 2700
 
     # The frozen target did not learn: its models are the saved ones.
@@ -113,7 +167,9 @@ def test_an_obd_shaped_campaign_with_a_frozen_and_an_external_target(tmp_path):
     est = {e["name"]: e for e in bts["estimates"]}
     by_hand = np.mean([policy[item] / (1.0 / K) * click for _, _, item, click, _ in rows])
     assert est["ips"]["value"] == pytest.approx(by_hand, rel=1e-9)
-    truth = np.mean([sum(policy[a] * ctr(a, user, slot) for a in range(K)) for user, slot, *_ in rows])
+    truth = np.mean(
+        [sum(policy[a] * ctr(a, user, slot) for a in range(K)) for user, slot, *_ in rows]
+    )
     for name in ("ips", "snips", "dr"):
         assert est[name]["ci_low"] <= truth <= est[name]["ci_high"], (name, est[name], truth)
     # The report compares the two targets.
@@ -122,12 +178,25 @@ def test_an_obd_shaped_campaign_with_a_frozen_and_an_external_target(tmp_path):
 
 
 def dsjson_line(event_id, ts, user, actions, chosen, p, cost):
-    return json.dumps({
-        "_label_cost": cost, "_label_probability": p, "_label_Action": chosen + 1, "_labelIndex": chosen,
-        "o": [{"v": -cost, "EventId": event_id, "ActionTaken": False}], "Timestamp": ts, "Version": "1",
-        "EventId": event_id, "a": [chosen + 1] + [i + 1 for i in range(len(actions)) if i != chosen],
-        "c": {"User": {"segment": user, "tenure": 0.5}, "_multi": [{"Action": {"id": a, "price": 1.0}} for a in actions]},
-        "p": [p] * len(actions), "VWState": {"m": "0/0"}})
+    return json.dumps(
+        {
+            "_label_cost": cost,
+            "_label_probability": p,
+            "_label_Action": chosen + 1,
+            "_labelIndex": chosen,
+            "o": [{"v": -cost, "EventId": event_id, "ActionTaken": False}],
+            "Timestamp": ts,
+            "Version": "1",
+            "EventId": event_id,
+            "a": [chosen + 1] + [i + 1 for i in range(len(actions)) if i != chosen],
+            "c": {
+                "User": {"segment": user, "tenure": 0.5},
+                "_multi": [{"Action": {"id": a, "price": 1.0}} for a in actions],
+            },
+            "p": [p] * len(actions),
+            "VWState": {"m": "0/0"},
+        }
+    )
 
 
 def test_a_dsjson_log_is_evaluated_with_a_target(tmp_path):
@@ -151,12 +220,16 @@ def test_a_dsjson_log_is_evaluated_with_a_target(tmp_path):
     report = json.loads((tmp_path / "rep" / "replay.json").read_text())
     target = report["targets"][0]
     est = {e["name"]: e for e in target["estimates"]}
-    assert report["events"] == 1500 and target["logging"]["value"] == pytest.approx(np.mean(rewards))
+    assert report["events"] == 1500 and target["logging"]["value"] == pytest.approx(
+        np.mean(rewards)
+    )
 
     # ips by hand from the target's own choices (epsilon 0: it puts probability 1 on its choice).
     decisions = list(read_dsjson(log, dim=64))
     result = replay(decisions, parse_models_config(tomllib.loads(config.read_text())))
-    by_hand = np.mean([(result.decisions[d.event_id] == d.action) * 3.0 * d.reward for d in decisions])
+    by_hand = np.mean(
+        [(result.decisions[d.event_id] == d.action) * 3.0 * d.reward for d in decisions]
+    )
     assert est["ips"]["value"] == pytest.approx(by_hand, rel=1e-9)
     # With the segment crossed with the actions the target learns the better action per segment.
     assert est["snips"]["ci_low"] > target["logging"]["value"]
@@ -168,13 +241,34 @@ def uniform_log_csv(path, n, seed):
     theta = np.array([1.5, -1.0, 0.5, 1.0])
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward", "features"])
+        w.writerow(
+            [
+                "timestamp_ms",
+                "event_id",
+                "model_key",
+                "arm_ids",
+                "action",
+                "propensity",
+                "reward",
+                "features",
+            ]
+        )
         for t in range(n):
             x = rng.normal(size=(K, 4))
             a = int(rng.integers(K))
             r = int(rng.random() < 1 / (1 + np.exp(-x[a] @ theta)))
-            w.writerow([t, f"e{t}", "m", "|".join(f"a{i}" for i in range(K)), f"a{a}", 1 / K, r,
-                        "|".join(" ".join(repr(float(v)) for v in row) for row in x)])
+            w.writerow(
+                [
+                    t,
+                    f"e{t}",
+                    "m",
+                    "|".join(f"a{i}" for i in range(K)),
+                    f"a{a}",
+                    1 / K,
+                    r,
+                    "|".join(" ".join(repr(float(v)) for v in row) for row in x),
+                ]
+            )
     return theta
 
 
@@ -205,8 +299,12 @@ def test_tune_recovers_the_better_of_two_settings(tmp_path):
     result = json.loads((tmp_path / "t" / "tune.json").read_text())
     assert result["best"] == "epsilon=0.0" and result["separated"]
     worst = result["candidates"][1]
-    assert worst["candidate"] == "epsilon=1.0" and worst["ci_low"] <= uniform_truth <= worst["ci_high"]
-    recommended = parse_models_config(tomllib.loads((tmp_path / "t" / "recommended.toml").read_text()))
+    assert (
+        worst["candidate"] == "epsilon=1.0" and worst["ci_low"] <= uniform_truth <= worst["ci_high"]
+    )
+    recommended = parse_models_config(
+        tomllib.loads((tmp_path / "t" / "recommended.toml").read_text())
+    )
     assert recommended.specs[0].epsilon == 0.0 and recommended.specs[0].policy == "oful"
 
 
@@ -227,6 +325,14 @@ def test_a_bad_grid_is_one_line_naming_the_candidate(tmp_path):
     uniform_log_csv(log, 10, seed=3)
     base = tmp_path / "base.toml"
     base.write_text(TUNE_BASE)
-    out = subprocess.run([sys.executable, "-m", "streambandit", "tune", log, "--config", base, "--grid", "lam=-1"],
-                         capture_output=True, text=True, timeout=60)
-    assert out.returncode == 2 and "candidate lam=-1" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "tune", log, "--config", base, "--grid", "lam=-1"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert (
+        out.returncode == 2
+        and "candidate lam=-1" in out.stderr
+        and len(out.stderr.strip().splitlines()) == 1
+    )

@@ -22,9 +22,22 @@ K, D = 5, 4
 
 
 def models_config(policy="oful", epsilon=0.2, seed=3, match="m-*", **hyper):
-    return parse_models_config({"models": [{"match": match, "policy": policy, "dim": D, "hyper": hyper,
-                                            "reward_window_ms": 1000, "default_reward": 0.0, "epsilon": epsilon,
-                                            "seed": seed}]})
+    return parse_models_config(
+        {
+            "models": [
+                {
+                    "match": match,
+                    "policy": policy,
+                    "dim": D,
+                    "hyper": hyper,
+                    "reward_window_ms": 1000,
+                    "default_reward": 0.0,
+                    "epsilon": epsilon,
+                    "seed": seed,
+                }
+            ]
+        }
+    )
 
 
 def worker_log(config, n, keys=("m-a", "m-b"), seed=0, max_delay=30):
@@ -49,10 +62,21 @@ def worker_log(config, n, keys=("m-a", "m-b"), seed=0, max_delay=30):
         spec = config.resolve(key)
         feats = rng.normal(size=(K, D))
         eid = f"e{t}"
-        d = decide(models[key], feats, epsilon=spec.epsilon, model_key=key, event_id=eid, seed=spec.seed)
+        d = decide(
+            models[key], feats, epsilon=spec.epsilon, model_key=key, event_id=eid, seed=spec.seed
+        )
         reward = float(feats[d.index] @ theta + 0.1 * rng.normal())
-        rec = LoggedDecision(t, eid, key, tuple(f"a{i}" for i in range(K)), feats, d.index, d.propensity, reward,
-                             models[key].n_updates)
+        rec = LoggedDecision(
+            t,
+            eid,
+            key,
+            tuple(f"a{i}" for i in range(K)),
+            feats,
+            d.index,
+            d.propensity,
+            reward,
+            models[key].n_updates,
+        )
         live[eid] = d.index
         heapq.heappush(due, (t + int(rng.integers(1, max_delay)), seq, rec))
         seq += 1
@@ -75,7 +99,10 @@ def test_replaying_the_workers_own_log_reproduces_it_bit_for_bit(policy):
     config = models_config(policy, **hyper)
     log, live, states = worker_log(config, 1500)
     # Delays really reorder: many records were decided at a version below their update index.
-    assert sum(r.decision_version < i for i, r in enumerate(r for r in log if r.model_key == "m-a")) > 100
+    assert (
+        sum(r.decision_version < i for i, r in enumerate(r for r in log if r.model_key == "m-a"))
+        > 100
+    )
     result = replay(log, config)
     assert result.decisions == live
     assert result.matched == result.events == 1500 and result.off_version == 0
@@ -106,7 +133,9 @@ def test_uniform_logging_and_a_deterministic_target():
     for t in range(n):
         a = int(rng.integers(K))
         r = float(rng.random() < means[a])
-        log.append(LoggedDecision(t, f"e{t}", "m-x", tuple(map(str, range(K))), feats, a, 1.0 / K, r))
+        log.append(
+            LoggedDecision(t, f"e{t}", "m-x", tuple(map(str, range(K))), feats, a, 1.0 / K, r)
+        )
     # oful with identical arms: equal scores, the argmax is arm 0 whatever it learns; epsilon 0.
     result = replay(log, models_config(epsilon=0.0))
     assert set(result.decisions.values()) == {0}
@@ -120,8 +149,19 @@ def test_uniform_logging_and_a_deterministic_target():
 
 def test_external_log_learns_only_from_matched_events():
     rng = np.random.default_rng(1)
-    log = [LoggedDecision(t, f"e{t}", "m-x", tuple(map(str, range(K))), rng.normal(size=(K, D)),
-                          int(rng.integers(K)), 1.0 / K, float(rng.normal())) for t in range(500)]
+    log = [
+        LoggedDecision(
+            t,
+            f"e{t}",
+            "m-x",
+            tuple(map(str, range(K))),
+            rng.normal(size=(K, D)),
+            int(rng.integers(K)),
+            1.0 / K,
+            float(rng.normal()),
+        )
+        for t in range(500)
+    ]
     result = replay(log, models_config(epsilon=0.1))
     assert result.models["m-x"]["n_updates"] == result.matched
     assert 0 < result.matched < 500
@@ -136,7 +176,10 @@ def test_unknown_model_key_names_the_event():
 
 def test_progress_is_reported():
     rng = np.random.default_rng(2)
-    log = [LoggedDecision(t, f"e{t}", "m-x", ("a", "b"), rng.normal(size=(2, D)), 0, 0.5, 0.0) for t in range(2500)]
+    log = [
+        LoggedDecision(t, f"e{t}", "m-x", ("a", "b"), rng.normal(size=(2, D)), 0, 0.5, 0.0)
+        for t in range(2500)
+    ]
     seen = []
     replay(log, models_config(), progress=seen.append)
     assert seen == [1000, 2000, 2500]
@@ -163,23 +206,58 @@ def write_csv(path, rows):
     '|', the action as an arm id."""
     with open(path, "w", newline="") as fh:
         w = csv.writer(fh)
-        w.writerow(["timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward", "features"])
+        w.writerow(
+            [
+                "timestamp_ms",
+                "event_id",
+                "model_key",
+                "arm_ids",
+                "action",
+                "propensity",
+                "reward",
+                "features",
+            ]
+        )
         for d in rows:
-            w.writerow([d.timestamp_ms, d.event_id, d.model_key, "|".join(d.arm_ids), d.arm_ids[d.action],
-                        d.propensity, d.reward, "|".join(" ".join(repr(float(v)) for v in row) for row in d.features)])
+            w.writerow(
+                [
+                    d.timestamp_ms,
+                    d.event_id,
+                    d.model_key,
+                    "|".join(d.arm_ids),
+                    d.arm_ids[d.action],
+                    d.propensity,
+                    d.reward,
+                    "|".join(" ".join(repr(float(v)) for v in row) for row in d.features),
+                ]
+            )
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "streambandit", "replay", *map(str, args)], capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "streambandit", "replay", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 @pytest.fixture
 def small_log(tmp_path):
     rng = np.random.default_rng(5)
-    rows = [LoggedDecision(1000 + t, f"e{t}", "m-a", tuple(f"a{i}" for i in range(K)),
-                           np.round(rng.normal(size=(K, D)), 3), int(rng.integers(K)), 1.0 / K,
-                           float(rng.random() < 0.3)) for t in range(300)]
+    rows = [
+        LoggedDecision(
+            1000 + t,
+            f"e{t}",
+            "m-a",
+            tuple(f"a{i}" for i in range(K)),
+            np.round(rng.normal(size=(K, D)), 3),
+            int(rng.integers(K)),
+            1.0 / K,
+            float(rng.random() < 0.3),
+        )
+        for t in range(300)
+    ]
     cfg = tmp_path / "worker.toml"
     cfg.write_text(CONFIG)
     return rows, cfg
@@ -218,6 +296,7 @@ def test_cli_bad_row_is_a_one_line_error(tmp_path, small_log):
     header = next(csv.reader([lines[0]]))
     fields[header.index("propensity")] = "0"
     import io
+
     buf = io.StringIO()
     csv.writer(buf).writerow(fields)
     lines[8] = buf.getvalue().rstrip("\r\n")
@@ -258,8 +337,18 @@ def test_replay_of_a_learning_target_matches_its_online_value():
     for t in range(n):
         x = context(rng)
         a = int(rng.integers(K))
-        log.append(LoggedDecision(t, f"e{t}", "m-x", tuple(map(str, range(K))), x, a, 1.0 / K,
-                                  float(x[a] @ theta + 0.5 * rng.normal())))
+        log.append(
+            LoggedDecision(
+                t,
+                f"e{t}",
+                "m-x",
+                tuple(map(str, range(K))),
+                x,
+                a,
+                1.0 / K,
+                float(x[a] @ theta + 0.5 * rng.normal()),
+            )
+        )
     result = replay(log, models_config(epsilon=0.0))
     simulated = np.mean([online(s, result.matched) for s in range(5)])
     uniform = 0.0  # E[x] = 0: a random arm's expected reward

@@ -19,9 +19,22 @@ K, D = 4, 3
 
 
 def config(epsilon=0.1, seed=0, **hyper):
-    return parse_models_config({"models": [{"match": "k-*", "policy": "oful", "dim": D, "hyper": hyper,
-                                            "reward_window_ms": 1000, "default_reward": 0.0, "epsilon": epsilon,
-                                            "seed": seed}]})
+    return parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "k-*",
+                    "policy": "oful",
+                    "dim": D,
+                    "hyper": hyper,
+                    "reward_window_ms": 1000,
+                    "default_reward": 0.0,
+                    "epsilon": epsilon,
+                    "seed": seed,
+                }
+            ]
+        }
+    )
 
 
 def uniform_log(n, seed=0, keys=("k-a", "k-b")):
@@ -32,7 +45,11 @@ def uniform_log(n, seed=0, keys=("k-a", "k-b")):
         x = rng.normal(size=(K, D))
         a = int(rng.integers(K))
         r = float(rng.random() < 1 / (1 + np.exp(-x[a] @ theta)))
-        out.append(LoggedDecision(t, f"e{t}", keys[t % len(keys)], tuple(f"a{i}" for i in range(K)), x, a, 1 / K, r))
+        out.append(
+            LoggedDecision(
+                t, f"e{t}", keys[t % len(keys)], tuple(f"a{i}" for i in range(K)), x, a, 1 / K, r
+            )
+        )
     return out
 
 
@@ -43,7 +60,9 @@ def values(result):
 def test_several_targets_in_one_pass_equal_each_alone():
     log = uniform_log(600)
     a, b = config(lam=1.0), config(lam=5.0, beta_scale=0.1)
-    both = replay_targets(iter(log), [Target("a", a), Target("b", b, learn=False)])  # one pass over an iterator
+    both = replay_targets(
+        iter(log), [Target("a", a), Target("b", b, learn=False)]
+    )  # one pass over an iterator
     assert list(both) == ["a", "b"]
     assert values(both["a"]) == values(replay(log, a))
     assert values(both["b"]) == values(replay(log, b, learn=False))
@@ -84,17 +103,32 @@ def test_a_worker_snapshot_is_a_source_of_states(tmp_path):
     engine = PartitionEngine(cfg)
     rng = np.random.default_rng(1)
     for i in range(60):
-        engine.on_context(Context(f"e{i}", "k-a", 10 * i, tuple(f"a{j}" for j in range(K)), rng.normal(size=(K, D))),
-                          InputRef(0, 0, i))
+        engine.on_context(
+            Context(
+                f"e{i}", "k-a", 10 * i, tuple(f"a{j}" for j in range(K)), rng.normal(size=(K, D))
+            ),
+            InputRef(0, 0, i),
+        )
         engine.on_reward(Reward(f"e{i}", "k-a", 10 * i + 1, 1.0), InputRef(1, 0, i))
     engine.advance_to(10**6)
-    head = {"partition": 0, "created_ms": 1, "contexts_offset": 1, "rewards_offset": 1, "actions_offset": 1,
-            "joined_offset": 1, "dead_letter_offset": 0, "chain": 1, "seq": 0}
+    head = {
+        "partition": 0,
+        "created_ms": 1,
+        "contexts_offset": 1,
+        "rewards_offset": 1,
+        "actions_offset": 1,
+        "joined_offset": 1,
+        "dead_letter_offset": 0,
+        "chain": 1,
+        "seq": 0,
+    }
     snap = tmp_path / "p0.snap"
     snap.write_bytes(pack_snapshot(head | {"engine": engine.snapshot()}))
     states = read_model_states(snap)
     assert states["k-a"]["n_updates"] == engine.models["k-a"].n_updates > 0
-    np.testing.assert_array_equal(states["k-a"]["theta"], engine.models["k-a"].state_dict()["theta"])
+    np.testing.assert_array_equal(
+        states["k-a"]["theta"], engine.models["k-a"].state_dict()["theta"]
+    )
     (tmp_path / "junk").write_bytes(b"not a snapshot")
     with pytest.raises(ValueError, match="neither a file of model states nor a worker snapshot"):
         read_model_states(tmp_path / "junk")
@@ -128,7 +162,9 @@ def test_an_external_target_with_a_frozen_models_probabilities_is_estimated_as_t
 
 def test_a_row_one_target_cannot_use_is_skipped_for_every_target():
     log = uniform_log(50)
-    given = with_external(log[:25], "x", lambda d: np.full(K, 1 / K)) + log[25:]  # the rest lack x's probabilities
+    given = (
+        with_external(log[:25], "x", lambda d: np.full(K, 1 / K)) + log[25:]
+    )  # the rest lack x's probabilities
     with pytest.raises(LogError, match="no probabilities of target 'x'"):
         replay_targets(given, [Target("m", config()), Target("x")])
     counts = {}
@@ -143,8 +179,12 @@ def test_estimates_per_model_key_are_each_keys_own_log():
     result = replay(log, cfg)
     assert set(result.by_key) == {"k-a", "k-b"}
     for key in ("k-a", "k-b"):
-        alone = replay([d for d in log if d.model_key == key], cfg)  # a key's model sees only its own rows
-        assert values(alone) == {e.name: (e.value, e.ci_low, e.ci_high) for e in result.by_key[key].estimates}
+        alone = replay(
+            [d for d in log if d.model_key == key], cfg
+        )  # a key's model sees only its own rows
+        assert values(alone) == {
+            e.name: (e.value, e.ci_low, e.ci_high) for e in result.by_key[key].estimates
+        }
         assert result.by_key[key].events == alone.events
 
 
@@ -158,8 +198,20 @@ def slate_log(n_slates, seed=0, slots=3):
         perm = rng.permutation(K)
         for k in range(slots):
             a = int(perm[k])
-            rows.append(LoggedDecision(s, f"s{s}-{k}", "k-a", tuple(f"a{i}" for i in range(K)), x, a, 1 / (K - k),
-                                       float(rng.random() < 0.3 + 0.1 * a), position=k, slate_id=f"s{s}"))
+            rows.append(
+                LoggedDecision(
+                    s,
+                    f"s{s}-{k}",
+                    "k-a",
+                    tuple(f"a{i}" for i in range(K)),
+                    x,
+                    a,
+                    1 / (K - k),
+                    float(rng.random() < 0.3 + 0.1 * a),
+                    position=k,
+                    slate_id=f"s{s}",
+                )
+            )
     return rows
 
 
@@ -169,8 +221,15 @@ def test_the_cascade_estimator_is_the_product_of_the_slots_weights_brute_force()
     pis = [rng.dirichlet(np.ones(K)) for _ in rows]
     ev = OffPolicyEvaluator()
     for d, pi in zip(rows, pis):
-        ev.add(action=d.action, propensity=d.propensity, reward=d.reward, target_probs=pi, predicted=np.zeros(K),
-               slate_id=d.slate_id, position=d.position)
+        ev.add(
+            action=d.action,
+            propensity=d.propensity,
+            reward=d.reward,
+            target_probs=pi,
+            predicted=np.zeros(K),
+            slate_id=d.slate_id,
+            position=d.position,
+        )
     est = {e.name: e for e in ev.estimates()}
     # The oracle: per slate, sum_k r_k prod_{j<=k} pi_j(a_j) / p_j, over all rows.
     total = 0.0
@@ -190,7 +249,9 @@ def test_the_cascade_estimator_is_the_product_of_the_slots_weights_brute_force()
 def test_a_target_decides_each_slot_by_its_ranking():
     rows = slate_log(30)
     result = replay(rows, config(epsilon=0.0), learn=False)
-    policy = config(epsilon=0.0).resolve("k-a").build()  # frozen and fresh: the ranking is its prior's
+    policy = (
+        config(epsilon=0.0).resolve("k-a").build()
+    )  # frozen and fresh: the ranking is its prior's
     for d in rows:
         order = np.argsort(-policy.scores(d.features), kind="stable")
         assert result.decisions[d.event_id] == order[d.position]

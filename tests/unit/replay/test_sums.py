@@ -42,7 +42,7 @@ def test_the_sums_equal_numpys_means_variances_and_ratios(clip):
         assert acc[o + 1] == pytest.approx(x.mean(), rel=1e-12)
         assert acc[o + 2] == pytest.approx(((x - x.mean()) ** 2).sum(), rel=1e-10)
     for o, u, v in ((sums.REPLAY, pa * r, pa), (sums.SNIPS, w * r, w)):
-        got = dict(zip(sums.RATIO_FIELDS, acc[o:o + 9]))
+        got = dict(zip(sums.RATIO_FIELDS, acc[o : o + 9]))
         assert got["n"] == len(rows) and got["nonzero"] == np.count_nonzero(v)
         assert (got["mu"], got["mv"]) == pytest.approx((u.mean(), v.mean()), rel=1e-12)
         assert got["suu"] == pytest.approx(((u - u.mean()) ** 2).sum(), rel=1e-10)
@@ -50,7 +50,9 @@ def test_the_sums_equal_numpys_means_variances_and_ratios(clip):
         assert got["suv"] == pytest.approx(((u - u.mean()) * (v - v.mean())).sum(), rel=1e-10)
         assert (got["sv"], got["sv2"]) == pytest.approx((v.sum(), (v * v).sum()), rel=1e-12)
     assert acc[sums.TWO_VALUED] == 1.0 and acc[sums.UNIFORM] == 0.0
-    assert (acc[sums.SW], acc[sums.SW2], acc[sums.SU]) == pytest.approx((w.sum(), (w * w).sum(), (w * r).sum()))
+    assert (acc[sums.SW], acc[sums.SW2], acc[sums.SU]) == pytest.approx(
+        (w.sum(), (w * w).sum(), (w * r).sum())
+    )
 
 
 def test_the_checks_of_an_event():
@@ -64,8 +66,10 @@ def test_the_checks_of_an_event():
     for bad in ([0.5, 0.6], [1.5, -0.5], [math.nan, 1.0], [1.0, math.nan], [math.inf, 0.0]):
         assert sums.event_terms(np.array(bad), q, 0, 0.5, 1.0)[0] == sums.TERMS_BAD_PROBS, bad
     # A NaN prediction on an arm of probability 0 still makes the event unusable.
-    assert sums.event_terms(np.array([1.0, 0.0]), np.array([0.0, math.nan]), 0, 0.5, 1.0)[0] == \
-        sums.TERMS_BAD_PREDICTIONS
+    assert (
+        sums.event_terms(np.array([1.0, 0.0]), np.array([0.0, math.nan]), 0, 0.5, 1.0)[0]
+        == sums.TERMS_BAD_PREDICTIONS
+    )
     assert sums.event_terms(pi, np.array([1.0, 3.0]), 1, 0.5, 1.0) == (sums.TERMS_OK, 0.5, 2.0, 3.0)
 
 
@@ -104,4 +108,6 @@ def test_an_evaluator_without_running_history_keeps_only_the_current_point():
         plain.add_also_to(silent, a, p, r, pi, q)
     assert silent.estimates() == plain.estimates()
     assert all(len(points) > 20 for points in plain.running().values())
-    assert silent.running() == {name: [(200, value)] for name, [*_, (_, value)] in plain.running().items()}
+    assert silent.running() == {
+        name: [(200, value)] for name, [*_, (_, value)] in plain.running().items()
+    }

@@ -13,8 +13,18 @@ from aiohttp import web
 from streambandit import Decider
 from streambandit.serving.api import make_app
 
-MODELS = {"models": [{"match": "ads", "policy": "oful", "dim": 3, "reward_window_ms": 60_000,
-                      "default_reward": 0.0, "epsilon": 0.1}]}
+MODELS = {
+    "models": [
+        {
+            "match": "ads",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 60_000,
+            "default_reward": 0.0,
+            "epsilon": 0.1,
+        }
+    ]
+}
 
 
 def _serving(decider):
@@ -52,8 +62,12 @@ def server():
 
 def call(url: str, body=None, raw: bytes | None = None) -> tuple[int, dict | str]:
     data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-    req = urllib.request.Request(url, data=data, method="POST" if data is not None else "GET",
-                                 headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        url,
+        data=data,
+        method="POST" if data is not None else "GET",
+        headers={"Content-Type": "application/json"},
+    )
     try:
         with urllib.request.urlopen(req, timeout=10) as resp:
             text = resp.read().decode()
@@ -67,7 +81,9 @@ def call(url: str, body=None, raw: bytes | None = None) -> tuple[int, dict | str
 
 
 def _actions(rng, k=4):
-    return [{"id": f"ad-{i}", "features": [float(v) for v in rng.standard_normal(3)]} for i in range(k)]
+    return [
+        {"id": f"ad-{i}", "features": [float(v) for v in rng.standard_normal(3)]} for i in range(k)
+    ]
 
 
 def test_rank_and_reward_decide_as_the_decider_does(server):
@@ -76,62 +92,164 @@ def test_rank_and_reward_decide_as_the_decider_does(server):
     mirror = Decider(MODELS)
     for i in range(40):
         actions = _actions(rng)
-        status, got = call(f"{url}/rank", {"eventId": f"e{i}", "actions": actions, "timestampMs": 1_000 + i})
+        status, got = call(
+            f"{url}/rank", {"eventId": f"e{i}", "actions": actions, "timestampMs": 1_000 + i}
+        )
         assert status == 200
-        want = mirror.rank(f"e{i}", "ads", {a["id"]: a["features"] for a in actions}, timestamp_ms=1_000 + i)
+        want = mirror.rank(
+            f"e{i}", "ads", {a["id"]: a["features"] for a in actions}, timestamp_ms=1_000 + i
+        )
         assert (got["rewardActionId"], got["modelVersion"]) == (want.arm_id, want.model_version)
-        assert got["ranking"][0]["id"] == want.arm_id and got["ranking"][0]["probability"] == pytest.approx(
-            want.propensity)
+        assert got["ranking"][0]["id"] == want.arm_id and got["ranking"][0][
+            "probability"
+        ] == pytest.approx(want.propensity)
         assert sum(r["probability"] for r in got["ranking"]) == pytest.approx(1.0)
         assert sorted(r["id"] for r in got["ranking"]) == sorted(a["id"] for a in actions)
         assert got["scores"][want.arm_id] == want.score
         if i % 2:
-            assert call(f"{url}/events/e{i}/reward", {"value": 1.0, "timestampMs": 1_000 + i})[0] == 204
+            assert (
+                call(f"{url}/events/e{i}/reward", {"value": 1.0, "timestampMs": 1_000 + i})[0]
+                == 204
+            )
             mirror.reward(f"e{i}", 1.0, timestamp_ms=1_000 + i)
-    assert np.array_equal(served.models["ads"].state_dict()["theta"], mirror.models["ads"].state_dict()["theta"])
+    assert np.array_equal(
+        served.models["ads"].state_dict()["theta"], mirror.models["ads"].state_dict()["theta"]
+    )
     status, text = call(f"{url}/metrics")
-    assert status == 200 and 'streambandit_api_requests_total{route="rank",status="200"} 40.0' in text
+    assert (
+        status == 200 and 'streambandit_api_requests_total{route="rank",status="200"} 40.0' in text
+    )
     assert call(f"{url}/healthz")[0] == 200 and call(f"{url}/ready")[0] == 200
 
 
-@pytest.mark.parametrize("path, body, raw, status, code", [
-    ("/rank", None, b"{not json", 400, "malformed"),
-    ("/rank", None, b'{"eventId": "x", "actions": [{"id": "a", "features": [NaN, 0, 0]}]}', 400, "malformed"),
-    ("/rank", None, b"[1, 2]", 400, "malformed"),
-    ("/rank", {"eventId": "x", "actions": [{"id": "a", "features": [1.0, 0.0]}]}, None, 400, "bad_dimension"),
-    ("/rank", {"eventId": "x", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]},
-                                           {"id": "b", "features": [1.0]}]}, None, 400, "bad_dimension"),
-    ("/rank", {"eventId": "x", "actions": [{"id": "a", "features": ["big", 0.0, 0.0]}]}, None, 400, "bad_dimension"),
-    ("/rank", {"eventId": "x", "actions": [{"id": "a", "features": [1e300, 0.0, 0.0]}]}, None, 400,
-     "feature_out_of_range"),
-    ("/rank", {"eventId": "x", "actions": []}, None, 400, "empty_arms"),
-    ("/rank", {"eventId": "x", "modelKey": "nobody", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}, None,
-     400, "unknown_model"),
-    ("/rank", {"eventId": "x", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}],
-               "contextFeatures": [{"user": "u"}]}, None, 400, "malformed"),
-    ("/rank", {"actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}, None, 400, "malformed"),
-    ("/rank", {"eventId": "first", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}, None, 409,
-     "duplicate_event"),
-    ("/events/never/reward", {"value": 1.0}, None, 404, "unknown_event"),
-    ("/events/first/reward", {"value": 1.0, "timestampMs": 10**15}, None, 400, "event_time_ahead"),
-    ("/events/first/reward", {"value": "one"}, None, 400, "non_finite_reward"),
-    ("/events/first/reward", {}, None, 400, "malformed"),
-    ("/rank", None, b'{"pad": "' + b"x" * 5000 + b'"}', 413, "malformed"),
-])
-def test_every_bad_request_is_a_clear_4xx_and_the_server_serves_on(server, path, body, raw, status, code):
+@pytest.mark.parametrize(
+    "path, body, raw, status, code",
+    [
+        ("/rank", None, b"{not json", 400, "malformed"),
+        (
+            "/rank",
+            None,
+            b'{"eventId": "x", "actions": [{"id": "a", "features": [NaN, 0, 0]}]}',
+            400,
+            "malformed",
+        ),
+        ("/rank", None, b"[1, 2]", 400, "malformed"),
+        (
+            "/rank",
+            {"eventId": "x", "actions": [{"id": "a", "features": [1.0, 0.0]}]},
+            None,
+            400,
+            "bad_dimension",
+        ),
+        (
+            "/rank",
+            {
+                "eventId": "x",
+                "actions": [
+                    {"id": "a", "features": [1.0, 0.0, 0.0]},
+                    {"id": "b", "features": [1.0]},
+                ],
+            },
+            None,
+            400,
+            "bad_dimension",
+        ),
+        (
+            "/rank",
+            {"eventId": "x", "actions": [{"id": "a", "features": ["big", 0.0, 0.0]}]},
+            None,
+            400,
+            "bad_dimension",
+        ),
+        (
+            "/rank",
+            {"eventId": "x", "actions": [{"id": "a", "features": [1e300, 0.0, 0.0]}]},
+            None,
+            400,
+            "feature_out_of_range",
+        ),
+        ("/rank", {"eventId": "x", "actions": []}, None, 400, "empty_arms"),
+        (
+            "/rank",
+            {
+                "eventId": "x",
+                "modelKey": "nobody",
+                "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}],
+            },
+            None,
+            400,
+            "unknown_model",
+        ),
+        (
+            "/rank",
+            {
+                "eventId": "x",
+                "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}],
+                "contextFeatures": [{"user": "u"}],
+            },
+            None,
+            400,
+            "malformed",
+        ),
+        ("/rank", {"actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}, None, 400, "malformed"),
+        (
+            "/rank",
+            {"eventId": "first", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]},
+            None,
+            409,
+            "duplicate_event",
+        ),
+        ("/events/never/reward", {"value": 1.0}, None, 404, "unknown_event"),
+        (
+            "/events/first/reward",
+            {"value": 1.0, "timestampMs": 10**15},
+            None,
+            400,
+            "event_time_ahead",
+        ),
+        ("/events/first/reward", {"value": "one"}, None, 400, "non_finite_reward"),
+        ("/events/first/reward", {}, None, 400, "malformed"),
+        ("/rank", None, b'{"pad": "' + b"x" * 5000 + b'"}', 413, "malformed"),
+    ],
+)
+def test_every_bad_request_is_a_clear_4xx_and_the_server_serves_on(
+    server, path, body, raw, status, code
+):
     url, _ = server
-    assert call(f"{url}/rank", {"eventId": "first", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]})[0] == 200
+    assert (
+        call(
+            f"{url}/rank",
+            {"eventId": "first", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]},
+        )[0]
+        == 200
+    )
     got_status, got = call(f"{url}{path}", body, raw)
     assert got_status == status and got["error"]["code"] == code, got
     assert got["error"]["message"]
     # Still serving: a good request right after.
-    assert call(f"{url}/rank", {"eventId": "after", "actions": [{"id": "a", "features": [0.0, 1.0, 0.0]}]})[0] == 200
+    assert (
+        call(
+            f"{url}/rank",
+            {"eventId": "after", "actions": [{"id": "a", "features": [0.0, 1.0, 0.0]}]},
+        )[0]
+        == 200
+    )
     _, metrics = call(f"{url}/metrics")
     assert f'streambandit_api_refused_total{{reason="{code}"}} 1.0' in metrics
 
 
-HASHED = {"models": [{"match": "ads", "policy": "oful", "dim": 64, "reward_window_ms": 60_000,
-                      "default_reward": 0.0, "epsilon": 0.1}]}
+HASHED = {
+    "models": [
+        {
+            "match": "ads",
+            "policy": "oful",
+            "dim": 64,
+            "reward_window_ms": 60_000,
+            "default_reward": 0.0,
+            "epsilon": 0.1,
+        }
+    ]
+}
 
 
 def test_a_personalizer_rank_request_decides_on_the_vectors_the_dsjson_reader_makes():
@@ -140,29 +258,63 @@ def test_a_personalizer_rank_request_decides_on_the_vectors_the_dsjson_reader_ma
     from streambandit.replay.dsjson import parse_line
 
     context = [{"User": {"id": "u1", "age": 0.3}}, {"device": "mobile"}]
-    actions = [{"id": "news", "features": [{"type": "news"}, {"Topic": {"politics": 1}}]},
-               {"id": "sport", "features": [{"type": "sport", "length": 2.5}]},
-               {"id": "food", "features": [{"type": "food"}]}]
+    actions = [
+        {"id": "news", "features": [{"type": "news"}, {"Topic": {"politics": 1}}]},
+        {"id": "sport", "features": [{"type": "sport", "length": 2.5}]},
+        {"id": "food", "features": [{"type": "food"}]},
+    ]
     decider = Decider(HASHED)
     for url in _serving(decider):
-        status, got = call(f"{url}/rank", {"eventId": "p1", "contextFeatures": context, "actions": actions,
-                                           "excludedActions": ["food"]})
+        status, got = call(
+            f"{url}/rank",
+            {
+                "eventId": "p1",
+                "contextFeatures": context,
+                "actions": actions,
+                "excludedActions": ["food"],
+            },
+        )
         assert status == 200, got
-        assert [r["id"] for r in got["ranking"]][-1] == "food" and got["ranking"][-1]["probability"] == 0.0
+        assert [r["id"] for r in got["ranking"]][-1] == "food" and got["ranking"][-1][
+            "probability"
+        ] == 0.0
         assert got["rewardActionId"] in {"news", "sport"}
         chosen = decider.engine.pending["p1"].action
         # The same event as Personalizer logs it: shared features in c, each action's in _multi.
-        line = {"EventId": "p1", "Timestamp": "2026-01-01T00:00:00Z", "_label_cost": 0, "_label_probability": 1,
-                "_labelIndex": 0, "c": {"User": {"id": "u1", "age": 0.3}, "device": "mobile",
-                                        "_multi": [{"type": "news", "Topic": {"politics": 1}},
-                                                   {"type": "sport", "length": 2.5}]}}
+        line = {
+            "EventId": "p1",
+            "Timestamp": "2026-01-01T00:00:00Z",
+            "_label_cost": 0,
+            "_label_probability": 1,
+            "_labelIndex": 0,
+            "c": {
+                "User": {"id": "u1", "age": 0.3},
+                "device": "mobile",
+                "_multi": [
+                    {"type": "news", "Topic": {"politics": 1}},
+                    {"type": "sport", "length": 2.5},
+                ],
+            },
+        }
         logged = parse_line(json.dumps(line), dim=64)
         assert np.array_equal(chosen.features, logged.features[chosen.arm_index])
         # A request mixing numbers and objects, or naming a feature twice, is refused.
-        for bad in ({"eventId": "p2", "contextFeatures": context, "actions": [{"id": "a", "features": [1.0] * 64}]},
-                    {"eventId": "p3", "contextFeatures": [{"device": "a"}, {"device": "b"}], "actions": actions}):
+        for bad in (
+            {
+                "eventId": "p2",
+                "contextFeatures": context,
+                "actions": [{"id": "a", "features": [1.0] * 64}],
+            },
+            {
+                "eventId": "p3",
+                "contextFeatures": [{"device": "a"}, {"device": "b"}],
+                "actions": actions,
+            },
+        ):
             status, err = call(f"{url}/rank", bad)
             assert status == 400 and err["error"]["code"] == "malformed", err
-        status, err = call(f"{url}/rank", {"eventId": "p4", "actions": actions, "excludedActions": ["news", "sport",
-                                                                                                   "food"]})
+        status, err = call(
+            f"{url}/rank",
+            {"eventId": "p4", "actions": actions, "excludedActions": ["news", "sport", "food"]},
+        )
         assert status == 400 and err["error"]["code"] == "empty_arms"

@@ -8,11 +8,27 @@ from streambandit.config.models import parse_models_config
 from streambandit.engine.partition import PartitionEngine
 from streambandit.wire import Context, InputRef, Joined, Reward
 
-MODELS = {"models": [
-    {"match": "ads-*", "policy": "oful", "dim": 3, "reward_window_ms": 100, "default_reward": 0.0, "epsilon": 0.2},
-    {"match": "sum-*", "policy": "glb_omd", "dim": 3, "reward_window_ms": 100, "default_reward": 0.0,
-     "aggregation": "sum", "hyper": {"link": "gaussian"}},
-]}
+MODELS = {
+    "models": [
+        {
+            "match": "ads-*",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 100,
+            "default_reward": 0.0,
+            "epsilon": 0.2,
+        },
+        {
+            "match": "sum-*",
+            "policy": "glb_omd",
+            "dim": 3,
+            "reward_window_ms": 100,
+            "default_reward": 0.0,
+            "aggregation": "sum",
+            "hyper": {"link": "gaussian"},
+        },
+    ]
+}
 
 
 def _events(n: int, seed: int = 0):
@@ -36,11 +52,24 @@ def test_the_decider_decides_and_learns_as_the_engine_to_the_bit():
     for offset, (kind, ts, eid, key, payload) in enumerate(_events(300)):
         if kind == "context":
             r = decider.rank(eid, key, arms, payload, timestamp_ms=ts)
-            a = next(o for o in engine.on_context(Context(eid, key, ts, arms, payload), InputRef(0, 0, offset))
-                     if not isinstance(o, Joined))
-            assert (r.arm_id, r.arm_index, r.propensity, r.score, r.model_version) == \
-                (a.arm_id, a.arm_index, a.propensity, a.score, a.model_version)
-            assert np.array_equal(r.scores, engine.models[key].scores(payload)) and r.scores[r.arm_index] == r.score
+            a = next(
+                o
+                for o in engine.on_context(
+                    Context(eid, key, ts, arms, payload), InputRef(0, 0, offset)
+                )
+                if not isinstance(o, Joined)
+            )
+            assert (r.arm_id, r.arm_index, r.propensity, r.score, r.model_version) == (
+                a.arm_id,
+                a.arm_index,
+                a.propensity,
+                a.score,
+                a.model_version,
+            )
+            assert (
+                np.array_equal(r.scores, engine.models[key].scores(payload))
+                and r.scores[r.arm_index] == r.score
+            )
         else:
             decider.reward(eid, payload, timestamp_ms=ts)
             engine.on_reward(Reward(eid, key, ts, payload), InputRef(1, 0, offset))
@@ -49,7 +78,10 @@ def test_the_decider_decides_and_learns_as_the_engine_to_the_bit():
     assert decider.models.keys() == engine.models.keys()
     for key, model in engine.models.items():
         mine, theirs = decider.models[key].state_dict(), model.state_dict()
-        assert all(np.array_equal(mine[k], v) if isinstance(v, np.ndarray) else mine[k] == v for k, v in theirs.items())
+        assert all(
+            np.array_equal(mine[k], v) if isinstance(v, np.ndarray) else mine[k] == v
+            for k, v in theirs.items()
+        )
 
 
 def test_saved_and_loaded_it_continues_exactly(tmp_path):
@@ -86,31 +118,42 @@ def test_windows_close_with_the_default_reward_and_the_records_are_handed_on():
     d.reward("e2", 0.25, timestamp_ms=1_030)  # aggregation "sum": held until the window closes
     assert seen == []
     closed = d.advance(1_200)
-    assert [(j.event_id, j.reward, j.reward_observed) for j in closed] == [("e1", 0.0, False), ("e2", 0.75, True)]
+    assert [(j.event_id, j.reward, j.reward_observed) for j in closed] == [
+        ("e1", 0.0, False),
+        ("e2", 0.75, True),
+    ]
     assert seen == closed
     assert d.models["ads-1"].n_updates == 1 and d.models["sum-1"].n_updates == 1
 
 
-@pytest.mark.parametrize("call, reason", [
-    (lambda d: d.rank("e9", "ads-1", {"a": [np.nan, 0.0, 0.0]}), "non_finite_features"),
-    (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0]}), "bad_dimension"),
-    (lambda d: d.rank("e9", "ads-1", {}), "empty_arms"),
-    (lambda d: d.rank("e9", "ads-1", ["a", "b"], np.zeros((3, 3))), "bad_dimension"),
-    (lambda d: d.rank("e9", "ads-1", {"a": [1e300, 0.0, 0.0]}), "feature_out_of_range"),
-    (lambda d: d.rank("e9", "nobody", {"a": [1.0, 0.0, 0.0]}), "unknown_model"),
-    (lambda d: d.rank("e1", "ads-1", {"a": [1.0, 0.0, 0.0]}), "duplicate_event"),
-    (lambda d: d.rank("", "ads-1", {"a": [1.0, 0.0, 0.0]}), "malformed"),
-    (lambda d: d.rank("x" * 5000, "ads-1", {"a": [1.0, 0.0, 0.0]}), "id_too_long"),
-    (lambda d: d.reward("never", 1.0), "unknown_event"),
-    (lambda d: d.reward("e1", float("nan")), "non_finite_reward"),
-    (lambda d: d.reward("e1", "lots"), "non_finite_reward"),
-    (lambda d: d.reward("e1", 1.0, model_key="ads-2"), "model_key_mismatch"),
-    (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=-5), "bad_timestamp"),
-    # Far ahead of the clock (1,050 ms here): it would close every window at once, for good.
-    (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=10**13), "event_time_ahead"),
-    (lambda d: d.reward("e1", 1.0, timestamp_ms=10**13), "event_time_ahead"),
-])
-def test_a_bad_call_is_refused_with_its_reason_and_decides_or_learns_nothing(call, reason, tmp_path):
+@pytest.mark.parametrize(
+    "call, reason",
+    [
+        (lambda d: d.rank("e9", "ads-1", {"a": [np.nan, 0.0, 0.0]}), "non_finite_features"),
+        (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0]}), "bad_dimension"),
+        (lambda d: d.rank("e9", "ads-1", {}), "empty_arms"),
+        (lambda d: d.rank("e9", "ads-1", ["a", "b"], np.zeros((3, 3))), "bad_dimension"),
+        (lambda d: d.rank("e9", "ads-1", {"a": [1e300, 0.0, 0.0]}), "feature_out_of_range"),
+        (lambda d: d.rank("e9", "nobody", {"a": [1.0, 0.0, 0.0]}), "unknown_model"),
+        (lambda d: d.rank("e1", "ads-1", {"a": [1.0, 0.0, 0.0]}), "duplicate_event"),
+        (lambda d: d.rank("", "ads-1", {"a": [1.0, 0.0, 0.0]}), "malformed"),
+        (lambda d: d.rank("x" * 5000, "ads-1", {"a": [1.0, 0.0, 0.0]}), "id_too_long"),
+        (lambda d: d.reward("never", 1.0), "unknown_event"),
+        (lambda d: d.reward("e1", float("nan")), "non_finite_reward"),
+        (lambda d: d.reward("e1", "lots"), "non_finite_reward"),
+        (lambda d: d.reward("e1", 1.0, model_key="ads-2"), "model_key_mismatch"),
+        (lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=-5), "bad_timestamp"),
+        # Far ahead of the clock (1,050 ms here): it would close every window at once, for good.
+        (
+            lambda d: d.rank("e9", "ads-1", {"a": [1.0, 0.0, 0.0]}, timestamp_ms=10**13),
+            "event_time_ahead",
+        ),
+        (lambda d: d.reward("e1", 1.0, timestamp_ms=10**13), "event_time_ahead"),
+    ],
+)
+def test_a_bad_call_is_refused_with_its_reason_and_decides_or_learns_nothing(
+    call, reason, tmp_path
+):
     d = Decider(MODELS, clock=lambda: 1_050)
     d.rank("e1", "ads-1", {"a": [1.0, 0.0, 0.0], "b": [0.0, 1.0, 0.0]}, timestamp_ms=1_000)
     d.save(tmp_path / "before")
@@ -118,12 +161,21 @@ def test_a_bad_call_is_refused_with_its_reason_and_decides_or_learns_nothing(cal
         call(d)
     assert err.value.reason == reason
     d.save(tmp_path / "after")
-    before, after = Decider.load(MODELS, tmp_path / "before"), Decider.load(MODELS, tmp_path / "after")
+    before, after = (
+        Decider.load(MODELS, tmp_path / "before"),
+        Decider.load(MODELS, tmp_path / "after"),
+    )
+
     def pending(x):
-        return [(p["event_id"], p["reward"], p["n_rewards"]) for p in x.engine.snapshot()["pending"]]
+        return [
+            (p["event_id"], p["reward"], p["n_rewards"]) for p in x.engine.snapshot()["pending"]
+        ]
 
     # Nothing decided or learned; the call's time may move event time, as the record would in a worker.
-    assert pending(before) == pending(after) and before.engine.models.keys() == after.engine.models.keys()
+    assert (
+        pending(before) == pending(after)
+        and before.engine.models.keys() == after.engine.models.keys()
+    )
     assert all(m.n_updates == 0 for m in after.engine.models.values())
     # The Decider serves on: the open decision takes its reward.
     d.reward("e1", 1.0, timestamp_ms=1_060)
@@ -145,8 +197,20 @@ def test_a_late_reward_is_refused_as_late_and_a_second_one_as_a_duplicate():
 
 
 def test_past_max_models_a_new_key_is_refused_and_known_keys_are_served():
-    d = Decider({"models": [{"match": "m-*", "policy": "oful", "dim": 2, "reward_window_ms": 100,
-                             "default_reward": 0.0}]}, max_models=2)
+    d = Decider(
+        {
+            "models": [
+                {
+                    "match": "m-*",
+                    "policy": "oful",
+                    "dim": 2,
+                    "reward_window_ms": 100,
+                    "default_reward": 0.0,
+                }
+            ]
+        },
+        max_models=2,
+    )
     d.rank("e1", "m-1", {"a": [1.0, 0.0]}, timestamp_ms=1)
     d.rank("e2", "m-2", {"a": [1.0, 0.0]}, timestamp_ms=2)
     with pytest.raises(DecisionError) as err:

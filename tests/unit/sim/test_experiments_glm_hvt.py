@@ -19,7 +19,11 @@ def _glm_data(link, n, seed):
     xs = unit_rows(rng.standard_normal((n, 4)))
     theta = 2.0 * random_unit_vector(rng, 4)
     z = xs @ theta
-    rs = (rng.random(n) < scipy.special.expit(z)).astype(float) if link == "logistic" else rng.poisson(np.exp(z)).astype(float)
+    rs = (
+        (rng.random(n) < scipy.special.expit(z)).astype(float)
+        if link == "logistic"
+        else rng.poisson(np.exp(z)).astype(float)
+    )
     return xs, rs
 
 
@@ -41,7 +45,11 @@ def test_glm_refit_estimate_is_scipy_mle(link):
     ref = scipy.optimize.minimize(nll, np.zeros(4), method="BFGS", options={"gtol": 1e-10}).x
     assert np.allclose(p.theta, ref, atol=1e-5)
     # The confidence matrix is the regularised Hessian at the estimate.
-    w = scipy.special.expit(xs @ ref) * scipy.special.expit(-(xs @ ref)) if link == "logistic" else np.exp(xs @ ref)
+    w = (
+        scipy.special.expit(xs @ ref) * scipy.special.expit(-(xs @ ref))
+        if link == "logistic"
+        else np.exp(xs @ ref)
+    )
     h = lam * np.eye(4) + (xs * w[:, None]).T @ xs
     assert np.allclose(p.hinv, np.linalg.inv(h), rtol=1e-4, atol=1e-8)
 
@@ -64,7 +72,9 @@ def test_huber_refit_estimate_is_direct_huber_minimiser():
     p = HuberRefit(2, epsilon=0.99, nu=1.31, horizon=300)
     for t in range(200):
         x = arms[p.select(arms)] if t % 2 else arms[t % 20]
-        p.update(x, float(x @ theta + 20.0 * rng.standard_t(2.1)))  # noise far above nu: clipping active
+        p.update(
+            x, float(x @ theta + 20.0 * rng.standard_t(2.1))
+        )  # noise far above nu: clipping active
     xs = p._x.data
     r, sig, tau = p._rst.data.T
     assert np.all(np.isfinite(tau)) and np.all(sig > 0)
@@ -75,8 +85,12 @@ def test_huber_refit_estimate_is_direct_huber_minimiser():
     def obj(th):
         return 0.5 * p.lam * th @ th + np.sum(scipy.special.huber(tau, (r - xs @ th) / sig))
 
-    ref = scipy.optimize.minimize(obj, np.zeros(2), method="Nelder-Mead",
-                                  options={"xatol": 1e-10, "fatol": 1e-14, "maxiter": 20000}).x
+    ref = scipy.optimize.minimize(
+        obj,
+        np.zeros(2),
+        method="Nelder-Mead",
+        options={"xatol": 1e-10, "fatol": 1e-14, "maxiter": 20000},
+    ).x
     assert np.allclose(p.theta, ref, atol=1e-5)
     assert obj(p.theta) <= obj(ref) + 1e-9
 
@@ -131,6 +145,8 @@ def test_experiment_tiny(module):
 
 @pytest.mark.parametrize("module", [glb_omd_logistic, glb_omd_poisson, hvt_ucb])
 def test_total_rounds_counts_seeds(module):
-    assert module.total_rounds(size="tiny", seeds=2) == 2 * module.total_rounds(size="tiny", seeds=1)
+    assert module.total_rounds(size="tiny", seeds=2) == 2 * module.total_rounds(
+        size="tiny", seeds=1
+    )
     with pytest.raises(ValueError):
         module.total_rounds(size="huge", seeds=None)

@@ -42,7 +42,9 @@ def test_dbs_experiment_covers_both_settings_and_reports_memory():
     assert {c.setting for c in result.curves} == {"heavy-tail d=40", "digits"}
     learners = {c.learner for c in result.curves}
     assert "oful" in learners and any(x.startswith("dbs_linucb") for x in learners)
-    assert any(x.startswith("soful") for x in learners) and any(x.startswith("cbscfd") for x in learners)
+    assert any(x.startswith("soful") for x in learners) and any(
+        x.startswith("cbscfd") for x in learners
+    )
     for c in result.curves:
         assert (c.extra["memory_bytes"] > 0).all()
     oful = next(c for c in result.curves if c.learner == "oful")
@@ -74,13 +76,21 @@ def test_digits_reward_is_one_exactly_for_the_target_label(digits, target):
         means = env.means(arms)
         assert means.sum() == 1.0 and means[env.last_labels == target] == 1.0
         for k in range(10):
-            assert env.reward(rrng, arms[k]) == (1.0 if env.last_labels[k] == target else 0.0) == means[k]
+            assert (
+                env.reward(rrng, arms[k])
+                == (1.0 if env.last_labels[k] == target else 0.0)
+                == means[k]
+            )
 
 
 def test_digits_arm_position_is_shuffled(digits):
     env = dbs_linucb.DigitsEnvironment(*digits, target=0)
     rng = np.random.default_rng(0)
-    positions = {int(np.flatnonzero(env.last_labels == 0)[0]) for _ in range(40) if env.context(rng) is not None}
+    positions = {
+        int(np.flatnonzero(env.last_labels == 0)[0])
+        for _ in range(40)
+        if env.context(rng) is not None
+    }
     assert len(positions) > 3
 
 
@@ -127,4 +137,3 @@ def test_slope_of_linear_and_sqrt_curves():
     t = np.arange(1, 1001, dtype=float)
     assert math.isclose(dbs_linucb.slope(3 * t), 1.0, rel_tol=1e-2)
     assert math.isclose(dbs_linucb.slope(np.sqrt(t)), 0.5, rel_tol=1e-2)
-

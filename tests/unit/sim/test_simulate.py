@@ -30,11 +30,19 @@ def test_experiment_runs_at_tiny_size_and_writes_its_files(name, tmp_path):
 
 def test_the_command_runs_an_experiment_and_refuses_an_unknown_one(tmp_path):
     name = next(iter(EXPERIMENTS))
-    out = subprocess.run([sys.executable, "-m", "streambandit", "simulate", name, "--tiny", "--out", str(tmp_path)],
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "simulate", name, "--tiny", "--out", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     assert (tmp_path / f"{name}.csv").exists() and (tmp_path / f"{name}.md").exists()
     assert "rounds" in out.stderr  # the progress bar
-    bad = subprocess.run([sys.executable, "-m", "streambandit", "simulate", "nope"], capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "streambandit", "simulate", "nope"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "unknown experiment 'nope'" in bad.stderr

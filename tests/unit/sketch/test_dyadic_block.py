@@ -67,11 +67,26 @@ def test_stack_inverse_of_two_orthogonal_parts_is_the_dense_inverse():
     assert np.abs(m[:5, 5:]).max() > 1e-3  # the cross block is genuinely dense (eq. 3 erratum)
 
 
-@pytest.mark.parametrize("d, l0", [(784, 50), (784, 100), (784, 200), (500, 50), (500, 16), (48, 50), (57, 50),
-                                   (4, 1), (4, 2), (3, 1)])
+@pytest.mark.parametrize(
+    "d, l0",
+    [
+        (784, 50),
+        (784, 100),
+        (784, 200),
+        (500, 50),
+        (500, 16),
+        (48, 50),
+        (57, 50),
+        (4, 1),
+        (4, 2),
+        (3, 1),
+    ],
+)
 def test_block_cap_is_invariant_2(d, l0):
     assert max_blocks(d, l0) == math.floor(math.log2(d / l0 + 1))
-    assert {(784, 50): 4, (500, 50): 3, (500, 16): 5, (48, 50): 0}.get((d, l0), max_blocks(d, l0)) == max_blocks(d, l0)
+    assert {(784, 50): 4, (500, 50): 3, (500, 16): 5, (48, 50): 0}.get(
+        (d, l0), max_blocks(d, l0)
+    ) == max_blocks(d, l0)
 
 
 def run(sk, xs, each=None):
@@ -103,7 +118,9 @@ def test_error_stays_within_two_eps_on_a_full_rank_stream(robust, fast):
             assert err[0] >= -1e-9  # robust FD never under-estimates
 
     run(sk, xs, check)
-    assert sk.bmax == 4 and sk.fallback and sk.n_closed == 4  # blocks of 2, 4, 8 rows, then the one open at the switch
+    assert (
+        sk.bmax == 4 and sk.fallback and sk.n_closed == 4
+    )  # blocks of 2, 4, 8 rows, then the one open at the switch
     ells = [sk.block_ell(i) for i in range(sk.n_closed)]
     assert ells == [2, 4, 8, 16]
     # Invariant 1 (every closed block has mass < eps l0, the rows are full rank) and the per-block
@@ -127,7 +144,9 @@ def test_low_rank_stream_stops_at_the_first_exact_block():
     sk = DyadicBlockSketch(d, 1, 10.0, 1.0)
     run(sk, xs)
     assert not sk.fallback and sk.n_closed == 3 and sk.active_ell == 8
-    assert sk.cov.fd.shrink_total == 0.0 and sk.active_rows == 400 - int(sk.block_mass.round().sum())
+    assert sk.cov.fd.shrink_total == 0.0 and sk.active_rows == 400 - int(
+        sk.block_mass.round().sum()
+    )
     assert sk.basis.shape[0] == k  # the rank test's basis spans the data
     gram = xs.T @ xs
     assert np.linalg.norm(sk.covariance() - gram, 2) <= sk.shrink_total + 1e-9 <= 2 * 10.0
@@ -146,7 +165,9 @@ def test_rank_test_sentinels_b1_and_d2():
     d2 = DyadicBlockSketch(d, 4, 3.0, 1.0, rank_test="d2")
     run(b1, xs)
     run(d2, xs)
-    assert not b1.fallback and b1.n_closed == 0 and b1.active_mass > 3.0 * 4 and b1.shrink_total == 0.0
+    assert (
+        not b1.fallback and b1.n_closed == 0 and b1.active_mass > 3.0 * 4 and b1.shrink_total == 0.0
+    )
     assert d2.fallback and d2.block_mass[0] < 3.0 * 4
 
 

@@ -27,8 +27,13 @@ def sketch(x, ell, **kw):
     return fd
 
 
-CASES = [(n, d, ell, power, fast) for (n, d) in [(200, 30), (97, 12)] for ell in (3, 8) for power in (0.0, 0.5, 1.5)
-         for fast in (True, False)]
+CASES = [
+    (n, d, ell, power, fast)
+    for (n, d) in [(200, 30), (97, 12)]
+    for ell in (3, 8)
+    for power in (0.0, 0.5, 1.5)
+    for fast in (True, False)
+]
 
 
 @pytest.mark.parametrize("n, d, ell, power, fast", CASES)
@@ -72,7 +77,9 @@ def test_fd_is_exact_when_the_stream_fits_in_the_sketch():
     for fast, ell in [(True, 4), (False, 5)]:  # fast keeps l rows exactly, plain l - 1
         fd = sketch(x, ell, fast=fast)
         assert fd.shrink_total <= 1e-20 * np.linalg.norm(x) ** 2
-        np.testing.assert_allclose(fd.rows.T @ fd.rows, x.T @ x, rtol=0, atol=1e-9 * np.linalg.norm(x) ** 2)
+        np.testing.assert_allclose(
+            fd.rows.T @ fd.rows, x.T @ x, rtol=0, atol=1e-9 * np.linalg.norm(x) ** 2
+        )
     lossy = sketch(x, 3)
     assert lossy.shrink_total > 1.0  # one row short of the rank: the shrink is real
 
@@ -87,7 +94,7 @@ def algorithm_2(x, ell):
         _, sig, vt = np.linalg.svd(s, full_matrices=False)
         shrink = sig[ell - 1] ** 2
         total += shrink
-        s = np.sqrt(np.maximum(sig ** 2 - shrink, 0.0))[:, None] * vt
+        s = np.sqrt(np.maximum(sig**2 - shrink, 0.0))[:, None] * vt
     return s, total
 
 
@@ -108,6 +115,8 @@ def test_fast_variant_shrinks_by_sigma_l_plus_1_once_per_l_rows():
     assert shrunk == [False] * 9 + [True]  # the 2l-row buffer fills at row 10
     s = np.linalg.svd(x, compute_uv=False)
     assert fd.shrink_total == pytest.approx(s[5] ** 2, rel=1e-12)
-    np.testing.assert_allclose(np.linalg.svd(fd.rows, compute_uv=False) ** 2, s[:5] ** 2 - s[5] ** 2, rtol=1e-10)
+    np.testing.assert_allclose(
+        np.linalg.svd(fd.rows, compute_uv=False) ** 2, s[:5] ** 2 - s[5] ** 2, rtol=1e-10
+    )
     new, delta = fd_shrink(np.eye(3), 3)  # fewer singular values than kept rows: no shrink
     assert delta == 0.0 and new.shape == (3, 3)

@@ -6,13 +6,29 @@ import pytest
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig, snapshot_due
 
-MODELS = parse_models_config({"models": [{"match": "m*", "policy": "oful", "dim": 2, "reward_window_ms": 10,
-                                          "default_reward": 0.0}]})
+MODELS = parse_models_config(
+    {
+        "models": [
+            {
+                "match": "m*",
+                "policy": "oful",
+                "dim": 2,
+                "reward_window_ms": 10,
+                "default_reward": 0.0,
+            }
+        ]
+    }
+)
 
 
 def config(**kw) -> WorkerConfig:
-    return WorkerConfig(bootstrap_servers="unused:9092", models=MODELS, snapshot_every_updates=100,
-                        snapshot_interval_s=30.0, **kw)
+    return WorkerConfig(
+        bootstrap_servers="unused:9092",
+        models=MODELS,
+        snapshot_every_updates=100,
+        snapshot_interval_s=30.0,
+        **kw,
+    )
 
 
 def test_due_after_enough_updates_or_enough_time():

@@ -12,7 +12,12 @@ import time
 import pytest
 
 from streambandit.engine.partition import PartitionEngine
-from streambandit.stream.snapshot_writer import CAN_FORK, ChildFailed, SnapshotWriter, _wait_for_child
+from streambandit.stream.snapshot_writer import (
+    CAN_FORK,
+    ChildFailed,
+    SnapshotWriter,
+    _wait_for_child,
+)
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.wire import pack_snapshot
 from tests.unit.engine.test_chains import CONFIG, KEYS, Stream
@@ -21,8 +26,17 @@ pytestmark = pytest.mark.skipif(not CAN_FORK, reason="snapshots are forked on Li
 
 
 def head(chain, seq, offset=5):
-    return {"partition": 3, "created_ms": 1234, "contexts_offset": offset, "rewards_offset": offset,
-            "actions_offset": offset, "joined_offset": offset, "dead_letter_offset": 0, "chain": chain, "seq": seq}
+    return {
+        "partition": 3,
+        "created_ms": 1234,
+        "contexts_offset": offset,
+        "rewards_offset": offset,
+        "actions_offset": offset,
+        "joined_offset": offset,
+        "dead_letter_offset": 0,
+        "chain": chain,
+        "seq": seq,
+    }
 
 
 def fed_engine(n=1500):
@@ -43,23 +57,29 @@ def test_a_forked_base_and_increment_are_the_bytes_of_the_ones_copied_on_the_loo
         store = DirectoryStore(tmp_path / how)
         counts[how] = metrics = {}
         writer = SnapshotWriter(store, metrics)
-        writer.submit(3, head(7, 0) | {"engine": engine.snapshot()}) if how == "thread" \
-            else writer.submit_forked(3, head(7, 0), engine, None)
+        writer.submit(
+            3, head(7, 0) | {"engine": engine.snapshot()}
+        ) if how == "thread" else writer.submit_forked(3, head(7, 0), engine, None)
         writer.close()
         assert writer.take_failures() == {}
     assert stored(tmp_path, "thread") == stored(tmp_path, "fork")
     assert counts["fork"]["snapshot_forks"] == 1 and counts["thread"]["snapshot_forks"] == 0
-    assert counts["fork"]["snapshot_bases"] == 1 and counts["fork"]["snapshot_bytes"] == len(stored(tmp_path, "fork"))
+    assert counts["fork"]["snapshot_bases"] == 1 and counts["fork"]["snapshot_bytes"] == len(
+        stored(tmp_path, "fork")
+    )
 
     stream.feed(engine, 100, KEYS[:8])
     changed = sorted(engine.take_changed())
     for how in ("thread", "fork"):
         writer = SnapshotWriter(DirectoryStore(tmp_path / how), {})
-        writer.submit(3, head(7, 1, 6) | {"engine": engine.snapshot(changed)}) if how == "thread" \
-            else writer.submit_forked(3, head(7, 1, 6), engine, changed)
+        writer.submit(
+            3, head(7, 1, 6) | {"engine": engine.snapshot(changed)}
+        ) if how == "thread" else writer.submit_forked(3, head(7, 1, 6), engine, changed)
         writer.close()
         assert writer.take_failures() == {}
-    assert (tmp_path / "thread/p3.inc/7-1").read_bytes() == (tmp_path / "fork/p3.inc/7-1").read_bytes()
+    assert (tmp_path / "thread/p3.inc/7-1").read_bytes() == (
+        tmp_path / "fork/p3.inc/7-1"
+    ).read_bytes()
 
 
 def test_a_forked_snapshot_is_the_state_at_the_fork_while_the_loop_goes_on(tmp_path):
@@ -93,6 +113,7 @@ def test_a_child_that_cannot_store_is_a_failure_reported_to_the_loop(tmp_path):
 
 class TopicLike(DirectoryStore):
     """A store a child may not use (as the snapshot topic's producer): it records who saved."""
+
     fork_safe = False
 
     def __init__(self, path):
@@ -104,7 +125,9 @@ class TopicLike(DirectoryStore):
         super().save(partition, data)
 
 
-def test_into_a_store_a_child_may_not_use_the_child_sends_the_bytes_and_the_writer_stores_them(tmp_path):
+def test_into_a_store_a_child_may_not_use_the_child_sends_the_bytes_and_the_writer_stores_them(
+    tmp_path,
+):
     engine, stream = PartitionEngine(CONFIG), Stream()
     stream.feed(engine, 40_000, [f"{g}-{i}" for g in "go" for i in range(10_000)])
     expected = pack_snapshot(head(2, 0) | {"engine": engine.snapshot()})
@@ -164,7 +187,9 @@ def test_the_child_dies_with_its_parent_and_writes_nothing_after(tmp_path):
     parent = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert parent.stdout.readline().strip() == "child saving"
-        children = [int(c) for c in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()]
+        children = [
+            int(c) for c in open(f"/proc/{parent.pid}/task/{parent.pid}/children").read().split()
+        ]
         assert len(children) == 1
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)

@@ -21,7 +21,9 @@ def test_an_idle_worker_with_nothing_to_do_or_with_partitions_is_not_reported():
         assert w.check(t, assigned=0, input_lag=None, behind={}) == []
     w2 = StallWatch(after_s=10)
     assert w2.check(0, assigned=0, input_lag=5, behind={}) == []
-    assert w2.check(5, assigned=2, input_lag=5, behind={}) == []  # assigned again: the clock restarts
+    assert (
+        w2.check(5, assigned=2, input_lag=5, behind={}) == []
+    )  # assigned again: the clock restarts
     assert w2.check(12, assigned=0, input_lag=5, behind={}) == []
     assert len(w2.check(22, assigned=0, input_lag=5, behind={})) == 1
 
@@ -33,4 +35,6 @@ def test_commits_the_group_does_not_show_are_reported_with_where():
     [line] = w.check(30, assigned=2, input_lag=None, behind=behind)
     assert "contexts[0] 12 vs 10" in line and "rewards[1] 7 vs 5" in line
     assert w.check(40, assigned=2, input_lag=None, behind={}) == []  # caught up: cleared
-    assert w.check(65, assigned=2, input_lag=None, behind=behind) == []  # a new episode starts at 65
+    assert (
+        w.check(65, assigned=2, input_lag=None, behind=behind) == []
+    )  # a new episode starts at 65

@@ -23,8 +23,10 @@ def test_the_delay_doubles_while_a_child_fails_quickly_and_resets_once_it_ran_lo
 
 def child(script: str):
     """A command(i) running ``script`` with ``i`` and a scratch directory ``d`` defined."""
+
     def command(i: int) -> list[str]:
         return [sys.executable, "-c", f"i = {i}\n" + textwrap.dedent(script)]
+
     return command
 
 
@@ -45,12 +47,22 @@ def test_a_failed_child_is_restarted_and_sigterm_stops_every_child(tmp_path):
             time.sleep(0.05)
         """
     sup = Supervisor(child(script), 3, poll_s=0.02, policy=fast_policy)
-    stopper = _stop_when(sup, lambda: (tmp_path / "1-2").exists() and (tmp_path / "0-0").exists()
-                         and (tmp_path / "2-0").exists())
+    stopper = _stop_when(
+        sup,
+        lambda: (
+            (tmp_path / "1-2").exists()
+            and (tmp_path / "0-0").exists()
+            and (tmp_path / "2-0").exists()
+        ),
+    )
     assert sup.run(max_seconds=30) == 0
     stopper.join()
     assert sup.restarts == 2
-    assert sorted(p.name for p in tmp_path.glob("stopped-*")) == ["stopped-0", "stopped-1", "stopped-2"]
+    assert sorted(p.name for p in tmp_path.glob("stopped-*")) == [
+        "stopped-0",
+        "stopped-1",
+        "stopped-2",
+    ]
 
 
 def test_a_refused_configuration_stops_all_and_is_the_exit_code(tmp_path):

@@ -15,14 +15,26 @@ from streambandit.log_format import RepeatFilter
 from streambandit.stream.kafka_checks import check_client_settings
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, render_metrics
 
-MODELS = {"models": [{"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 1000, "default_reward": 0.0}]}
+MODELS = {
+    "models": [
+        {
+            "match": "m-*",
+            "policy": "oful",
+            "dim": 3,
+            "reward_window_ms": 1000,
+            "default_reward": 0.0,
+        }
+    ]
+}
 
 
 def test_histogram_buckets_are_the_brute_force_cumulative_counts():
     rng = np.random.default_rng(0)
     bounds = BUCKETS["decision_latency"]
     h = Histogram(bounds)
-    values = np.concatenate([rng.exponential(0.2, 500), np.array(bounds[:4]), [1e9, 0.0]])  # on the bounds too
+    values = np.concatenate(
+        [rng.exponential(0.2, 500), np.array(bounds[:4]), [1e9, 0.0]]
+    )  # on the bounds too
     for chunk in np.array_split(values, 7):
         h.observe(chunk)
     buckets, total = h.frozen()
@@ -35,9 +47,16 @@ def test_histogram_buckets_are_the_brute_force_cumulative_counts():
 def status(**counters):
     hist = {k: Histogram(b) for k, b in BUCKETS.items()}
     hist["decision_latency"].observe([0.003, 0.02, 0.02, 7.0])
-    return Status(counters=counters, histograms={k: h.frozen() for k, h in hist.items()}, assigned=(0, 3), models=12,
-                  open_decisions=5, lag=(("contexts", 0, 7), ("rewards", 3, 0)), snapshot_age_s=((0, 1.5), (3, 2.5)),
-                  info={"version": "0.1.0", "group": "g", "instance": "i"})
+    return Status(
+        counters=counters,
+        histograms={k: h.frozen() for k, h in hist.items()},
+        assigned=(0, 3),
+        models=12,
+        open_decisions=5,
+        lag=(("contexts", 0, 7), ("rewards", 3, 0)),
+        snapshot_age_s=((0, 1.5), (3, 2.5)),
+        info={"version": "0.1.0", "group": "g", "instance": "i"},
+    )
 
 
 def samples(text):
@@ -49,8 +68,16 @@ def samples(text):
 
 
 def test_a_status_renders_as_prometheus_text_with_conventional_names():
-    text = render_metrics(status(actions=10, joined=4, default_rewards=1, transactions=3, transaction_aborts=1,
-                                 **{"dead_letter.not_a_record": 2, "dead_letter.late_reward": 1})).decode()
+    text = render_metrics(
+        status(
+            actions=10,
+            joined=4,
+            default_rewards=1,
+            transactions=3,
+            transaction_aborts=1,
+            **{"dead_letter.not_a_record": 2, "dead_letter.late_reward": 1},
+        )
+    ).decode()
     got = samples(text)
     assert got[("streambandit_decisions_total", ())] == 10
     assert got[("streambandit_joined_total", ())] == 4
@@ -83,10 +110,16 @@ def test_repeated_lines_pass_once_a_minute_with_a_count_of_those_held_back():
     def rec(msg):
         return logging.LogRecord("streambandit.kafka", logging.ERROR, "", 0, msg, (), None)
 
-    assert f.filter(rec("FAIL [rdkafka#consumer-1] 127.0.0.1:1: Connect failed (after 0ms in state CONNECT)"))
+    assert f.filter(
+        rec("FAIL [rdkafka#consumer-1] 127.0.0.1:1: Connect failed (after 0ms in state CONNECT)")
+    )
     for i in range(50):
         now[0] += 1
-        assert not f.filter(rec(f"FAIL [rdkafka#producer-2] 127.0.0.1:1: Connect failed (after {i}ms in state CONNECT)"))
+        assert not f.filter(
+            rec(
+                f"FAIL [rdkafka#producer-2] 127.0.0.1:1: Connect failed (after {i}ms in state CONNECT)"
+            )
+        )
     assert f.filter(rec("another kind of line"))
     now[0] += 20
     last = rec("FAIL [rdkafka#consumer-1] 127.0.0.1:1: Connect failed (after 3ms in state CONNECT)")
@@ -96,21 +129,41 @@ def test_repeated_lines_pass_once_a_minute_with_a_count_of_those_held_back():
 def test_unknown_tables_and_librdkafka_keys_are_errors_naming_them():
     with pytest.raises(ValueError, match="top level: workr"):
         parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "workr": {}, **MODELS})
-    with pytest.raises(ValueError, match=r"\[worker\] has unknown setting\(s\) metrics_prot; known: .*metrics_port"):
-        parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "worker": {"metrics_prot": 1}, **MODELS})
-    with pytest.raises(ValueError, match=r"\[topics\] has unknown key\(s\) context; known: actions, contexts"):
-        parse_worker_config({"kafka": {"bootstrap.servers": "x:1"}, "topics": {"context": "c"}, **MODELS})
-    for kafka, named in (({"bootstrap.servrs": "x"}, "bootstrap.servrs"), ({"acks": "maybe"}, "acks"),
-                         ({"consumer": {"session.timeout.ms": "soon"}}, "session.timeout.ms")):
-        config = WorkerConfig(bootstrap_servers="127.0.0.1:1", models=parse_models_config(MODELS), kafka=kafka)
+    with pytest.raises(
+        ValueError, match=r"\[worker\] has unknown setting\(s\) metrics_prot; known: .*metrics_port"
+    ):
+        parse_worker_config(
+            {"kafka": {"bootstrap.servers": "x:1"}, "worker": {"metrics_prot": 1}, **MODELS}
+        )
+    with pytest.raises(
+        ValueError, match=r"\[topics\] has unknown key\(s\) context; known: actions, contexts"
+    ):
+        parse_worker_config(
+            {"kafka": {"bootstrap.servers": "x:1"}, "topics": {"context": "c"}, **MODELS}
+        )
+    for kafka, named in (
+        ({"bootstrap.servrs": "x"}, "bootstrap.servrs"),
+        ({"acks": "maybe"}, "acks"),
+        ({"consumer": {"session.timeout.ms": "soon"}}, "session.timeout.ms"),
+    ):
+        config = WorkerConfig(
+            bootstrap_servers="127.0.0.1:1", models=parse_models_config(MODELS), kafka=kafka
+        )
         with pytest.raises(ValueError, match=named):
             check_client_settings(config)
-    check_client_settings(WorkerConfig(bootstrap_servers="127.0.0.1:1", models=parse_models_config(MODELS),
-                                       kafka={"linger.ms": 10, "consumer": {"fetch.wait.max.ms": 10}}))
+    check_client_settings(
+        WorkerConfig(
+            bootstrap_servers="127.0.0.1:1",
+            models=parse_models_config(MODELS),
+            kafka={"linger.ms": 10, "consumer": {"fetch.wait.max.ms": 10}},
+        )
+    )
 
 
-@pytest.mark.parametrize("bad", [{"metrics_port": 70000}, {"health_timeout_s": 0}, {"log_summary_s": -1},
-                                 {"broker_wait_s": 0}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"metrics_port": 70000}, {"health_timeout_s": 0}, {"log_summary_s": -1}, {"broker_wait_s": 0}],
+)
 def test_operator_settings_are_bounded(bad):
     with pytest.raises(ValueError):
         WorkerConfig(bootstrap_servers="x:1", models=parse_models_config(MODELS), **bad)
@@ -136,4 +189,6 @@ def test_dead_letters_are_warnings_held_back_to_one_per_reason_and_interval(capl
     caplog.clear()
     with caplog.at_level(logging.WARNING, logger="streambandit"):
         run(b, [("c", b"m1", b"still not a record", 3_000)])
-    assert [r.getMessage().endswith("(499 more with this reason held back)") for r in caplog.records] == [True]
+    assert [
+        r.getMessage().endswith("(499 more with this reason held back)") for r in caplog.records
+    ] == [True]

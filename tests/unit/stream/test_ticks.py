@@ -19,10 +19,27 @@ TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter=
 
 
 def processor(group: str) -> BatchProcessor:
-    models = parse_models_config({"models": [{"match": "m*", "policy": "oful", "dim": 2, "reward_window_ms": 100,
-                                              "default_reward": 0.0}]})
-    cfg = WorkerConfig(bootstrap_servers="unused", models=models, topics=TOPICS, group_id=group, merge_wait_ms=0,
-                       idle_tick_ms=10**9)
+    models = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "m*",
+                    "policy": "oful",
+                    "dim": 2,
+                    "reward_window_ms": 100,
+                    "default_reward": 0.0,
+                }
+            ]
+        }
+    )
+    cfg = WorkerConfig(
+        bootstrap_servers="unused",
+        models=models,
+        topics=TOPICS,
+        group_id=group,
+        merge_wait_ms=0,
+        idle_tick_ms=10**9,
+    )
     b = BatchProcessor(cfg, collections.Counter())
     b.partitions[0] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
     return b
@@ -33,7 +50,16 @@ def run(b: BatchProcessor, records: list[tuple[str, bytes | None, bytes, int]]) 
     offsets: collections.Counter = collections.Counter()
     msgs = []
     for topic, key, value, ts in records:
-        msgs.append(Message(topic=topic, partition=0, offset=offsets[topic], key=key, value=value, timestamp=(1, ts)))
+        msgs.append(
+            Message(
+                topic=topic,
+                partition=0,
+                offset=offsets[topic],
+                key=key,
+                value=value,
+                timestamp=(1, ts),
+            )
+        )
         offsets[topic] += 1
     out: list = []
     b.process(msgs, 10**13, {0: (False, False)}, lambda outputs: out.extend(outputs))
@@ -49,7 +75,9 @@ def test_only_the_groups_own_ticks_move_its_watermark():
     ctx = encode(Context("e1", "m1", 1_000, ("a", "b"), np.eye(2)))
     for group, tick_group, closes in (("g", "g", True), ("g", "other", False), ("g", "", False)):
         b = processor(group)
-        out = run(b, [("c", b"m1", ctx, 1_000), ("r", None, encode(Tick(5_000, tick_group)), 5_000)])
+        out = run(
+            b, [("c", b"m1", ctx, 1_000), ("r", None, encode(Tick(5_000, tick_group)), 5_000)]
+        )
         engine = b.partitions[0].engine
         dead = [r for t, r in out if t == "d"]
         if closes:  # the decision's window closed at the tick: joined with the default reward
@@ -57,4 +85,6 @@ def test_only_the_groups_own_ticks_move_its_watermark():
             assert [r.event_id for t, r in out if t == "j"] == ["e1"]
         else:
             assert engine.watermark_ms == 1_000 and list(engine.pending) == ["e1"]
-            assert [d.reason for d in dead] == [reasons.FOREIGN_TICK] and decode(dead[0].value).group_id == tick_group
+            assert [d.reason for d in dead] == [reasons.FOREIGN_TICK] and decode(
+                dead[0].value
+            ).group_id == tick_group

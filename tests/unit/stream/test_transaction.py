@@ -24,11 +24,18 @@ import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
 from streambandit.stream.errors import WorkerError
-from streambandit.stream.transaction import Transaction, TransactionFailed, TransactionFatal, note_failed_delivery
+from streambandit.stream.transaction import (
+    Transaction,
+    TransactionFailed,
+    TransactionFatal,
+    note_failed_delivery,
+)
 
 IN, OUT = "contexts", "actions"
 TXN_ID = "g-instance-1"
-GROUP_METADATA = object()  # the fake checks it reaches send_offsets_to_transaction: KIP-447 fencing needs it
+GROUP_METADATA = (
+    object()
+)  # the fake checks it reaches send_offsets_to_transaction: KIP-447 fencing needs it
 HAND_OVER = 3  # outputs handed to emit at a time: a batch opens its transaction on the first
 
 
@@ -57,13 +64,17 @@ class Broker:
         self.records: list[tuple[str, int, bytes | None, bytes]] = []
         self.offsets: dict[int, int] = {}  # input partition -> committed offset
         self.commits: list[dict[int, int]] = []  # the offsets of each commit applied, in order
-        self.in_doubt: tuple[list, dict[int, int]] | None = None  # a commit whose producer gave up waiting
+        self.in_doubt: tuple[list, dict[int, int]] | None = (
+            None  # a commit whose producer gave up waiting
+        )
 
     def apply(self, records: list, offsets: dict[int, int]) -> None:
         # Each commit holds, per partition, the outputs of exactly the inputs it moves the
         # offset over: nothing lost, nothing twice.
         for p, end in offsets.items():
-            assert [r[3] for r in records if r[1] == p] == expected_outputs(p, end, self.offsets.get(p, 0))
+            assert [r[3] for r in records if r[1] == p] == expected_outputs(
+                p, end, self.offsets.get(p, 0)
+            )
         self.records += records
         self.offsets.update(offsets)
         self.commits.append(dict(offsets))
@@ -123,7 +134,10 @@ class FakeProducer:
             self.reports += [(err(KafkaError._MSG_TIMED_OUT), r) for r in self.undelivered]
             self.undelivered = []
             if self.state == "open":
-                self.state, self.error = "abortable", err(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True)
+                self.state, self.error = (
+                    "abortable",
+                    err(KafkaError._MSG_TIMED_OUT, txn_requires_abort=True),
+                )
         reports, self.reports = self.reports, []
         for e, record in reports:
             self.served.append(e)
@@ -160,13 +174,17 @@ class FakeProducer:
         self.calls.append(f"poll({timeout})")
         return self._serve()
 
-    def send_offsets_to_transaction(self, offsets: list[TopicPartition], metadata, timeout: float) -> None:
+    def send_offsets_to_transaction(
+        self, offsets: list[TopicPartition], metadata, timeout: float
+    ) -> None:
         self.calls.append("send_offsets_to_transaction")
         self._fatal_sticks()
         assert metadata is GROUP_METADATA
         if (fault := self._fault("send_offsets_to_transaction")) is not None:
             self._raise(fault)
-        assert self.state == "open", f"send_offsets_to_transaction with the transaction {self.state}"
+        assert self.state == "open", (
+            f"send_offsets_to_transaction with the transaction {self.state}"
+        )
         assert all(tp.topic == IN for tp in offsets)
         self.offsets.update({tp.partition: tp.offset for tp in offsets})
 
@@ -178,7 +196,9 @@ class FakeProducer:
     def commit_transaction(self, timeout: float) -> None:
         self.calls.append("commit_transaction")
         self._fatal_sticks()
-        assert self.state in ("open", "abortable"), f"commit_transaction with the transaction {self.state}"
+        assert self.state in ("open", "abortable"), (
+            f"commit_transaction with the transaction {self.state}"
+        )
         self._serve(flush=True)  # the flush before the commit serves the delivery reports
         if self.state == "abortable":
             raise KafkaException(self.error)
@@ -191,8 +211,12 @@ class FakeProducer:
         if fault == "fatal after commit":
             self.broker.apply(*self._done())
             self.state = "fatal"
-            self.error = KafkaError(KafkaError._TIMED_OUT, "Transaction commit succeeded on the broker but the "
-                                    "transaction had already failed locally", fatal=True)
+            self.error = KafkaError(
+                KafkaError._TIMED_OUT,
+                "Transaction commit succeeded on the broker but the "
+                "transaction had already failed locally",
+                fatal=True,
+            )
             raise KafkaException(self.error)
         self.broker.apply(*self._done())
         if fault == "late report":
@@ -202,15 +226,24 @@ class FakeProducer:
     def abort_transaction(self, timeout: float) -> None:
         self.calls.append("abort_transaction")
         if self.state == "committing":
-            raise KafkaException(KafkaError(KafkaError._CONFLICT, "Conflicting commit_transaction API call is "
-                                            "already in progress", retriable=True))
+            raise KafkaException(
+                KafkaError(
+                    KafkaError._CONFLICT,
+                    "Conflicting commit_transaction API call is already in progress",
+                    retriable=True,
+                )
+            )
         self._fatal_sticks()
         if (fault := self._fault("abort_transaction")) is not None:
             self._raise(fault)
-        assert self.state in ("open", "abortable"), f"abort_transaction with the transaction {self.state}"
+        assert self.state in ("open", "abortable"), (
+            f"abort_transaction with the transaction {self.state}"
+        )
         self.purged = len(self.records)
         self.reports += [(err(KafkaError._PURGE_QUEUE), r) for r in self.records]
-        self._serve(flush=True)  # abort_transaction flushes: the purged records' reports come inside it
+        self._serve(
+            flush=True
+        )  # abort_transaction flushes: the purged records' reports come inside it
         self._done()
 
 
@@ -218,17 +251,26 @@ class FakeConsumer:
     """Input partitions of ``sizes[p]`` records, handed out from the positions on; ``consume``
     checks step 9: no transaction of the producer is open while it runs."""
 
-    def __init__(self, sizes: dict[int, int], positions: dict[int, int], producer_state,
-                 rng: random.Random | None = None) -> None:
+    def __init__(
+        self,
+        sizes: dict[int, int],
+        positions: dict[int, int],
+        producer_state,
+        rng: random.Random | None = None,
+    ) -> None:
         self.sizes = sizes
         self.position = dict(positions)
         self.producer_state = producer_state
-        self.rng = rng  # interleaves the partitions at random; without, one partition after the other
+        self.rng = (
+            rng  # interleaves the partitions at random; without, one partition after the other
+        )
         self.seeks: list[tuple[int, int]] = []
 
     def consume(self, n: int, timeout: float) -> list[tuple[int, int]]:
         """Up to ``n`` records as (partition, offset)."""
-        assert self.producer_state() == "ready", f"consume() with the producer's transaction {self.producer_state()}"
+        assert self.producer_state() == "ready", (
+            f"consume() with the producer's transaction {self.producer_state()}"
+        )
         out = []
         parts = [p for p in self.sizes if self.position[p] < self.sizes[p]]
         while parts and len(out) < n:
@@ -247,7 +289,9 @@ class FakeConsumer:
 class Loop:
     """One worker on ``broker``: ``Worker.step`` reduced to offsets, around a real Transaction."""
 
-    def __init__(self, broker: Broker, sizes: dict[int, int], rng: random.Random | None = None) -> None:
+    def __init__(
+        self, broker: Broker, sizes: dict[int, int], rng: random.Random | None = None
+    ) -> None:
         self.broker = broker
         self.errors: list = []
         self.producer = FakeProducer(broker, functools.partial(note_failed_delivery, self.errors))
@@ -272,7 +316,9 @@ class Loop:
             self.txn.emit(out)
             if not self.txn.open:
                 return "no output"
-            self.txn.commit([TopicPartition(IN, p, off) for p, off in self.next_offset.items()], GROUP_METADATA)
+            self.txn.commit(
+                [TopicPartition(IN, p, off) for p, off in self.next_offset.items()], GROUP_METADATA
+            )
         except TransactionFailed as failure:
             self.txn.abort(failure)
             self.rebuild()
@@ -296,7 +342,9 @@ def committed_loop(sizes: dict[int, int], first: int) -> tuple[Broker, Loop]:
     return broker, loop
 
 
-def assert_rewound_and_redone(broker: Broker, loop: Loop, before: dict[int, int], batch: list) -> None:
+def assert_rewound_and_redone(
+    broker: Broker, loop: Loop, before: dict[int, int], batch: list
+) -> None:
     """After an abort: nothing of the batch committed, the consumer back at the committed
     offsets, and the next batch reads the same records again and commits each output once."""
     assert broker.offsets == before
@@ -315,7 +363,9 @@ def test_a_batch_commits_its_outputs_and_its_next_offsets_together():
     broker, loop = committed_loop({0: 6, 1: 6}, first=0)
     assert loop.step(12) == "committed"
     assert broker.offsets == {0: 6, 1: 6} and broker.commits == [{0: 6, 1: 6}]
-    assert broker.outputs(0) == expected_outputs(0, 6) and broker.outputs(1) == expected_outputs(1, 6)
+    assert broker.outputs(0) == expected_outputs(0, 6) and broker.outputs(1) == expected_outputs(
+        1, 6
+    )
     calls = loop.producer.calls
     assert calls.count("begin_transaction") == 1 and calls.count("produce") == 10
     assert calls[-2:] == ["send_offsets_to_transaction", "commit_transaction"]
@@ -342,7 +392,12 @@ def test_a_full_queue_once_is_polled_out_and_the_batch_commits():
     assert loop.step(6) == "committed"
     calls = loop.producer.calls
     i = calls.index("poll(0.1)")
-    assert calls[i - 2:i + 2] == ["produce", "produce", "poll(0.1)", "produce"]  # the refused one again
+    assert calls[i - 2 : i + 2] == [
+        "produce",
+        "produce",
+        "poll(0.1)",
+        "produce",
+    ]  # the refused one again
     assert broker.outputs(0) == expected_outputs(0, 6) and broker.offsets == {0: 6}
 
 
@@ -361,11 +416,18 @@ ABORTED = {
     "queue full twice": ("produce", None, "full", "full"),
     "produce refused": ("produce", None, err(KafkaError.MSG_SIZE_TOO_LARGE)),
     "delivery failed": ("produce", None, "undeliverable"),
-    "send_offsets abortable": ("send_offsets_to_transaction", err(KafkaError.CONCURRENT_TRANSACTIONS,
-                                                                  txn_requires_abort=True)),
-    "send_offsets retriable": ("send_offsets_to_transaction", err(KafkaError.COORDINATOR_NOT_AVAILABLE,
-                                                                  retriable=True)),
-    "commit abortable": ("commit_transaction", err(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True)),
+    "send_offsets abortable": (
+        "send_offsets_to_transaction",
+        err(KafkaError.CONCURRENT_TRANSACTIONS, txn_requires_abort=True),
+    ),
+    "send_offsets retriable": (
+        "send_offsets_to_transaction",
+        err(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True),
+    ),
+    "commit abortable": (
+        "commit_transaction",
+        err(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True),
+    ),
 }
 
 
@@ -384,7 +446,9 @@ def test_an_abortable_failure_aborts_commits_nothing_and_the_batch_is_read_again
     if began:  # the purged records' reports came inside abort_transaction...
         purge_reports = [e for e in loop.producer.served if e.code() == KafkaError._PURGE_QUEUE]
         assert loop.producer.purged and len(purge_reports) == loop.producer.purged
-    assert_rewound_and_redone(broker, loop, before, batch)  # ...and do not fail the next batch at step 5
+    assert_rewound_and_redone(
+        broker, loop, before, batch
+    )  # ...and do not fail the next batch at step 5
 
 
 def test_a_second_full_queue_fails_the_batch_as_abortable_not_as_a_buffer_error():
@@ -419,9 +483,15 @@ def test_a_delivery_error_after_an_accepted_commit_fails_the_step_but_the_batch_
 
 FENCED = {
     "begin_transaction fenced": ("begin_transaction", err(KafkaError._FENCED, fatal=True)),
-    "send_offsets fenced": ("send_offsets_to_transaction", err(KafkaError.PRODUCER_FENCED, fatal=True)),
+    "send_offsets fenced": (
+        "send_offsets_to_transaction",
+        err(KafkaError.PRODUCER_FENCED, fatal=True),
+    ),
     "commit fenced": ("commit_transaction", err(KafkaError.PRODUCER_FENCED, fatal=True)),
-    "commit with an old epoch": ("commit_transaction", err(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True)),
+    "commit with an old epoch": (
+        "commit_transaction",
+        err(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True),
+    ),
 }
 
 
@@ -438,10 +508,14 @@ def test_a_fenced_producer_stops_the_worker_without_an_abort_and_commits_nothing
 
 def test_another_fatal_error_stops_the_worker_without_the_fencing_hint():
     broker, loop = committed_loop({0: 12}, first=4)
-    loop.producer.fail("commit_transaction", err(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fatal=True))
+    loop.producer.fail(
+        "commit_transaction", err(KafkaError.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, fatal=True)
+    )
     with pytest.raises(TransactionFatal, match="fatal producer error") as fatal:
         loop.step(4)
-    assert "--instance-id" not in str(fatal.value) and "abort_transaction" not in loop.producer.calls
+    assert (
+        "--instance-id" not in str(fatal.value) and "abort_transaction" not in loop.producer.calls
+    )
     assert broker.offsets == {0: 4}
 
 
@@ -457,14 +531,23 @@ def test_a_commit_accepted_by_the_broker_but_failed_locally_stops_the_worker_and
     assert again.step(100) == "committed" and broker.outputs(0) == expected_outputs(0, 12)
 
 
-@pytest.mark.parametrize("completes", [True, False], ids=["the commit completes", "the commit is aborted"])
-def test_a_commit_that_timed_out_cannot_be_aborted_stops_the_worker_and_either_outcome_is_exactly_once(completes):
+@pytest.mark.parametrize(
+    "completes", [True, False], ids=["the commit completes", "the commit is aborted"]
+)
+def test_a_commit_that_timed_out_cannot_be_aborted_stops_the_worker_and_either_outcome_is_exactly_once(
+    completes,
+):
     broker, loop = committed_loop({0: 12}, first=4)
     loop.producer.fail("commit_transaction", "timeout")
-    with pytest.raises(TransactionFatal, match="could not abort.*Conflicting commit_transaction") as fatal:
+    with pytest.raises(
+        TransactionFatal, match="could not abort.*Conflicting commit_transaction"
+    ) as fatal:
         loop.step(4)
     assert fatal.value.__cause__.args[0].retriable()  # the commit's timeout
-    assert loop.producer.calls[-2:] == ["commit_transaction", "abort_transaction"]  # refused: _CONFLICT
+    assert loop.producer.calls[-2:] == [
+        "commit_transaction",
+        "abort_transaction",
+    ]  # refused: _CONFLICT
     assert broker.offsets == {0: 4}  # in doubt, until the restart fences the producer
     broker.restart(commit_in_doubt=completes)
     again = Loop(broker, {0: 12})
@@ -474,7 +557,9 @@ def test_a_commit_that_timed_out_cannot_be_aborted_stops_the_worker_and_either_o
 
 def test_an_abort_that_fails_stops_the_worker_and_the_restart_reads_the_batch_again():
     broker, loop = committed_loop({0: 12}, first=4)
-    loop.producer.fail("commit_transaction", err(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True))
+    loop.producer.fail(
+        "commit_transaction", err(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True)
+    )
     loop.producer.fail("abort_transaction", err(KafkaError._TIMED_OUT, retriable=True))
     with pytest.raises(TransactionFatal, match="could not abort"):
         loop.step(4)
@@ -528,7 +613,7 @@ def test_over_random_batches_and_failures_offsets_never_go_back_and_every_output
                 assert broker.offsets[p] == max(offset for q, offset in loop.read if q == p) + 1
         # offsets never go back, and each commit holds the outputs of exactly the inputs it
         # moved over (Broker.apply); so the committed outputs are the committed inputs', once
-        for before, after in zip(broker.commits[max(commits - 1, 0):], broker.commits[commits:]):
+        for before, after in zip(broker.commits[max(commits - 1, 0) :], broker.commits[commits:]):
             assert all(after[p] >= before.get(p, 0) for p in after)
         for p in sizes:
             assert broker.outputs(p) == expected_outputs(p, broker.offsets.get(p, 0))

@@ -34,9 +34,13 @@ def same(a, b) -> bool:
     if isinstance(a, DecodeError):
         return (a.reason, a.detail) == (b.reason, b.detail)
     if isinstance(a, Context):
-        return (a.event_id, a.model_key, a.timestamp_ms, a.arm_ids) == (b.event_id, b.model_key, b.timestamp_ms, b.arm_ids) \
-            and a.features.shape == b.features.shape and a.features.dtype == b.features.dtype \
+        return (
+            (a.event_id, a.model_key, a.timestamp_ms, a.arm_ids)
+            == (b.event_id, b.model_key, b.timestamp_ms, b.arm_ids)
+            and a.features.shape == b.features.shape
+            and a.features.dtype == b.features.dtype
             and a.features.tobytes() == b.features.tobytes()
+        )
     if isinstance(a, (Action,)):
         return a.event_id == b.event_id and a.features.tobytes() == b.features.tobytes()
     return a == b
@@ -54,8 +58,15 @@ def contexts(rng, n=30):
     for i in range(n):
         k, d = int(rng.integers(1, 6)), int(rng.integers(1, 5))
         arms = tuple(rng.choice(["ad-1", "", "é-ü", "x" * 70, "a b", "ad-2"], size=k).tolist())
-        out.append(Context(f"ev-{i}-ß", f"key-{i % 3}", int(rng.integers(-2**62, 2**62)), arms,
-                           rng.standard_normal((k, d)) * 10.0 ** rng.integers(-300, 300)))
+        out.append(
+            Context(
+                f"ev-{i}-ß",
+                f"key-{i % 3}",
+                int(rng.integers(-(2**62), 2**62)),
+                arms,
+                rng.standard_normal((k, d)) * 10.0 ** rng.integers(-300, 300),
+            )
+        )
     return out
 
 
@@ -63,9 +74,13 @@ def test_valid_records_of_every_kind_match():
     rng = np.random.default_rng(0)
     cs = contexts(rng)
     values = [encode(c) for c in cs]
-    values += [encode(Reward("r1", "key-0", 5, 0.25)), encode(Reward("r2", "ké", -(2**63), -1e308)), encode(Tick(7)),
-               encode_context_v1(cs[0]),
-               encode(Action("e", "k", "a", 0, 0.5, 1.0, 3, 9, np.ones(3), 0, 1))]
+    values += [
+        encode(Reward("r1", "key-0", 5, 0.25)),
+        encode(Reward("r2", "ké", -(2**63), -1e308)),
+        encode(Tick(7)),
+        encode_context_v1(cs[0]),
+        encode(Action("e", "k", "a", 0, 0.5, 1.0, 3, 9, np.ones(3), 0, 1)),
+    ]
     rng.shuffle(values)
     assert_same(values)
     got = decode_batch(values)
@@ -75,7 +90,15 @@ def test_valid_records_of_every_kind_match():
 def test_every_truncation_and_corruption_matches():
     rng = np.random.default_rng(1)
     good = [encode(c) for c in contexts(rng, 4)] + [encode(Reward("r", "k", 1, 1.0))]
-    values = [None, b"", b"\x5b", b"\x5b\x01", b"\x00\x01\x02", b"\x5b\x09\x01\x00", b"\x5b\x01\x07"]
+    values = [
+        None,
+        b"",
+        b"\x5b",
+        b"\x5b\x01",
+        b"\x00\x01\x02",
+        b"\x5b\x09\x01\x00",
+        b"\x5b\x01\x07",
+    ]
     for g in good:
         values += [g[:cut] for cut in range(len(g))]  # every prefix
         values.append(g + b"\x00")  # a trailing byte
@@ -96,14 +119,67 @@ def test_hand_built_edge_cases_match():
     values = [
         hdr + s(b"e") + s(b"k") + avro.long(1) + b"\x00" + s(feats),  # no arms
         hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a") + b"\x00" + s(feats),  # NaN
-        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a\x00b") + b"\x00" + s(b"\x00" * 8),  # NUL in id
-        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(2) + s(b"a") + s(b"b") + b"\x00" + s(b"\x00" * 24),  # 24 B for 2 arms
-        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(-2) + avro.long(4) + s(b"a") + s(b"b") + b"\x00"
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + avro.long(1)
+        + avro.long(1)
+        + s(b"a\x00b")
+        + b"\x00"
+        + s(b"\x00" * 8),  # NUL in id
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + avro.long(1)
+        + avro.long(2)
+        + s(b"a")
+        + s(b"b")
+        + b"\x00"
+        + s(b"\x00" * 24),  # 24 B for 2 arms
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + avro.long(1)
+        + avro.long(-2)
+        + avro.long(4)
+        + s(b"a")
+        + s(b"b")
+        + b"\x00"
         + s(b"\x00" * 16),  # a negative block count with its byte size
-        hdr + s(b"\xff") + s(b"k") + avro.long(1) + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8
-        hdr + s(b"e") + s(b"k") + avro.long(1) + avro.long(1) + s(b"\xc3") + b"\x00" + s(b"\x00" * 8),  # bad UTF-8 arm
-        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x7f" + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # > 64 bits
-        hdr + s(b"e") + s(b"k") + b"\xff" * 9 + b"\x01" + avro.long(1) + s(b"a") + b"\x00" + s(b"\x00" * 8),  # 64 bits
+        hdr
+        + s(b"\xff")
+        + s(b"k")
+        + avro.long(1)
+        + avro.long(1)
+        + s(b"a")
+        + b"\x00"
+        + s(b"\x00" * 8),  # bad UTF-8
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + avro.long(1)
+        + avro.long(1)
+        + s(b"\xc3")
+        + b"\x00"
+        + s(b"\x00" * 8),  # bad UTF-8 arm
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + b"\xff" * 9
+        + b"\x7f"
+        + avro.long(1)
+        + s(b"a")
+        + b"\x00"
+        + s(b"\x00" * 8),  # > 64 bits
+        hdr
+        + s(b"e")
+        + s(b"k")
+        + b"\xff" * 9
+        + b"\x01"
+        + avro.long(1)
+        + s(b"a")
+        + b"\x00"
+        + s(b"\x00" * 8),  # 64 bits
         rhdr + s(b"e") + s(b"k") + avro.long(3) + np.array([np.inf]).tobytes(),
         rhdr + s(b"e") + s(b"k") + avro.long(3) + np.array([-0.0]).tobytes(),
     ]
@@ -113,7 +189,11 @@ def test_hand_built_edge_cases_match():
 def test_features_are_an_independent_float64_array():
     c = Context("e", "k", 1, ("a", "b"), np.arange(6.0).reshape(2, 3))
     (got,) = decode_batch([encode(c)])
-    assert got.features.dtype == np.float64 and got.features.flags.c_contiguous and got.features.shape == (2, 3)
+    assert (
+        got.features.dtype == np.float64
+        and got.features.flags.c_contiguous
+        and got.features.shape == (2, 3)
+    )
     np.testing.assert_array_equal(got.features, c.features)
 
 
@@ -122,9 +202,17 @@ def test_a_replaced_writer_schema_is_honoured(monkeypatch):
     one that writes the model key before the event id, which the fast pass would read swapped."""
     import fastavro
 
-    schema = {"type": "record", "name": "Reward", "namespace": "streambandit", "fields": [
-        {"name": "model_key", "type": "string"}, {"name": "event_id", "type": "string"},
-        {"name": "timestamp_ms", "type": "long"}, {"name": "value", "type": "double"}]}
+    schema = {
+        "type": "record",
+        "name": "Reward",
+        "namespace": "streambandit",
+        "fields": [
+            {"name": "model_key", "type": "string"},
+            {"name": "event_id", "type": "string"},
+            {"name": "timestamp_ms", "type": "long"},
+            {"name": "value", "type": "double"},
+        ],
+    }
     value = encode(Reward("the-key", "the-id", 1, 1.0))  # written with the built-in schema
     monkeypatch.setitem(schemas.WRITERS, (2, 1), fastavro.parse_schema(schema))
     (got,) = decode_batch([value])
@@ -164,7 +252,11 @@ def test_one_bad_string_amid_good_records_leaves_the_others_their_own_strings(ba
     middle = hdr + s(eid) + s(key) + avro.long(1) + avro.long(1) + s(arm) + b"\x00" + s(b"\x00" * 8)
     rng = np.random.default_rng(9)
     before, after = contexts(rng, 5), contexts(rng, 5)
-    values = [encode(c) for c in before] + [middle, encode(Reward("r-ü", "key-0", 3, 1.0))] + [encode(c) for c in after]
+    values = (
+        [encode(c) for c in before]
+        + [middle, encode(Reward("r-ü", "key-0", 3, 1.0))]
+        + [encode(c) for c in after]
+    )
     assert_same(values)
     got = decode_batch(values)
     assert [g.arm_ids for g in got[-5:]] == [c.arm_ids for c in after]
@@ -183,16 +275,33 @@ def test_contexts_of_one_shape_keep_their_own_features_around_a_bad_record(bad):
         return avro.long(len(x)) + x
 
     rng = np.random.default_rng(11)
-    same_shape = [Context(f"e{i}", "key-0", i, ("a", "b", "c"), rng.standard_normal((3, 4))) for i in range(12)]
+    same_shape = [
+        Context(f"e{i}", "key-0", i, ("a", "b", "c"), rng.standard_normal((3, 4)))
+        for i in range(12)
+    ]
     feats = rng.standard_normal((3, 4))
     if bad == "nan":
         feats[1, 2] = np.nan
     key = b"\xc3(" if bad == "key" else b"key-0"
-    middle = (encode(Tick(5)) if bad == "slow" else
-              hdr + s(b"mid") + s(key) + avro.long(1) + avro.long(3) + s(b"a") + s(b"b") + s(b"c") + b"\x00"
-              + s(feats.tobytes()))
-    values = [encode(c) for c in same_shape[:6]] + [middle, encode(Reward("r", "key-0", 3, 1.0))] \
+    middle = (
+        encode(Tick(5))
+        if bad == "slow"
+        else hdr
+        + s(b"mid")
+        + s(key)
+        + avro.long(1)
+        + avro.long(3)
+        + s(b"a")
+        + s(b"b")
+        + s(b"c")
+        + b"\x00"
+        + s(feats.tobytes())
+    )
+    values = (
+        [encode(c) for c in same_shape[:6]]
+        + [middle, encode(Reward("r", "key-0", 3, 1.0))]
         + [encode(c) for c in same_shape[6:]]
+    )
     assert_same(values)
     got = [g for g in decode_batch(values) if isinstance(g, Context)]
     assert [g.event_id for g in got] == [c.event_id for c in same_shape]

@@ -8,33 +8,75 @@ from streambandit.wire import Action, Joined, batch_encode, codec, encode_action
 from streambandit.wire.batch_encode import encode_actions, encode_joined_records
 
 # Longs at every varint length edge and both signs, as the one-at-a-time encoder sees them.
-EDGES = [0, 1, -1, 63, -64, 64, -65, 4095, 4096, 8191, 8192, 2**20, -(2**20), 1_700_000_000_123, 2**62,
-         -(2**62), 2**63 - 1, -(2**63)]
+EDGES = [
+    0,
+    1,
+    -1,
+    63,
+    -64,
+    64,
+    -65,
+    4095,
+    4096,
+    8191,
+    8192,
+    2**20,
+    -(2**20),
+    1_700_000_000_123,
+    2**62,
+    -(2**62),
+    2**63 - 1,
+    -(2**63),
+]
 
 
 def random_action(rng, i):
     d = int(rng.integers(1, 6))
-    pick = lambda: int(EDGES[rng.integers(len(EDGES))]) if rng.random() < 0.5 else int(rng.integers(-10**6, 10**12))
-    return Action(event_id=rng.choice(["e", "", "événement-", "ключ", "e\x00x"]) + str(i),
-                  model_key=rng.choice(["m-0", "placement-1", "ü"]), arm_id=rng.choice(["a", "", "ad-17"]),
-                  arm_index=int(rng.integers(0, 2**31 - 1)) if rng.random() < 0.3 else int(rng.integers(0, 50)),
-                  score=float(rng.choice([rng.normal(), -0.0, np.inf, -np.inf, np.nan, 1e308])),
-                  propensity=float(rng.random()), model_version=abs(pick()) % 2**63, decision_timestamp_ms=pick(),
-                  features=rng.normal(size=d), trigger_source=int(rng.choice([-1, 0, 1])), trigger_offset=pick())
+    pick = lambda: (
+        int(EDGES[rng.integers(len(EDGES))])
+        if rng.random() < 0.5
+        else int(rng.integers(-(10**6), 10**12))
+    )
+    return Action(
+        event_id=rng.choice(["e", "", "événement-", "ключ", "e\x00x"]) + str(i),
+        model_key=rng.choice(["m-0", "placement-1", "ü"]),
+        arm_id=rng.choice(["a", "", "ad-17"]),
+        arm_index=int(rng.integers(0, 2**31 - 1))
+        if rng.random() < 0.3
+        else int(rng.integers(0, 50)),
+        score=float(rng.choice([rng.normal(), -0.0, np.inf, -np.inf, np.nan, 1e308])),
+        propensity=float(rng.random()),
+        model_version=abs(pick()) % 2**63,
+        decision_timestamp_ms=pick(),
+        features=rng.normal(size=d),
+        trigger_source=int(rng.choice([-1, 0, 1])),
+        trigger_offset=pick(),
+    )
 
 
 def random_joined(rng, i):
     a = random_action(rng, i)
-    return Joined(event_id=a.event_id, model_key=a.model_key, features=a.features, reward=float(rng.normal() * 10),
-                  reward_observed=bool(rng.random() < 0.5), propensity=a.propensity,
-                  decision_timestamp_ms=a.decision_timestamp_ms, join_timestamp_ms=a.trigger_offset,
-                  model_version_before=a.model_version, trigger_source=a.trigger_source, trigger_offset=a.trigger_offset)
+    return Joined(
+        event_id=a.event_id,
+        model_key=a.model_key,
+        features=a.features,
+        reward=float(rng.normal() * 10),
+        reward_observed=bool(rng.random() < 0.5),
+        propensity=a.propensity,
+        decision_timestamp_ms=a.decision_timestamp_ms,
+        join_timestamp_ms=a.trigger_offset,
+        model_version_before=a.model_version,
+        trigger_source=a.trigger_source,
+        trigger_offset=a.trigger_offset,
+    )
 
 
 def compiled_only(monkeypatch):
     """Make the one-at-a-time fallback fail, so a test sees the compiled pass's own bytes."""
+
     def no_fallback(_):
         raise AssertionError("fell back to the one-at-a-time encoder")
+
     monkeypatch.setattr(batch_encode, "encode_action", no_fallback)
     monkeypatch.setattr(batch_encode, "encode_joined", no_fallback)
 
@@ -62,8 +104,12 @@ def test_each_record_decodes_back_to_its_fields():
     actions = [random_action(rng, i) for i in range(20)]
     for a, b in zip(actions, encode_actions(actions)):
         back = codec.decode(b)
-        assert (back.event_id, back.arm_index, back.model_version, back.trigger_offset) == \
-               (a.event_id, a.arm_index, a.model_version, a.trigger_offset)
+        assert (back.event_id, back.arm_index, back.model_version, back.trigger_offset) == (
+            a.event_id,
+            a.arm_index,
+            a.model_version,
+            a.trigger_offset,
+        )
         np.testing.assert_array_equal(back.features, a.features)
 
 
@@ -71,13 +117,16 @@ def test_empty_batch():
     assert encode_actions([]) == [] and encode_joined_records([]) == []
 
 
-@pytest.mark.parametrize("features", [
-    np.arange(3, dtype=np.float32),  # converted to float64 by features_to_bytes
-    np.arange(6.0).reshape(2, 3),  # 2-D: its C-order bytes
-    np.arange(4, dtype=np.int64),
-    np.arange(3.0).astype(">f8"),  # big-endian: written little-endian
-    np.arange(8.0)[::2],  # not contiguous
-])
+@pytest.mark.parametrize(
+    "features",
+    [
+        np.arange(3, dtype=np.float32),  # converted to float64 by features_to_bytes
+        np.arange(6.0).reshape(2, 3),  # 2-D: its C-order bytes
+        np.arange(4, dtype=np.int64),
+        np.arange(3.0).astype(">f8"),  # big-endian: written little-endian
+        np.arange(8.0)[::2],  # not contiguous
+    ],
+)
 def test_features_that_are_not_plain_float_vectors_give_the_same_bytes(features):
     rng = np.random.default_rng(1)
     actions = [random_action(rng, 0), random_action(rng, 1)]
@@ -85,9 +134,17 @@ def test_features_that_are_not_plain_float_vectors_give_the_same_bytes(features)
     assert encode_actions(actions) == [encode_action(a) for a in actions]
 
 
-@pytest.mark.parametrize("field,value", [("model_version", 2**63), ("trigger_offset", -(2**63) - 1),
-                                         ("decision_timestamp_ms", 1.5), ("event_id", "bad \ud800 surrogate"),
-                                         ("event_id", 17), ("score", "x")])
+@pytest.mark.parametrize(
+    "field,value",
+    [
+        ("model_version", 2**63),
+        ("trigger_offset", -(2**63) - 1),
+        ("decision_timestamp_ms", 1.5),
+        ("event_id", "bad \ud800 surrogate"),
+        ("event_id", 17),
+        ("score", "x"),
+    ],
+)
 def test_a_record_that_cannot_be_written_fails_as_the_one_at_a_time_encoder_does(field, value):
     rng = np.random.default_rng(2)
     actions = [random_action(rng, i) for i in range(3)]
