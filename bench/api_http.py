@@ -1,6 +1,7 @@
 """`streambandit api` over HTTP on loopback at offered loads, against the Kafka round trip in the same run.
 
-    python -m bench.api_http            # 1,000 and 5,000 requests/s and the Kafka round trip, 3 runs of 10 s each (~3 min)
+    python -m bench.api_http            # 1,000 and 5,000 requests/s and the Kafka round trip,
+                                        # 3 runs of 10 s each (~3 min)
     python -m bench.api_http --quick    # 2 s each, prints only
 
 The server is ``streambandit api`` as a subprocess (one core: one event loop), d = 20, K = 10,
@@ -232,8 +233,10 @@ def render(res: dict) -> str:
             "",
             f"d = {res['d']}, K = {res['K']}, `oful` with epsilon 0.1 on {res['keys']} model keys; medians of "
             f"{res.get('runs', 1)} runs per path and load, each {res['seconds']:g} s "
-            "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, latency from each request's "
-            "due time to its response, a Reward after one Rank in three (not timed). Kafka: a context produced until its "
+            "measured per load after 2 s (HTTP) or 3 s (Kafka) of warm-up. HTTP: open-loop, "
+            "latency from each request's "
+            "due time to its response, a Reward after one Rank in three (not timed). "
+            "Kafka: a context produced until its "
             "action is read back (read_committed), `bench.e2e`'s load generator and the worker's latency defaults.",
             "",
             "| path | offered / s | achieved / s | p50 ms | p99 ms | p99.9 ms | errors (HTTP) / unanswered (Kafka) |",

@@ -215,7 +215,8 @@ def render(result: dict) -> str:
         "",
         f"Times are medians of the {window} rounds before t = {rounds:,}.",
         "",
-        "| seed | max f - min f | regret bkb | regret exact | bkb / exact | m | u bkb | u exact | d_eff | bkb ms | exact ms |",
+        "| seed | max f - min f | regret bkb | regret exact | bkb / exact | m | u bkb | u exact "
+        "| d_eff | bkb ms | exact ms |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for res in [result, *others]:

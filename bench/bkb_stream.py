@@ -115,9 +115,12 @@ def render(res: dict) -> str:
         worst = max(r["update_ms_mean"] for r in rows)
         within = all(r["state_bytes"] <= bound[d] for r in rows)
         verdicts.append(
-            f"d = {d}: the mean update takes {worst:.3f} ms at worst ({'under' if worst < TARGET_UPDATE_MS else 'over'} "
-            f"the {TARGET_UPDATE_MS:g} ms target), the median {last['update_ms_median'] / first['update_ms_median']:.2f}x "
-            f"and the decision {last['decision_ms_median'] / first['decision_ms_median']:.2f}x from t = {first['t']:,} to "
+            f"d = {d}: the mean update takes {worst:.3f} ms at worst "
+            f"({'under' if worst < TARGET_UPDATE_MS else 'over'} "
+            f"the {TARGET_UPDATE_MS:g} ms target), the median "
+            f"{last['update_ms_median'] / first['update_ms_median']:.2f}x "
+            f"and the decision {last['decision_ms_median'] / first['decision_ms_median']:.2f}x "
+            f"from t = {first['t']:,} to "
             f"{last['t']:,}; the state stays within its bound ({'yes' if within else 'NO'})"
         )
     exact = next(iter(res["exact"].values()))

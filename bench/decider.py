@@ -97,8 +97,10 @@ def render(res: dict) -> str:
             "",
             harness.provenance(res, "BLAS pinned to one thread."),
             "",
-            f"d = {res['d']}, K = {res['K']} arms (ids and a matrix), `oful` with epsilon 0.1 on {res['keys']} model keys, "
-            f"a reward for one request in two; {res['requests']:,} requests per run, median of {res['repeats']} runs of "
+            f"d = {res['d']}, K = {res['K']} arms (ids and a matrix), `oful` with epsilon 0.1 on "
+            f"{res['keys']} model keys, "
+            f"a reward for one request in two; {res['requests']:,} requests per run, "
+            f"median of {res['repeats']} runs of "
             "each run's percentiles. *bare learner*: `select` + `update` of a lone `oful`, timed in the same run.",
             "",
             "| call | p50 us | p99 us |",
@@ -107,7 +109,8 @@ def render(res: dict) -> str:
             f"| reward | {med['reward_p50_us']:.1f} | {med['reward_p99_us']:.1f} |",
             f"| bare learner select + update | {med['bare_p50_us']:.1f} | {med['bare_p99_us']:.1f} |",
             "",
-            f"{med['requests_per_s']:,.0f} requests/s ({med['events_per_s']:,.0f} rank and reward calls/s) on one core. "
+            f"{med['requests_per_s']:,.0f} requests/s "
+            f"({med['events_per_s']:,.0f} rank and reward calls/s) on one core. "
             f"The target of a p99 under {TARGET_P99_US:g} us for each call is {verdict}; rank's p50 is "
             f"{med['rank_p50_us'] / med['bare_p50_us']:.1f}x the bare learner's select + update.",
             "",

@@ -253,11 +253,14 @@ def render(res: dict) -> list[str]:
         f"{med([r['producer_broker_cpu'] for r in runs]):.0%} |",
         f"| producer alone, transactional (2,000 per transaction), contexts | "
         f"{med([r['producer_tx_per_s'] for r in runs]):,.0f} | |",
-        f"| consume -> produce -> send offsets -> commit (read_committed) | {med([p['events_per_s'] for p in pt]):,.0f} | "
+        "| consume -> produce -> send offsets -> commit (read_committed) | "
+        f"{med([p['events_per_s'] for p in pt]):,.0f} | "
         f"{med([p['broker_cpu'] for p in pt]):.0%} |",
         "",
-        f"In the pass-through, {med([p['events_per_transaction'] for p in pt]):,.0f} events per transaction; of its wall "
-        f"time: poll {med([p['share']['poll'] for p in pt]):.0%}, produce {med([p['share']['produce'] for p in pt]):.0%}, "
+        f"In the pass-through, {med([p['events_per_transaction'] for p in pt]):,.0f} events per "
+        "transaction; of its wall "
+        f"time: poll {med([p['share']['poll'] for p in pt]):.0%}, "
+        f"produce {med([p['share']['produce'] for p in pt]):.0%}, "
         f"send offsets + commit {med([p['share']['commit'] for p in pt]):.0%}.",
         "",
     ]

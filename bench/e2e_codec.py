@@ -207,7 +207,8 @@ def render(res: dict) -> list[str]:
             else []
         ),
         "",
-        f"Encode per event: action {c['encode_us']['action']:.1f} us (fastavro: {c['encode_us']['action_fastavro']:.1f} us), "
+        f"Encode per event: action {c['encode_us']['action']:.1f} us "
+        f"(fastavro: {c['encode_us']['action_fastavro']:.1f} us), "
         f"joined {c['encode_us']['joined']:.1f} us; a context (the application's side) "
         f"{c['encode_us']['context_v2']:.1f} us. "
         + (

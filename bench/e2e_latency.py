@@ -308,7 +308,8 @@ def _at_fractions(
             print(
                 f"{what} {label} at {frac:.0%} ({rate}/s contexts): "
                 + "; ".join(
-                    f"p50 {x['p50_ms']:.1f} p99 {x['p99_ms']:.1f} p99.9 {x['p999_ms']:.1f} ms, answered {x['answered_per_s']:.0f}/s, "
+                    f"p50 {x['p50_ms']:.1f} p99 {x['p99_ms']:.1f} p99.9 {x['p999_ms']:.1f} ms, "
+                    f"answered {x['answered_per_s']:.0f}/s, "
                     f"cpu broker {x['broker_cpu']:.0%} server {x['server_cpu']:.0%}"
                     for x in runs
                 ),
@@ -437,7 +438,8 @@ def render_floor(res: dict) -> list[str]:
         "generator and measured the same way: no decode, no merge, no learner (every run is in e2e.json). "
         f"Rates: fractions of {fm['contexts_per_s']:,.0f} contexts/s ({fm['from']}).",
         "",
-        "| knobs | load | offered contexts / s | answered / s | p50 ms | p99 ms | p99.9 ms | broker CPU | pass-through CPU |",
+        "| knobs | load | offered contexts / s | answered / s | p50 ms | p99 ms | p99.9 ms "
+        "| broker CPU | pass-through CPU |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     lines += _latency_rows(res["floor"])

@@ -63,6 +63,10 @@ def render(res: dict) -> list[str]:
     partitions = res["partitions"]
     lines: list[str] = []
     sp = res["snapshot"]
+    every_s = min(
+        res["snapshot_every_updates"] / (sp["contexts_per_s"] / partitions),
+        res["snapshot_interval_s"],
+    )
     lines += [
         "## 6. A snapshot of one partition at the latency runs' load",
         "",
@@ -77,7 +81,7 @@ def render(res: dict) -> list[str]:
         "",
         f"At that rate the default triggers (`snapshot_every_updates` {res['snapshot_every_updates']:,}, "
         f"`snapshot_interval_s` {res['snapshot_interval_s']:g}) snapshot each partition every "
-        f"{min(res['snapshot_every_updates'] / (sp['contexts_per_s'] / partitions), res['snapshot_interval_s']):.0f} s.",
+        f"{every_s:.0f} s.",
         "",
     ]
     return lines

@@ -116,7 +116,8 @@ def throughput(broker: EmbeddedBroker, policies: tuple, n: int, repeats: int) ->
             out[p]["bare_learner_events_per_s"].append(bare(p, events))
             print(
                 f"throughput run {r} {p}: worker {out[p]['worker'][-1]['events_per_s']:,.0f} events/s, "
-                f"pass-through {out['passthrough'][-1]:,.0f}, bare learner {out[p]['bare_learner_events_per_s'][-1]:,.0f}",
+                f"pass-through {out['passthrough'][-1]:,.0f}, "
+                f"bare learner {out[p]['bare_learner_events_per_s'][-1]:,.0f}",
                 flush=True,
             )
     return out

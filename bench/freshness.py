@@ -165,10 +165,13 @@ def render(res: dict) -> str:
             "",
             harness.provenance(res, "BLAS pinned to one thread."),
             "",
-            f"d = {res['d']}, K = {res['K']}, `oful` (epsilon 0.1) on {res['keys']} model keys, {res['rate']:.0f} events/s "
+            f"d = {res['d']}, K = {res['K']}, `oful` (epsilon 0.1) on {res['keys']} model keys, "
+            f"{res['rate']:.0f} events/s "
             f"(rank + reward each) for {res['seconds']:g} s after {WARM_S:g} s of warm-up, per run. One replica in the "
-            "benchmark's process, one learn-only `streambandit serve` worker as a subprocess, the embedded broker: all on "
-            "the machine's two cores. Freshness: the reward's `reward` call returned -> the replica applied the event's "
+            "benchmark's process, one learn-only `streambandit serve` worker as a subprocess, "
+            "the embedded broker: all on "
+            "the machine's two cores. Freshness: the reward's `reward` call returned -> "
+            "the replica applied the event's "
             "joined record. Medians over the runs of each run's percentile. Rank times are of calls paced 5 ms apart "
             "(back to back: `python -m bench.decider`).",
             "",

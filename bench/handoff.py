@@ -200,7 +200,8 @@ def render(res: dict) -> str:
             "",
             harness.provenance(res, "BLAS pinned to one thread."),
             "",
-            f"One partition holding {res['models']:,} models (d = {res['d']}, K = {res['K']}), stored as a base snapshot "
+            f"One partition holding {res['models']:,} models (d = {res['d']}, K = {res['K']}), "
+            "stored as a base snapshot "
             "in the group's snapshot directory; worker A (`streambandit serve`) recovers it and serves probe contexts "
             f"({res['probe_rate']:.0f}/s) for those models; worker B joins the group (and may take the partition at "
             "its join). The worker holding it then "
@@ -208,12 +209,15 @@ def render(res: dict) -> str:
             "and the other one takes it. *stop -> assigned*: the holder's exit until the taker's log says it was "
             "assigned the partition (negative when the taker had it before the holder's process ended). *recovered*: "
             "the taker's own time from the assignment to the partition "
-            "rebuilt (snapshot loaded, the joined log after it re-applied). *assigned -> serving*: from the assignment to "
+            "rebuilt (snapshot loaded, the joined log after it re-applied). "
+            "*assigned -> serving*: from the assignment to "
             "the first action read back (read_committed) after it, which only the taker can have written. For the "
             "SIGKILL the probes pause for a second before it and resume after it, so that no "
-            "transaction of the holder's is open when it dies (why: docs/architecture.md, instance ids). One run per case.",
+            "transaction of the holder's is open when it dies "
+            "(why: docs/architecture.md, instance ids). One run per case.",
             "",
-            "| policy | the holder stops by | taker | models | stop -> assigned s | recovered ms | assigned -> serving s |",
+            "| policy | the holder stops by | taker | models | stop -> assigned s | recovered ms "
+            "| assigned -> serving s |",
             "|---|---|---|---:|---:|---:|---:|",
             *rows,
             "",

@@ -538,7 +538,8 @@ def render(res: dict) -> str:
             )
     lines += [
         "",
-        f"## Where the bytes go ({res['n_attribute']:,} models under tracemalloc, sys.getsizeof over what each model owns)",
+        f"## Where the bytes go ({res['n_attribute']:,} models under tracemalloc, "
+        "sys.getsizeof over what each model owns)",
         "",
         "Per model, bare learner: array data (= state_nbytes), numpy array headers (the ndarray objects the "
         "model holds), the state scalars kept in its row of a row store, the `_config` dict and the values only "
@@ -569,7 +570,8 @@ def render(res: dict) -> str:
         "the deadline heap, the recent ids and the pending decisions (aggregation `first`). `traced` is "
         "tracemalloc's engine total per model.",
         "",
-        "| policy | models dict entry | deadline heap | recent ids | pending | engine traced | bare traced | engine - bare |",
+        "| policy | models dict entry | deadline heap | recent ids | pending | engine traced "
+        "| bare traced | engine - bare |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p, c in res["cases"].items():

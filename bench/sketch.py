@@ -153,7 +153,8 @@ def render(res: dict) -> str:
         "",
         f"Paper 002's synthetic stream: K = {res['K']} unit-norm N(0, I) arms per round, defaults of every learner"
         f" (soful/cbscfd l = 50; dbs_linucb l0 = 50, epsilon = 8, robust FD), constant beta = {res['beta']}.",
-        f"Per d: {res['repeats']} timed blocks of {res['block']} rounds after one warm-up block, interleaved learner by",
+        f"Per d: {res['repeats']} timed blocks of {res['block']} rounds after one warm-up block, "
+        "interleaved learner by",
         "learner; the figure is the median block. dbs_linucb's blocks are split into those spent sketching",
         "and those after its switch to exact updates (the block with the switch is in neither).",
         "",
@@ -174,7 +175,8 @@ def render(res: dict) -> str:
             )
         lines.append(
             f"| {r['policy']} | {r['d']} | {fmt_us(sketching)} | {fmt_us(exact)} | {r['oful_over_ours']:.2f}x "
-            f"| {r['bytes_end']:,} | {fmt_int(r['bytes_peak_sketching'])} | {fmt_ratio(r['oful_bytes_over_peak_sketching'])} "
+            f"| {r['bytes_end']:,} | {fmt_int(r['bytes_peak_sketching'])} "
+            f"| {fmt_ratio(r['oful_bytes_over_peak_sketching'])} "
             f"| {r['bytes_peak']:,} | {state} |"
         )
     lines += [

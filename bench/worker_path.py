@@ -5,7 +5,8 @@
 
 The worker's own per-batch code (``BatchProcessor.buffer`` and ``release``, ``Transaction.emit``) runs
 on real ``confluent_kafka.Message`` objects holding the encoded ad-traffic backlog of
-bench/traffic.py (as e2e part 4 drains it), in batches of ``WorkerConfig.batch_max_records`` as polled under a backlog. The
+bench/traffic.py (as e2e part 4 drains it), in batches of ``WorkerConfig.batch_max_records``
+as polled under a backlog. The
 producer is a real librdkafka producer with no broker reachable (``produce`` queues; the queue is
 purged after each batch), so Kafka's network and the transaction round trips are left out: those
 are bench.e2e's.

@@ -10,7 +10,8 @@ MISSING_FIELD = "missing_field"  # the writer schema lacks a field the reader ne
 WRONG_TOPIC = "wrong_topic"  # a valid record of a type that does not belong on this topic
 # Records that decode but cannot be used.
 EMPTY_ARMS = "empty_arms"
-DUPLICATE_ARM_ID = "duplicate_arm_id"  # two candidate arms of one context with the same id (the action could not say which)
+# two candidate arms of one context with the same id (the action could not say which)
+DUPLICATE_ARM_ID = "duplicate_arm_id"
 BAD_DIMENSION = "bad_dimension"  # arms of differing dimension, or not the model's dimension
 NON_FINITE_FEATURES = "non_finite_features"
 FEATURE_OUT_OF_RANGE = (

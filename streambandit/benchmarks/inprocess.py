@@ -470,7 +470,8 @@ def render_markdown(
         "oful with play(), measured in the same run: us ratio > 1 means the row is slower, regret ratio > 1 that it "
         "regrets more (against oful's regret on the same prefix of the stream), memory ratio > 1 that it needs more. "
         "Peak memory = peak RSS during the run minus the RSS before the learner was built (the stream and the "
-        "prepared input are not counted; the warm-up is a 2-arm stream, and glibc's mmap threshold is fixed at 128 KiB so "
+        "prepared input are not counted; the warm-up is a 2-arm stream, "
+        "and glibc's mmap threshold is fixed at 128 KiB so "
         "freed large blocks are not silently reused). "
         f"Memory ratios against a reference below {MEMORY_FLOOR_MIB:g} MiB are taken against {MEMORY_FLOOR_MIB:g} MiB "
         "and marked >=; when both figures are below it, no ratio is given.",
@@ -516,7 +517,8 @@ def render_markdown(
         "",
         "## Batch scoring: decisions against the current state, no interleaved update",
         "",
-        "| library / path | n scored | us / decision | decisions/s | fastest repeat, decisions/s | peak MiB (incl. training) |",
+        "| library / path | n scored | us / decision | decisions/s | fastest repeat, decisions/s "
+        "| peak MiB (incl. training) |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in rows:

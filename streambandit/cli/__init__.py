@@ -1,4 +1,5 @@
-"""The ``streambandit`` command: the parser and every sub-command in commands.py; warmup.py compiles the kernels ahead."""
+"""The ``streambandit`` command: the parser and every sub-command in commands.py; warmup.py
+compiles the kernels ahead."""
 
 from streambandit.cli.commands import main
 

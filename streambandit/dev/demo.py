@@ -265,7 +265,8 @@ def _summary(
     if s.answered:
         out(
             f"answered {s.answered} of {s.requests} requests; expected CTR over the run: learner "
-            f"{s.ctr_learner / s.answered:.4f}, best {s.ctr_best / s.answered:.4f}, random {s.ctr_random / s.answered:.4f}; "
+            f"{s.ctr_learner / s.answered:.4f}, best {s.ctr_best / s.answered:.4f}, "
+            f"random {s.ctr_random / s.answered:.4f}; "
             f"{s.clicks} clicks sent"
         )
     dead = {

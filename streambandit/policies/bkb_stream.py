@@ -160,7 +160,8 @@ class BKBStream(Policy):
         self.vinv = np.zeros((0, 0))
         self.incl = np.zeros(0)  # each point's probability of being in the dictionary (SQUEAK's p~)
         self.missed_s2 = 0.0  # variance of the pulls never taken into the dictionary, at their pull
-        self.refused_s2 = 0.0  # variance of the pulls drawn to join but refused for room, since the last resparsification
+        # variance of the pulls drawn to join but refused for room, since the last resparsification
+        self.refused_s2 = 0.0
         self.since_resparsify = 0
         self.resparsifications = 0
         self._refresh()

@@ -27,7 +27,8 @@ for a reward of an unknown event, 409 for a duplicate event id or a reward after
 for a body over ``max_body_bytes``. The server keeps serving. At most ``max_models`` model keys
 are served (``too_many_models`` past it): the client names them, and each costs a model's state.
 One event loop serves every request and the Decider is not shared with another thread: rank and
-reward run in the loop, tens of microseconds each (``python -m bench.decider``). With ``snapshot``, the state is saved every
+reward run in the loop, tens of microseconds each (``python -m bench.decider``).
+With ``snapshot``, the state is saved every
 ``save_every_s`` seconds and on shutdown, and loaded at start.
 """
 

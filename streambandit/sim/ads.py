@@ -20,7 +20,8 @@ _BIAS_FEATURE = 0.5  # the constant coordinate of every arm
 
 # The learners' settings for this traffic, used by the demo, `simulate-ads` and the benchmarks.
 # With the default traffic (a 3% base rate, a logit of -3.5, and a spread of 3 logits) the click
-# model's ||theta*|| is just under 8, so S = 8 bounds it. GLB-OMD's theory radius explores for far longer than a demo runs;
+# model's ||theta*|| is just under 8, so S = 8 bounds it. GLB-OMD's theory radius explores for
+# far longer than a demo runs;
 # a tenth of it learns within seconds (`streambandit simulate-ads` against
 # `streambandit simulate-ads --beta-scale 1` compares the two).
 _AD_HYPER: dict[str, dict] = {"glb_omd": {"link": "logistic", "S": 8.0, "beta_scale": 0.1}}

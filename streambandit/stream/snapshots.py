@@ -2,13 +2,15 @@
 
 A worker reads and writes only its own consumer group's snapshots (``scoped``): two groups with
 different configurations may share the input topics, the snapshot topic or the directory, and
-never load each other's state. Both keep the latest two snapshots per partition, so that a corrupt latest one falls back to the
+never load each other's state. Both keep the latest two snapshots per partition, so that a corrupt
+latest one falls back to the
 previous (and, when both are unusable, recovery replays the joined log from the start: never a
 silently fresh model).
 
 ``TopicStore`` layout (one compacted topic, co-partitioned with the inputs): snapshot ``p`` lives
 in partition ``p`` of the topic, in two alternating slots. A save writes the chunks of one slot,
-keys ``{group}/p{p}/s{slot}/{i}`` (the group percent-encoded), each value a fixed little-endian header (magic, format version,
+keys ``{group}/p{p}/s{slot}/{i}`` (the group percent-encoded), each value a fixed little-endian
+header (magic, format version,
 generation, chunk index, chunk count, CRC32 of the whole snapshot) followed by at most
 ``max_chunk_bytes`` of it, then tombstones the slot's chunks beyond the new count. A reader keeps
 the last value of each key (what compaction keeps too), and a slot counts only when all its

@@ -163,7 +163,8 @@ def _summary(link, tbl, stats, settings, rounds, n_seeds) -> str:
         + (
             "grows with t (late/early > 1.2 at every S)"
             if grows
-            else "grows only mildly or not at all at this T (late/early <= 1.2 somewhere): scipy's fixed per-call overhead "
+            else "grows only mildly or not at all at this T (late/early <= 1.2 somewhere): "
+            "scipy's fixed per-call overhead "
             "dominates the O(t) work at these t, so the growth the paper describes only shows at longer horizons"
         )
         + ". glb_omd's final regret is "

@@ -222,7 +222,8 @@ def _figures(curves: list[Curve]) -> dict[str, dict[str, float]]:
 
 def _table(figs: dict[str, dict[str, float]]) -> list[str]:
     return [
-        "| learner | final regret | slope | us/round early | us/round late | total s | dictionary at T | points held at T |",
+        "| learner | final regret | slope | us/round early | us/round late | total s "
+        "| dictionary at T | points held at T |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
         *(
             f"| {name} | {f['final']:.1f} +- {f['sd']:.1f} | {f['slope']:.2f} | {f['early_us']:,.0f} | "
@@ -271,7 +272,10 @@ def _summary(curves: list[Curve], size: str, s: _Size, textbook: dict[int, float
             "(timed below, not run in full)."
         )
     else:
-        verdict += "The time saving is over the counter form of exact GP-UCB, already far cheaper than the textbook t x t form."
+        verdict += (
+            "The time saving is over the counter form of exact GP-UCB, "
+            "already far cheaper than the textbook t x t form."
+        )
     tb_rows = []
     for t, sec in sorted(textbook.items()):
         near = [c for c in catalog if c.seed == 0]
@@ -313,7 +317,8 @@ def _summary(curves: list[Curve], size: str, s: _Size, textbook: dict[int, float
     return "\n".join(
         [
             "**Paper's claim** (000, Sec. 1, 3.2, Thm 4.1): BKB's regret is within a constant of GP-UCB's, "
-            "with a dictionary of size O~(d_eff) and O~(T A d_eff^2) total time instead of GP-UCB's O(T A t^2)-type cost.",
+            "with a dictionary of size O~(d_eff) and O~(T A d_eff^2) total time "
+            "instead of GP-UCB's O(T A t^2)-type cost.",
             "",
             f"Size `{size}`, {s.seeds} seed(s), A = {s.n_arms} arms, T = {s.rounds}. Final cumulative "
             "pseudo-regret mean +- sd over seeds; slope = log-log slope of the regret between T/4 and T; "
@@ -323,7 +328,8 @@ def _summary(curves: list[Curve], size: str, s: _Size, textbook: dict[int, float
             *_table(figs),
             *tb,
             "",
-            f"New arms every round (the contextual setting): K = {k} arms uniform in [0,1]^2 per round, T = {ctx_rounds}, "
+            f"New arms every round (the contextual setting): K = {k} arms uniform in [0,1]^2 "
+            f"per round, T = {ctx_rounds}, "
             "the same seeds; regret against the round's best arm. Points held: the pulled points kept (GP-UCB, "
             "bkb) or the dictionary (bkb_stream).",
             "",

@@ -133,7 +133,8 @@ class DigitsEnvironment:
 
     Each round draws one image of each label 0..9 (uniformly among that label's images) and shuffles
     them, so the arm's position carries no information (with a fixed order, a learner's deterministic
-    tie-break at theta = 0 would find the target for free). Reward 1 if the chosen image has label ``target``, else 0, with no
+    tie-break at theta = 0 would find the target for free). Reward 1 if the chosen image has label
+    ``target``, else 0, with no
     noise: ``means`` is the indicator, and exactly one arm per round has mean 1.
     """
 

@@ -140,7 +140,8 @@ def _summary(tbl, stats, settings, rounds, n_seeds) -> str:
         )
         + f"; the full-pass baseline costs {speed:.0f}x hvt_ucb's total time at T = {rounds} "
         + (
-            "(hvt_ucb at a small fraction of its time, agrees in kind; the paper's >800x is at T = 18000 with its own solver)"
+            "(hvt_ucb at a small fraction of its time, agrees in kind; "
+            "the paper's >800x is at T = 18000 with its own solver)"
             if speed >= 5
             else "(the gap is small at this T)"
         )

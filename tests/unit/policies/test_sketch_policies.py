@@ -234,7 +234,8 @@ class SubspaceEnvironment:
 
 
 def test_a_too_small_sketch_has_linear_regret_and_dbs_does_not():
-    """Paper 002's failure case of fixed-size sketches (Sec. 2.3, Fig. 1) and its fix, in ~2 s. The arms' spectrum is flat over
+    """Paper 002's failure case of fixed-size sketches (Sec. 2.3, Fig. 1) and its fix, in ~2 s.
+    The arms' spectrum is flat over
     k = 12 directions of R^200: past a sketch of l = 4 lies 2/3 of the mass, so SOFUL's spectral
     error grows linearly in T and so does its regret (slope ~1 over [T/4, T]). DBSLinUCB with
     l0 = 4, epsilon = 8 closes its lossy blocks of 4 and 8 rows and settles in the 16-row block,
