@@ -35,13 +35,15 @@ $(VENV)/.dev-installed: pyproject.toml $(LOCK) | $(BIN)/python
 demo: $(VENV)/.demo-installed
 	$(BIN)/streambandit demo
 
-# The linter first (seconds), then the whole suite.
+# The linter and the formatter's check first (seconds), then the whole suite.
 test: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 unit: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q tests/unit
@@ -61,6 +63,7 @@ lock:
 	$(call INSTALL,.venv-lock/bin) --upgrade pip setuptools
 	$(call INSTALL,.venv-lock/bin) --no-build-isolation --upgrade -e '.[dev]'
 	.venv-lock/bin/ruff check .
+	.venv-lock/bin/ruff format --check .
 	.venv-lock/bin/python -m pytest -q
 	{ echo "# Exact versions the whole suite passed with (make lock, $$(.venv-lock/bin/python -V), $$(uname -m))."; \
 	  echo "# Used as a pip constraints file by the Makefile and deploy/Dockerfile; refresh with make lock."; \
