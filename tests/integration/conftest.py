@@ -20,7 +20,7 @@ def broker():
 @pytest.fixture
 def topics(broker):
     """A fresh, co-partitioned topic set (names unique to the test), with 2 partitions."""
-    from streambandit.stream.worker import Topics
+    from streambandit.config.worker import Topics
 
     tag = uuid.uuid4().hex[:8]
     t = Topics(
