@@ -26,7 +26,7 @@ from pathlib import Path
 from streambandit.dev.tansu import BrokerError
 
 __all__ = ["LOCK_PATH", "JavaToolMissing", "Jar", "JarLock", "parse_lock", "format_lock", "cache_root", "java_binary",
-           "classpath", "relock"]
+           "check_prerequisites", "classpath", "relock"]
 
 LOCK_PATH = Path(__file__).with_name("kafka-jars.lock")
 # Kafka 4's broker is compiled for Java 17.
@@ -143,6 +143,20 @@ def java_major(version_output: str) -> int | None:
         return None
     major = int(m.group(1))
     return int(m.group(2) or 0) if major == 1 else major
+
+
+def check_prerequisites(lock: JarLock | None = None, cache: Path | None = None) -> None:
+    """Raise :class:`JavaToolMissing` unless this machine can run the locked broker: Java 17+,
+    and mvn unless the jars are already in the cache."""
+    java_binary()
+    lock = lock or read_lock()
+    jars = (cache or cache_root()) / lock.kafka_version / "jars"
+    try:
+        cached = (jars / ".lock-sha256").read_text() == lock.digest
+    except OSError:
+        cached = False
+    if not cached:
+        _mvn()
 
 
 def _mvn() -> str:
