@@ -1,20 +1,139 @@
-"""Integration fixtures: one real embedded broker process per test session."""
+"""Integration fixtures: real broker processes, one of each kind per test session.
+
+Two tiers: the embedded broker (Tansu, ``tansu_broker``) and Apache Kafka (``kafka_broker``, one
+combined node; ``kafka_cluster``, three nodes, per module). A test asks for ``broker`` and runs on
+Tansu; marked ``@pytest.mark.brokers("tansu", "kafka")`` it runs once on each (ids ``[tansu]``,
+``[kafka]``). ``--broker=tansu|kafka|both`` chooses the tiers (tests/conftest.py); the others'
+tests are deselected.
+"""
 
 import gc
 import uuid
 
 import pytest
 
-from streambandit.dev.tansu import EmbeddedBroker
+from streambandit.dev.kafka import ApacheKafka
+from streambandit.dev.kafka_jars import JavaToolMissing, check_prerequisites, classpath, read_lock
+from streambandit.dev.tansu import BrokerError, EmbeddedBroker
+
+KINDS = ("tansu", "kafka")
+_KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster"}
+TIERS = pytest.StashKey[tuple]()
+KAFKA_MISSING = pytest.StashKey[str | None]()  # why this machine cannot run Apache Kafka, or None
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "brokers(*kinds): run the test on each of these brokers (tansu, kafka); "
+                                       "a test without it runs on tansu")
+    chosen, required = config.getoption("--broker"), config.getoption("--require-kafka")
+    if chosen == "tansu" and required:
+        raise pytest.UsageError("--require-kafka with --broker=tansu: the Apache Kafka tier cannot be both required "
+                                "and left out")
+    missing = None
+    try:
+        check_prerequisites()
+    except BrokerError as exc:  # JavaToolMissing, or a lock that does not read
+        missing = str(exc)
+    if chosen is None:
+        chosen = "both" if missing is None or required else "tansu"
+    config.stash[TIERS] = {"tansu": ("tansu",), "kafka": ("kafka",), "both": KINDS}[chosen]
+    config.stash[KAFKA_MISSING] = missing
+
+
+def pytest_generate_tests(metafunc):
+    marker = metafunc.definition.get_closest_marker("brokers")
+    if marker is None or "broker" not in metafunc.fixturenames:
+        return
+    unknown = set(marker.args) - set(KINDS)
+    if unknown or not marker.args:
+        raise pytest.UsageError(f"{metafunc.definition.nodeid}: brokers() takes some of {KINDS}, got {marker.args}")
+    metafunc.parametrize("broker", list(marker.args), indirect=True, ids=list(marker.args))
+
+
+def _kind(item) -> str | None:
+    callspec = getattr(item, "callspec", None)
+    if callspec is not None and "broker" in callspec.params:
+        return callspec.params["broker"]
+    names = set(getattr(item, "fixturenames", ()))
+    if names & _KAFKA_FIXTURES:
+        return "kafka"
+    if names & {"broker", "tansu_broker"}:
+        return "tansu"
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    tiers = config.stash.get(TIERS, KINDS)
+    keep, drop = [], []
+    for item in items:
+        kind = _kind(item)
+        (drop if kind is not None and kind not in tiers else keep).append(item)
+    if drop:
+        config.hook.pytest_deselected(items=drop)
+        items[:] = keep
+
+
+def pytest_report_collectionfinish(config, start_path, items):
+    tiers = config.stash.get(TIERS, None)
+    if tiers is None:
+        return None
+    note = ""
+    if "kafka" not in tiers and config.stash[KAFKA_MISSING]:
+        note = f" (Apache Kafka tier off: {config.stash[KAFKA_MISSING]})"
+    elif "kafka" in tiers:
+        note = f" (Apache Kafka {read_lock().kafka_version}{', required' if config.getoption('--require-kafka') else ''})"
+    return f"integration brokers: {', '.join(tiers)}{note}"
+
+
+def _kafka_usable(config) -> None:
+    """Skip the test (fail it, with --require-kafka) when this machine cannot run Apache Kafka:
+    no java or mvn, or the jars cannot be fetched. A broker that then fails to start is an error."""
+    required = config.getoption("--require-kafka")
+    reason = config.stash[KAFKA_MISSING]
+    if reason is None:
+        try:
+            classpath()
+        except JavaToolMissing as exc:
+            reason = str(exc)
+        except BrokerError as exc:
+            reason = f"cannot fetch its jars: {exc}"
+    if reason is not None:
+        config.stash[KAFKA_MISSING] = reason  # every later test is told at once, without another fetch
+        (pytest.fail if required else pytest.skip)(f"Apache Kafka tier: {reason}")
 
 
 @pytest.fixture(scope="session")
-def broker():
+def tansu_broker():
     with EmbeddedBroker() as b:
         yield b
         # Kafka clients the tests dropped are destroyed now, while the broker still answers:
         # destroyed after it stopped, they log lost connections after pytest's summary line.
         gc.collect()
+
+
+@pytest.fixture(scope="session")
+def kafka_broker(request):
+    _kafka_usable(request.config)
+    with ApacheKafka() as b:
+        yield b
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def kafka_cluster(request):
+    """Three combined nodes for the tests of a module (replication factor 3, min.insync 2). A
+    test that kills or stops nodes restarts them and waits until they are in sync again before
+    it ends, so that the next test starts from the whole cluster."""
+    _kafka_usable(request.config)
+    with ApacheKafka(nodes=3) as c:
+        yield c
+        gc.collect()
+
+
+@pytest.fixture(scope="session")
+def broker(request):
+    """The test's broker: Tansu, or the kind a brokers(...) mark parametrized it with."""
+    return request.getfixturevalue(f"{getattr(request, 'param', 'tansu')}_broker")
 
 
 @pytest.fixture

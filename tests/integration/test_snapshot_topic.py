@@ -93,6 +93,7 @@ def latest_values(broker, topic: str) -> dict[bytes, bytes | None]:
     return {m.key(): m.value() for m in read_all(broker, topic)}
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_create_snapshot_topic_is_compacted_and_leaves_an_existing_one_alone(broker, snap_topic):
     assert not create_snapshot_topic(broker.bootstrap_servers, snap_topic, partitions=2)
     admin = broker.admin()

@@ -43,6 +43,7 @@ def start_worker(broker, topics, tmp_path, group, **overrides):
     return w, t
 
 
+@pytest.mark.brokers("tansu", "kafka")
 def test_every_context_gets_exactly_one_action_and_rewards_are_joined(broker, topics, tmp_path):
     prod = producer(broker)
     rng = np.random.default_rng(0)
