@@ -352,32 +352,62 @@ def _cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def _cmd_broker(args: argparse.Namespace) -> int:
-    """The embedded development broker in the foreground."""
+    """A development broker in the foreground: the embedded one, or Apache Kafka (--kafka)."""
     import signal
 
-    from streambandit.dev.tansu import EmbeddedBroker
-
+    if not args.kafka and (args.nodes is not None or args.data_dir is not None):
+        raise ValueError("--nodes and --data-dir are for Apache Kafka: add --kafka")
+    if args.nodes is not None and args.nodes < 1:
+        raise ValueError(f"--nodes must be >= 1, got {args.nodes}")
     # SIGINT (Ctrl-C) and SIGTERM stop the broker, set here rather than inherited: a process
     # started in the background by a non-interactive shell inherits SIGINT ignored, and then
     # nothing would stop it but SIGKILL, leaving the broker behind.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.default_int_handler)
-    b = EmbeddedBroker(port=args.port)
+    if args.kafka:
+        from streambandit.dev.kafka import ApacheKafka
+        from streambandit.dev.kafka_jars import cache_root, check_prerequisites, is_cached
+
+        b = ApacheKafka(
+            nodes=1 if args.nodes is None else args.nodes, port=args.port, data_dir=args.data_dir
+        )
+        check_prerequisites()  # a missing java or mvn is the one line, before any other
+        if (
+            not is_cached()
+        ):  # the one slow start: say why it is slow (stderr: stdout's first line is the address)
+            print(
+                f"fetching Apache Kafka {b.version}'s jars with Maven into {cache_root() / b.version} (once)",
+                file=sys.stderr,
+                flush=True,
+            )
+    else:
+        from streambandit.dev.tansu import EmbeddedBroker
+
+        b = EmbeddedBroker(port=args.port)
     try:  # a signal at any point from here stops the broker (b.wait() handles it once it waits)
         b.start()
-        print(
-            f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); Ctrl-C stops it",
-            flush=True,
-        )
+        if args.kafka:
+            nodes = f"{b.node_count} nodes" if b.node_count > 1 else "one node"
+            print(
+                f"Apache Kafka {b.version} listening ({nodes}, ready in {b.last_start_s:.1f} s): "
+                f"bootstrap.servers={b.bootstrap_servers} (data and logs: {b.data_dir}); Ctrl-C stops it",
+                flush=True,
+            )
+        else:
+            print(
+                f"embedded broker listening: bootstrap.servers={b.bootstrap_servers} (log: {b.log_path}); "
+                "Ctrl-C stops it",
+                flush=True,
+            )
         if args.create_topics:
-            _broker_topics(b.bootstrap_servers, args)
+            _broker_topics(b.bootstrap_servers, args, embedded=not args.kafka)
         return b.wait()
     except KeyboardInterrupt:
         b.stop()
         return 0
 
 
-def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
+def _broker_topics(bootstrap: str, args: argparse.Namespace, embedded: bool) -> None:
     """``broker --create-topics``: the topics of ``--config`` (or the default names and the
     snapshot topic ``streambandit-snapshots``), and the client settings this broker needs."""
     from streambandit.config.app import load_worker_config
@@ -392,13 +422,13 @@ def _broker_topics(bootstrap: str, args: argparse.Namespace) -> None:
         bootstrap, {}, topics, snapshot_topic, args.partitions, learn_only=learn_only
     ):
         print(f"{topic}: {what}", flush=True)
-    # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
-    # (docs/notes/tansu.md): the worker's configuration for it needs a small one.
-    print(
-        f'client settings for this broker, in the worker\'s TOML:\n  [kafka]\n  "bootstrap.servers" = "{bootstrap}"\n'
-        f'  [kafka.consumer]\n  "fetch.wait.max.ms" = 10',
-        flush=True,
-    )
+    settings = f'  [kafka]\n  "bootstrap.servers" = "{bootstrap}"'
+    if embedded:
+        # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
+        # (docs/notes/tansu.md): the worker's configuration for it needs a small one. Apache
+        # Kafka answers as soon as a record is there, with librdkafka's defaults.
+        settings += '\n  [kafka.consumer]\n  "fetch.wait.max.ms" = 10'
+    print(f"client settings for this broker, in the worker's TOML:\n{settings}", flush=True)
 
 
 _LOG_FORMATS = ("csv", "avro", "obd", "dsjson")
@@ -1099,10 +1129,36 @@ def build_parser() -> argparse.ArgumentParser:
     api.set_defaults(func=_cmd_api)
 
     brk = sub.add_parser(
-        "broker", help="run the embedded development broker (Tansu) in the foreground"
+        "broker",
+        help="run a development broker in the foreground: the embedded one (Tansu), or "
+        "Apache Kafka with --kafka",
     )
     brk.add_argument(
-        "--port", type=int, default=9092, help="the port to listen on, on 127.0.0.1 (default 9092)"
+        "--port",
+        type=int,
+        default=9092,
+        help="the port to listen on, on 127.0.0.1 (default 9092; with "
+        "--kafka --nodes N, node i listens on port + i - 1)",
+    )
+    brk.add_argument(
+        "--kafka",
+        action="store_true",
+        help="run Apache Kafka (KRaft, the version of streambandit/dev/kafka-jars.lock) instead of the "
+        "embedded broker; needs Java 17+, and Maven the first time to fetch its jars into "
+        "~/.cache/streambandit/kafka (env STREAMBANDIT_KAFKA_CACHE)",
+    )
+    brk.add_argument(
+        "--nodes",
+        type=int,
+        default=None,
+        help="with --kafka: this many combined broker+controller nodes (default 1; 3 is a cluster with "
+        "replication factor 3 and min.insync.replicas 2)",
+    )
+    brk.add_argument(
+        "--data-dir",
+        default=None,
+        help="with --kafka: keep the nodes' logs and topics here across runs (default: a temporary "
+        "directory, removed at the stop)",
     )
     brk.add_argument(
         "--create-topics",

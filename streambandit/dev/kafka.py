@@ -459,8 +459,12 @@ class ApacheKafka:
         homes = {a.node_id: self.data_dir / f"node-{a.node_id}" for a in self._addresses}
         stray = sorted(p.name for p in self.data_dir.glob("node-*") if p not in homes.values())
         if stray:
-            raise BrokerError(f"{self.data_dir} holds a cluster of other nodes ({', '.join(stray)}): "
-                              f"start it with as many nodes, or use another data directory")
+            raise BrokerError(f"{self.data_dir} holds a cluster of other nodes ({', '.join(stray)}): start it with as "
+                              f"many nodes, or use another data directory")
+        formatted = [h for h in homes.values() if _cluster_id_of(h / "data") is not None]
+        if formatted and len(formatted) != len(homes):
+            raise BrokerError(f"{self.data_dir} holds a cluster of {len(formatted)} node(s), not {len(homes)}: start it "
+                              f"with as many nodes, or use another data directory")
         ids = {_cluster_id_of(h / "data") for h in homes.values()} - {None}
         if len(ids) > 1:
             raise BrokerError(f"the nodes under {self.data_dir} belong to different clusters: {sorted(ids)}")

@@ -26,7 +26,7 @@ from pathlib import Path
 from streambandit.dev.tansu import BrokerError
 
 __all__ = ["LOCK_PATH", "JavaToolMissing", "Jar", "JarLock", "parse_lock", "format_lock", "cache_root", "java_binary",
-           "check_prerequisites", "classpath", "relock"]
+           "is_cached", "check_prerequisites", "classpath", "relock"]
 
 LOCK_PATH = Path(__file__).with_name("kafka-jars.lock")
 # Kafka 4's broker is compiled for Java 17.
@@ -145,17 +145,22 @@ def java_major(version_output: str) -> int | None:
     return int(m.group(2) or 0) if major == 1 else major
 
 
+def is_cached(lock: JarLock | None = None, cache: Path | None = None) -> bool:
+    """Whether the locked jars are in the cache (a start then needs no Maven)."""
+    lock = lock or read_lock()
+    jars = (cache or cache_root()) / lock.kafka_version / "jars"
+    try:
+        return (jars / ".lock-sha256").read_text() == lock.digest and all((jars / j.file_name).is_file()
+                                                                           for j in lock.jars)
+    except OSError:
+        return False
+
+
 def check_prerequisites(lock: JarLock | None = None, cache: Path | None = None) -> None:
     """Raise :class:`JavaToolMissing` unless this machine can run the locked broker: Java 17+,
     and mvn unless the jars are already in the cache."""
     java_binary()
-    lock = lock or read_lock()
-    jars = (cache or cache_root()) / lock.kafka_version / "jars"
-    try:
-        cached = (jars / ".lock-sha256").read_text() == lock.digest
-    except OSError:
-        cached = False
-    if not cached:
+    if not is_cached(lock, cache):
         _mvn()
 
 
@@ -207,16 +212,8 @@ def classpath(lock: JarLock | None = None, cache: Path | None = None) -> list[Pa
     lock = lock or read_lock()
     home = (cache or cache_root()) / lock.kafka_version
     jars_dir = home / "jars"
-    stamp = jars_dir / ".lock-sha256"
     paths = [jars_dir / j.file_name for j in lock.jars]
-
-    def ready() -> bool:
-        try:
-            return stamp.read_text() == lock.digest and all(p.is_file() for p in paths)
-        except OSError:
-            return False
-
-    if ready():
+    if is_cached(lock, cache):
         return paths
     try:
         home.mkdir(parents=True, exist_ok=True)
@@ -226,7 +223,7 @@ def classpath(lock: JarLock | None = None, cache: Path | None = None) -> list[Pa
                           "(set STREAMBANDIT_KAFKA_CACHE to a writable directory)") from None
     with guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
-        if ready():
+        if is_cached(lock, cache):
             return paths
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
         try:

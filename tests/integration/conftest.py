@@ -17,7 +17,7 @@ from streambandit.dev.kafka_jars import JavaToolMissing, check_prerequisites, cl
 from streambandit.dev.tansu import BrokerError, EmbeddedBroker
 
 KINDS = ("tansu", "kafka")
-_KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster"}
+_KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster", "kafka_tier"}
 TIERS = pytest.StashKey[tuple]()
 KAFKA_MISSING = pytest.StashKey[str | None]()  # why this machine cannot run Apache Kafka, or None
 
@@ -100,6 +100,13 @@ def _kafka_usable(config) -> None:
     if reason is not None:
         config.stash[KAFKA_MISSING] = reason  # every later test is told at once, without another fetch
         (pytest.fail if required else pytest.skip)(f"Apache Kafka tier: {reason}")
+
+
+@pytest.fixture
+def kafka_tier(request):
+    """For a test that starts Apache Kafka itself (``streambandit broker --kafka``): skipped, or
+    failed, as the Apache Kafka fixtures are when this machine cannot run it."""
+    _kafka_usable(request.config)
 
 
 @pytest.fixture(scope="session")

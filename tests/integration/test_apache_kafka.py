@@ -2,12 +2,17 @@
 transactions read back read_committed, and a cluster that keeps taking acks=all writes with a node
 killed (min.insync.replicas 2)."""
 
+import os
 import re
+import signal
+import socket
+import subprocess
+import sys
 import uuid
 
 import pytest
 from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import ConfigResource
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from .helpers import read_all, wait_for
 
@@ -123,3 +128,40 @@ def test_the_whole_cluster_restarts_on_its_log_directories(kafka_cluster):
     # The same transactional id picks up where it was (its epoch is on the log, too).
     commit(transactional(kafka_cluster, f"tx-{topic}"), topic, [b"new"])
     assert len(values(kafka_cluster, topic)) == 7
+
+
+def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigint(kafka_tier, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "broker", "--kafka", "--nodes", "3", "--port",
+                             str(port), "--create-topics", "--data-dir", str(tmp_path / "kafka")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    try:
+        first = proc.stdout.readline()
+        bootstrap = f"127.0.0.1:{port},127.0.0.1:{port + 1},127.0.0.1:{port + 2}"
+        assert f"bootstrap.servers={bootstrap}" in first and "3 nodes" in first, (first, proc.stderr.read()
+                                                                                  if proc.poll() is not None else "")
+        rest: list[str] = []
+        while not rest or rest[-1] and not rest[-1].startswith('  "bootstrap.servers"'):  # '': it exited
+            rest.append(proc.stdout.readline())
+        assert "streambandit-snapshots: created (compacted)\n" in rest
+        # Apache Kafka needs no small fetch.wait.max.ms, so none is printed.
+        assert rest[-3:] == ["client settings for this broker, in the worker's TOML:\n", "  [kafka]\n",
+                             f'  "bootstrap.servers" = "{bootstrap}"\n']
+        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics("contexts", timeout=10)
+        assert sorted(md.brokers) == [1, 2, 3] and len(md.topics["contexts"].partitions[0].replicas) == 3
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            _, err = proc.communicate()
+            pytest.fail(f"the broker command did not exit within 90 s of SIGINT; its stderr:\n{err[-3000:]}")
+    assert proc.returncode == 0, err[-3000:]
+    for p in (port, port + 1, port + 2):  # every node is gone
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", p)) != 0
+    assert (tmp_path / "kafka" / "node-3" / "data" / "meta.properties").exists()  # --data-dir is kept

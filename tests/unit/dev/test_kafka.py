@@ -5,6 +5,8 @@ for a missing java or mvn."""
 import hashlib
 import shutil
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,35 @@ def test_a_maven_failure_is_one_line_with_its_first_error(tools, tmp_path, monke
     with pytest.raises(BrokerError, match=r"^Maven could not fetch Apache Kafka's jars \(is Maven Central reachable\?\): "
                                           r"Failed to execute goal: Could not transfer artifact$"):
         classpath(one_jar_lock(b"x"))
+
+
+# -- the command ---------------------------------------------------------------------------------
+
+def broker_command(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "streambandit", "broker", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_the_broker_command_without_java_is_one_line_and_no_trace(tools):
+    out = broker_command("--kafka", "--port", "0")
+    assert out.returncode == 1
+    assert out.stderr == ("streambandit: error: Apache Kafka needs Java 17 or newer and there is no java on PATH "
+                          "(Debian: apt-get install openjdk-17-jre-headless)\n")
+
+
+def test_the_broker_command_without_mvn_or_cached_jars_is_one_line(tools):
+    script(tools, "java", JAVA_17)
+    out = broker_command("--kafka", "--port", "0")
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert out.stderr.splitlines()[-1] == ("streambandit: error: Apache Kafka's jars are fetched with Maven the first "
+                                           "time, and there is no mvn on PATH (Debian: apt-get install maven)")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--nodes", "3"], "--nodes and --data-dir are for Apache Kafka: add --kafka"),
+    (["--data-dir", "x"], "--nodes and --data-dir are for Apache Kafka: add --kafka"),
+    (["--kafka", "--nodes", "0"], "--nodes must be >= 1, got 0"),
+])
+def test_the_broker_commands_kafka_options_are_checked(args, message):
+    out = broker_command(*args)
+    assert (out.returncode, out.stderr) == (2, f"streambandit: error: {message}\n")
