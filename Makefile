@@ -48,8 +48,10 @@ lint: $(VENV)/.dev-installed
 unit: $(VENV)/.dev-installed
 	$(BIN)/python -m pytest -q tests/unit
 
+# BROKER=tansu, kafka or both: the brokers the integration tests run on (default: both where java
+# and mvn are, else tansu; tests/integration/conftest.py).
 integration: $(VENV)/.dev-installed
-	$(BIN)/python -m pytest -q tests/integration
+	$(BIN)/python -m pytest -q tests/integration $(if $(BROKER),--broker=$(BROKER))
 
 bench: $(VENV)/.dev-installed
 	$(BIN)/python -m bench.policies

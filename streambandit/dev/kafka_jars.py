@@ -123,7 +123,7 @@ def java_binary() -> str:
         else shutil.which("java")
     if java is None:
         raise JavaToolMissing(f"Apache Kafka needs Java {MIN_JAVA} or newer and there is no java on PATH "
-                              "(Debian: apt-get install openjdk-17-jre-headless)")
+                              "(Debian: apt-get install default-jre-headless)")
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:

@@ -267,7 +267,7 @@ def test_the_broker_command_without_java_is_one_line_and_no_trace(tools):
     out = broker_command("--kafka", "--port", "0")
     assert out.returncode == 1
     assert out.stderr == ("streambandit: error: Apache Kafka needs Java 17 or newer and there is no java on PATH "
-                          "(Debian: apt-get install openjdk-17-jre-headless)\n")
+                          "(Debian: apt-get install default-jre-headless)\n")
 
 
 def test_the_broker_command_without_mvn_or_cached_jars_is_one_line(tools):
