@@ -28,7 +28,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from confluent_kafka import KafkaException
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streambandit.dev.kafka_jars import JarLock, classpath, java_binary, read_lock
@@ -221,7 +221,15 @@ class ApacheKafka:
             busy = [p for p in range(port, port + nodes) if _port_in_use(p)]
             if busy:
                 raise BrokerError(f"port {busy[0]} on {HOST} is in use (another broker?): choose another --port")
-        self._addresses = [NodeAddress(i, port + i - 1 if port is not None else _free_port(), _free_port())
+        taken = set(range(port, port + nodes)) if port is not None else set()
+
+        def another() -> int:  # a port no other listener of this cluster was given
+            while (p := _free_port()) in taken:
+                pass
+            taken.add(p)
+            return p
+
+        self._addresses = [NodeAddress(i, port + i - 1 if port is not None else another(), another())
                            for i in range(1, nodes + 1)]
         self.port = self._addresses[0].port
         self.bootstrap_servers = ",".join(f"{HOST}:{a.port}" for a in self._addresses)
@@ -295,7 +303,7 @@ class ApacheKafka:
 
     def create_topics(self, names: list[str], partitions: int, config: dict[str, str] | None = None) -> None:
         """Create topics (existing ones are left as they are), replicated on every node up to three,
-        and wait until each partition has a leader."""
+        and wait until each partition's leader serves it."""
         admin = self.admin()
         existing = set(admin.list_topics(timeout=10).topics)
         new = [NewTopic(n, num_partitions=partitions, replication_factor=self.replication_factor, config=config or {})
@@ -312,9 +320,30 @@ class ApacheKafka:
             topics = admin.list_topics(timeout=5).topics
             if all(n in topics and topics[n].partitions and all(p.leader >= 0 for p in topics[n].partitions.values())
                    for n in names):
-                return
+                break
             time.sleep(0.1)
-        raise BrokerError(f"topics {names} did not get leaders within 30 s")
+        else:
+            raise BrokerError(f"topics {names} did not get leaders within 30 s")
+        # The metadata names a leader before that node has taken the partition on: a ListOffsets
+        # then answers NOT_LEADER_FOR_PARTITION, which clients that do not retry it take as fatal.
+        # Created means served here, as on a cluster whose topics were made long before.
+        probe = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "streambandit-dev-probe",
+                          "enable.auto.commit": False})
+        pending = [TopicPartition(n, p) for n in names for p in topics[n].partitions]
+        last = ""
+        try:
+            while pending and time.monotonic() < deadline:
+                try:
+                    probe.get_watermark_offsets(pending[0], timeout=5, cached=False)
+                    pending.pop(0)
+                except KafkaException as exc:
+                    last = str(exc)
+                    time.sleep(0.1)
+        finally:
+            probe.close()
+        if pending:
+            raise BrokerError(f"{pending[0].topic}[{pending[0].partition}] was not served within 30 s of its creation "
+                              f"({last})")
 
     def log_tail(self, lines: int = 30, node_id: int | None = None) -> str:
         """The last lines of a node's log (of every node, each under its id, when None)."""
