@@ -23,15 +23,22 @@ def pytest_addoption(parser):
     # Here rather than in tests/integration/conftest.py: pytest reads options only from the
     # conftest files it loads before collecting, and a plain `pytest` does not load that one yet.
     group = parser.getgroup("streambandit brokers")
-    group.addoption("--broker", choices=("tansu", "kafka", "both"), default=os.environ.get("STREAMBANDIT_TEST_BROKER"),
-                    help="the brokers the integration tests run on: the embedded Tansu, Apache Kafka (needs Java "
-                         "17+, and Maven until its jars are cached), or both; only tests marked brokers(...) run on "
-                         "Apache Kafka. Default: both where java and mvn are present, else tansu "
-                         "(env STREAMBANDIT_TEST_BROKER)")
-    group.addoption("--require-kafka", action="store_true",
-                    default=os.environ.get("STREAMBANDIT_REQUIRE_KAFKA", "") not in ("", "0"),
-                    help="the Apache Kafka tier must run: without java or mvn, or without its jars, its tests fail "
-                         "instead of being skipped (env STREAMBANDIT_REQUIRE_KAFKA=1; CI sets it)")
+    group.addoption(
+        "--broker",
+        choices=("tansu", "kafka", "both"),
+        default=os.environ.get("STREAMBANDIT_TEST_BROKER"),
+        help="the brokers the integration tests run on: the embedded Tansu, Apache Kafka (needs Java "
+        "17+, and Maven until its jars are cached), or both; only tests marked brokers(...) run on "
+        "Apache Kafka. Default: both where java and mvn are present, else tansu "
+        "(env STREAMBANDIT_TEST_BROKER)",
+    )
+    group.addoption(
+        "--require-kafka",
+        action="store_true",
+        default=os.environ.get("STREAMBANDIT_REQUIRE_KAFKA", "") not in ("", "0"),
+        help="the Apache Kafka tier must run: without java or mvn, or without its jars, its tests fail "
+        "instead of being skipped (env STREAMBANDIT_REQUIRE_KAFKA=1; CI sets it)",
+    )
 
 
 @pytest.fixture(autouse=True)

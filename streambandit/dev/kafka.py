@@ -34,8 +34,14 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from streambandit.dev.kafka_jars import JarLock, classpath, java_binary, read_lock
 from streambandit.dev.tansu import BrokerError
 
-__all__ = ["ApacheKafka", "server_properties", "render_properties", "new_cluster_id", "coordinator_partition",
-           "INTERNAL_PARTITIONS"]
+__all__ = [
+    "ApacheKafka",
+    "server_properties",
+    "render_properties",
+    "new_cluster_id",
+    "coordinator_partition",
+    "INTERNAL_PARTITIONS",
+]
 
 log = logging.getLogger("streambandit")
 
@@ -52,7 +58,9 @@ class NodeAddress:
     controller_port: int
 
 
-def server_properties(node: NodeAddress, voters: list[NodeAddress], data_dir: Path) -> dict[str, str]:
+def server_properties(
+    node: NodeAddress, voters: list[NodeAddress], data_dir: Path
+) -> dict[str, str]:
     """The configuration of one combined broker+controller node of a cluster of ``len(voters)``."""
     rf = min(len(voters), 3)
     min_isr = max(1, rf - 1)  # one replica may be down and acks=all writes still go through
@@ -61,7 +69,9 @@ def server_properties(node: NodeAddress, voters: list[NodeAddress], data_dir: Pa
         "node.id": str(node.node_id),
         # Static voters: a node's identity is its id and address, and a restarted node rejoins
         # without the dynamic quorum's add/remove steps.
-        "controller.quorum.voters": ",".join(f"{v.node_id}@{HOST}:{v.controller_port}" for v in voters),
+        "controller.quorum.voters": ",".join(
+            f"{v.node_id}@{HOST}:{v.controller_port}" for v in voters
+        ),
         "listeners": f"PLAINTEXT://{HOST}:{node.port},CONTROLLER://{HOST}:{node.controller_port}",
         "advertised.listeners": f"PLAINTEXT://{HOST}:{node.port}",
         "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
@@ -140,7 +150,7 @@ def _java_string_hash(s: str) -> int:
     h = 0
     raw = s.encode("utf-16-be")
     for i in range(0, len(raw), 2):
-        h = (31 * h + int.from_bytes(raw[i:i + 2], "big")) & 0xFFFFFFFF
+        h = (31 * h + int.from_bytes(raw[i : i + 2], "big")) & 0xFFFFFFFF
     return h - (1 << 32) if h & 0x80000000 else h
 
 
@@ -205,9 +215,17 @@ class ApacheKafka:
     test run that was killed: start and restart them from a thread that lives as long as they do.
     """
 
-    def __init__(self, *, nodes: int = 1, port: int | None = None, data_dir: str | Path | None = None,
-                 start_timeout_s: float = 120.0, heap_mb: int = 512, lock: JarLock | None = None,
-                 cache_dir: str | Path | None = None):
+    def __init__(
+        self,
+        *,
+        nodes: int = 1,
+        port: int | None = None,
+        data_dir: str | Path | None = None,
+        start_timeout_s: float = 120.0,
+        heap_mb: int = 512,
+        lock: JarLock | None = None,
+        cache_dir: str | Path | None = None,
+    ):
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
         self.node_count = nodes
@@ -220,7 +238,9 @@ class ApacheKafka:
         if port is not None:
             busy = [p for p in range(port, port + nodes) if _port_in_use(p)]
             if busy:
-                raise BrokerError(f"port {busy[0]} on {HOST} is in use (another broker?): choose another --port")
+                raise BrokerError(
+                    f"port {busy[0]} on {HOST} is in use (another broker?): choose another --port"
+                )
         taken = set(range(port, port + nodes)) if port is not None else set()
 
         def another() -> int:  # a port no other listener of this cluster was given
@@ -229,8 +249,10 @@ class ApacheKafka:
             taken.add(p)
             return p
 
-        self._addresses = [NodeAddress(i, port + i - 1 if port is not None else another(), another())
-                           for i in range(1, nodes + 1)]
+        self._addresses = [
+            NodeAddress(i, port + i - 1 if port is not None else another(), another())
+            for i in range(1, nodes + 1)
+        ]
         self.port = self._addresses[0].port
         self.bootstrap_servers = ",".join(f"{HOST}:{a.port}" for a in self._addresses)
         self._owns_dir = data_dir is None
@@ -262,14 +284,21 @@ class ApacheKafka:
             self._prepare()
             for node in self._nodes.values():
                 self._launch(node)
-            log.info("Apache Kafka %s starting: %d node(s), bootstrap=%s, data=%s", self.version, self.node_count,
-                     self.bootstrap_servers, self.data_dir)
+            log.info(
+                "Apache Kafka %s starting: %d node(s), bootstrap=%s, data=%s",
+                self.version,
+                self.node_count,
+                self.bootstrap_servers,
+                self.data_dir,
+            )
             self._wait_brokers(set(self._nodes), self._start_timeout_s)
         except BaseException:
             self.stop()
             raise
         self.last_start_s = time.monotonic() - began
-        log.info("Apache Kafka ready in %.1f s bootstrap=%s", self.last_start_s, self.bootstrap_servers)
+        log.info(
+            "Apache Kafka ready in %.1f s bootstrap=%s", self.last_start_s, self.bootstrap_servers
+        )
         return self
 
     def stop(self, timeout_s: float = 30.0) -> None:
@@ -301,13 +330,23 @@ class ApacheKafka:
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})
 
-    def create_topics(self, names: list[str], partitions: int, config: dict[str, str] | None = None) -> None:
+    def create_topics(
+        self, names: list[str], partitions: int, config: dict[str, str] | None = None
+    ) -> None:
         """Create topics (existing ones are left as they are), replicated on every node up to three,
         and wait until each partition's leader serves it."""
         admin = self.admin()
         existing = set(admin.list_topics(timeout=10).topics)
-        new = [NewTopic(n, num_partitions=partitions, replication_factor=self.replication_factor, config=config or {})
-               for n in names if n not in existing]
+        new = [
+            NewTopic(
+                n,
+                num_partitions=partitions,
+                replication_factor=self.replication_factor,
+                config=config or {},
+            )
+            for n in names
+            if n not in existing
+        ]
         if new:
             for name, fut in admin.create_topics(new).items():
                 try:
@@ -318,8 +357,12 @@ class ApacheKafka:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             topics = admin.list_topics(timeout=5).topics
-            if all(n in topics and topics[n].partitions and all(p.leader >= 0 for p in topics[n].partitions.values())
-                   for n in names):
+            if all(
+                n in topics
+                and topics[n].partitions
+                and all(p.leader >= 0 for p in topics[n].partitions.values())
+                for n in names
+            ):
                 break
             time.sleep(0.1)
         else:
@@ -327,8 +370,13 @@ class ApacheKafka:
         # The metadata names a leader before that node has taken the partition on: a ListOffsets
         # then answers NOT_LEADER_FOR_PARTITION, which clients that do not retry it take as fatal.
         # Created means served here, as on a cluster whose topics were made long before.
-        probe = Consumer({"bootstrap.servers": self.bootstrap_servers, "group.id": "streambandit-dev-probe",
-                          "enable.auto.commit": False})
+        probe = Consumer(
+            {
+                "bootstrap.servers": self.bootstrap_servers,
+                "group.id": "streambandit-dev-probe",
+                "enable.auto.commit": False,
+            }
+        )
         pending = [TopicPartition(n, p) for n in names for p in topics[n].partitions]
         last = ""
         try:
@@ -342,8 +390,10 @@ class ApacheKafka:
         finally:
             probe.close()
         if pending:
-            raise BrokerError(f"{pending[0].topic}[{pending[0].partition}] was not served within 30 s of its creation "
-                              f"({last})")
+            raise BrokerError(
+                f"{pending[0].topic}[{pending[0].partition}] was not served within 30 s of its creation "
+                f"({last})"
+            )
 
     def log_tail(self, lines: int = 30, node_id: int | None = None) -> str:
         """The last lines of a node's log (of every node, each under its id, when None)."""
@@ -354,7 +404,10 @@ class ApacheKafka:
             if node is None:
                 continue
             text = ""
-            for path in (node.server_log, node.jvm_log):  # the JVM's own output when log4j never started
+            for path in (
+                node.server_log,
+                node.jvm_log,
+            ):  # the JVM's own output when log4j never started
                 try:
                     text = "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
                 except OSError:
@@ -465,20 +518,29 @@ class ApacheKafka:
         lagging: list[str] = []
         while time.monotonic() < deadline:
             md = admin.list_topics(timeout=5)
-            lagging = [f"{t.topic}[{p.id}]" for t in md.topics.values() for p in t.partitions.values()
-                       if sorted(p.isrs) != sorted(p.replicas) or p.leader < 0]
+            lagging = [
+                f"{t.topic}[{p.id}]"
+                for t in md.topics.values()
+                for p in t.partitions.values()
+                if sorted(p.isrs) != sorted(p.replicas) or p.leader < 0
+            ]
             if not lagging:
                 return
             time.sleep(0.2)
-        raise BrokerError(f"{len(lagging)} partitions still not in sync after {timeout_s:.0f} s, e.g. {lagging[:3]}")
+        raise BrokerError(
+            f"{len(lagging)} partitions still not in sync after {timeout_s:.0f} s, e.g. {lagging[:3]}"
+        )
 
     # -- internals ----------------------------------------------------------------------------------
 
     def _node(self, node_id: int) -> _Node:
         node = self._nodes.get(node_id)
         if node is None:
-            raise BrokerError(f"no node {node_id}: the nodes are {self.node_ids}" if node_id not in self.node_ids
-                              else "Apache Kafka is not started")
+            raise BrokerError(
+                f"no node {node_id}: the nodes are {self.node_ids}"
+                if node_id not in self.node_ids
+                else "Apache Kafka is not started"
+            )
         return node
 
     def _prepare(self) -> None:
@@ -488,15 +550,21 @@ class ApacheKafka:
         homes = {a.node_id: self.data_dir / f"node-{a.node_id}" for a in self._addresses}
         stray = sorted(p.name for p in self.data_dir.glob("node-*") if p not in homes.values())
         if stray:
-            raise BrokerError(f"{self.data_dir} holds a cluster of other nodes ({', '.join(stray)}): start it with as "
-                              f"many nodes, or use another data directory")
+            raise BrokerError(
+                f"{self.data_dir} holds a cluster of other nodes ({', '.join(stray)}): start it with as "
+                f"many nodes, or use another data directory"
+            )
         formatted = [h for h in homes.values() if _cluster_id_of(h / "data") is not None]
         if formatted and len(formatted) != len(homes):
-            raise BrokerError(f"{self.data_dir} holds a cluster of {len(formatted)} node(s), not {len(homes)}: start it "
-                              f"with as many nodes, or use another data directory")
+            raise BrokerError(
+                f"{self.data_dir} holds a cluster of {len(formatted)} node(s), not {len(homes)}: start it "
+                f"with as many nodes, or use another data directory"
+            )
         ids = {_cluster_id_of(h / "data") for h in homes.values()} - {None}
         if len(ids) > 1:
-            raise BrokerError(f"the nodes under {self.data_dir} belong to different clusters: {sorted(ids)}")
+            raise BrokerError(
+                f"the nodes under {self.data_dir} belong to different clusters: {sorted(ids)}"
+            )
         self.cluster_id = ids.pop() if ids else new_cluster_id()
         formats = []
         for a in self._addresses:
@@ -504,18 +572,37 @@ class ApacheKafka:
             self._nodes[a.node_id] = node
             (node.home / "logs").mkdir(parents=True, exist_ok=True)
             (node.home / "server.properties").write_text(
-                render_properties(server_properties(a, self._addresses, node.data)))
+                render_properties(server_properties(a, self._addresses, node.data))
+            )
             (node.home / "log4j2.properties").write_text(LOG4J2)
             if _cluster_id_of(node.data) is None:
-                formats.append((node, subprocess.Popen(
-                    self._java_command(node, "kafka.tools.StorageTool", heap_mb=128)
-                    + ["format", "-t", self.cluster_id, "-c", str(node.home / "server.properties")],
-                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)))
+                formats.append(
+                    (
+                        node,
+                        subprocess.Popen(
+                            self._java_command(node, "kafka.tools.StorageTool", heap_mb=128)
+                            + [
+                                "format",
+                                "-t",
+                                self.cluster_id,
+                                "-c",
+                                str(node.home / "server.properties"),
+                            ],
+                            stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT,
+                            text=True,
+                        ),
+                    )
+                )
         for node, proc in formats:  # formatted side by side: each is a JVM start of its own
             out, _ = proc.communicate(timeout=120)
             if proc.returncode != 0:
-                reason = [ln for ln in out.splitlines() if ln.strip()][-1:] or [f"exit code {proc.returncode}"]
-                raise BrokerError(f"formatting node {node.address.node_id}'s storage failed: {reason[0]}")
+                reason = [ln for ln in out.splitlines() if ln.strip()][-1:] or [
+                    f"exit code {proc.returncode}"
+                ]
+                raise BrokerError(
+                    f"formatting node {node.address.node_id}'s storage failed: {reason[0]}"
+                )
 
     def _java_command(self, node: _Node, main: str, heap_mb: int) -> list[str]:
         assert self._java is not None and self._classpath is not None
@@ -523,17 +610,30 @@ class ApacheKafka:
         # suite's hang guard, which ends the process without cleanup) leaves no broker behind.
         guard = ["setpriv", "--pdeathsig", "KILL", "--"] if shutil.which("setpriv") else []
         return guard + [
-            self._java, f"-Xms{min(heap_mb, 256)}m", f"-Xmx{heap_mb}m",
+            self._java,
+            f"-Xms{min(heap_mb, 256)}m",
+            f"-Xmx{heap_mb}m",
             # One collector thread and no concurrent phases: two cores are shared with the tests.
-            "-XX:+UseSerialGC", "-XX:+ExitOnOutOfMemoryError", "-Djava.awt.headless=true",
-            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}", f"-Dkafka.logs.dir={node.home / 'logs'}",
-            "-cp", self._classpath, main]
+            "-XX:+UseSerialGC",
+            "-XX:+ExitOnOutOfMemoryError",
+            "-Djava.awt.headless=true",
+            f"-Dlog4j2.configurationFile={node.home / 'log4j2.properties'}",
+            f"-Dkafka.logs.dir={node.home / 'logs'}",
+            "-cp",
+            self._classpath,
+            main,
+        ]
 
     def _launch(self, node: _Node) -> None:
         node.out = open(node.jvm_log, "ab")
         node.proc = subprocess.Popen(
-            self._java_command(node, "kafka.Kafka", self._heap_mb) + [str(node.home / "server.properties")],
-            stdin=subprocess.DEVNULL, stdout=node.out, stderr=subprocess.STDOUT, start_new_session=True)
+            self._java_command(node, "kafka.Kafka", self._heap_mb)
+            + [str(node.home / "server.properties")],
+            stdin=subprocess.DEVNULL,
+            stdout=node.out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def _wait_brokers(self, ids: set[int], timeout_s: float, stop_on_failure: bool = True) -> None:
         """Until the metadata lists every node of ``ids`` as a live broker; a node that exits, or
@@ -549,8 +649,10 @@ class ApacheKafka:
                     self._reap(node)
                     if stop_on_failure:
                         self.stop()
-                    raise BrokerError(f"Apache Kafka node {i} exited with code {code} while starting: "
-                                      f"{_reason(tail)}\n{tail}")
+                    raise BrokerError(
+                        f"Apache Kafka node {i} exited with code {code} while starting: "
+                        f"{_reason(tail)}\n{tail}"
+                    )
             try:
                 if admin is None:
                     up = [n.address.port for n in self._nodes.values() if n.running()]
@@ -567,7 +669,9 @@ class ApacheKafka:
         tail = self.log_tail()
         if stop_on_failure:
             self.stop()
-        raise BrokerError(f"Apache Kafka node(s) {sorted(ids)} did not answer within {timeout_s:.0f} s ({last}):\n{tail}")
+        raise BrokerError(
+            f"Apache Kafka node(s) {sorted(ids)} did not answer within {timeout_s:.0f} s ({last}):\n{tail}"
+        )
 
     def _stop_nodes(self, nodes: list[_Node], timeout_s: float) -> None:
         running = [n for n in nodes if n.running()]
@@ -578,8 +682,11 @@ class ApacheKafka:
             try:
                 node.proc.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                log.warning("Apache Kafka node %d did not stop within %.0f s of SIGTERM: killed",
-                            node.address.node_id, timeout_s)
+                log.warning(
+                    "Apache Kafka node %d did not stop within %.0f s of SIGTERM: killed",
+                    node.address.node_id,
+                    timeout_s,
+                )
                 node.proc.kill()
         for node in nodes:
             self._reap(node)

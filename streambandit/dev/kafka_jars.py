@@ -25,8 +25,20 @@ from pathlib import Path
 
 from streambandit.dev.tansu import BrokerError
 
-__all__ = ["LOCK_PATH", "JavaToolMissing", "Jar", "JarLock", "parse_lock", "format_lock", "cache_root", "java_binary",
-           "is_cached", "check_prerequisites", "classpath", "relock"]
+__all__ = [
+    "LOCK_PATH",
+    "JavaToolMissing",
+    "Jar",
+    "JarLock",
+    "parse_lock",
+    "format_lock",
+    "cache_root",
+    "java_binary",
+    "is_cached",
+    "check_prerequisites",
+    "classpath",
+    "relock",
+]
 
 LOCK_PATH = Path(__file__).with_name("kafka-jars.lock")
 # Kafka 4's broker is compiled for Java 17.
@@ -82,7 +94,9 @@ def parse_lock(text: str, source: str = "the Kafka jar lock") -> JarLock:
             continue
         m = _LINE.match(line)
         if m is None:
-            raise BrokerError(f"{source}, line {number}: expected 'group:artifact:version sha256', got {line!r}")
+            raise BrokerError(
+                f"{source}, line {number}: expected 'group:artifact:version sha256', got {line!r}"
+            )
         jars.append(Jar(*m.groups()))
     names = [(j.group, j.artifact) for j in jars]
     if len(set(names)) != len(names):
@@ -95,7 +109,9 @@ def parse_lock(text: str, source: str = "the Kafka jar lock") -> JarLock:
 
 def format_lock(jars: list[Jar], header: str) -> str:
     lines = [f"# {h}" if h else "#" for h in header.splitlines()]
-    lines += [f"{j.coordinates} {j.sha256}" for j in sorted(jars, key=lambda j: (j.group, j.artifact))]
+    lines += [
+        f"{j.coordinates} {j.sha256}" for j in sorted(jars, key=lambda j: (j.group, j.artifact))
+    ]
     return "\n".join(lines) + "\n"
 
 
@@ -119,11 +135,16 @@ def java_binary() -> str:
     """The java that runs the broker: $JAVA_HOME's, as Kafka's own scripts take, else the one on
     PATH; checked to be Java 17 or newer."""
     home = os.environ.get("JAVA_HOME")
-    java = os.path.join(home, "bin", "java") if home and os.path.isfile(os.path.join(home, "bin", "java")) \
+    java = (
+        os.path.join(home, "bin", "java")
+        if home and os.path.isfile(os.path.join(home, "bin", "java"))
         else shutil.which("java")
+    )
     if java is None:
-        raise JavaToolMissing(f"Apache Kafka needs Java {MIN_JAVA} or newer and there is no java on PATH "
-                              "(Debian: apt-get install default-jre-headless)")
+        raise JavaToolMissing(
+            f"Apache Kafka needs Java {MIN_JAVA} or newer and there is no java on PATH "
+            "(Debian: apt-get install default-jre-headless)"
+        )
     try:
         out = subprocess.run([java, "-version"], capture_output=True, text=True, timeout=60).stderr
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -131,8 +152,10 @@ def java_binary() -> str:
     major = java_major(out)
     if major is None or major < MIN_JAVA:
         seen = out.strip().splitlines()[0] if out.strip() else "no version"
-        raise JavaToolMissing(f"Apache Kafka needs Java {MIN_JAVA} or newer; {java} is {seen!r} "
-                              "(set JAVA_HOME to a newer one)")
+        raise JavaToolMissing(
+            f"Apache Kafka needs Java {MIN_JAVA} or newer; {java} is {seen!r} "
+            "(set JAVA_HOME to a newer one)"
+        )
     return java
 
 
@@ -150,8 +173,9 @@ def is_cached(lock: JarLock | None = None, cache: Path | None = None) -> bool:
     lock = lock or read_lock()
     jars = (cache or cache_root()) / lock.kafka_version / "jars"
     try:
-        return (jars / ".lock-sha256").read_text() == lock.digest and all((jars / j.file_name).is_file()
-                                                                           for j in lock.jars)
+        return (jars / ".lock-sha256").read_text() == lock.digest and all(
+            (jars / j.file_name).is_file() for j in lock.jars
+        )
     except OSError:
         return False
 
@@ -167,35 +191,62 @@ def check_prerequisites(lock: JarLock | None = None, cache: Path | None = None) 
 def _mvn() -> str:
     mvn = shutil.which("mvn")
     if mvn is None:
-        raise JavaToolMissing("Apache Kafka's jars are fetched with Maven the first time, and there is no mvn on PATH "
-                              "(Debian: apt-get install maven)")
+        raise JavaToolMissing(
+            "Apache Kafka's jars are fetched with Maven the first time, and there is no mvn on PATH "
+            "(Debian: apt-get install maven)"
+        )
     return mvn
 
 
 def _pom(deps: list[tuple[str, str, str]], transitive: bool) -> str:
     # Every locked jar is a direct dependency with its own dependencies excluded: Maven then
     # fetches exactly the lock's list, whatever newer versions a range would pick today.
-    exclude = "" if transitive else "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId>" \
-                                    "</exclusion></exclusions>"
-    body = "\n".join(f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>{exclude}"
-                     f"</dependency>" for g, a, v in deps)
-    return ('<project xmlns="http://maven.apache.org/POM/4.0.0">\n  <modelVersion>4.0.0</modelVersion>\n'
-            "  <groupId>streambandit.dev</groupId><artifactId>kafka-broker</artifactId><version>0</version>"
-            "<packaging>pom</packaging>\n"
-            f"  <dependencies>\n{body}\n  </dependencies>\n</project>\n")
+    exclude = (
+        ""
+        if transitive
+        else "<exclusions><exclusion><groupId>*</groupId><artifactId>*</artifactId>"
+        "</exclusion></exclusions>"
+    )
+    body = "\n".join(
+        f"    <dependency><groupId>{g}</groupId><artifactId>{a}</artifactId><version>{v}</version>{exclude}"
+        f"</dependency>"
+        for g, a, v in deps
+    )
+    return (
+        '<project xmlns="http://maven.apache.org/POM/4.0.0">\n  <modelVersion>4.0.0</modelVersion>\n'
+        "  <groupId>streambandit.dev</groupId><artifactId>kafka-broker</artifactId><version>0</version>"
+        "<packaging>pom</packaging>\n"
+        f"  <dependencies>\n{body}\n  </dependencies>\n</project>\n"
+    )
 
 
 def _run_maven(workdir: Path, goal: str, *props: str) -> None:
-    cmd = [_mvn(), "-B", "-q", "-f", str(workdir / "pom.xml"), f"{DEPENDENCY_PLUGIN}:{goal}", *props]
+    cmd = [
+        _mvn(),
+        "-B",
+        "-q",
+        "-f",
+        str(workdir / "pom.xml"),
+        f"{DEPENDENCY_PLUGIN}:{goal}",
+        *props,
+    ]
     try:
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
     except subprocess.TimeoutExpired:
-        raise BrokerError("Maven took longer than 15 minutes to fetch Apache Kafka's jars") from None
+        raise BrokerError(
+            "Maven took longer than 15 minutes to fetch Apache Kafka's jars"
+        ) from None
     if done.returncode != 0:
         out = (done.stdout + done.stderr).splitlines()
-        errors = [ln.removeprefix("[ERROR]").strip() for ln in out if ln.startswith("[ERROR]") and ln[7:].strip()]
+        errors = [
+            ln.removeprefix("[ERROR]").strip()
+            for ln in out
+            if ln.startswith("[ERROR]") and ln[7:].strip()
+        ]
         reason = errors[0] if errors else (out[-1] if out else f"exit code {done.returncode}")
-        raise BrokerError(f"Maven could not fetch Apache Kafka's jars (is Maven Central reachable?): {reason}")
+        raise BrokerError(
+            f"Maven could not fetch Apache Kafka's jars (is Maven Central reachable?): {reason}"
+        )
 
 
 def sha256_of(path: Path) -> str:
@@ -219,40 +270,62 @@ def classpath(lock: JarLock | None = None, cache: Path | None = None) -> list[Pa
         home.mkdir(parents=True, exist_ok=True)
         guard = open(home / ".resolving", "w")
     except OSError as exc:
-        raise BrokerError(f"cannot write the Kafka jar cache {home}: {exc.strerror} "
-                          "(set STREAMBANDIT_KAFKA_CACHE to a writable directory)") from None
+        raise BrokerError(
+            f"cannot write the Kafka jar cache {home}: {exc.strerror} "
+            "(set STREAMBANDIT_KAFKA_CACHE to a writable directory)"
+        ) from None
     with guard:
         fcntl.flock(guard, fcntl.LOCK_EX)
         if is_cached(lock, cache):
             return paths
         work = Path(tempfile.mkdtemp(prefix="fetch-", dir=home))
         try:
-            (work / "pom.xml").write_text(_pom([(j.group, j.artifact, j.version) for j in lock.jars], transitive=False))
+            (work / "pom.xml").write_text(
+                _pom([(j.group, j.artifact, j.version) for j in lock.jars], transitive=False)
+            )
             out = work / "jars"
-            _run_maven(work, "copy-dependencies", f"-DoutputDirectory={out}", "-Dmdep.prependGroupId=true",
-                       "-DincludeScope=runtime")
+            _run_maven(
+                work,
+                "copy-dependencies",
+                f"-DoutputDirectory={out}",
+                "-Dmdep.prependGroupId=true",
+                "-DincludeScope=runtime",
+            )
             for jar in lock.jars:
                 got = out / jar.file_name
                 if not got.is_file():
-                    raise BrokerError(f"Maven did not deliver {jar.coordinates} (expected {got.name})")
+                    raise BrokerError(
+                        f"Maven did not deliver {jar.coordinates} (expected {got.name})"
+                    )
                 digest = sha256_of(got)
                 if digest != jar.sha256:
-                    raise BrokerError(f"{jar.coordinates} from Maven has SHA-256 {digest}, the lock says {jar.sha256}: "
-                                      "refusing to run it")
+                    raise BrokerError(
+                        f"{jar.coordinates} from Maven has SHA-256 {digest}, the lock says {jar.sha256}: "
+                        "refusing to run it"
+                    )
             (out / ".lock-sha256").write_text(lock.digest)
             if jars_dir.exists():
                 shutil.rmtree(jars_dir)
-            os.replace(out, jars_dir)  # whole or not at all: an interrupted fetch is never taken as done
+            os.replace(
+                out, jars_dir
+            )  # whole or not at all: an interrupted fetch is never taken as done
         finally:
             shutil.rmtree(work, ignore_errors=True)
     return paths
 
 
-def _resolve_transitively(work: Path, roots: list[tuple[str, str, str]]) -> dict[tuple[str, str], tuple[str, Path]]:
+def _resolve_transitively(
+    work: Path, roots: list[tuple[str, str, str]]
+) -> dict[tuple[str, str], tuple[str, Path]]:
     (work / "pom.xml").write_text(_pom(roots, transitive=True))
     listing = work / "list.txt"
-    _run_maven(work, "list", f"-DoutputFile={listing}", "-DoutputAbsoluteArtifactFilename=true",
-               "-DincludeScope=runtime")
+    _run_maven(
+        work,
+        "list",
+        f"-DoutputFile={listing}",
+        "-DoutputAbsoluteArtifactFilename=true",
+        "-DincludeScope=runtime",
+    )
     found = {}
     for line in listing.read_text().splitlines():
         fields = line.split(" -- ", 1)[0].strip().split(":")
@@ -260,7 +333,9 @@ def _resolve_transitively(work: Path, roots: list[tuple[str, str, str]]) -> dict
             continue
         group, artifact, kind, version, _scope, path = fields
         if kind != "jar":
-            raise BrokerError(f"{group}:{artifact} resolved as a {kind}, which the lock cannot name")
+            raise BrokerError(
+                f"{group}:{artifact} resolved as a {kind}, which the lock cannot name"
+            )
         found[(group, artifact)] = (version, Path(path))
     return found
 
@@ -273,13 +348,17 @@ def relock(version: str, path: Path = LOCK_PATH) -> JarLock:
         found = _resolve_transitively(work, [(*KAFKA, version)])
         log4j = found.get(("org.apache.logging.log4j", "log4j-api"))
         if log4j is None:
-            raise BrokerError(f"Kafka {version}'s broker brings no log4j-api: the log binding needs another choice")
+            raise BrokerError(
+                f"Kafka {version}'s broker brings no log4j-api: the log binding needs another choice"
+            )
         found = _resolve_transitively(work, [(*KAFKA, version), (*LOG_BINDING, log4j[0])])
         jars = [Jar(g, a, v, sha256_of(p)) for (g, a), (v, p) in found.items()]
-    header = (f"Apache Kafka {version}'s broker (org.apache.kafka:kafka_2.13 and what it needs at run time, with\n"
-              f"{':'.join(LOG_BINDING)} for its log lines), from Maven Central: group:artifact:version sha256.\n"
-              f"Written by `python -m streambandit.dev.kafka_jars relock {version}`; streambandit/dev/kafka_jars.py\n"
-              "fetches exactly these jars and refuses any whose SHA-256 differs.")
+    header = (
+        f"Apache Kafka {version}'s broker (org.apache.kafka:kafka_2.13 and what it needs at run time, with\n"
+        f"{':'.join(LOG_BINDING)} for its log lines), from Maven Central: group:artifact:version sha256.\n"
+        f"Written by `python -m streambandit.dev.kafka_jars relock {version}`; streambandit/dev/kafka_jars.py\n"
+        "fetches exactly these jars and refuses any whose SHA-256 differs."
+    )
     text = format_lock(jars, header)
     path.write_text(text)
     return parse_lock(text, source=str(path))

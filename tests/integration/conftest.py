@@ -23,12 +23,17 @@ KAFKA_MISSING = pytest.StashKey[str | None]()  # why this machine cannot run Apa
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "brokers(*kinds): run the test on each of these brokers (tansu, kafka); "
-                                       "a test without it runs on tansu")
+    config.addinivalue_line(
+        "markers",
+        "brokers(*kinds): run the test on each of these brokers (tansu, kafka); "
+        "a test without it runs on tansu",
+    )
     chosen, required = config.getoption("--broker"), config.getoption("--require-kafka")
     if chosen == "tansu" and required:
-        raise pytest.UsageError("--require-kafka with --broker=tansu: the Apache Kafka tier cannot be both required "
-                                "and left out")
+        raise pytest.UsageError(
+            "--require-kafka with --broker=tansu: the Apache Kafka tier cannot be both required "
+            "and left out"
+        )
     missing = None
     try:
         check_prerequisites()
@@ -46,7 +51,9 @@ def pytest_generate_tests(metafunc):
         return
     unknown = set(marker.args) - set(KINDS)
     if unknown or not marker.args:
-        raise pytest.UsageError(f"{metafunc.definition.nodeid}: brokers() takes some of {KINDS}, got {marker.args}")
+        raise pytest.UsageError(
+            f"{metafunc.definition.nodeid}: brokers() takes some of {KINDS}, got {marker.args}"
+        )
     metafunc.parametrize("broker", list(marker.args), indirect=True, ids=list(marker.args))
 
 
@@ -81,7 +88,8 @@ def pytest_report_collectionfinish(config, start_path, items):
     if "kafka" not in tiers and config.stash[KAFKA_MISSING]:
         note = f" (Apache Kafka tier off: {config.stash[KAFKA_MISSING]})"
     elif "kafka" in tiers:
-        note = f" (Apache Kafka {read_lock().kafka_version}{', required' if config.getoption('--require-kafka') else ''})"
+        required = ", required" if config.getoption("--require-kafka") else ""
+        note = f" (Apache Kafka {read_lock().kafka_version}{required})"
     return f"integration brokers: {', '.join(tiers)}{note}"
 
 
@@ -98,7 +106,9 @@ def _kafka_usable(config) -> None:
         except BrokerError as exc:
             reason = f"cannot fetch its jars: {exc}"
     if reason is not None:
-        config.stash[KAFKA_MISSING] = reason  # every later test is told at once, without another fetch
+        config.stash[KAFKA_MISSING] = (
+            reason  # every later test is told at once, without another fetch
+        )
         (pytest.fail if required else pytest.skip)(f"Apache Kafka tier: {reason}")
 
 

@@ -20,13 +20,20 @@ pytestmark = pytest.mark.integration
 
 
 def transactional(cluster, tid: str) -> Producer:
-    p = Producer({"bootstrap.servers": cluster.bootstrap_servers, "transactional.id": tid,
-                  "transaction.timeout.ms": 30000})
+    p = Producer(
+        {
+            "bootstrap.servers": cluster.bootstrap_servers,
+            "transactional.id": tid,
+            "transaction.timeout.ms": 30000,
+        }
+    )
     p.init_transactions(60)
     return p
 
 
-def commit(p: Producer, topic: str, values: list[bytes], partitions: int = 2, timeout_s: float = 60) -> None:
+def commit(
+    p: Producer, topic: str, values: list[bytes], partitions: int = 2, timeout_s: float = 60
+) -> None:
     p.begin_transaction()
     for i, v in enumerate(values):
         p.produce(topic, value=v, partition=i % partitions)
@@ -72,7 +79,13 @@ def test_the_coordinators_are_found_where_kafka_put_them(kafka_cluster):
     kafka_cluster.create_topics([topic], partitions=2)
     tid, group = f"tx-{topic}", f"g-{topic}"
     commit(transactional(kafka_cluster, tid), topic, [b"x"])
-    c = Consumer({"bootstrap.servers": kafka_cluster.bootstrap_servers, "group.id": group, "enable.auto.commit": False})
+    c = Consumer(
+        {
+            "bootstrap.servers": kafka_cluster.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+        }
+    )
     c.subscribe([topic])
 
     def joined() -> bool:
@@ -88,9 +101,14 @@ def test_the_coordinators_are_found_where_kafka_put_them(kafka_cluster):
         c.close()
     # The coordinator logs the producer ids it hands out: only the predicted node has this one.
     node = kafka_cluster.transaction_coordinator(tid)
-    said = [i for i in kafka_cluster.node_ids
-            if re.search(rf"Initialized transactionalId {re.escape(tid)}\b",
-                         (kafka_cluster.node_dir(i) / "logs" / "server.log").read_text(errors="replace"))]
+    said = [
+        i
+        for i in kafka_cluster.node_ids
+        if re.search(
+            rf"Initialized transactionalId {re.escape(tid)}\b",
+            (kafka_cluster.node_dir(i) / "logs" / "server.log").read_text(errors="replace"),
+        )
+    ]
     assert said == [node]
 
 
@@ -107,8 +125,9 @@ def test_a_killed_node_leaves_a_cluster_that_still_commits_and_loses_nothing(kaf
         commit(p, topic, [b"after-%d" % i for i in range(10)], timeout_s=90)
         assert victim not in kafka_cluster.in_sync_replicas(topic, 0)
         assert kafka_cluster.leader(topic, 0) not in (victim, -1)
-        assert values(kafka_cluster, topic) == sorted([b"before-%d" % i for i in range(10)]
-                                                      + [b"after-%d" % i for i in range(10)])
+        assert values(kafka_cluster, topic) == sorted(
+            [b"before-%d" % i for i in range(10)] + [b"after-%d" % i for i in range(10)]
+        )
     finally:
         kafka_cluster.start_node(victim)
         kafka_cluster.wait_in_sync()
@@ -130,28 +149,56 @@ def test_the_whole_cluster_restarts_on_its_log_directories(kafka_cluster):
     assert len(values(kafka_cluster, topic)) == 7
 
 
-def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigint(kafka_tier, tmp_path):
+def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigint(
+    kafka_tier, tmp_path
+):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "streambandit", "broker", "--kafka", "--nodes", "3", "--port",
-                             str(port), "--create-topics", "--data-dir", str(tmp_path / "kafka")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "streambandit",
+            "broker",
+            "--kafka",
+            "--nodes",
+            "3",
+            "--port",
+            str(port),
+            "--create-topics",
+            "--data-dir",
+            str(tmp_path / "kafka"),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     try:
         first = proc.stdout.readline()
         bootstrap = f"127.0.0.1:{port},127.0.0.1:{port + 1},127.0.0.1:{port + 2}"
-        assert f"bootstrap.servers={bootstrap}" in first and "3 nodes" in first, (first, proc.stderr.read()
-                                                                                  if proc.poll() is not None else "")
+        assert f"bootstrap.servers={bootstrap}" in first and "3 nodes" in first, (
+            first,
+            proc.stderr.read() if proc.poll() is not None else "",
+        )
         rest: list[str] = []
-        while not rest or rest[-1] and not rest[-1].startswith('  "bootstrap.servers"'):  # '': it exited
+        while (
+            not rest or rest[-1] and not rest[-1].startswith('  "bootstrap.servers"')
+        ):  # '': it exited
             rest.append(proc.stdout.readline())
         assert "streambandit-snapshots: created (compacted)\n" in rest
         # Apache Kafka needs no small fetch.wait.max.ms, so none is printed.
-        assert rest[-3:] == ["client settings for this broker, in the worker's TOML:\n", "  [kafka]\n",
-                             f'  "bootstrap.servers" = "{bootstrap}"\n']
+        assert rest[-3:] == [
+            "client settings for this broker, in the worker's TOML:\n",
+            "  [kafka]\n",
+            f'  "bootstrap.servers" = "{bootstrap}"\n',
+        ]
         md = AdminClient({"bootstrap.servers": bootstrap}).list_topics("contexts", timeout=10)
-        assert sorted(md.brokers) == [1, 2, 3] and len(md.topics["contexts"].partitions[0].replicas) == 3
+        assert (
+            sorted(md.brokers) == [1, 2, 3]
+            and len(md.topics["contexts"].partitions[0].replicas) == 3
+        )
     finally:
         proc.send_signal(signal.SIGINT)
         try:
@@ -159,9 +206,13 @@ def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigin
         except subprocess.TimeoutExpired:
             proc.kill()
             _, err = proc.communicate()
-            pytest.fail(f"the broker command did not exit within 90 s of SIGINT; its stderr:\n{err[-3000:]}")
+            pytest.fail(
+                f"the broker command did not exit within 90 s of SIGINT; its stderr:\n{err[-3000:]}"
+            )
     assert proc.returncode == 0, err[-3000:]
     for p in (port, port + 1, port + 2):  # every node is gone
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", p)) != 0
-    assert (tmp_path / "kafka" / "node-3" / "data" / "meta.properties").exists()  # --data-dir is kept
+    assert (
+        tmp_path / "kafka" / "node-3" / "data" / "meta.properties"
+    ).exists()  # --data-dir is kept
