@@ -9,6 +9,7 @@ tests are deselected.
 
 import gc
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,7 @@ from streambandit.dev.kafka import ApacheKafka
 from streambandit.dev.kafka_jars import JavaToolMissing, check_prerequisites, classpath, read_lock
 from streambandit.dev.tansu import BrokerError, EmbeddedBroker
 
+HERE = Path(__file__).parent
 KINDS = ("tansu", "kafka")
 _KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster", "kafka_tier"}
 TIERS = pytest.StashKey[tuple]()
@@ -58,15 +60,15 @@ def pytest_generate_tests(metafunc):
 
 
 def _kind(item) -> str | None:
+    """The broker an integration test runs on; None for tests elsewhere (the hook sees them all).
+    A test that asks for no broker fixture starts the embedded one itself (the demo, the broker
+    command)."""
+    if HERE not in item.path.parents:
+        return None
     callspec = getattr(item, "callspec", None)
     if callspec is not None and "broker" in callspec.params:
         return callspec.params["broker"]
-    names = set(getattr(item, "fixturenames", ()))
-    if names & _KAFKA_FIXTURES:
-        return "kafka"
-    if names & {"broker", "tansu_broker"}:
-        return "tansu"
-    return None
+    return "kafka" if set(getattr(item, "fixturenames", ())) & _KAFKA_FIXTURES else "tansu"
 
 
 def pytest_collection_modifyitems(config, items):

@@ -137,6 +137,26 @@ def test_a_killed_node_leaves_a_cluster_that_still_commits_and_loses_nothing(kaf
     assert len(values(kafka_cluster, topic)) == 21
 
 
+def test_a_stopped_transaction_coordinator_moves_and_the_producer_follows(kafka_cluster):
+    topic = f"coord-move-{uuid.uuid4().hex[:8]}"
+    kafka_cluster.create_topics([topic], partitions=2)
+    tid = f"tx-{topic}"
+    p = transactional(kafka_cluster, tid)
+    commit(p, topic, [b"one"])
+    coordinator = kafka_cluster.transaction_coordinator(tid)
+    kafka_cluster.stop_node(coordinator)  # controlled: its leaderships move before it goes
+    try:
+        assert kafka_cluster.transaction_coordinator(tid) not in (coordinator, -1)
+        commit(p, topic, [b"two"], timeout_s=90)
+    finally:
+        kafka_cluster.start_node(coordinator)
+        kafka_cluster.wait_in_sync()
+    kafka_cluster.restart_node(kafka_cluster.transaction_coordinator(tid), kill=True)
+    commit(p, topic, [b"three"], timeout_s=90)
+    kafka_cluster.wait_in_sync()
+    assert values(kafka_cluster, topic) == [b"one", b"three", b"two"]
+
+
 def test_the_whole_cluster_restarts_on_its_log_directories(kafka_cluster):
     topic = f"restart-{uuid.uuid4().hex[:8]}"
     kafka_cluster.create_topics([topic], partitions=2)
