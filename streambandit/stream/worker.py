@@ -602,6 +602,15 @@ class Worker:
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         self.member_id = consumer.memberid() or ""
         self.metrics["assigns"] += 1
+        if self._stopping:
+            # An assignment that arrives while the worker stops (consumer.close() serves a
+            # rebalance still in flight) is left unrecovered: the stores and the writer may be
+            # closed already, and nothing of it was processed, so the next owner reads it all.
+            log.info(
+                "rebalance: assigned partitions=%s while stopping; left to the next owner",
+                sorted({tp.partition for tp in tps}),
+            )
+            return
         new = sorted({tp.partition for tp in tps} - set(self.partitions))
         log.info(
             "rebalance: assigned partitions=%s new=%s member=%s",
