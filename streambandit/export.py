@@ -21,7 +21,7 @@ from streambandit.config.kafka import reader_settings
 from streambandit.config.worker import Topics
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
-from streambandit.stream.logs import committed_view, read_range
+from streambandit.stream.logs import committed_view, group_committed, read_range
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
 __all__ = ["read_logged_decisions"]
@@ -55,7 +55,9 @@ def read_logged_decisions(
             )
         for p in partitions:
             first = topics.first_input(learn_only)
-            got = group.committed([TopicPartition(first, p), TopicPartition(topics.rewards, p)], 30)
+            got = group_committed(
+                group, [TopicPartition(first, p), TopicPartition(topics.rewards, p)]
+            )
             committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
             yield from _partition(reader, topics, p, committed, from_ms, to_ms, learn_only)
     finally:

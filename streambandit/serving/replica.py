@@ -68,7 +68,7 @@ from streambandit.policies.base import Policy
 from streambandit.serving.decider import Ranking
 from streambandit.serving.staleness import Staleness
 from streambandit.stream.kafka_checks import kafka_logger
-from streambandit.stream.logs import LogReader, committed_view
+from streambandit.stream.logs import LogReader, committed_view, group_committed
 from streambandit.stream.snapshots import SnapshotStore, load_latest
 from streambandit.wire import Context, DecodeError, Joined, ReplicaDecision, Reward, decode, encode
 
@@ -357,8 +357,8 @@ class Replica:
         )
         start = snap.header.joined_offset if snap is not None else 0
         end = self._reader.settle(t.joined, p)
-        got = self._group.committed(
-            [TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)], 30
+        got = group_committed(
+            self._group, [TopicPartition(config.first_input, p), TopicPartition(t.rewards, p)]
         )
         committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
         records = [

@@ -13,11 +13,18 @@ from __future__ import annotations
 import time
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
-from confluent_kafka import Consumer, KafkaError, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streambandit.stream.errors import WorkerError
 
-__all__ = ["read_range", "committed_view", "high_watermark", "LogReader", "OpenTransactionTimeout"]
+__all__ = [
+    "read_range",
+    "committed_view",
+    "group_committed",
+    "high_watermark",
+    "LogReader",
+    "OpenTransactionTimeout",
+]
 
 
 class Logged(Protocol):
@@ -39,6 +46,33 @@ def high_watermark(consumer: Consumer, topic: str, partition: int, timeout_s: fl
         TopicPartition(topic, partition), timeout=timeout_s, cached=False
     )
     return int(hi)
+
+
+# The group's coordinator is elsewhere, or still loading the group: librdkafka hands these back
+# from committed() at once instead of asking again. Apache Kafka answers so for a moment after a
+# cluster's first group request (the offsets topic is being created) and while a coordinator moves.
+_COORDINATOR_MOVING = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+    }
+)
+
+
+def group_committed(
+    consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 30.0
+) -> list[TopicPartition]:
+    """``consumer.committed(partitions)``, asked again while the group's coordinator moves or
+    loads, for up to ``timeout_s`` in all."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            return consumer.committed(partitions, max(1.0, deadline - time.monotonic()))
+        except KafkaException as exc:
+            if exc.args[0].code() not in _COORDINATOR_MOVING or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
 
 
 def read_range(

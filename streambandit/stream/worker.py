@@ -34,7 +34,7 @@ from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
-from streambandit.stream.logs import LogReader
+from streambandit.stream.logs import LogReader, group_committed
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
@@ -469,8 +469,9 @@ class Worker:
     def _committed(self, p: int) -> dict[int, int]:
         """The group's committed offset of partition ``p`` per input source (0 when none)."""
         t = self.config.topics
-        got = self.consumer.committed(
-            [TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)], 30
+        got = group_committed(
+            self.consumer,
+            [TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)],
         )
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
 
@@ -493,8 +494,8 @@ class Worker:
         finally:
             self.recovering = False
         topic_of = self.batch.topic_of
-        committed = self.consumer.committed(
-            [TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)], 30
+        committed = group_committed(
+            self.consumer, [TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)]
         )
         for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
