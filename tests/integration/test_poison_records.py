@@ -20,12 +20,29 @@ from confluent_kafka import Producer
 from streambandit import reasons
 from streambandit.wire import Context, Reward, Tick, encode
 
-from .helpers import outputs, run_in_thread, wait_for
+from .helpers import is_tansu, outputs, run_in_thread, wait_for
 
 pytestmark = pytest.mark.integration
 
 WINDOW_MS = 60_000
 GROUP = "g-poison"
+
+
+def allow_large_records(broker, topic: str, max_bytes: int) -> None:
+    from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+
+    res = ConfigResource(
+        ConfigResource.Type.TOPIC,
+        topic,
+        incremental_configs=[
+            ConfigEntry(
+                "max.message.bytes", str(max_bytes), incremental_operation=AlterConfigOpType.SET
+            )
+        ],
+    )
+    admin = broker.admin()
+    for fut in admin.incremental_alter_configs([res]).values():
+        fut.result(30)
 
 
 def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics, tmp_path):
@@ -59,13 +76,19 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
         ),
         DirectoryStore(tmp_path / "snaps"),
     )
+    if not is_tansu(broker):
+        # Apache Kafka refuses records over a topic's max.message.bytes (1 MB by default; Tansu
+        # has no such limit): an application that sends large contexts raises it on the topic.
+        allow_large_records(broker, topics.contexts, 8_000_000)
     t, failure = run_in_thread(w)
+    refused: list = []
     # A client producer that may send large records (the worker's own producer keeps the default limit).
     prod = Producer(
         {
             "bootstrap.servers": broker.bootstrap_servers,
             "message.max.bytes": 8_000_000,
             "partitioner": "murmur2_random",
+            "on_delivery": lambda err, msg: err is not None and refused.append(err),
         }
     )
     now = int(time.time() * 1000)
@@ -111,7 +134,7 @@ def test_poison_records_are_dead_lettered_and_the_stream_goes_on(broker, topics,
         # The window closes in event time: rewards that came in their window were joined with
         # their value, not with the default a far-future watermark would have given them.
         context("closer", now + 500 + 2 * WINDOW_MS)
-        prod.flush(30)
+        assert prod.flush(30) == 0 and not refused, refused
         assert wait_for(lambda: failure or w.metrics["joined"] >= len(good), timeout_s=90)
         assert not failure, failure
     finally:
