@@ -28,8 +28,8 @@ def pytest_addoption(parser):
         choices=("tansu", "kafka", "both"),
         default=os.environ.get("STREAMBANDIT_TEST_BROKER"),
         help="the brokers the integration tests run on: the embedded Tansu, Apache Kafka (needs Java "
-        "17+, and Maven until its jars are cached), or both; only tests marked brokers(...) run on "
-        "Apache Kafka. Default: both where java and mvn are present, else tansu "
+        "17+, and Maven until its jars are cached), or both; a test marked brokers('tansu') runs on Tansu alone. "
+        "Default: both where java and mvn are present, else tansu "
         "(env STREAMBANDIT_TEST_BROKER)",
     )
     group.addoption(

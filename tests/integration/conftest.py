@@ -1,10 +1,11 @@
 """Integration fixtures: real broker processes, one of each kind per test session.
 
 Two tiers: the embedded broker (Tansu, ``tansu_broker``) and Apache Kafka (``kafka_broker``, one
-combined node; ``kafka_cluster``, three nodes, per module). A test asks for ``broker`` and runs on
-Tansu; marked ``@pytest.mark.brokers("tansu", "kafka")`` it runs once on each (ids ``[tansu]``,
-``[kafka]``). ``--broker=tansu|kafka|both`` chooses the tiers (tests/conftest.py); the others'
-tests are deselected.
+combined node; ``kafka_cluster``, three nodes, per module). A test that asks for ``broker`` (itself
+or through a fixture) runs once on each (ids ``[tansu]``, ``[kafka]``), on one broker of each kind
+per session; ``@pytest.mark.brokers("tansu")`` keeps a test that is Tansu's by nature on Tansu
+alone (give its reason beside the mark). ``--broker=tansu|kafka|both`` chooses the tiers
+(tests/conftest.py); the others' tests are deselected.
 """
 
 import gc
@@ -27,8 +28,8 @@ KAFKA_MISSING = pytest.StashKey[str | None]()  # why this machine cannot run Apa
 def pytest_configure(config):
     config.addinivalue_line(
         "markers",
-        "brokers(*kinds): run the test on each of these brokers (tansu, kafka); "
-        "a test without it runs on tansu",
+        "brokers(*kinds): run the test on these brokers only (tansu, kafka); "
+        "a test of the broker fixture without it runs on both",
     )
     chosen, required = config.getoption("--broker"), config.getoption("--require-kafka")
     if chosen == "tansu" and required:
@@ -47,16 +48,26 @@ def pytest_configure(config):
     config.stash[KAFKA_MISSING] = missing
 
 
-def pytest_generate_tests(metafunc):
-    marker = metafunc.definition.get_closest_marker("brokers")
-    if marker is None or "broker" not in metafunc.fixturenames:
-        return
+_PARAMETRIZED = ("broker", "own_broker")  # the fixtures that take a broker kind as their param
+
+
+def _marked_kinds(definition) -> tuple | None:
+    marker = definition.get_closest_marker("brokers")
+    if marker is None:
+        return None
     unknown = set(marker.args) - set(KINDS)
     if unknown or not marker.args:
         raise pytest.UsageError(
-            f"{metafunc.definition.nodeid}: brokers() takes some of {KINDS}, got {marker.args}"
+            f"{definition.nodeid}: brokers() takes some of {KINDS}, got {marker.args}"
         )
-    metafunc.parametrize("broker", list(marker.args), indirect=True, ids=list(marker.args))
+    return marker.args
+
+
+def pytest_generate_tests(metafunc):
+    kinds = _marked_kinds(metafunc.definition) or KINDS
+    for name in _PARAMETRIZED:
+        if name in metafunc.fixturenames:
+            metafunc.parametrize(name, list(kinds), indirect=True, ids=list(kinds))
 
 
 def _kind(item) -> str | None:
@@ -66,9 +77,17 @@ def _kind(item) -> str | None:
     if HERE not in item.path.parents:
         return None
     callspec = getattr(item, "callspec", None)
-    if callspec is not None and "broker" in callspec.params:
-        return callspec.params["broker"]
-    return "kafka" if set(getattr(item, "fixturenames", ())) & _KAFKA_FIXTURES else "tansu"
+    for name in _PARAMETRIZED:
+        if callspec is not None and name in callspec.params:
+            return callspec.params[name]
+    names = set(getattr(item, "fixturenames", ()))
+    if names & _KAFKA_FIXTURES:
+        return "kafka"
+    if names & {"tansu_broker"}:
+        return "tansu"
+    # A test that starts a broker itself (a subprocess, the demo) says which by its mark.
+    marked = _marked_kinds(item)
+    return marked[0] if marked is not None and len(marked) == 1 else None
 
 
 def pytest_collection_modifyitems(config, items):
@@ -151,8 +170,18 @@ def kafka_cluster(request):
 
 @pytest.fixture(scope="session")
 def broker(request):
-    """The test's broker: Tansu, or the kind a brokers(...) mark parametrized it with."""
-    return request.getfixturevalue(f"{getattr(request, 'param', 'tansu')}_broker")
+    """The test's broker, of the kind the test is parametrized with (pytest_generate_tests)."""
+    return request.getfixturevalue(f"{request.param}_broker")
+
+
+@pytest.fixture
+def own_broker(request):
+    """A started broker of the test's kind for this test alone, which the test may stop under its
+    clients (stopped at the end in any case)."""
+    if request.param == "kafka":
+        _kafka_usable(request.config)
+    with ApacheKafka() if request.param == "kafka" else EmbeddedBroker() as b:
+        yield b
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""A consumer group whose membership churns while events flow, on the embedded broker: three
+"""A consumer group whose membership churns while events flow, on each broker: three
 worker processes on eight partitions; one joins, one leaves with SIGTERM, one is SIGKILLed and
 restarts with the same instance id. Afterwards every context has exactly one committed action,
 the joined records (every reward in its window, applied once) and the dead letters are those of

@@ -16,6 +16,9 @@ pytestmark = pytest.mark.integration
 ENV = {**os.environ, "PYTHONUNBUFFERED": "1"}
 
 
+# The demo starts its own embedded broker: that is the command under test (the worker's Kafka
+# behaviour is the other tests', on both brokers).
+@pytest.mark.brokers("tansu")
 @pytest.mark.parametrize("edge", [False, True], ids=["kafka", "edge"])
 def test_demo_runs_learns_and_writes_its_figures(tmp_path, edge):
     out = subprocess.run(
@@ -62,6 +65,9 @@ def test_demo_runs_learns_and_writes_its_figures(tmp_path, edge):
         assert last["edge_p50_us"] == "nan"
 
 
+# `streambandit broker` without --kafka runs the embedded broker (with --kafka:
+# tests/integration/test_apache_kafka.py).
+@pytest.mark.brokers("tansu")
 def test_broker_command_serves_until_interrupted():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

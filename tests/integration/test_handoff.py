@@ -1,4 +1,4 @@
-"""Partition handoff on the real embedded broker: a second worker joins the group, takes one of
+"""Partition handoff on each broker: a second worker joins the group, takes one of
 the two partitions, and continues it from the first worker's snapshot in the snapshot topic.
 
 The same input goes through a single uninterrupted worker on its own topics; the two runs must end

@@ -1,4 +1,4 @@
-"""What an operator sees of a worker on the embedded broker: the metrics endpoint scraped while it
+"""What an operator sees of a worker on each broker: the metrics endpoint scraped while it
 works (every metric present, the counters moving), readiness false while a partition recovers
 and true after, liveness false while the loop is wedged, and an unreachable broker or a
 misspelled librdkafka key as one error line and a non-zero exit within a bound."""

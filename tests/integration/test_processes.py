@@ -1,4 +1,4 @@
-"""``streambandit serve --processes 2`` on the real embedded broker: two workers from one
+"""``streambandit serve --processes 2`` on each broker: two workers from one
 command share the group's partitions; a worker process killed outright is restarted under its own
 instance id (so it fences its dead predecessor) and the group drains the backlog; SIGTERM stops
 both cleanly, and every context has exactly one action in the committed view of the log."""

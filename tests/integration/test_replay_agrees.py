@@ -1,4 +1,4 @@
-"""Online and offline agree: a live worker run on the embedded broker, then a replay of its joined
+"""Online and offline agree: a live worker run on each broker, then a replay of its joined
 log with the same configuration reproduces every decision and the final model states, to the bit.
 
 Rewards arrive after a delay, so many decisions are made between updates and the replay must make

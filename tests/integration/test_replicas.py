@@ -1,4 +1,4 @@
-"""Replicated serving on the embedded broker: two replicas decide and log, one learn-only worker
+"""Replicated serving on each broker: two replicas decide and log, one learn-only worker
 learns, and the replicas follow what it learns.
 
 - every decision a replica logged is joined once;
@@ -398,31 +398,26 @@ def test_streambandit_api_replica_of_a_learn_only_group_over_http(broker, learn_
     assert api.returncode is not None
 
 
-def test_a_replica_cut_off_from_its_broker_stops_deciding_once_stale(tmp_path):
+def test_a_replica_cut_off_from_its_broker_stops_deciding_once_stale(own_broker):
     """Its own broker, stopped under it: the replica cannot confirm it holds the log any more,
     and past max_staleness_s it refuses to rank and is not ready, rather than serve an ever older
     model."""
-    from streambandit.dev.tansu import EmbeddedBroker
     from streambandit.serving.decider import DecisionError
 
-    own = EmbeddedBroker()
-    own.__enter__()
+    topics = Topics(decisions="dec", rewards="rew", joined="joi")
+    own_broker.create_topics(["dec", "rew", "joi"], partitions=2)
+    cfg = WorkerConfig(
+        bootstrap_servers=own_broker.bootstrap_servers,
+        models=parse_models_config(MODELS),
+        topics=topics,
+        learn_only=True,
+    )
+    rep = Replica(cfg, max_staleness_s=1.0).start(60)
     try:
-        topics = Topics(decisions="dec", rewards="rew", joined="joi")
-        own.create_topics(["dec", "rew", "joi"], partitions=2)
-        cfg = WorkerConfig(
-            bootstrap_servers=own.bootstrap_servers,
-            models=parse_models_config(MODELS),
-            topics=topics,
-            learn_only=True,
-        )
-        rep = Replica(cfg, max_staleness_s=1.0).start(60)
         rep.rank("e1", "ads-0", ["a", "b"], np.eye(2, D))
         assert rep.flush() == 0
         assert wait_for(lambda: rep.staleness_s() < 0.6, timeout_s=10) and rep.is_ready()
-    finally:
-        own.__exit__(None, None, None)
-    try:
+        own_broker.stop()
         assert wait_for(lambda: not rep.is_ready(), timeout_s=20)
         with pytest.raises(DecisionError) as err:
             rep.rank("e2", "ads-0", ["a", "b"], np.eye(2, D))

@@ -1,4 +1,4 @@
-"""Restarts that always work, on the real embedded broker: a worker stopped while a batch's
+"""Restarts that always work, on each broker: a worker stopped while a batch's
 progress has no output of its own (a reward summed into an open window) starts again, and the
 reward is applied exactly once; a recovery while a dead producer's transaction is open on the
 logs waits for it instead of reading too little."""

@@ -1,5 +1,5 @@
 """A snapshot that cannot be used is reported and the worker falls back (the previous snapshot,
-then the whole joined log), never to silently fresh models; on the real embedded broker."""
+then the whole joined log), never to silently fresh models; on each broker."""
 
 import numpy as np
 import pytest

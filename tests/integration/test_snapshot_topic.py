@@ -1,4 +1,4 @@
-"""Snapshots in a compacted topic (TopicStore) on the real embedded broker: chunking, the two
+"""Snapshots in a compacted topic (TopicStore) on each broker: chunking, the two
 alternating slots, and the fallback to the previous snapshot when the latest is unusable."""
 
 import logging
@@ -93,7 +93,6 @@ def latest_values(broker, topic: str) -> dict[bytes, bytes | None]:
     return {m.key(): m.value() for m in read_all(broker, topic)}
 
 
-@pytest.mark.brokers("tansu", "kafka")
 def test_create_snapshot_topic_is_compacted_and_leaves_an_existing_one_alone(broker, snap_topic):
     assert not create_snapshot_topic(broker.bootstrap_servers, snap_topic, partitions=2)
     admin = broker.admin()

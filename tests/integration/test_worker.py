@@ -1,4 +1,4 @@
-"""The worker end to end on the real embedded broker: decisions, joins, windows, exactly-once."""
+"""The worker end to end on each broker: decisions, joins, windows, exactly-once."""
 
 import threading
 
@@ -43,7 +43,6 @@ def start_worker(broker, topics, tmp_path, group, **overrides):
     return w, t
 
 
-@pytest.mark.brokers("tansu", "kafka")
 def test_every_context_gets_exactly_one_action_and_rewards_are_joined(broker, topics, tmp_path):
     prod = producer(broker)
     rng = np.random.default_rng(0)
