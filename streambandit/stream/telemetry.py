@@ -167,8 +167,12 @@ class _StatusCollector:
         )
         yield _counter(
             "rebalances",
-            "partition assignments and revocations seen, by kind",
-            [(("assign",), c.get("assigns", 0)), (("revoke",), c.get("revokes", 0))],
+            "partition assignments, revocations and losses seen, by kind",
+            [
+                (("assign",), c.get("assigns", 0)),
+                (("revoke",), c.get("revokes", 0)),
+                (("lost",), c.get("losses", 0)),
+            ],
             labels=("kind",),
         )
         yield _counter(

@@ -267,7 +267,7 @@ class Worker:
             [self.config.first_input, self.config.topics.rewards],
             on_assign=_weakly(self._on_assign),
             on_revoke=_weakly(self._on_revoke),
-            on_lost=_weakly(self._on_revoke),
+            on_lost=_weakly(self._on_lost),
         )
         from streambandit import __version__
 
@@ -654,3 +654,22 @@ class Worker:
                 self._snapshot_if_settled(p, "revoked", final=True)
                 self.batch.remove(p)
                 log.info("partition revoked partition=%d", p)
+
+    def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        # The group took these partitions away without this worker's part in it (its session or
+        # poll interval ran out: a frozen or starved process), and another member may own them
+        # and have written their logs and snapshots since. No snapshot from here: it would pair
+        # this worker's input offsets with the new owner's log ends, under a chain position the
+        # new owner may already have used, and later recoveries would miss the new owner's
+        # updates. What this worker committed is in the logs and the snapshots already stored.
+        self.metrics["losses"] += 1
+        lost = sorted({tp.partition for tp in tps})
+        log.warning(
+            "rebalance: lost partitions=%s (the group gave them to another member); dropped "
+            "without a snapshot",
+            lost,
+        )
+        for p in lost:
+            if p in self.partitions:
+                self.batch.remove(p)
+                log.info("partition lost partition=%d", p)
