@@ -1,5 +1,5 @@
 """Worker faults on Apache Kafka (one node): a worker frozen (SIGSTOP) until the group has moved
-its partitions, then resumed."""
+its partitions, then resumed, inside a transaction or idle."""
 
 import os
 import re
@@ -11,14 +11,99 @@ import pytest
 
 from .faults import (
     Group,
+    TransactionProbe,
     assert_same_as_reference,
     backlog,
     make_topics,
     run_reference,
 )
-from .helpers import caught_up, producer, wait_for
+from .helpers import caught_up, committed_offsets, producer, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+
+def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
+    kafka_broker, tmp_path
+):
+    """Two workers drain a backlog; one is frozen (SIGSTOP) inside a transaction until its session
+    times out and the other is assigned its partition, and resumed before its transaction times
+    out. The survivor's recovery waits for that transaction; the zombie's commit is refused (its
+    group generation is stale: KIP-447), it aborts, and it rejoins or stops. Afterwards every
+    context has exactly one committed action and the state is, to the bit, that of one worker
+    never disturbed."""
+    n, parts = 30_000, 2
+    topics, ref_topics = make_topics(kafka_broker, parts)
+    sent = backlog(producer(kafka_broker), topics, n, seed=3)
+    g = Group(kafka_broker, tmp_path, "zombie", topics)
+    try:
+        a = g.start("a")
+        g.start("b")
+        assert wait_for(lambda: len(g.held("a")) == len(g.held("b")) == 1, timeout_s=60), (
+            g.text("a")[-2000:],
+            g.text("b")[-2000:],
+        )
+        (pa,) = g.held("a")
+        assert wait_for(
+            lambda: committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] > 2_000,
+            timeout_s=60,
+        ), "no progress"
+        probe = TransactionProbe(kafka_broker, topics, [pa])
+        try:
+            for _ in range(50):
+                assert wait_for(probe.open, timeout_s=10, interval_s=0.01)
+                os.kill(a.pid, signal.SIGSTOP)
+                if probe.open():
+                    break
+                os.kill(a.pid, signal.SIGCONT)  # it committed between the look and the stop
+            else:
+                pytest.fail("never stopped inside a transaction")
+            frozen = time.monotonic()
+            before = committed_offsets(kafka_broker, "zombie", topics.contexts)[pa]
+            both = g.text("b").count("rebalance: assigned partitions=[0, 1]")
+            # The zombie's session (6 s) times out; the survivor is assigned both partitions and
+            # recovers the zombie's only once that transaction has ended.
+            assert wait_for(
+                lambda: g.text("b").count("rebalance: assigned partitions=[0, 1]") > both,
+                timeout_s=30,
+            ), g.text("b")[-3000:]
+            time.sleep(3)
+            assert pa not in g.held("b"), "recovered while a transaction was open on its logs"
+            assert probe.open()
+            assert committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] == before
+            lines_before = len(g.text("a").splitlines())
+            os.kill(a.pid, signal.SIGCONT)
+            resumed = time.monotonic()
+            assert resumed - frozen < 25, "the transaction may have timed out (30 s) instead"
+            assert wait_for(lambda: pa in g.held("b"), timeout_s=30), g.text("b")[-3000:]
+            assert not probe.open()
+        finally:
+            probe.close()
+
+        def after() -> str:  # the zombie's log since it was resumed
+            return "\n".join(g.text("a").splitlines()[lines_before:])
+
+        # Its commit names a generation of the group it is no longer a member of (KIP-447).
+        assert wait_for(lambda: "transaction failed" in after(), timeout_s=30), after()[-3000:]
+        failed = after()[after().index("transaction failed") :].splitlines()[0]
+        assert re.search("UNKNOWN_MEMBER_ID|ILLEGAL_GENERATION|FENCED", failed), failed
+        # Then it hears that its partition was lost, stores no snapshot of it, and rejoins (or,
+        # had librdkafka judged the error fatal, stops with a line saying why).
+        assert wait_for(
+            lambda: "rebalance: assigned" in after() or a.poll() is not None, timeout_s=60
+        ), after()[-3000:]
+        if a.poll() is not None:
+            assert "fatal producer error" in after(), after()[-3000:]
+        until = after().find("rebalance: assigned")
+        assert f"partition lost partition={pa}" in after()[:until], after()[-3000:]
+        assert not re.search(rf"snapshot partition={pa} ", after()[:until]), after()[-3000:]
+        assert wait_for(
+            lambda: caught_up(kafka_broker, topics, "zombie", sent, parts), timeout_s=120
+        ), "the group did not catch up"
+        g.stop(*[i for i in ("a", "b") if g.procs[i].poll() is None])
+    finally:
+        g.kill_all()
+    ref = run_reference(kafka_broker, tmp_path, ref_topics, sent, parts)
+    assert_same_as_reference(kafka_broker, g, ref, parts, n, n_dead=len(range(17, n, 5_000)))
 
 
 def test_a_frozen_idle_worker_resumed_after_its_partitions_moved_writes_no_snapshot_of_them(
