@@ -57,6 +57,10 @@ default_reward = 0.0
 """
 
 
+def _toml(value) -> str:
+    return str(value).lower() if isinstance(value, bool) else repr(value)
+
+
 def make_topics(broker, partitions: int) -> tuple[Topics, Topics]:
     """Fresh inputs and outputs, and a second set of outputs on the same inputs for the
     reference run."""
@@ -103,7 +107,7 @@ class Group:
             CONFIG.format(
                 group=group,
                 snaps=self.snaps,
-                worker="".join(f"{k} = {v!r}\n" for k, v in (WORKER | (worker or {})).items()),
+                worker="".join(f"{k} = {_toml(v)}\n" for k, v in (WORKER | (worker or {})).items()),
                 topics=topics_toml(topics),
                 txn_timeout_ms=txn_timeout_ms,
                 producer=producer,

@@ -1,5 +1,6 @@
 """Worker faults on Apache Kafka (one node): a worker frozen (SIGSTOP) until the group has moved
-its partitions, then resumed, inside a transaction or idle."""
+its partitions, then resumed, inside a transaction or idle; and the open transactions of dead
+producers in front of a killed worker's log, which its restart waits out (fenced, timed out)."""
 
 import os
 import re
@@ -192,3 +193,105 @@ def test_a_frozen_idle_worker_resumed_after_its_partitions_moved_writes_no_snaps
         g.kill_all()
     ref = run_reference(kafka_broker, tmp_path, ref_topics, sent, parts)
     assert_same_as_reference(kafka_broker, g, ref, parts, 1_500 + 40 + len(keys), n_dead=1)
+
+
+def _logged_at(text: str, line: str) -> float | None:
+    """The wall time of the first log line containing ``line``."""
+    import datetime
+
+    for ln in text.splitlines():
+        if line in ln:
+            stamp = datetime.datetime.strptime(ln[:23], "%Y-%m-%d %H:%M:%S,%f")
+            return stamp.timestamp()
+    return None
+
+
+def test_recovery_reads_the_log_behind_a_dead_producers_transaction_once_fenced_or_timed_out(
+    kafka_broker, tmp_path
+):
+    """Producers killed inside transactions on both partitions' output logs (as a worker killed
+    mid-batch leaves them), and then a worker commits its whole run behind them and is killed
+    with nothing of it in a snapshot. On Apache Kafka a read_committed reader sees a partition
+    only up to the first open transaction: a recovery that read "to the end" now would find none
+    of those updates. The restarted worker waits instead: on partition 0 until the dead
+    producer's transactional id is taken over (fenced, its transaction aborted at once), on
+    partition 1 until the broker aborts the transaction at its transaction.timeout.ms. Then it
+    re-applies every joined record behind them, and ends as one undisturbed worker, to the bit."""
+    from confluent_kafka import Producer
+
+    parts, n, dead_timeout_s = 2, 3_000, 20
+    topics, ref_topics = make_topics(kafka_broker, parts)
+    # A static member: the restart takes the partitions back at once, not after the session
+    # timeout, so the transactions' fates, not the group, decide when recovery goes on. No
+    # snapshot but the first: the run's every update is in the joined log alone.
+    g = Group(
+        kafka_broker,
+        tmp_path,
+        "open",
+        topics,
+        worker={
+            "static_membership": True,
+            "snapshot_interval_s": 10**9,
+            "snapshot_every_updates": 10**9,
+        },
+    )
+    dead = {}
+    try:
+        g.start("w")
+        assert wait_for(lambda: g.held("w") == {0, 1}, timeout_s=60), g.text("w")[-3000:]
+        for p, name, timeout_ms in ((0, "fence", 60_000), (1, "timeout", dead_timeout_s * 1000)):
+            d = Producer(
+                {
+                    "bootstrap.servers": kafka_broker.bootstrap_servers,
+                    "transactional.id": f"dead-{name}-{topics.actions}",
+                    "transaction.timeout.ms": timeout_ms,
+                }
+            )
+            d.init_transactions(30)
+            d.begin_transaction()
+            for topic in (topics.joined, topics.actions):
+                d.produce(topic, b"never committed", partition=p)
+            d.flush(30)
+            dead[name] = (d, time.time())
+        sent = backlog(producer(kafka_broker), topics, n, seed=4)
+        assert wait_for(lambda: caught_up(kafka_broker, topics, "open", sent, parts), 60)
+        g.procs["w"].kill()  # no snapshot, no leave: the updates are on the logs only
+        g.procs["w"].wait()
+        begun = g.starts("w")
+        g.start("w")
+        assert wait_for(
+            lambda: (
+                g.starts("w") > begun
+                and "rebalance: assigned partitions=[0, 1]"
+                in g.text("w").split("worker started")[-1]
+            ),
+            timeout_s=60,
+        ), g.text("w")[-3000:]
+        time.sleep(2)
+        run = lambda: g.text("w").split("worker started")[-1]  # noqa: E731
+        assert "partition assigned" not in run(), "recovered while transactions were open"
+        fenced_at = time.time()
+        Producer(
+            {
+                "bootstrap.servers": kafka_broker.bootstrap_servers,
+                "transactional.id": f"dead-fence-{topics.actions}",
+            }
+        ).init_transactions(30)  # the same transactional id: the open transaction is aborted
+        assert wait_for(lambda: g.held("w") == {0, 1}, timeout_s=60), run()[-3000:]
+        p0 = _logged_at(run(), "partition assigned partition=0")
+        p1 = _logged_at(run(), "partition assigned partition=1")
+        assert fenced_at - 0.1 <= p0 < fenced_at + 5, (p0 - fenced_at, "by the fencing")
+        timed_out = dead["timeout"][1] + dead_timeout_s
+        assert timed_out - 0.5 <= p1 < timed_out + 8, (p1 - timed_out, "by the timeout")
+        assert wait_for(lambda: caught_up(kafka_broker, topics, "open", sent, parts), 60)
+        g.stop()
+    finally:
+        g.kill_all()
+    metrics = dict(kv.split("=", 1) for kv in g.exits[-1].split() if "=" in kv)
+    ref = run_reference(kafka_broker, tmp_path, ref_topics, sent, parts)
+    got = assert_same_as_reference(kafka_broker, g, ref, parts, n, n_dead=len(range(17, n, 5_000)))
+    # Every update came from the log behind the open transactions (the one snapshot was empty).
+    assert int(metrics["recovered_joined"]) == len(got["joined"]), metrics
+    # The broker says why the second one ended.
+    broker_log = kafka_broker.log_path.read_text(errors="replace")
+    assert f"dead-timeout-{topics.actions} due to timeout" in broker_log
