@@ -24,7 +24,6 @@ from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.wire import encode, records
 
 PARTITIONS = traffic.PARTITIONS
-FAST_FETCH = kafka_io.FAST_FETCH
 
 
 def fresh(broker: EmbeddedBroker, names: list[str]) -> list[str]:
@@ -136,7 +135,9 @@ def passthrough(
     ``Worker.step`` with no decode, no merge and no learner. Events per second."""
     c_t, r_t, a_t = topics
     group = f"pt-{c_t}"
-    consumer = Consumer(consumer_settings(broker.bootstrap_servers, group, FAST_FETCH))
+    consumer = Consumer(
+        consumer_settings(broker.bootstrap_servers, group, kafka_io.fetch_settings(broker))
+    )
     producer = Producer(producer_settings(broker.bootstrap_servers, f"{group}-tx", {}))
     producer.init_transactions(30)
     assigned: list = []
@@ -195,7 +196,7 @@ def passthrough(
 
 def ceiling(broker: EmbeddedBroker, n: int, repeats: int) -> dict:
     ctx, keys, rew, action = sample_records(2000)
-    pid = broker._proc.pid  # noqa: SLF001 (benchmark only: the broker's CPU time)
+    pid = kafka_io.broker_pid(broker)
     runs = []
     for r in range(repeats):
         recs = [ctx[i % len(ctx)] for i in range(n)]

@@ -51,6 +51,12 @@ FLOOR_SETS = {
 }
 
 
+def fetch_wait(knobs: dict) -> dict:
+    """The consumers' ``fetch.wait.max.ms`` of a knob set; None keeps librdkafka's default (Apache
+    Kafka answers a fetch as soon as a record is there)."""
+    return {} if knobs["fetch_wait"] is None else {"fetch.wait.max.ms": knobs["fetch_wait"]}
+
+
 def _event_id(action: bytes) -> str:
     """The event id of an action record without a full decode: the first field after the header."""
     start, end = event_id_span(action)
@@ -101,7 +107,8 @@ def latency_run(
                 group,
                 t,
                 traffic.models_toml(policy),
-                consumer={"fetch.wait.max.ms": knobs["fetch_wait"]},
+                consumer=fetch_wait(knobs),
+                fetch=kafka_io.fetch_settings(broker),
                 producer={"linger.ms": knobs["linger"]},
                 worker={
                     "merge_wait_ms": knobs["merge_wait"],
@@ -163,11 +170,12 @@ def _offer(
             "group.id": f"app-{t.contexts}",
             "isolation.level": "read_committed",
             "enable.auto.commit": False,
-            "fetch.wait.max.ms": knobs["fetch_wait"],
+            **fetch_wait(knobs),
         }
     )
     cons.assign([TopicPartition(t.actions, p, 0) for p in range(PARTITIONS)])
     cons.consume(100, 1.0)
+    broker_pid = kafka_io.broker_pid(broker)
     pool = traffic.backlog(64)
     sent: dict[str, float] = {}
     lat: list[float] = []
@@ -182,7 +190,7 @@ def _offer(
             break
         if not measuring and now >= start + warm_s:
             measuring, lat, answered = True, [], 0
-            cpu0 = (kafka_io.broker_cpu(broker._proc.pid), kafka_io.broker_cpu(server_pid), now)  # noqa: SLF001
+            cpu0 = (kafka_io.broker_cpu(broker_pid), kafka_io.broker_cpu(server_pid), now)
         due = int((now - start) * rate) - i
         for _ in range(max(due, 0)):
             c = pool[i % len(pool)][0]
@@ -209,7 +217,7 @@ def _offer(
                 answered += 1
     wall = time.perf_counter() - cpu0[2]
     cpu = {
-        "broker_cpu": (kafka_io.broker_cpu(broker._proc.pid) - cpu0[0]) / wall,  # noqa: SLF001
+        "broker_cpu": (kafka_io.broker_cpu(broker_pid) - cpu0[0]) / wall,
         "server_cpu": (kafka_io.broker_cpu(server_pid) - cpu0[1]) / wall,
     }
     prod.flush(10)

@@ -15,7 +15,6 @@ from streambandit.config.worker import WorkerConfig
 from streambandit.dev.tansu import EmbeddedBroker
 
 PARTITIONS = traffic.PARTITIONS
-FAST_FETCH = kafka_io.FAST_FETCH
 
 
 def worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **settings):
@@ -32,7 +31,7 @@ def worker_on_backlog(broker: EmbeddedBroker, policy: str, events: list, **setti
         group_id=f"e2e-{t.contexts}",
         snapshot_interval_s=1e9,
         snapshot_every_updates=10**9,
-        kafka={"consumer": FAST_FETCH},
+        kafka={"consumer": kafka_io.fetch_settings(broker)},
         **settings,
     )
     snaps = tempfile.mkdtemp()

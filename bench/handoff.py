@@ -27,6 +27,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 from bench import harness, kafka_io, traffic
 from bench.memory import HYPER, WINDOW_MS, D, K, close_windows, feature_pool, run_engine
@@ -46,9 +47,8 @@ def _models_toml(policy: str) -> str:
     )
 
 
-def _store_state(policy: str, n: int, snap_dir: Path, group: str) -> float:
-    """N models in one partition's base snapshot, as the worker stores it; seconds to pack."""
-    from streambandit.stream.snapshots import DirectoryStore
+def packed_state(policy: str, n: int) -> tuple[bytes, float]:
+    """N models in one partition's base snapshot, packed as the worker packs it; seconds to pack."""
     from streambandit.wire import pack_snapshot
 
     engine = run_engine(policy, n, feature_pool())
@@ -67,10 +67,9 @@ def _store_state(policy: str, n: int, snap_dir: Path, group: str) -> float:
     started = time.perf_counter()
     data = pack_snapshot(head | {"engine": engine.snapshot()})
     took = time.perf_counter() - started
-    DirectoryStore(snap_dir).scoped(group).save(0, data)
-    del engine, data
+    del engine
     gc.collect()
-    return took
+    return data, took
 
 
 def _log_ms(line: str) -> float:
@@ -91,18 +90,46 @@ def _wait_line(path: Path, pattern: str, timeout_s: float, after: int = 0) -> tu
     raise TimeoutError(f"no {pattern!r} in {path} within {timeout_s} s:\n" + "\n".join(lines[-15:]))
 
 
-def one_case(broker: EmbeddedBroker, workdir: Path, policy: str, n: int, how: str) -> dict:
+def one_case(
+    broker: kafka_io.Broker,
+    workdir: Path,
+    policy: str,
+    n: int,
+    how: str,
+    *,
+    packed: tuple[bytes, float] | None = None,
+    snapshot_topic: Callable[[kafka_io.Broker, str], None] | None = None,
+) -> dict:
+    """One handoff. ``packed``: the state (``packed_state``), built here when None.
+    ``snapshot_topic``: the workers keep their snapshots in a topic, which this creates
+    (``snapshot_topic(broker, name)``), instead of the snapshot directory."""
+    from streambandit.stream.snapshots import DirectoryStore, TopicStore
+
     t = kafka_io.fresh_topics(broker, partitions=1)
     group = f"handoff-{t.contexts}"
-    pack_s = _store_state(policy, n, workdir / group, group)
+    data, pack_s = packed or packed_state(policy, n)
+    fetch = kafka_io.fetch_settings(broker)
+    topic = None
+    if snapshot_topic is not None:
+        topic = f"s-{t.contexts}"
+        snapshot_topic(broker, topic)
+        with TopicStore(broker.bootstrap_servers, topic, kafka={"consumer": fetch}) as store:
+            store.scoped(group).save(0, data)
+    else:
+        DirectoryStore(workdir / group).scoped(group).save(0, data)
+    del data
     cfg = workdir / f"{group}.toml"
     cfg.write_text(
-        kafka_io.worker_toml(group, t, _models_toml(policy), worker={"snapshot_interval_s": 3600})
+        kafka_io.worker_toml(
+            group, t, _models_toml(policy), worker={"snapshot_interval_s": 3600}, fetch=fetch
+        )
     )
     logs = {w: workdir / f"{group}-{w}.log" for w in "AB"}
 
     def serve(w: str) -> subprocess.Popen:
-        return kafka_io.serve_to_file(broker, cfg, workdir / group, f"{group}-{w}", logs[w])
+        return kafka_io.serve_to_file(
+            broker, cfg, workdir / group, f"{group}-{w}", logs[w], snapshot_topic=topic
+        )
 
     procs = {"A": serve("A")}
     probes = None

@@ -1,5 +1,6 @@
-"""The benchmarks' side of the embedded broker: topics, a backlog produced, a ``streambandit
-serve`` subprocess with its configuration, its log read, its group's progress."""
+"""The benchmarks' side of a broker (the embedded one, or Apache Kafka where a benchmark takes a
+broker kind): topics, a backlog produced, a ``streambandit serve`` subprocess with its
+configuration, its log read, its group's progress."""
 
 from __future__ import annotations
 
@@ -17,12 +18,29 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from bench import traffic
 from streambandit.config.worker import Topics
+from streambandit.dev.kafka import ApacheKafka
 from streambandit.dev.tansu import EmbeddedBroker
 from streambandit.wire import Context, Reward, encode
 
 # The embedded broker holds a fetch for the whole fetch.wait.max.ms even when data is there
-# (docs/notes/tansu.md), so every consumer of a benchmark shortens it.
+# (docs/notes/tansu.md), so every consumer of a benchmark on it shortens it.
 FAST_FETCH = {"fetch.wait.max.ms": 10}
+
+BROKERS = {"tansu": EmbeddedBroker, "kafka": ApacheKafka}
+Broker = EmbeddedBroker | ApacheKafka
+
+
+def fetch_settings(broker: Broker) -> dict:
+    """The consumer settings a broker needs: Apache Kafka answers a fetch as soon as a record is
+    there, so librdkafka's default stays; the embedded broker needs ``FAST_FETCH``."""
+    return {} if isinstance(broker, ApacheKafka) else dict(FAST_FETCH)
+
+
+def broker_pid(broker: Broker) -> int:
+    """The broker's process (Apache Kafka: its first node), for its CPU time."""
+    if isinstance(broker, ApacheKafka):
+        return broker._node(broker.node_ids[0]).proc.pid  # noqa: SLF001 (benchmark only)
+    return broker._proc.pid  # noqa: SLF001 (benchmark only)
 
 
 def fresh_topics(broker: EmbeddedBroker, partitions: int = traffic.PARTITIONS) -> Topics:
@@ -80,8 +98,10 @@ def worker_toml(
     worker: dict | None = None,
     consumer: dict | None = None,
     producer: dict | None = None,
+    fetch: dict = FAST_FETCH,
 ) -> str:
-    """A ``streambandit serve`` configuration: group, topics, models, and the settings given."""
+    """A ``streambandit serve`` configuration: group, topics, models, and the settings given
+    (``fetch``: the broker's own consumer settings, ``fetch_settings``)."""
 
     def table(name: str, values: dict) -> list[str]:
         quote = name.startswith("kafka")  # librdkafka's dotted names are quoted TOML keys
@@ -95,7 +115,7 @@ def worker_toml(
         ]
 
     lines = [
-        *table("kafka.consumer", {**FAST_FETCH, **(consumer or {})}),
+        *table("kafka.consumer", {**fetch, **(consumer or {})}),
         *(table("kafka.producer", producer) if producer else []),
         *table("worker", {"group_id": group, "snapshot_interval_s": 30, **(worker or {})}),
         *table(
@@ -137,9 +157,20 @@ def serve(broker: EmbeddedBroker, config_text: str, workdir: Path, group: str) -
 
 
 def serve_to_file(
-    broker: EmbeddedBroker, config: Path, snapshot_dir: Path, instance: str, log: Path
+    broker: EmbeddedBroker,
+    config: Path,
+    snapshot_dir: Path | None,
+    instance: str,
+    log: Path,
+    snapshot_topic: str | None = None,
 ) -> subprocess.Popen:
-    """``streambandit serve`` as deployed (one process, its own instance id), its log in ``log``."""
+    """``streambandit serve`` as deployed (one process, its own instance id), its log in ``log``;
+    its snapshots in ``snapshot_dir``, or in ``snapshot_topic`` when given."""
+    store = (
+        ["--snapshot-topic", snapshot_topic]
+        if snapshot_topic
+        else ["--snapshot-dir", str(snapshot_dir)]
+    )
     return subprocess.Popen(
         [
             sys.executable,
@@ -150,8 +181,7 @@ def serve_to_file(
             str(config),
             "--bootstrap-servers",
             broker.bootstrap_servers,
-            "--snapshot-dir",
-            str(snapshot_dir),
+            *store,
             "--processes",
             "1",
             "--instance-id",

@@ -10,6 +10,7 @@ import threading
 import time
 from typing import Callable
 
+from bench import kafka_io
 from bench.memory import K, feature_pool
 from streambandit.dev.tansu import EmbeddedBroker
 
@@ -42,7 +43,7 @@ class Probes:
                 "group.id": group,
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
-                "fetch.wait.max.ms": 10,
+                **kafka_io.fetch_settings(broker),
             }
         )
         self._cons.assign([TopicPartition(t.actions, p, 0) for p in range(partitions)])
@@ -82,6 +83,17 @@ class Probes:
                 a = decode(m.value())
                 if isinstance(a, Action) and a.event_id not in self.read:
                     self.read[a.event_id] = time.time()
+
+    def first_answer_to_context_after(self, t0: float, partition: int) -> float | None:
+        """When the first action was read for a context of ``partition`` produced after ``t0``:
+        one that only a worker alive after ``t0`` can have decided."""
+        read = self.read
+        times = [
+            read[e]
+            for e, (p, sent) in list(self.sent.items())
+            if p == partition and sent > t0 and e in read
+        ]
+        return min(times) if times else None
 
     def first_answer_after(self, t0: float) -> float | None:
         """When the first action was read after ``t0``."""
