@@ -207,11 +207,18 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
-    """The whole loop on the embedded broker: a simulated ad server and a worker, live figures."""
+    """The whole loop on the embedded broker (Apache Kafka with --kafka): a simulated ad server and
+    a worker, live figures."""
     from pathlib import Path
 
     from streambandit.dev.demo import DemoConfig, run_demo
 
+    if args.kafka:
+        from streambandit.dev.kafka_jars import check_prerequisites, is_cached
+
+        check_prerequisites()  # a missing java or mvn is the one line
+        if not is_cached():
+            print("fetching Apache Kafka's jars with Maven (once)", flush=True)
     run_demo(
         DemoConfig(
             duration_s=args.duration,
@@ -223,6 +230,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
             seed=args.seed,
             out_dir=Path(args.out),
             edge=args.edge,
+            kafka=args.kafka,
         )
     )
     return 0
@@ -994,6 +1002,12 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="decide at the edge: the ad server ranks with a replica of the models in its own process "
         "and a learn-only worker learns; shows the edge's decision time beside the Kafka round trip",
+    )
+    demo.add_argument(
+        "--kafka",
+        action="store_true",
+        help="run on Apache Kafka (as streambandit broker --kafka: needs Java 17+, and Maven the first "
+        "time) instead of the embedded broker",
     )
     demo.set_defaults(func=_cmd_demo)
 

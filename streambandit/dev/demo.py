@@ -1,11 +1,12 @@
 """``streambandit demo``: the whole loop on one machine, with nothing to set up.
 
-An embedded broker, the five topics, a worker (the same ``Worker`` that ``streambandit serve``
-runs), and a simulated ad server (``ad_server.py``) that sends requests at a fixed rate and clicks
-after a random delay. Once a second it prints what the worker achieves: requests answered per
-second, the expected click-through rate of the learner's choices against the best and a random
-ad, open decisions, decision latency p50/p99 and snapshots written. At the end it writes the
-per-second figures as CSV and, when matplotlib is installed, a PNG.
+An embedded broker (Apache Kafka with ``kafka``: ``streambandit demo --kafka``), the five topics,
+a worker (the same ``Worker`` that ``streambandit serve`` runs), and a simulated ad server
+(``ad_server.py``) that sends requests at a fixed rate and clicks after a random delay. Once a
+second it prints what the worker achieves: requests answered per second, the expected
+click-through rate of the learner's choices against the best and a random ad, open decisions,
+decision latency p50/p99 and snapshots written. At the end it writes the per-second figures as
+CSV and, when matplotlib is installed, a PNG.
 
 With ``edge`` (``streambandit demo --edge``) the ad server decides at the edge: a replica in its
 process (``serving/replica.py``) ranks each request with a copy of the models and logs the
@@ -57,6 +58,7 @@ class DemoConfig:
     seed: int = 0
     out_dir: Path = Path("out/demo")
     edge: bool = False
+    kafka: bool = False  # Apache Kafka (streambandit.dev.kafka) instead of the embedded broker
 
 
 def _models(cfg: DemoConfig) -> dict:
@@ -120,16 +122,27 @@ def _header(edge: bool) -> str:
 def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> list[dict]:
     """Run the demo; returns the per-second rows (also written to ``cfg.out_dir``)."""
     topics = Topics()
+    if cfg.kafka:
+        from streambandit.dev.kafka import ApacheKafka
+
+        broker: EmbeddedBroker | ApacheKafka = ApacheKafka()
+        name = f"Apache Kafka {broker.version}"
+        out(f"starting {name} ...")
+        # On Tansu a fetch waits its full fetch.wait.max.ms (500 ms by default) even when records
+        # are there (docs/notes/tansu.md); Apache Kafka answers at once and keeps the default.
+        fetch: dict = {}
+    else:
+        broker, name, fetch = EmbeddedBroker(), "embedded broker", {"fetch.wait.max.ms": 10}
     with (
-        EmbeddedBroker() as broker,
+        broker,
         tempfile.TemporaryDirectory(prefix="streambandit-snapshots-") as snap_dir,
     ):
         broker.create_topics(topics.all(cfg.edge), partitions=cfg.partitions)
         out(
-            f"embedded broker at {broker.bootstrap_servers}; topics {', '.join(topics.all(cfg.edge))} "
+            f"{name} at {broker.bootstrap_servers}; topics {', '.join(topics.all(cfg.edge))} "
             f"({cfg.partitions} partitions each)"
         )
-        rows = _run(cfg, broker.bootstrap_servers, topics, Path(snap_dir), out)
+        rows = _run(cfg, broker.bootstrap_servers, topics, Path(snap_dir), out, fetch)
         # The Kafka clients of _run are unreachable now; destroyed before the broker stops, they
         # leave quietly instead of logging lost connections.
         gc.collect()
@@ -137,12 +150,13 @@ def run_demo(cfg: DemoConfig, out: Callable[[str], None] = print) -> list[dict]:
 
 
 def _run(
-    cfg: DemoConfig, bootstrap: str, topics: Topics, snap_dir: Path, out: Callable[[str], None]
+    cfg: DemoConfig,
+    bootstrap: str,
+    topics: Topics,
+    snap_dir: Path,
+    out: Callable[[str], None],
+    fetch: dict,
 ) -> list[dict]:
-    # On Tansu a fetch waits its full fetch.wait.max.ms (500 ms by default) even when records are
-    # there (docs/notes/tansu.md); 10 ms keeps the demo's latency honest. Apache Kafka answers a
-    # fetch as soon as a record arrives and needs no such setting.
-    fast_fetch = {"fetch.wait.max.ms": 10}
     config = WorkerConfig(
         bootstrap_servers=bootstrap,
         models=parse_models_config(_models(cfg)),
@@ -150,7 +164,7 @@ def _run(
         topics=topics,
         snapshot_interval_s=5.0,
         idle_tick_ms=500,
-        kafka={"consumer": fast_fetch},
+        kafka={"consumer": fetch},
         learn_only=cfg.edge,
     )
     worker = Worker(config, DirectoryStore(snap_dir))
@@ -190,7 +204,7 @@ def _run(
         rate_per_s=cfg.rate_per_s,
         click_delay_ms=cfg.click_delay_ms,
         seed=cfg.seed,
-        consumer_settings=fast_fetch,
+        consumer_settings=fetch,
         replica=replica,
     )
     out(
