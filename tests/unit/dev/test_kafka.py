@@ -99,9 +99,27 @@ def test_the_coordinator_partition_is_javas_string_hash_modulo_the_partitions():
     assert coordinator_partition("\u00e9\u20ac\U0001f600", 50) == 16752006 % 50
 
 
+def _cluster_on_free_ports(nodes: int) -> tuple[ApacheKafka, int]:
+    """A cluster given a port that is free here, with the ports after it (a fixed port may be
+    any other process's on a shared machine)."""
+    import socket
+
+    for _ in range(50):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port + 2 * nodes >= 65536:
+            continue
+        try:
+            return ApacheKafka(nodes=nodes, port=port), port
+        except BrokerError:  # one of the following ports is taken
+            continue
+    raise AssertionError("no free run of ports found")
+
+
 def test_the_nodes_get_consecutive_ports_from_a_given_one_and_all_are_in_the_bootstrap_list():
-    k = ApacheKafka(nodes=3, port=47311)
-    assert k.bootstrap_servers == "127.0.0.1:47311,127.0.0.1:47312,127.0.0.1:47313"
+    k, port = _cluster_on_free_ports(3)
+    assert k.bootstrap_servers == ",".join(f"127.0.0.1:{port + i}" for i in range(3))
     assert (k.replication_factor, k.min_insync_replicas) == (3, 2)
     assert k.node_ids == [1, 2, 3]
     assert k.version == kafka_jars.read_lock().kafka_version
