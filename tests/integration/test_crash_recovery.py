@@ -19,6 +19,7 @@ from streambandit.wire import Context, Reward, encode
 from .helpers import (
     caught_up,
     engine_states_equal,
+    is_tansu,
     outputs,
     producer,
     read_all,
@@ -166,6 +167,10 @@ def run_to_end(broker, t, tmp, group, kills, sent):
     assert metrics.get("merge_out_of_order", "0") == "0", (
         "a record was merged out of order: the wait was too short"
     )
+    if not is_tansu(broker):
+        # The last recovery's committed-view filter (a workaround for Tansu showing aborted
+        # records) found nothing to skip: the killed worker's open transaction stayed hidden.
+        assert metrics["recovery_uncommitted_skipped"] == "0", metrics
     text = "".join(log.read_text() for log in logs)
     assert " base " in text and " increment " in text and " forked" in text, (
         "both kinds, forked and not"
