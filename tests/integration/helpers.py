@@ -7,7 +7,7 @@ import time
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
-from streambandit.stream.logs import committed_view, high_watermark, read_range
+from streambandit.stream.logs import committed_view, group_committed, high_watermark, read_range
 from streambandit.wire import decode, encode
 
 
@@ -77,7 +77,7 @@ def committed_offsets(broker, group: str, topic: str, partitions: int = 2) -> di
         }
     )
     try:
-        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=10)
+        got = group_committed(c, [TopicPartition(topic, p) for p in range(partitions)], 10)
         return {tp.partition: max(tp.offset, 0) for tp in got}
     finally:
         c.close()
