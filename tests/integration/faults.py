@@ -172,13 +172,14 @@ def held_partitions(text: str) -> set[int]:
     return out
 
 
-def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32) -> list:
+def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32, first: int = 0) -> list:
     """``n`` contexts on ``keys`` models (every partition gets some), a reward 50 ms of event time
     later for about 70% of them, and a malformed record every 5,000 contexts (dead-lettered);
-    produced in event-time order. The sent records, with their positions once flushed."""
+    produced in event-time order. ``first``: the index of the first context, to continue an
+    earlier backlog in event time. The sent records, with their positions once flushed."""
     rng = np.random.default_rng(seed)
     sent = []
-    for i in range(n):
+    for i in range(first, first + n):
         key = f"m-{int(rng.integers(keys))}"
         ts = 1_000 + 2 * i
         ctx = Context(f"e{i}", key, ts, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2)
