@@ -10,6 +10,7 @@ records to the engine, is ``PartitionEngine.recover_from_logs``; this module rea
 
 from __future__ import annotations
 
+import itertools
 import logging
 from typing import Any, Callable
 
@@ -69,7 +70,8 @@ def recover_partition(
     t = config.topics
     ends = {topic: reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)}
     committed = committed_offsets()
-    for snap in [*usable_snapshots(store, p), None]:
+    # One snapshot at a time: the older one is read (and unpacked) only when the newer does not fit.
+    for snap in itertools.chain(usable_snapshots(store, p), [None]):
         try:
             return _recover_from(p, snap, config, reader, ends, committed, metrics)
         except (ValueError, RecoveryError) as exc:
