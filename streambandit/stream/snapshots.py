@@ -12,10 +12,23 @@ in partition ``p`` of the topic, in two alternating slots. A save writes the chu
 keys ``{group}/p{p}/s{slot}/{i}`` (the group percent-encoded), each value a fixed little-endian
 header (magic, format version,
 generation, chunk index, chunk count, CRC32 of the whole snapshot) followed by at most
-``max_chunk_bytes`` of it, then tombstones the slot's chunks beyond the new count. A reader keeps
-the last value of each key (what compaction keeps too), and a slot counts only when all its
-chunks carry one generation and the whole passes its CRC: a save that died halfway leaves its
-slot incomplete, and the other slot, untouched by that save, is still there.
+``max_chunk_bytes`` of it, then tombstones the slot's chunks beyond the new count, then writes the
+partition's head record, key ``{group}/p{p}/head``: for each slot the generation of its usable
+snapshot, the offset where that snapshot's chunk 0 is, and how many chunk keys it may have live.
+A slot counts only when all its chunks carry one generation and the whole passes its CRC: a save
+that died halfway leaves its slot incomplete, and the other slot, untouched by that save, is still
+there.
+
+Reading: the last value of each key wins (what compaction keeps too). A reader does not read the
+partition from its start: it finds the newest head (reading back from the end, where it normally
+is the last record) and reads from the offset of the newest snapshot's chunk 0 to the end. That is
+one snapshot, whether the broker compacted the older ones away (Apache Kafka) or keeps every one
+ever written (the embedded broker). What it reads is a suffix of the log, and a suffix decides
+every slot whose chunk 0 it holds: saves go one after another, each writing chunk 0 first, so a
+slot's chunks of its newest save all lie after that chunk 0, and any save newer than the head's
+lies in the suffix too. The older slot is read (from its own recorded offset) only when the newest
+is unusable or the caller asks for the next candidate. A partition with no head (written before
+heads existed) is read whole.
 """
 
 from __future__ import annotations
@@ -54,7 +67,10 @@ __all__ = [
     "usable_snapshots",
     "create_snapshot_topic",
     "chunk_key",
+    "head_key",
     "pack_chunk",
+    "snapshot_topic_config",
+    "ReadStats",
 ]
 
 log = logging.getLogger("streambandit")
@@ -172,6 +188,11 @@ _CHUNK_MAGIC = b"SC"
 _CHUNK_VERSION = 1
 _SLOTS = 2
 _KEY = re.compile(rb"(?:([^/]+)/)?p(\d+)/s(\d+)/(\d+)")
+# magic, format version, the slot written last, then per slot: generation of its usable snapshot
+# (-1: none), offset of its chunk 0 (-1: not known), chunk keys that may be live (0..span-1)
+_HEAD = struct.Struct("<2sBB" + "qqI" * _SLOTS)
+_HEAD_MAGIC = b"SH"
+_HEAD_VERSION = 1
 
 
 # glibc's malloc_trim (absent elsewhere, e.g. musl): free heap memory back to the OS. ctypes
@@ -186,6 +207,11 @@ def chunk_key(partition: int, slot: int, index: int, scope: str = "") -> bytes:
     """The record key of chunk ``index`` of ``slot`` of ``partition``'s snapshots, under the
     group ``scope`` (as ``_scope_name`` writes it; empty: an unscoped store's)."""
     return (f"{scope}/" if scope else "").encode() + f"p{partition}/s{slot}/{index}".encode()
+
+
+def head_key(partition: int, scope: str = "") -> bytes:
+    """The record key of ``partition``'s head record (module docstring), under ``scope``."""
+    return (f"{scope}/" if scope else "").encode() + f"p{partition}/head".encode()
 
 
 def pack_chunk(generation: int, index: int, count: int, crc: int, payload: bytes) -> bytes:
@@ -213,12 +239,68 @@ def _unpack_chunk(value: bytes) -> _Chunk | None:
 
 @dataclasses.dataclass
 class _Slot:
-    """What a writer must know of one slot: whether it holds a usable snapshot, and which chunk
-    keys are live (a save into it tombstones those beyond its own count)."""
+    """What a writer must know of one slot: whether it holds a usable snapshot, which chunk keys
+    are live (a save into it tombstones those beyond its own count), and where its chunk 0 is."""
 
     generation: int = -1  # of the usable snapshot; -1: none
     max_generation: int = 0  # highest generation of any chunk, usable or not
     indices: frozenset[int] = frozenset()
+    start: int = -1  # offset of its newest chunk 0; -1: none, or not known
+    # False: its newest save began before what the reader read, and the fields above are the head
+    # record's account of it (not yet checked: ``data`` is None, even when it is usable).
+    read: bool = True
+
+
+@dataclasses.dataclass(frozen=True)
+class _Head:
+    newest: int
+    slots: tuple[tuple[int, int, int], ...]  # (generation, start, span) per slot
+
+
+def _pack_head(newest: int, slots: list[_Slot]) -> bytes:
+    fields: list[int] = []
+    for s in slots:
+        fields += [s.generation, s.start, max(s.indices, default=-1) + 1]
+    return _HEAD.pack(_HEAD_MAGIC, _HEAD_VERSION, newest, *fields)
+
+
+def _unpack_head(value: bytes | None) -> _Head | None:
+    if value is None or len(value) != _HEAD.size:
+        return None
+    magic, version, newest, *fields = _HEAD.unpack(value)
+    if magic != _HEAD_MAGIC or version != _HEAD_VERSION or newest >= _SLOTS:
+        return None
+    slots = tuple(tuple(fields[i : i + 3]) for i in range(0, len(fields), 3))
+    return _Head(newest, slots)  # type: ignore[arg-type]
+
+
+@dataclasses.dataclass(frozen=True)
+class ReadStats:
+    """What one range read of the snapshot topic took: offsets ``first``..``end`` (exclusive), its
+    ``records`` (any group's or partition's sharing it) and their ``bytes`` (keys and values)."""
+
+    first: int
+    end: int
+    records: int
+    bytes: int
+
+
+@dataclasses.dataclass
+class _Look:
+    tp: int
+    lo: int
+    hi: int
+    first: int  # where the reading began
+    head: _Head | None
+    metas: list[_Slot]
+    datas: list[mmap.mmap | bytes | None]
+    touched: set[int]  # the slots any key of which was read
+
+
+def _newest_first(metas: list[_Slot], datas: list[Any]) -> list[int]:
+    return sorted(
+        (s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation
+    )
 
 
 def _assemble(
@@ -316,7 +398,12 @@ class TopicStore:
         # The [kafka] table as the worker has it: common settings, and [kafka.consumer] /
         # [kafka.producer] sub-tables, each for its own client here too.
         user = {k: v for k, v in (kafka or {}).items() if k != "transactional.id"}
-        self._reader = Consumer(reader_settings(bootstrap_servers, user))
+        # It reads ranges of records that are there (a few per candidates call): a fetch need not
+        # wait for more, and the embedded broker holds one for its whole fetch.wait.max.ms even
+        # when records are there (docs/notes/tansu.md). The worker's own setting, if any, wins.
+        self._reader = Consumer(
+            {"fetch.wait.max.ms": 10} | reader_settings(bootstrap_servers, user)
+        )
         try:
             self.partitions = self._partition_count()
         except Exception:
@@ -342,6 +429,8 @@ class TopicStore:
         self._slots: dict[int, list[_Slot]] = {}
         self._warned: set[int] = set()
         self._scope = ""
+        #: The ranges the last ``candidates`` or save read (what a handoff costs: tests, benchmarks).
+        self.last_read: list[ReadStats] = []
         self._check_compacted(bootstrap_servers, user)
 
     def scoped(self, group: str) -> "TopicStore":
@@ -401,14 +490,52 @@ class TopicStore:
 
     # -- reading -------------------------------------------------------------------------------
 
-    def _scan(self, partition: int) -> tuple[list[_Slot], list[mmap.mmap | bytes | None]]:
-        """Read the partition's chunk records up to the end; the last value of each key wins."""
-        tp = self._topic_partition(partition)
-        lo, hi = self._reader.get_watermark_offsets(
-            TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False
+    def _read(self, tp: int, begin: int, end: int) -> list[Any]:
+        msgs = read_range(self._reader, self.topic, tp, begin, end, timeout_s=self.timeout_s)
+        self.last_read.append(
+            ReadStats(
+                begin,
+                end,
+                len(msgs),
+                sum(len(m.key() or b"") + len(m.value() or b"") for m in msgs),
+            )
         )
-        latest: dict[tuple[int, int], bytes] = {}
-        for msg in read_range(self._reader, self.topic, tp, lo, hi, timeout_s=self.timeout_s):
+        return msgs
+
+    def _newest_head(self, partition: int, tp: int, lo: int, hi: int) -> tuple[_Head | None, list]:
+        """The partition's newest head record, and the records read back from ``hi`` to find it
+        (all of them from ``lo`` when there is none). The head is normally the last record: the
+        first read is of one record, and each further one reaches eight times as far back."""
+        key = head_key(partition, self._scope)
+        msgs: list[Any] = []
+        end, window = hi, 1
+        while end > lo:
+            begin = max(lo, end - window)
+            got = self._read(tp, begin, end)
+            msgs = got + msgs
+            for msg in reversed(got):
+                if msg.key() == key and (head := _unpack_head(msg.value())) is not None:
+                    start = head.slots[head.newest][1]
+                    if lo <= start < msg.offset():
+                        if start < begin:
+                            return head, self._read(tp, start, begin) + msgs
+                        return head, [m for m in msgs if m.offset() >= start]
+            end, window = begin, window * 8
+        return None, msgs
+
+    def _view(
+        self,
+        partition: int,
+        msgs: list[Any],
+        head: _Head | None,
+        only: Iterable[int] = range(_SLOTS),
+    ) -> tuple[list[_Slot], list[mmap.mmap | bytes | None], set[int]]:
+        """Each slot of ``only`` as ``msgs`` (a suffix of the partition, in offset order) show it:
+        the last value of each key wins. With no ``head`` the suffix is the whole partition; with
+        one, a slot whose chunk 0 the suffix does not hold is taken as the head describes it.
+        The other slots are left as a fresh ``_Slot``."""
+        seen: dict[tuple[int, int], tuple[int, bytes | None]] = {}
+        for msg in msgs:
             m = _KEY.fullmatch(msg.key() or b"")
             if (
                 m is None
@@ -417,32 +544,80 @@ class TopicStore:
                 or int(m[3]) >= _SLOTS
             ):
                 continue  # another group's, another partition sharing this one, or not ours
-            k = (int(m[3]), int(m[4]))
-            if msg.value() is None:
-                latest.pop(k, None)
-            else:
-                latest[k] = msg.value()
+            seen[(int(m[3]), int(m[4]))] = (msg.offset(), msg.value())
         metas, datas = [], []
         for s in range(_SLOTS):
-            meta, data = _assemble(
-                partition, s, {i: v for (slot, i), v in latest.items() if slot == s}
-            )
+            if s not in only:
+                metas.append(_Slot())
+                datas.append(None)
+                continue
+            keys = {i: ov for (slot, i), ov in seen.items() if slot == s}
+            live = {i: v for i, (_, v) in keys.items() if v is not None}
+            data = None
+            if head is None or 0 in live:
+                meta, data = _assemble(partition, s, live)
+                meta.start = keys[0][0] if 0 in live else -1
+            else:
+                generation, start, _ = head.slots[s]
+                chunks = (_unpack_chunk(v) for v in live.values())
+                meta = _Slot(
+                    generation=generation,
+                    max_generation=max([0] + [c.generation for c in chunks if c]),
+                    start=start,
+                    read=False,
+                )
+            if head is not None:
+                # Keys the suffix does not reach may still be live (the span the head recorded).
+                generation, _, span = head.slots[s]
+                meta.indices = frozenset(live) | {i for i in range(span) if i not in keys}
+                meta.max_generation = max(meta.max_generation, generation)
             metas.append(meta)
             datas.append(data)
-        return metas, datas
+        return metas, datas, {slot for slot, _ in seen}
 
-    def candidates(self, partition: int) -> list[mmap.mmap | bytes]:
-        metas, datas = self._scan(partition)
-        self._slots[partition] = metas
-        order = sorted(
-            (s for s in range(_SLOTS) if datas[s] is not None), key=lambda s: -metas[s].generation
+    def _look(self, partition: int) -> _Look:
+        """The slots as a reader finds them from the newest head on (module docstring)."""
+        tp = self._topic_partition(partition)
+        lo, hi = self._reader.get_watermark_offsets(
+            TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False
         )
-        return [datas[s] for s in order]  # type: ignore[misc]
+        self.last_read = []
+        head, msgs = self._newest_head(partition, tp, lo, hi)
+        first = head.slots[head.newest][1] if head is not None else lo
+        metas, datas, touched = self._view(partition, msgs, head)
+        return _Look(tp, lo, hi, first, head, metas, datas, touched)
+
+    def candidates(self, partition: int) -> Iterator[mmap.mmap | bytes]:
+        look = self._look(partition)
+        self._slots[partition] = look.metas
+        given = set()
+        for s in _newest_first(look.metas, look.datas):
+            given.add((s, look.metas[s].generation))
+            data, look.datas[s] = look.datas[s], None
+            yield data  # type: ignore[misc]
+        # Asked for more: the slots whose newest save began before what was read, from their
+        # chunk 0 on. Up to where the first read began, unless that read met a key of theirs
+        # (a save never writes a slot's other chunks without its chunk 0 first: not expected).
+        behind = [s for s, m in enumerate(look.metas) if not m.read and m.generation >= 0]
+        if not behind:
+            return
+        start = max(look.lo, min(look.metas[s].start for s in behind))
+        end = look.hi if look.touched & set(behind) else look.first
+        msgs = self._read(look.tp, start, end)
+        metas, datas, _ = self._view(partition, msgs, look.head, only=behind)
+        del msgs
+        for s in behind:
+            look.metas[s] = metas[s]
+        self._slots[partition] = look.metas
+        for s in _newest_first(metas, datas):
+            if (s, metas[s].generation) not in given:
+                data, datas[s] = datas[s], None
+                yield data  # type: ignore[misc]
 
     # -- writing -------------------------------------------------------------------------------
 
     def save(self, partition: int, data: bytes) -> None:
-        slots = self._slots.pop(partition, None) or self._scan(partition)[0]
+        slots = self._slots.pop(partition, None) or self._look(partition).metas
         # Overwrite the slot that does not hold the newest usable snapshot: a save that dies
         # halfway then costs at most the older of the two.
         newest = max(range(_SLOTS), key=lambda s: slots[s].generation)
@@ -453,32 +628,39 @@ class TopicStore:
         crc = zlib.crc32(data)
         tp = self._topic_partition(partition)
         errors: list[KafkaError] = []
+        first: list[int] = []
 
         def delivered(err: KafkaError | None, _msg: Any) -> None:
             if err is not None:
                 errors.append(err)
+
+        def delivered_first(err: KafkaError | None, msg: Any) -> None:
+            delivered(err, msg)
+            if err is None:
+                first.append(msg.offset())
 
         for i in range(count):
             self._produce(
                 tp,
                 chunk_key(partition, slot, i, self._scope),
                 pack_chunk(generation, i, count, crc, data[i * size : (i + 1) * size]),
-                delivered,
+                delivered_first if i == 0 else delivered,
             )
         # Chunks of an earlier, larger save into this slot: ignored by readers (the count says so),
         # and tombstoned so that compaction removes them.
         stale = sorted(i for i in slots[slot].indices if i >= count)
         for i in stale:
             self._produce(tp, chunk_key(partition, slot, i, self._scope), None, delivered)
-        left = self._producer.flush(self.timeout_s)
-        if left or errors:
-            raise SnapshotStoreError(
-                f"snapshot of partition {partition} not stored in {self.topic!r}: "
-                f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}"
-            )
+        self._flush(partition, errors)
         slots[slot] = _Slot(
-            generation=generation, max_generation=generation, indices=frozenset(range(count))
+            generation=generation,
+            max_generation=generation,
+            indices=frozenset(range(count)),
+            start=first[0],
         )
+        # Only now, with every chunk stored: a reader starts from the offset a head names.
+        self._produce(tp, head_key(partition, self._scope), _pack_head(slot, slots), delivered)
+        self._flush(partition, errors)
         self._slots[partition] = slots
         if len(data) >= _TRIM_AFTER_BYTES and _malloc_trim is not None:
             # The producer copied every chunk, and the allocator keeps the freed copies: the
@@ -486,7 +668,8 @@ class TopicStore:
             # page tables for it too (bench.snapshots, fork-topic). Give them back to the OS.
             _malloc_trim(0)
         log.debug(
-            "snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d",
+            "snapshot stored partition=%d topic=%s slot=%d generation=%d chunks=%d tombstones=%d bytes=%d "
+            "offset=%d",
             partition,
             self.topic,
             slot,
@@ -494,7 +677,16 @@ class TopicStore:
             count,
             len(stale),
             len(data),
+            first[0],
         )
+
+    def _flush(self, partition: int, errors: list[KafkaError]) -> None:
+        left = self._producer.flush(self.timeout_s)
+        if left or errors:
+            raise SnapshotStoreError(
+                f"snapshot of partition {partition} not stored in {self.topic!r}: "
+                f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}"
+            )
 
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         raise SnapshotStoreError(
@@ -527,6 +719,36 @@ class TopicStore:
         self.close()
 
 
+def snapshot_topic_config(max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES) -> dict[str, str]:
+    """The topic settings ``streambandit topics create`` gives the snapshot topic.
+
+    A reader reads from the newest snapshot on (the head record), so what compaction leaves behind
+    costs disk, not handoff time: these settings make a superseded snapshot go soon. Compaction
+    keeps the last record of every key, and every key is a slot's chunk (or the head), so what it
+    leaves is each slot's newest save, the same the reader assembles from the whole log.
+    """
+    config = {
+        "cleanup.policy": "compact",
+        # The broker's clock, not the writer's, stamps the records: segment.ms and
+        # max.compaction.lag.ms count from when a record arrived, whatever a worker's clock says.
+        "message.timestamp.type": "LogAppendTime",
+        # Compaction never touches the active segment. A worker writes a snapshot of each of its
+        # partitions every snapshot_interval_s (30 s by default): a segment that rolls after a
+        # minute holds about two of them, and the snapshots before are compactable.
+        "segment.ms": "60000",
+        # A partition that snapshots seldom leaves too little superseded data to reach the
+        # cleaner's dirty ratio (min.cleanable.dirty.ratio, 0.5 by default); this bounds how long
+        # a superseded snapshot stays anyway.
+        "max.compaction.lag.ms": "600000",
+        # Tombstones only drop the chunks of a larger earlier save beyond the new chunk count,
+        # which readers ignore anyway (chunk 0 says how many there are): an hour is plenty.
+        "delete.retention.ms": "3600000",
+    }
+    if max_chunk_bytes + _CHUNK.size + 1024 > 1_000_000:
+        config["max.message.bytes"] = str(max_chunk_bytes + _CHUNK.size + 1024)
+    return config
+
+
 def create_snapshot_topic(
     bootstrap_servers: str,
     topic: str,
@@ -535,19 +757,12 @@ def create_snapshot_topic(
     replication_factor: int = -1,
     kafka: dict[str, Any] | None = None,
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES,
+    config: dict[str, str] | None = None,
     timeout_s: float = 30.0,
 ) -> bool:
-    """Create the snapshot topic, compacted, with ``partitions`` (= the inputs' partition count).
-    Returns False when it already exists (left as it is). ``replication_factor=-1``: the
-    cluster's default."""
-    config = {
-        "cleanup.policy": "compact",
-        # Compaction never touches the active segment; rolling it every 10 minutes bounds what a
-        # recovering worker reads beyond the last two snapshots.
-        "segment.ms": "600000",
-    }
-    if max_chunk_bytes + _CHUNK.size + 1024 > 1_000_000:
-        config["max.message.bytes"] = str(max_chunk_bytes + _CHUNK.size + 1024)
+    """Create the snapshot topic with ``partitions`` (= the inputs' partition count) and
+    :func:`snapshot_topic_config`, ``config`` laid over it. Returns False when it already exists
+    (left as it is). ``replication_factor=-1``: the cluster's default."""
     admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(kafka or {})})
     fut = admin.create_topics(
         [
@@ -555,7 +770,7 @@ def create_snapshot_topic(
                 topic,
                 num_partitions=partitions,
                 replication_factor=replication_factor,
-                config=config,
+                config=snapshot_topic_config(max_chunk_bytes) | (config or {}),
             )
         ]
     )[topic]

@@ -121,7 +121,7 @@ def test_a_snapshot_of_many_chunks_round_trips_byte_exact(broker, snap_topic, op
     data = blob(5 * CHUNK + 123, 3)
     s.save(1, data)
     assert stored(open_store(), 1) == [data]
-    chunks = [m for m in read_all(broker, snap_topic) if m.key().startswith(b"p1/")]
+    chunks = [m for m in read_all(broker, snap_topic) if m.key().startswith(b"p1/s")]
     assert len(chunks) == 6 and all(len(m.value()) <= CHUNK + 64 for m in chunks)
     # A real snapshot through load_latest, with the default chunk size (2 MB: above Kafka's 1 MB
     # default message limit, so only chunking lets it through a stock cluster).
