@@ -174,7 +174,7 @@ def _cmd_topics(args: argparse.Namespace) -> int:
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     if args.action == "create":
-        for topic, what in create_topics(
+        statuses = create_topics(
             config.bootstrap_servers,
             config.kafka,
             config.topics,
@@ -183,8 +183,19 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             args.replication,
             max_chunk_bytes=snaps.max_chunk_bytes,
             learn_only=config.learn_only,
-        ):
-            print(f"{topic}: {what}")
+        )
+        for st in statuses:
+            print(f"{st.topic}: {st}")
+        differ = [st.topic for st in statuses if st.partitions_differ]
+        if differ:
+            # Left as they are: adding partitions would move model keys, and their state would
+            # not follow (deploy/README.md).
+            print(
+                f"partition counts differ from --partitions {args.partitions}: {', '.join(differ)}; "
+                "the worker needs every topic with one partition count",
+                file=sys.stderr,
+            )
+            return 1
         return 0
     rows, co_partitioned = describe_topics(
         config.bootstrap_servers,
@@ -426,10 +437,10 @@ def _broker_topics(bootstrap: str, args: argparse.Namespace, embedded: bool) -> 
     if args.config:
         config, snaps = load_worker_config(args.config, bootstrap_servers=bootstrap)
         topics, snapshot_topic, learn_only = config.topics, snaps.topic, config.learn_only
-    for topic, what in create_topics(
+    for st in create_topics(
         bootstrap, {}, topics, snapshot_topic, args.partitions, learn_only=learn_only
     ):
-        print(f"{topic}: {what}", flush=True)
+        print(f"{st.topic}: {st}", flush=True)
     settings = f'  [kafka]\n  "bootstrap.servers" = "{bootstrap}"'
     if embedded:
         # A fetch on this broker waits its whole fetch.wait.max.ms even when records are there
@@ -1057,7 +1068,10 @@ def build_parser() -> argparse.ArgumentParser:
         "topics",
         help="create or describe the topics a worker configuration names",
         description="create: every topic of [topics] with --partitions each, and [worker] "
-        "snapshot_topic compacted; existing ones are left as they are. describe: partition "
+        "snapshot_topic compacted, with the settings deploy/README.md names (LogAppendTime "
+        "inputs, a joined log kept for ever, min.insync.replicas 2 with 3 replicas or more); "
+        "existing ones are left as they are, and any partition count or setting of theirs that "
+        "differs is reported (exit 1 when a partition count does). describe: partition "
         "counts and whether the topics are co-partitioned (exit 1 if not).",
     )
     top.add_argument("action", choices=("create", "describe"), help="create or describe")
@@ -1073,8 +1087,9 @@ def build_parser() -> argparse.ArgumentParser:
     top.add_argument(
         "--replication",
         type=int,
-        default=-1,
-        help="replication factor of the topics created (default: the cluster's default)",
+        default=None,
+        help="replication factor of the topics created (default: 3, or the number of brokers "
+        "when fewer; -1: the cluster's default.replication.factor)",
     )
     top.set_defaults(func=_cmd_topics)
 

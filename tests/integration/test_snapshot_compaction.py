@@ -1,13 +1,16 @@
 """The snapshot topic as it runs in production: compacted by Apache Kafka, read from the newest
-head on by a new owner."""
+head on by a new owner, and created with its settings (and the inputs' and outputs') by
+``streambandit topics create``."""
 
+import subprocess
+import sys
 import threading
 import time
 import uuid
 
 import numpy as np
 import pytest
-from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.wire import pack_snapshot
@@ -245,3 +248,72 @@ def test_a_partition_written_before_heads_existed_is_read_whole_until_the_next_s
         assert [bytes(d) for d in store(broker, topic).candidates(0)] == [latest, newest]
     finally:
         r.close()
+
+
+def cli(*args):
+    return subprocess.run(
+        [sys.executable, "-m", "streambandit", *args], capture_output=True, text=True, timeout=120
+    )
+
+
+@pytest.mark.brokers("tansu", "kafka")
+def test_topics_create_gives_each_topic_its_settings_and_reports_existing_ones_that_differ(
+    broker, tmp_path
+):
+    tag = uuid.uuid4().hex[:8]
+    names = {k: f"{k}-{tag}" for k in ("contexts", "rewards", "actions", "joined", "dead_letter")}
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        f'[kafka]\n"bootstrap.servers" = "{broker.bootstrap_servers}"\n[worker]\n'
+        f'group_id = "g-{tag}"\nsnapshot_topic = "snaps-{tag}"\n[topics]\n'
+        + "".join(f'{k} = "{v}"\n' for k, v in names.items())
+        + '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\n'
+        "default_reward = 0.0\n"
+    )
+    made = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
+    assert made.returncode == 0, made.stderr
+    assert (
+        made.stdout.count(": created\n") == 5 and f"snaps-{tag}: created (compacted)" in made.stdout
+    )
+    admin = broker.admin()
+
+    def settings(topic):
+        res = ConfigResource(ConfigResource.Type.TOPIC, topic)
+        return {k: e.value for k, e in admin.describe_configs([res])[res].result(10).items()}
+
+    for t in (names["contexts"], names["rewards"]):
+        assert settings(t)["message.timestamp.type"] == "LogAppendTime"
+    assert settings(names["joined"])["retention.ms"] == "-1"
+    snaps = settings(f"snaps-{tag}")
+    assert snaps["cleanup.policy"] == "compact"
+    assert (snaps["segment.ms"], snaps["max.compaction.lag.ms"]) == ("60000", "600000")
+    md = admin.list_topics(timeout=10)
+    # One broker here: one replica each (three, with min.insync.replicas 2, on three or more).
+    assert all(
+        len(p.replicas) == 1 for t in [*names.values()] for p in md.topics[t].partitions.values()
+    )
+    again = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
+    assert again.returncode == 0 and again.stdout.count(": exists\n") == 6, again.stdout
+
+    # Topics made otherwise: another partition count, a joined log that expires in a day.
+    tag2 = uuid.uuid4().hex[:8]
+    other = cfg.read_text().replace(tag, tag2)
+    cfg.write_text(other)
+    for fut in admin.create_topics(
+        [
+            NewTopic(f"rewards-{tag2}", num_partitions=4, replication_factor=1),
+            NewTopic(
+                f"joined-{tag2}",
+                num_partitions=2,
+                replication_factor=1,
+                config={"retention.ms": "86400000"},
+            ),
+        ]
+    ).values():
+        fut.result(10)
+    mixed = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
+    assert mixed.returncode == 1
+    assert f"rewards-{tag2}: exists, differs: 4 partitions (asked 2)" in mixed.stdout
+    assert f"joined-{tag2}: exists, differs: retention.ms=86400000 (asked -1)" in mixed.stdout
+    assert f"contexts-{tag2}: created\n" in mixed.stdout
+    assert f"partition counts differ from --partitions 2: rewards-{tag2}" in mixed.stderr
