@@ -55,6 +55,7 @@ from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.config.kafka import for_client, reader_settings
 from streambandit.engine.chains import compose
 from streambandit.errors import StreambanditError
+from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.logs import read_range
 from streambandit.wire import Snapshot, SnapshotError, unpack_snapshot
 
@@ -401,8 +402,11 @@ class TopicStore:
         # It reads ranges of records that are there (a few per candidates call): a fetch need not
         # wait for more, and the embedded broker holds one for its whole fetch.wait.max.ms even
         # when records are there (docs/notes/tansu.md). The worker's own setting, if any, wins.
+        # librdkafka's lines through the worker's logger, repeats held back (kafka_checks): a
+        # broker that is away is otherwise a line on stderr per reconnect attempt of each client.
+        quiet = {"logger": kafka_logger()}
         self._reader = Consumer(
-            {"fetch.wait.max.ms": 10} | reader_settings(bootstrap_servers, user)
+            {"fetch.wait.max.ms": 10} | reader_settings(bootstrap_servers, user) | quiet
         )
         try:
             self.partitions = self._partition_count()
@@ -424,6 +428,7 @@ class TopicStore:
                 # batching anyway.
                 "batch.num.messages": 1,
                 "message.max.bytes": max(1_000_000, max_chunk_bytes + _CHUNK.size + 1024),
+                **quiet,
             }
         )
         self._slots: dict[int, list[_Slot]] = {}
@@ -431,7 +436,7 @@ class TopicStore:
         self._scope = ""
         #: The ranges the last ``candidates`` or save read (what a handoff costs: tests, benchmarks).
         self.last_read: list[ReadStats] = []
-        self._check_compacted(bootstrap_servers, user)
+        self._check_compacted(bootstrap_servers, user | quiet)
 
     def scoped(self, group: str) -> "TopicStore":
         """This store's clients, reading and writing only ``group``'s snapshots."""
