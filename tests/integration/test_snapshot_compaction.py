@@ -10,8 +10,10 @@ import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import TIMESTAMP_CREATE_TIME, TIMESTAMP_LOG_APPEND_TIME, Producer
 from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic
 
+from streambandit.dev.kafka import ApacheKafka
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
 from streambandit.wire import pack_snapshot
 
@@ -292,6 +294,15 @@ def test_topics_create_gives_each_topic_its_settings_and_reports_existing_ones_t
     assert all(
         len(p.replicas) == 1 for t in [*names.values()] for p in md.topics[t].partitions.values()
     )
+    # Apache Kafka stamps an input record with its own clock; the embedded broker keeps the
+    # setting but not the behaviour (docs/notes/tansu.md).
+    prod = Producer({"bootstrap.servers": broker.bootstrap_servers})
+    prod.produce(names["contexts"], key=b"k", value=b"v", partition=0, timestamp=1000)
+    assert prod.flush(10) == 0
+    (stamped,) = read_all(broker, names["contexts"])
+    want = TIMESTAMP_LOG_APPEND_TIME if isinstance(broker, ApacheKafka) else TIMESTAMP_CREATE_TIME
+    assert stamped.timestamp()[0] == want
+    assert (stamped.timestamp()[1] > 1000) == (want == TIMESTAMP_LOG_APPEND_TIME)
     again = cli("topics", "create", "--config", str(cfg), "--partitions", "2")
     assert again.returncode == 0 and again.stdout.count(": exists\n") == 6, again.stdout
 
