@@ -42,6 +42,7 @@ import os
 import re
 import struct
 import sys
+import time
 import zlib
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Protocol
@@ -193,6 +194,13 @@ _KEY = re.compile(rb"(?:([^/]+)/)?p(\d+)/s(\d+)/(\d+)")
 # (-1: none), offset of its chunk 0 (-1: not known), chunk keys that may be live (0..span-1)
 _HEAD = struct.Struct("<2sBB" + "qqI" * _SLOTS)
 _HEAD_MAGIC = b"SH"
+_LEADER_MOVING = frozenset(
+    (
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.UNKNOWN_TOPIC_OR_PART,
+    )
+)
 _HEAD_VERSION = 1
 
 
@@ -507,6 +515,27 @@ class TopicStore:
         )
         return msgs
 
+    def _watermarks(self, tp: int) -> tuple[int, int]:
+        """The partition's first and next offsets, asked again while its leader moves: a topic
+        created a moment ago, or a broker that just failed, answers NOT_LEADER_FOR_PARTITION
+        until the new leader serves it, and librdkafka does not retry a ListOffsets."""
+        deadline = time.monotonic() + self.timeout_s
+        while True:
+            try:
+                lo, hi = self._reader.get_watermark_offsets(
+                    TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False
+                )
+                return int(lo), int(hi)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if (
+                    not isinstance(err, KafkaError)
+                    or err.code() not in _LEADER_MOVING
+                    or time.monotonic() >= deadline
+                ):
+                    raise
+                time.sleep(0.1)
+
     def _newest_head(self, partition: int, tp: int, lo: int, hi: int) -> tuple[_Head | None, list]:
         """The partition's newest head record, and the records read back from ``hi`` to find it
         (all of them from ``lo`` when there is none). The head is normally the last record: the
@@ -583,9 +612,7 @@ class TopicStore:
     def _look(self, partition: int) -> _Look:
         """The slots as a reader finds them from the newest head on (module docstring)."""
         tp = self._topic_partition(partition)
-        lo, hi = self._reader.get_watermark_offsets(
-            TopicPartition(self.topic, tp), timeout=self.timeout_s, cached=False
-        )
+        lo, hi = self._watermarks(tp)
         self.last_read = []
         head, msgs = self._newest_head(partition, tp, lo, hi)
         first = head.slots[head.newest][1] if head is not None else lo
