@@ -97,9 +97,10 @@ class SnapshotWriter:
         metrics.setdefault("snapshot_forks", 0)
         self.lock = threading.Lock()
         self.reads = LockedReads(store, self.lock)
-        # (partition, header, the snapshot to pack or None, the forked child writing it or None)
+        # (partition, header, the snapshot to pack or None, the forked child writing it or None,
+        # when it was handed over)
         self._queue: queue.Queue[
-            tuple[int, SnapshotHeader, Snapshot | None, tuple[int, int, bool] | None] | None
+            tuple[int, SnapshotHeader, Snapshot | None, tuple[int, int, bool] | None, float] | None
         ] = queue.Queue()
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._done = threading.Condition()
@@ -113,7 +114,7 @@ class SnapshotWriter:
         snap = Snapshot.of(snap)
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, snap.header, snap, None))
+        self._queue.put((partition, snap.header, snap, None, time.monotonic()))
 
     def submit_forked(
         self,
@@ -149,7 +150,7 @@ class SnapshotWriter:
         self.metrics["snapshot_forks"] += 1
         with self._done:
             self._in_flight[partition] += 1
-        self._queue.put((partition, head, None, (pid, read_end, not direct)))
+        self._queue.put((partition, head, None, (pid, read_end, not direct), time.monotonic()))
 
     def busy(self, partition: int) -> bool:
         with self._done:
@@ -183,7 +184,7 @@ class SnapshotWriter:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            partition, head, snap, child = item
+            partition, head, snap, child, handed_over = item
             started = time.monotonic()
             kind = "increment" if head.seq else "base"
             try:
@@ -217,8 +218,11 @@ class SnapshotWriter:
                 self.metrics["snapshot_increments" if head.seq else "snapshot_bases"] += 1
                 self.metrics["snapshot_bytes"] = size
                 self.metrics["snapshot_write_us"] = int((time.monotonic() - started) * 1e6)
+                # age_ms: from the state taken to the snapshot stored. A process that was stopped
+                # (a zombie) logs its earlier snapshots late, and this tells them apart.
                 log.info(
-                    "snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d%s",
+                    "snapshot partition=%d %s chain=%d seq=%d bytes=%d models=%d pending=%d "
+                    "age_ms=%d%s",
                     partition,
                     kind,
                     head.chain,
@@ -226,6 +230,7 @@ class SnapshotWriter:
                     size,
                     models,
                     pending,
+                    (time.monotonic() - handed_over) * 1000,
                     "" if child is None else " forked",
                 )
             finally:

@@ -22,7 +22,13 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
    ``poll``, ``commit_transaction`` or ``abort_transaction``.
 3. **Offsets.** The next offset to process of every input partition held (last processed + 1) is
    added to the transaction with the consumer group's metadata (``send_offsets_to_transaction``),
-   so that a stale owner of the group is fenced (KIP-447).
+   so that a stale owner of the group is fenced (KIP-447). The coordinator checks the member id
+   and generation the metadata names, but accepts metadata that names none, as it accepts an old
+   client's commit; and librdkafka clears its member id the moment it finds its session timed
+   out (a frozen or starved process, whose partitions the group has given away). A commit whose
+   metadata was taken then would be accepted on partitions another member owns, so
+   :func:`group_metadata` refuses it (6): it reads the member id before and after taking the
+   metadata, and a member id that was empty or changed (a rejoin gets a new one) fails the batch.
 4. **Commit.** ``commit_transaction`` first flushes every record produced, serving their delivery
    reports, and fails with an abortable error if any of them failed. A commit it accepts holds
    every output and every offset of the batch; one that fails abortable holds none; one that
@@ -96,7 +102,13 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit.stream.errors import WorkerError
 
-__all__ = ["Transaction", "TransactionFailed", "TransactionFatal", "note_failed_delivery"]
+__all__ = [
+    "Transaction",
+    "TransactionFailed",
+    "TransactionFatal",
+    "group_metadata",
+    "note_failed_delivery",
+]
 
 log = logging.getLogger("streambandit")
 
@@ -114,6 +126,27 @@ class TransactionFailed(Exception):
 
 class TransactionFatal(WorkerError):
     """The producer cannot go on (fenced, or a fatal librdkafka error); the worker must stop."""
+
+
+def group_metadata(consumer: Any) -> Any:
+    """Step 3's group metadata, taken while the consumer is a member of the group throughout; else
+    :class:`TransactionFailed` (``UNKNOWN_MEMBER_ID``), for the caller to abort and rebuild: a
+    session that timed out leaves librdkafka with no member id, and metadata without one would be
+    accepted unchecked. The partitions' loss reaches the worker at its next poll."""
+    before = consumer.memberid()
+    metadata = consumer.consumer_group_metadata()
+    after = consumer.memberid()
+    if not before or after != before:
+        raise TransactionFailed(
+            KafkaException(
+                KafkaError(
+                    KafkaError.UNKNOWN_MEMBER_ID,
+                    "this consumer is no longer a member of its group (its session timed out "
+                    "or it left): the group has given its partitions to another member",
+                )
+            )
+        )
+    return metadata
 
 
 def note_failed_delivery(errors: list, err: KafkaError | None, msg: Any) -> None:

@@ -40,7 +40,12 @@ from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
-from streambandit.stream.transaction import Transaction, TransactionFailed, note_failed_delivery
+from streambandit.stream.transaction import (
+    Transaction,
+    TransactionFailed,
+    group_metadata,
+    note_failed_delivery,
+)
 from streambandit.wire import Snapshot, SnapshotHeader
 
 __all__ = ["Worker", "WorkerError", "freeze_long_lived"]
@@ -107,15 +112,17 @@ class Worker:
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
         quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
-        self.consumer = Consumer(
-            consumer_settings(
-                c.bootstrap_servers,
-                c.group_id,
-                c.kafka,
-                self.transactional_id if c.static_membership else None,
-            )
-            | quiet
+        settings = consumer_settings(
+            c.bootstrap_servers,
+            c.group_id,
+            c.kafka,
+            self.transactional_id if c.static_membership else None,
         )
+        self.consumer = Consumer(settings | quiet)
+        # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
+        self._session_s = float(settings.get("session.timeout.ms", 45_000)) / 1000
+        self._polled = time.monotonic()  # when the last consume() returned
+        self._snapshots_held_until = 0.0
         delivery_errors: list = []
         producer = Producer(
             producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
@@ -346,7 +353,7 @@ class Worker:
                 return len(msgs)
             offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
             committing = time.monotonic()
-            self.transaction.commit(offsets, self.consumer.consumer_group_metadata())
+            self.transaction.commit(offsets, group_metadata(self.consumer))
         except TransactionFailed as failure:
             self.metrics["transaction_aborts"] += 1
             self.batch.times.clear()
@@ -442,6 +449,7 @@ class Worker:
             msgs = self.consumer.consume(1, timeout_ms / 1000)
             if msgs:
                 msgs += self.consumer.consume(n - 1, 0)
+        self._polled = time.monotonic()
         return msgs
 
     def _inputs_behind(self) -> dict[int, tuple[bool, bool]]:
@@ -504,6 +512,23 @@ class Worker:
 
     def _maybe_snapshot(self) -> None:
         now = time.monotonic()
+        if now - self._polled > self._session_s / 2:
+            # A step this long may be a process that was stopped (SIGSTOP, a paused VM), its
+            # heartbeats with it: the group may have given its partitions to another member, and
+            # librdkafka not know it yet (its commit may still succeed, had the transaction's
+            # offsets been accepted before the stop). A snapshot now could pair this worker's
+            # offsets with the new owner's log ends. Held back one session: by then a heartbeat
+            # has been answered, and a loss reaches _on_lost at a poll.
+            self._snapshots_held_until = now + self._session_s
+            log.warning(
+                "a step took %.1f s, more than half the group session (%.0f s): no snapshot for "
+                "%.0f s, until the group has confirmed this worker's partitions",
+                now - self._polled,
+                self._session_s,
+                self._session_s,
+            )
+        if now < self._snapshots_held_until:
+            return
         for p in self.writer.take_failures():
             if p in self.partitions:
                 self.partitions[

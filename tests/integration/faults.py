@@ -172,14 +172,13 @@ def held_partitions(text: str) -> set[int]:
     return out
 
 
-def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32, first: int = 0) -> list:
+def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32) -> list:
     """``n`` contexts on ``keys`` models (every partition gets some), a reward 50 ms of event time
     later for about 70% of them, and a malformed record every 5,000 contexts (dead-lettered);
-    produced in event-time order. ``first``: the index of the first context, to continue an
-    earlier backlog in event time. The sent records, with their positions once flushed."""
+    produced in event-time order. The sent records, with their positions once flushed."""
     rng = np.random.default_rng(seed)
     sent = []
-    for i in range(first, first + n):
+    for i in range(n):
         key = f"m-{int(rng.integers(keys))}"
         ts = 1_000 + 2 * i
         ctx = Context(f"e{i}", key, ts, ("a", "b", "c"), rng.standard_normal((3, 3)) / 2)
@@ -291,12 +290,26 @@ class TransactionProbe:
             for level in ("read_committed", "read_uncommitted")
         ]
 
-    def open(self) -> bool:
-        ends = [
+    def _ends(self) -> list[list[int]]:
+        return [
             [c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps]
             for c in self.clients
         ]
-        return any(a < b for a, b in zip(*ends))
+
+    def open(self) -> bool:
+        return any(a < b for a, b in zip(*self._ends()))
+
+    def held(self) -> dict[TopicPartition, int]:
+        """Where a transaction is open now: each such partition's last stable offset."""
+        stable, ends = self._ends()
+        return {tp: a for tp, a, b in zip(self.tps, stable, ends) if a < b}
+
+    def ended(self, held: dict[TopicPartition, int]) -> bool:
+        """Whether the transactions open when ``held`` was taken have all ended (committed or
+        aborted): the last stable offset of each partition has moved past where it stood, though
+        others may since have opened transactions there."""
+        stable = dict(zip(self.tps, self._ends()[0]))
+        return all(stable[tp] > lso for tp, lso in held.items())
 
     def close(self) -> None:
         for c in self.clients:

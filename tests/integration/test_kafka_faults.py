@@ -2,6 +2,7 @@
 its partitions, then resumed, inside a transaction or idle; and the open transactions of dead
 producers in front of a killed worker's log, which its restart waits out (fenced, timed out)."""
 
+import datetime
 import os
 import re
 import signal
@@ -23,20 +24,37 @@ from .helpers import caught_up, committed_offsets, producer, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
+def snapshots_taken_after(log_text: str, partition: int, wall_s: float) -> list[str]:
+    """The log's snapshot lines of ``partition`` whose state was taken after ``wall_s``: logged
+    when stored, less their ``age_ms``."""
+    found = []
+    for m in re.finditer(
+        rf"^(\S+ \S+) INFO streambandit snapshot partition={partition} .*age_ms=(\d+).*$",
+        log_text,
+        re.M,
+    ):
+        stored = datetime.datetime.strptime(m[1], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        if stored - int(m[2]) / 1000 > wall_s:
+            found.append(m[0])
+    return found
+
+
 def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
     kafka_broker, tmp_path
 ):
     """Two workers drain a backlog; one is frozen (SIGSTOP) inside a transaction until its session
     times out and the other is assigned its partition, and resumed before its transaction times
     out. The survivor's recovery waits for that transaction; the zombie's commit is refused (its
-    group generation is stale: KIP-447), it aborts, and it rejoins or stops. Afterwards every
+    group generation is stale: KIP-447) and it aborts, or the commit had got past that check and
+    completes; it stores no snapshot of the lost partition, and rejoins or stops. Afterwards every
     context has exactly one committed action and the state is, to the bit, that of one worker
     never disturbed."""
     n, parts = 30_000, 2
     topics, ref_topics = make_topics(kafka_broker, parts)
-    prod = producer(kafka_broker)
-    sent = backlog(prod, topics, n, seed=3)
-    g = Group(kafka_broker, tmp_path, "zombie", topics)
+    sent = backlog(producer(kafka_broker), topics, n, seed=3)
+    # Batches of 100 records: a transaction is open most of the time, and the backlog lasts
+    # seconds, on a fast machine too (with 5,000 one drained its partition in about a second).
+    g = Group(kafka_broker, tmp_path, "zombie", topics, worker={"batch_max_records": 100})
     try:
         a = g.start("a")
         g.start("b")
@@ -46,26 +64,24 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
         )
         (pa,) = g.held("a")
         assert wait_for(
-            lambda: committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] > 2_000,
+            lambda: committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] > 0,
             timeout_s=60,
         ), "no progress"
         probe = TransactionProbe(kafka_broker, topics, [pa])
         try:
-            for attempt in range(50):
-                if not wait_for(probe.open, timeout_s=5, interval_s=0.01):
-                    # A fast machine drains the backlog before a look finds a transaction open:
-                    # more of the same stream, later in event time.
-                    sent += backlog(prod, topics, 10_000, seed=100 + attempt, first=n)
-                    n += 10_000
-                    continue
+            for _ in range(50):
+                assert wait_for(probe.open, timeout_s=10, interval_s=0.01), "drained"
                 os.kill(a.pid, signal.SIGSTOP)
-                if probe.open():
+                held = probe.held()
+                time.sleep(0.5)  # a commit already sent completes without the process
+                if held and not probe.ended(held):
                     break
                 os.kill(a.pid, signal.SIGCONT)  # it committed between the look and the stop
             else:
                 pytest.fail("never stopped inside a transaction")
             frozen = time.monotonic()
-            before = committed_offsets(kafka_broker, "zombie", topics.contexts)[pa]
+            # Not the stable offsets: those wait for the frozen transaction if it holds some.
+            before = committed_offsets(kafka_broker, "zombie", topics.contexts, stable=False)[pa]
             both = g.text("b").count("rebalance: assigned partitions=[0, 1]")
             # The zombie's session (6 s) times out; the survivor is assigned both partitions and
             # recovers the zombie's only once that transaction has ended.
@@ -75,24 +91,37 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
             ), g.text("b")[-3000:]
             time.sleep(3)
             assert pa not in g.held("b"), "recovered while a transaction was open on its logs"
-            assert probe.open()
-            assert committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] == before
+            assert not probe.ended(held)
+            assert (
+                committed_offsets(kafka_broker, "zombie", topics.contexts, stable=False)[pa]
+                == before
+            )
             lines_before = len(g.text("a").splitlines())
             os.kill(a.pid, signal.SIGCONT)
-            resumed = time.monotonic()
+            resumed, resumed_wall = time.monotonic(), time.time()
             assert resumed - frozen < 25, "the transaction may have timed out (30 s) instead"
             assert wait_for(lambda: pa in g.held("b"), timeout_s=30), g.text("b")[-3000:]
-            assert not probe.open()
+            # The zombie's transaction has ended (the survivor's own may be open there now).
+            assert probe.ended(held)
         finally:
             probe.close()
 
         def after() -> str:  # the zombie's log since it was resumed
             return "\n".join(g.text("a").splitlines()[lines_before:])
 
-        # Its commit names a generation of the group it is no longer a member of (KIP-447).
-        assert wait_for(lambda: "transaction failed" in after(), timeout_s=30), after()[-3000:]
-        failed = after()[after().index("transaction failed") :].splitlines()[0]
-        assert re.search("UNKNOWN_MEMBER_ID|ILLEGAL_GENERATION|FENCED", failed), failed
+        # Its commit names a generation of the group it is no longer a member of (KIP-447), or
+        # no member at all once librdkafka has seen its session run out, which the worker
+        # refuses itself. Or, stopped after the coordinator had accepted its offsets, the commit
+        # completes on resuming (the survivor waited for it): then that long step holds back its
+        # snapshots until the group has answered.
+        assert wait_for(
+            lambda: "transaction failed" in after() or "partition lost" in after(), timeout_s=30
+        ), after()[-3000:]
+        if "transaction failed" in after():
+            failed = after()[after().index("transaction failed") :].splitlines()[0]
+            assert re.search("UNKNOWN_MEMBER_ID|ILLEGAL_GENERATION|FENCED", failed), failed
+        else:
+            assert "more than half the group session" in after(), after()[-3000:]
         # Then it hears that its partition was lost, stores no snapshot of it, and rejoins (or,
         # had librdkafka judged the error fatal, stops with a line saying why).
         assert wait_for(
@@ -102,7 +131,8 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
             assert "fatal producer error" in after(), after()[-3000:]
         until = after().find("rebalance: assigned")
         assert f"partition lost partition={pa}" in after()[:until], after()[-3000:]
-        assert not re.search(rf"snapshot partition={pa} ", after()[:until]), after()[-3000:]
+        # A snapshot taken before the freeze may be logged only now; none may be taken since.
+        assert not snapshots_taken_after(after()[:until], pa, resumed_wall), after()[-3000:]
         assert wait_for(
             lambda: caught_up(kafka_broker, topics, "zombie", sent, parts), timeout_s=120
         ), "the group did not catch up"
@@ -182,6 +212,7 @@ def test_a_frozen_idle_worker_resumed_after_its_partitions_moved_writes_no_snaps
 
         lines_before = len(g.text("a").splitlines())
         os.kill(a.pid, signal.SIGCONT)
+        resumed_wall = time.time()
 
         # It learns that its partitions were lost, rejoins, and the group shares them again.
         def after() -> str:
@@ -192,8 +223,12 @@ def test_a_frozen_idle_worker_resumed_after_its_partitions_moved_writes_no_snaps
             timeout_s=60,
         ), (after()[-3000:], g.text("b")[-3000:])
         first_assign = after().find("rebalance: assigned")
-        written = re.findall(r"snapshot partition=(\d+) ", after()[:first_assign])
-        assert not written, f"the zombie stored snapshots of partitions {written} it had lost"
+        written = [
+            line
+            for p in range(parts)
+            for line in snapshots_taken_after(after()[:first_assign], p, resumed_wall)
+        ]
+        assert not written, f"the zombie stored snapshots of partitions it had lost: {written}"
         g.stop()
     finally:
         g.kill_all()
@@ -203,8 +238,6 @@ def test_a_frozen_idle_worker_resumed_after_its_partitions_moved_writes_no_snaps
 
 def _logged_at(text: str, line: str) -> float | None:
     """The wall time of the first log line containing ``line``."""
-    import datetime
-
     for ln in text.splitlines():
         if line in ln:
             stamp = datetime.datetime.strptime(ln[:23], "%Y-%m-%d %H:%M:%S,%f")

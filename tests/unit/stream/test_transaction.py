@@ -28,6 +28,7 @@ from streambandit.stream.transaction import (
     Transaction,
     TransactionFailed,
     TransactionFatal,
+    group_metadata,
     note_failed_delivery,
 )
 
@@ -265,6 +266,15 @@ class FakeConsumer:
             rng  # interleaves the partitions at random; without, one partition after the other
         )
         self.seeks: list[tuple[int, int]] = []
+        self.member_id = "member-1"  # librdkafka's: empty once its session timed out
+        self.while_taking_metadata = lambda: None  # what happens on the group meanwhile
+
+    def memberid(self) -> str:
+        return self.member_id
+
+    def consumer_group_metadata(self) -> object:
+        self.while_taking_metadata()
+        return GROUP_METADATA
 
     def consume(self, n: int, timeout: float) -> list[tuple[int, int]]:
         """Up to ``n`` records as (partition, offset)."""
@@ -317,7 +327,8 @@ class Loop:
             if not self.txn.open:
                 return "no output"
             self.txn.commit(
-                [TopicPartition(IN, p, off) for p, off in self.next_offset.items()], GROUP_METADATA
+                [TopicPartition(IN, p, off) for p, off in self.next_offset.items()],
+                group_metadata(self.consumer),
             )
         except TransactionFailed as failure:
             self.txn.abort(failure)
@@ -493,6 +504,36 @@ FENCED = {
         err(KafkaError.INVALID_PRODUCER_EPOCH, fatal=True),
     ),
 }
+
+
+@pytest.mark.parametrize("when", ["before", "while"])
+def test_a_consumer_whose_session_timed_out_commits_nothing_and_the_batch_is_read_again(when):
+    """librdkafka clears its member id when it finds its session timed out, and the coordinator
+    accepts a commit whose metadata names no member unchecked: the batch must not commit, on
+    partitions the group may have given to another member, whether the session ran out before
+    the commit or while its metadata was taken (the rejoin then has a new member id)."""
+    sizes = {0: 40, 1: 40}
+    broker, loop = committed_loop(sizes, 20)
+    before = dict(broker.offsets)
+    if when == "before":
+        loop.consumer.member_id = ""
+    else:
+
+        def timed_out_and_rejoined() -> None:
+            loop.consumer.member_id = "member-2"
+
+        loop.consumer.while_taking_metadata = timed_out_and_rejoined
+    assert loop.step(20) == "aborted"
+    assert broker.offsets == before and broker.outputs(0) + broker.outputs(1) == [
+        o for p in sizes for o in expected_outputs(p, before.get(p, 0))
+    ]
+    assert "send_offsets_to_transaction" not in loop.producer.calls
+    assert "abort_transaction" in loop.producer.calls
+    # A member again (the next poll hands over the loss or the new assignment): it goes on.
+    loop.consumer.member_id, loop.consumer.while_taking_metadata = "member-3", lambda: None
+    assert loop.step(100) == "committed"
+    for p in sizes:
+        assert broker.outputs(p) == expected_outputs(p, broker.offsets[p])
 
 
 @pytest.mark.parametrize("fault", FENCED.values(), ids=FENCED.keys())
