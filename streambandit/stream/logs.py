@@ -10,6 +10,7 @@ redo of an aborted batch writes the same records again later in the log.
 
 from __future__ import annotations
 
+import logging
 import time
 from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
@@ -25,6 +26,8 @@ __all__ = [
     "LogReader",
     "OpenTransactionTimeout",
 ]
+
+log = logging.getLogger("streambandit")
 
 
 class Logged(Protocol):
@@ -153,6 +156,10 @@ class LogReader:
     read_uncommitted one): the open transaction commits, is aborted by its producer's restart
     (same transactional id), or is aborted by the broker after the transaction timeout. Past
     that bound it raises :class:`OpenTransactionTimeout` naming the partition.
+
+    A partition whose leader is moving (its broker died: not the leader any more, no leader
+    known yet, a request that timed out) answers again once the cluster has elected another,
+    within seconds: such errors are waited out within the same bound, not raised at once.
     """
 
     def __init__(self, settings: dict[str, Any], open_timeout_s: float) -> None:
@@ -164,9 +171,40 @@ class LogReader:
         """The end of ``topic[partition]`` once no transaction is open on it (see the class)."""
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + self.open_timeout_s
+        failing = None
         while True:
-            _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
-            _, end = self.uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
+            try:
+                _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
+                _, end = self.uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else None
+                if isinstance(err, KafkaError) and err.fatal():
+                    raise
+                if time.monotonic() >= deadline:
+                    raise WorkerError(
+                        f"{topic}[{partition}]: where the log ends could not be read within "
+                        f"{self.open_timeout_s:.0f} s: {err}"
+                    ) from exc
+                if failing is None:
+                    log.warning(
+                        "log end of %s[%d] not readable yet error=%s; retrying",
+                        topic,
+                        partition,
+                        err,
+                    )
+                failing = err
+                # A leader this client has not learnt of yet: librdkafka does not look for it by
+                # itself for a partition that it neither consumes nor produces to.
+                for client in (self.committed, self.uncommitted):
+                    try:
+                        client.list_topics(topic, timeout=2)
+                    except KafkaException:
+                        pass
+                time.sleep(0.2)
+                continue
+            if failing is not None:
+                log.info("log end of %s[%d] readable again", topic, partition)
+                failing = None
             if stable >= end:
                 return int(stable)
             if time.monotonic() >= deadline:

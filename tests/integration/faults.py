@@ -4,6 +4,7 @@ is never disturbed, and the comparison that says the disturbed group ended exact
 
 from __future__ import annotations
 
+import itertools
 import re
 import threading
 import time
@@ -195,19 +196,21 @@ def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32) -> list:
 
 
 class Flow:
-    """Contexts and rewards as a live application produces them, on a thread, ``periods`` periods
-    of ``per_period`` contexts every ``pace_s``. Each period's contexts are flushed before its
-    rewards and those before the next period's contexts, event time growing in that order, so
-    the merge order of a worker reading live equals that of one reading the backlog afterwards.
-    A produce the cluster refuses for a while (a node down) is retried by the idempotent
-    producer: the input is the same, once each, whatever fails."""
+    """Contexts and rewards as a live application produces them, on a thread: a period of
+    ``per_period`` contexts every ``pace_s`` until :meth:`finish`. Each period's contexts are
+    flushed before its rewards and those before the next period's contexts, event time growing in
+    that order, so the merge order of a worker reading live equals that of one reading the backlog
+    afterwards. A produce the cluster cannot take for a while (a node down) is retried by the
+    idempotent producer: the input is the same, each record once, whatever fails."""
 
-    def __init__(self, prod, topics: Topics, periods: int, pace_s: float, per_period: int = 24):
+    def __init__(self, prod, topics: Topics, pace_s: float = 0.1, per_period: int = 24):
         self.prod, self.topics = prod, topics
-        self.periods, self.pace_s, self.per_period = periods, pace_s, per_period
+        self.pace_s, self.per_period = pace_s, per_period
         self.sent: list = []
         self.failures: list = []
-        self.period = 0
+        self.periods = 0  # produced whole
+        self.malformed = 0
+        self._finish = threading.Event()
         self.done = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -223,8 +226,9 @@ class Flow:
         try:
             rng = np.random.default_rng(7)
             n, started = 0, time.monotonic()
-            for period in range(self.periods):
-                self.period = period
+            for period in itertools.count():
+                if self._finish.is_set():
+                    break
                 time.sleep(max(0.0, started + period * self.pace_s - time.monotonic()))
                 base = 1_000 + period * 100
                 rewarded = []
@@ -245,6 +249,7 @@ class Flow:
                     self.sent.append(
                         send_tracked(self.prod, self.topics.contexts, b"m-0", b"\x00garbage")
                     )
+                    self.malformed += 1
                 self._flush()
                 for r in rewarded:
                     self.sent.append(
@@ -253,6 +258,7 @@ class Flow:
                         )
                     )
                 self._flush()
+                self.periods += 1
         except BaseException as exc:  # noqa: BLE001 (reported by the test)
             self.failures.append(exc)
         finally:
@@ -264,8 +270,10 @@ class Flow:
         while self.prod.flush(5) > 0:
             pass
 
-    def wait(self, timeout_s: float) -> None:
-        assert self.done.wait(timeout_s), f"the flow did not finish (period {self.period})"
+    def finish(self, timeout_s: float = 120) -> None:
+        """Stop after the period being produced; raise what the thread raised."""
+        self._finish.set()
+        assert self.done.wait(timeout_s), f"the flow did not finish (period {self.periods})"
         assert not self.failures, self.failures
 
 
@@ -316,9 +324,11 @@ class TransactionProbe:
             c.close()
 
 
-def run_reference(broker, tmp, ref_topics: Topics, sent: list, partitions: int) -> Group:
+def run_reference(
+    broker, tmp, ref_topics: Topics, sent: list, partitions: int, worker: dict | None = None
+) -> Group:
     """One worker that nothing disturbs, over the same input, to its own outputs."""
-    ref = Group(broker, tmp, "ref", ref_topics)
+    ref = Group(broker, tmp, "ref", ref_topics, worker=worker)
     ref.start("ref")
     try:
         assert wait_for(

@@ -1,0 +1,60 @@
+"""Broker faults on a three-node Apache Kafka cluster (replication 3, min.insync.replicas 2) while
+events flow: the leader of an input partition and then the transaction coordinator's node killed
+and restarted. The run ends, exactly once and to the bit, as one worker that no fault touched."""
+
+import time
+
+import pytest
+
+from .faults import Flow, Group, assert_same_as_reference, make_topics, run_reference
+from .helpers import caught_up, producer, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+PARTS = 2
+# A failover stalls one input for seconds (a dead node is fenced after 4 s): records of the other
+# input wait for it this long rather than be merged ahead of it (docs/design.md, invariant 5).
+WORKER = {"merge_wait_ms": 8000}
+PACE_S = 0.2  # a period of 24 contexts and their rewards
+
+
+def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_path):
+    """A worker serves both partitions while events flow. The node leading contexts[0] is
+    SIGKILLed: the input, the outputs and the group's offsets it led move to the other nodes while
+    the worker fetches, produces and commits; it is started again and caught up. Then the node
+    now coordinating the worker's transactions is SIGKILLed, in the middle of a transaction or
+    between two, and started again. The worker rides both out (it exits 0 when stopped at the
+    end) and the outcome is the undisturbed worker's, to the bit."""
+    topics, ref_topics = make_topics(kafka_cluster, PARTS)
+    g = Group(kafka_cluster, tmp_path, "leaders", topics, worker=WORKER)
+    tid = "leaders-w"  # the worker's transactional id: <group>-<instance id>
+    flow = Flow(producer(kafka_cluster), topics, pace_s=PACE_S)
+    try:
+        g.start("w")
+        assert wait_for(lambda: g.held("w") == {0, 1}, timeout_s=60), g.text("w")[-3000:]
+        flow.start()
+        time.sleep(2)
+        for where in (
+            lambda: kafka_cluster.leader(topics.contexts, 0),
+            lambda: kafka_cluster.transaction_coordinator(tid),
+        ):
+            victim, before = where(), flow.periods
+            assert not flow.done.is_set()
+            kafka_cluster.kill(victim)
+            # Events flow while the node is down: its leaderships, the coordinator's among them,
+            # move once the controller has fenced it (4 s).
+            assert wait_for(lambda: where() not in (victim, -1), timeout_s=30)
+            assert wait_for(lambda: flow.periods > before + 5, timeout_s=30), "the flow stalled"
+            kafka_cluster.start_node(victim)
+            kafka_cluster.wait_in_sync()
+        time.sleep(2)
+        flow.finish()
+        assert wait_for(
+            lambda: caught_up(kafka_cluster, topics, "leaders", flow.sent, PARTS), timeout_s=120
+        ), g.text("w")[-3000:]
+        g.stop()
+    finally:
+        g.kill_all()
+        flow.finish()
+    ref = run_reference(kafka_cluster, tmp_path, ref_topics, flow.sent, PARTS, worker=WORKER)
+    assert_same_as_reference(kafka_cluster, g, ref, PARTS, flow.contexts, n_dead=flow.malformed)
