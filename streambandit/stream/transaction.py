@@ -235,8 +235,10 @@ class Transaction:
             hint = ""
             if err.code() in _FENCED:
                 hint = (
-                    f"; a newer producer with the transactional id {self.transactional_id!r} started: two live "
-                    f"workers must not share an instance id (--instance-id)"
+                    f"; a newer producer with the transactional id {self.transactional_id!r} started (two "
+                    f"live workers must not share an instance id, --instance-id), or the broker aborted "
+                    f"this transaction at its transaction.timeout.ms (the worker or the cluster stalled "
+                    f"that long)"
                 )
             raise TransactionFatal(f"fatal producer error: {err}{hint}") from exc
         try:

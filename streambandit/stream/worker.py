@@ -25,7 +25,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
 from streambandit.config.kafka import consumer_settings, producer_settings, reader_settings
 from streambandit.config.worker import WorkerConfig, snapshot_due
@@ -311,7 +311,12 @@ class Worker:
             self.consumer.close()
         finally:
             self.reader.close()
-            self.transaction.producer.flush(10)
+            try:
+                self.transaction.producer.flush(10)
+            except KafkaException as exc:
+                # A fenced or failed producer, most often why the worker stops: its flush raises
+                # too, and must not replace that reason, already on its way up, with its own.
+                log.warning("producer not flushed at stop error=%s", exc)
             if self.telemetry is not None:
                 self.telemetry.close()
 

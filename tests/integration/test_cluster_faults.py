@@ -1,7 +1,9 @@
 """Broker faults on a three-node Apache Kafka cluster (replication 3, min.insync.replicas 2) while
 events flow: the leader of an input partition and then the transaction coordinator's node killed
-and restarted. The run ends, exactly once and to the bit, as one worker that no fault touched."""
+and restarted; every node killed at once and restarted on its log directories. Each run ends,
+exactly once and to the bit, as one worker that no fault touched."""
 
+import re
 import time
 
 import pytest
@@ -56,5 +58,65 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
     finally:
         g.kill_all()
         flow.finish()
+    ref = run_reference(kafka_cluster, tmp_path, ref_topics, flow.sent, PARTS, worker=WORKER)
+    assert_same_as_reference(kafka_cluster, g, ref, PARTS, flow.contexts, n_dead=flow.malformed)
+
+
+def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
+    """Two workers share the partitions while events flow; one stops cleanly, and every node of
+    the cluster is killed at once and started again on its log directories while the other
+    worker runs. That one rides the outage out, or, when it outlasts a bound (a commit's 30 s, the
+    wait for a log's end), exits with one line saying why and is started again, as its supervisor
+    would. The stopped worker starts again too: both resume from their group's snapshots and the
+    committed offsets the restarted cluster kept, and the group ends as one undisturbed worker."""
+    topics, ref_topics = make_topics(kafka_cluster, PARTS)
+    g = Group(kafka_cluster, tmp_path, "restart", topics, worker=WORKER)
+    flow = Flow(producer(kafka_cluster), topics, pace_s=PACE_S)
+    try:
+        g.start("a")
+        g.start("b")
+        assert wait_for(lambda: len(g.held("a")) == len(g.held("b")) == 1, timeout_s=60), (
+            g.text("a")[-3000:],
+            g.text("b")[-3000:],
+        )
+        flow.start()
+        time.sleep(2)
+        g.stop("a")
+        assert wait_for(lambda: g.held("b") == {0, 1}, timeout_s=60), g.text("b")[-3000:]
+        time.sleep(1)
+        kafka_cluster.restart(kill=True)
+        at_restart = flow.periods
+        g.start("a")
+
+        def restarted_if_it_gave_up() -> None:
+            if g.procs["b"].poll() is None:
+                return
+            text = g.text("b")
+            assert g.procs["b"].returncode == 1, text[-3000:]
+            assert text.strip().splitlines()[-1].startswith("streambandit: error:"), text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+            g.start("b")
+
+        def whole() -> bool:
+            restarted_if_it_gave_up()
+            return g.starts("a") == 2 and bool(g.held("a")) and g.held("a") | g.held("b") == {0, 1}
+
+        assert wait_for(whole, timeout_s=90), (g.text("a")[-3000:], g.text("b")[-3000:])
+        time.sleep(2)
+        flow.finish()
+        assert flow.periods > at_restart, "the flow ended before the cluster was back"
+        assert wait_for(
+            lambda: caught_up(kafka_cluster, topics, "restart", flow.sent, PARTS), timeout_s=120
+        ), (g.text("a")[-3000:], g.text("b")[-3000:])
+        g.stop()
+    finally:
+        g.kill_all()
+        flow.finish()
+    # The restarted worker took its partition from a stored snapshot (models), not the whole log.
+    second = g.text("a").split("worker started")[-1]
+    resumed = re.findall(
+        r"partition assigned partition=\d+ recovered_in_ms=\d+ models=(\d+)", second
+    )
+    assert resumed and all(int(m) > 0 for m in resumed), second[-3000:]
     ref = run_reference(kafka_cluster, tmp_path, ref_topics, flow.sent, PARTS, worker=WORKER)
     assert_same_as_reference(kafka_cluster, g, ref, PARTS, flow.contexts, n_dead=flow.malformed)
