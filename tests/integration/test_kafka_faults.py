@@ -54,7 +54,15 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
     sent = backlog(producer(kafka_broker), topics, n, seed=3)
     # Batches of 100 records: a transaction is open most of the time, and the backlog lasts
     # seconds, on a fast machine too (with 5,000 one drained its partition in about a second).
-    g = Group(kafka_broker, tmp_path, "zombie", topics, worker={"batch_max_records": 100})
+    # The zombie's transaction must outlive the freeze, the survivor's wait for it too.
+    g = Group(
+        kafka_broker,
+        tmp_path,
+        "zombie",
+        topics,
+        worker={"batch_max_records": 100},
+        txn_timeout_ms=60_000,
+    )
     try:
         a = g.start("a")
         g.start("b")
@@ -99,7 +107,7 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
             lines_before = len(g.text("a").splitlines())
             os.kill(a.pid, signal.SIGCONT)
             resumed, resumed_wall = time.monotonic(), time.time()
-            assert resumed - frozen < 25, "the transaction may have timed out (30 s) instead"
+            assert resumed - frozen < 50, "the transaction may have timed out (60 s) instead"
             assert wait_for(lambda: pa in g.held("b"), timeout_s=30), g.text("b")[-3000:]
             # The zombie's transaction has ended (the survivor's own may be open there now).
             assert probe.ended(held)
@@ -319,9 +327,9 @@ def test_recovery_reads_the_log_behind_a_dead_producers_transaction_once_fenced_
         assert wait_for(lambda: g.held("w") == {0, 1}, timeout_s=60), run()[-3000:]
         p0 = _logged_at(run(), "partition assigned partition=0")
         p1 = _logged_at(run(), "partition assigned partition=1")
-        assert fenced_at - 0.1 <= p0 < fenced_at + 5, (p0 - fenced_at, "by the fencing")
+        assert fenced_at - 0.1 <= p0 < fenced_at + 10, (p0 - fenced_at, "by the fencing")
         timed_out = dead["timeout"][1] + dead_timeout_s
-        assert timed_out - 0.5 <= p1 < timed_out + 8, (p1 - timed_out, "by the timeout")
+        assert timed_out - 0.5 <= p1 < timed_out + 12, (p1 - timed_out, "by the timeout")
         assert wait_for(lambda: caught_up(kafka_broker, topics, "open", sent, parts), 60)
         g.stop()
     finally:
