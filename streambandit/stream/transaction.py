@@ -69,7 +69,10 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
      broker had already accepted it, the broker has aborted the transaction and a resumed commit
      would fail too.
 
-8. **Stop.** On :class:`TransactionFatal` the worker leaves its loop, its transaction perhaps
+8. **Stop.** A call of 3, 4 or 7 that has not returned well past its own timeout (librdkafka
+   stuck once the coordinator it knew is gone) ends a ``serve`` process (stream/watchdog.py):
+   a crash, after which the next owner goes on as below. On :class:`TransactionFatal` the worker
+   leaves its loop, its transaction perhaps
    still open or still committing; it neither commits nor aborts again (``Worker.close`` only
    flushes the producer) and snapshots none of the batch's partitions (they are not settled).
    The broker applies the transaction whole or not at all: committed (a commit it accepted, or
@@ -101,6 +104,7 @@ from typing import Any
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit.stream.errors import WorkerError
+from streambandit.stream.watchdog import Watchdog
 
 __all__ = [
     "Transaction",
@@ -164,12 +168,18 @@ class Transaction:
     does 6, 8 and 9). ``open``: whether a transaction is open."""
 
     def __init__(
-        self, producer: Producer, delivery_errors: list, transactional_id: str = ""
+        self,
+        producer: Producer,
+        delivery_errors: list,
+        transactional_id: str = "",
+        watchdog: Watchdog | None = None,
     ) -> None:
         self.producer = producer
         self.transactional_id = transactional_id
         self.delivery_errors = delivery_errors  # appended by note_failed_delivery
         self.open = False
+        # The calls below that wait on a coordinator, each bounded (stream/watchdog.py).
+        self.watchdog = watchdog or Watchdog(None)
 
     def emit(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
         """Steps 1-2: produce ``outputs`` (topic, partition, key, value) in the batch's transaction,
@@ -215,9 +225,12 @@ class Transaction:
                 "commit without an open transaction: a batch with no output commits nothing"
             )
         try:
+            bound = self.watchdog.bound
             if offsets:
-                self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
-            self.producer.commit_transaction(30)
+                with bound("send_offsets_to_transaction", 30):
+                    self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
+            with bound("commit_transaction", 30):
+                self.producer.commit_transaction(30)
             self.open = False
             if self.delivery_errors:
                 raise KafkaException(self.delivery_errors[0])
@@ -243,7 +256,8 @@ class Transaction:
             raise TransactionFatal(f"fatal producer error: {err}{hint}") from exc
         try:
             if self.open:
-                self.producer.abort_transaction(30)
+                with self.watchdog.bound("abort_transaction", 30):
+                    self.producer.abort_transaction(30)
         except KafkaException as abort_exc:
             raise TransactionFatal(f"could not abort the failed transaction: {abort_exc}") from exc
         self.open = False

@@ -46,6 +46,7 @@ from streambandit.stream.transaction import (
     group_metadata,
     note_failed_delivery,
 )
+from streambandit.stream.watchdog import Watchdog, exit_process
 from streambandit.wire import Snapshot, SnapshotHeader
 
 __all__ = ["Worker", "WorkerError", "freeze_long_lived"]
@@ -90,10 +91,18 @@ class Worker:
     instead of holding back every reader of its partitions until the broker's transaction
     timeout. The default here, a random id, is only for workers whose predecessors' transactions
     need not end early (tests, benchmarks, the demo).
+
+    ``exit_if_stuck``: end the process when librdkafka does not return from a transaction's call
+    long after its timeout (stream/watchdog.py); for a worker that is a process of its own.
     """
 
     def __init__(
-        self, config: WorkerConfig, store: SnapshotStore, *, instance_id: str | None = None
+        self,
+        config: WorkerConfig,
+        store: SnapshotStore,
+        *,
+        instance_id: str | None = None,
+        exit_if_stuck: bool = False,
     ) -> None:
         check_client_settings(
             config
@@ -129,7 +138,14 @@ class Worker:
             | quiet
             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)}
         )
-        self.transaction = Transaction(producer, delivery_errors, self.transactional_id)
+        # A worker process (``streambandit serve``) ends itself when librdkafka is stuck in a
+        # transaction's call (stream/watchdog.py); one embedded in another program does not.
+        self.transaction = Transaction(
+            producer,
+            delivery_errors,
+            self.transactional_id,
+            Watchdog(exit_process if exit_if_stuck else None),
+        )
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = (
             producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5

@@ -148,6 +148,21 @@ class Group:
             assert proc.returncode == 0, (name, proc.returncode, self.text(name)[-3000:])
             self.exits.append(line)
 
+    def revive(self) -> list[str]:
+        """Start again, as a supervisor would, every worker that exited with an error, which must
+        be one line saying why, not a traceback. Those lines, for the test's assertions."""
+        done = []
+        for name, proc in list(self.procs.items()):
+            if proc.poll() is None:
+                continue
+            text = self.text(name)
+            last = text.strip().splitlines()[-1]
+            assert proc.returncode == 1 and last.startswith("streambandit: error:"), text[-3000:]
+            assert "Traceback" not in text, text[-3000:]
+            done.append(f"{name}: {last}")
+            self.start(name)
+        return done
+
     def kill_all(self) -> None:
         """For a test's finally: nothing of the group outlives it."""
         for proc in self.procs.values():

@@ -36,8 +36,9 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
     SIGKILLed: the input, the outputs and the group's offsets it led move to the other nodes while
     the worker fetches, produces and commits; it is started again and caught up. Then the node
     now coordinating the worker's transactions is SIGKILLed, in the middle of a transaction or
-    between two, and started again. The worker rides both out (it exits 0 when stopped at the
-    end) and the outcome is the undisturbed worker's, to the bit."""
+    between two, and started again. The worker rides both out, or exits with one line saying why
+    (a bound outlasted, librdkafka stuck: stream/watchdog.py) and is started again, as its
+    supervisor would; the outcome is the undisturbed worker's, to the bit."""
     topics, ref_topics = make_topics(kafka_cluster, PARTS)
     g = Group(kafka_cluster, tmp_path, "leaders", topics, worker=WORKER)
     tid = "leaders-w"  # the worker's transactional id: <group>-<instance id>
@@ -62,8 +63,14 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
             kafka_cluster.wait_in_sync()
         time.sleep(2)
         flow.finish()
+        revived = []
         assert wait_for(
-            lambda: caught_up(kafka_cluster, topics, "leaders", flow.sent, PARTS), timeout_s=120
+            lambda: (
+                not revived.extend(g.revive())
+                and caught_up(kafka_cluster, topics, "leaders", flow.sent, PARTS)
+            ),
+            timeout_s=180,
+            interval_s=1,
         ), g.text("w")[-3000:]
         g.stop()
     finally:
@@ -76,10 +83,11 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
 def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
     """Two workers share the partitions while events flow; one stops cleanly, and every node of
     the cluster is killed at once and started again on its log directories while the other
-    worker runs. That one rides the outage out, or, when it outlasts a bound (a commit's 30 s, the
-    wait for a log's end), exits with one line saying why and is started again, as its supervisor
-    would. The stopped worker starts again too: both resume from their group's snapshots and the
-    committed offsets the restarted cluster kept, and the group ends as one undisturbed worker."""
+    worker runs. That one rides the outage out, or exits with one line saying why (a bound
+    outlasted: a commit's 30 s, the wait for a log's end; librdkafka stuck: stream/watchdog.py)
+    and is started again, as its supervisor would. The stopped worker starts again too: both
+    resume from their group's snapshots and the committed offsets the restarted cluster kept,
+    and the group ends as one undisturbed worker."""
     topics, ref_topics = make_topics(kafka_cluster, PARTS)
     g = Group(kafka_cluster, tmp_path, "restart", topics, worker=WORKER)
     flow = Flow(producer(kafka_cluster), topics, pace_s=PACE_S, per_period=12)
@@ -98,26 +106,26 @@ def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
         kafka_cluster.restart(kill=True)
         at_restart = flow.periods
         g.start("a")
-
-        def restarted_if_it_gave_up() -> None:
-            if g.procs["b"].poll() is None:
-                return
-            text = g.text("b")
-            assert g.procs["b"].returncode == 1, text[-3000:]
-            assert text.strip().splitlines()[-1].startswith("streambandit: error:"), text[-3000:]
-            assert "Traceback" not in text, text[-3000:]
-            g.start("b")
+        revived = []
 
         def whole() -> bool:
-            restarted_if_it_gave_up()
-            return g.starts("a") == 2 and bool(g.held("a")) and g.held("a") | g.held("b") == {0, 1}
+            revived.extend(g.revive())
+            return g.starts("a") >= 2 and bool(g.held("a")) and g.held("a") | g.held("b") == {0, 1}
 
-        assert wait_for(whole, timeout_s=90), (g.text("a")[-3000:], g.text("b")[-3000:])
+        assert wait_for(whole, timeout_s=120, interval_s=1), (
+            g.text("a")[-3000:],
+            g.text("b")[-3000:],
+        )
         time.sleep(2)
         flow.finish()
         assert flow.periods > at_restart, "the flow ended before the cluster was back"
         assert wait_for(
-            lambda: caught_up(kafka_cluster, topics, "restart", flow.sent, PARTS), timeout_s=120
+            lambda: (
+                not revived.extend(g.revive())
+                and caught_up(kafka_cluster, topics, "restart", flow.sent, PARTS)
+            ),
+            timeout_s=180,
+            interval_s=1,
         ), (g.text("a")[-3000:], g.text("b")[-3000:])
         g.stop()
     finally:
