@@ -2,9 +2,11 @@
 
 librdkafka's ``send_offsets_to_transaction`` can block past its timeout, for good, once the group
 coordinator it knew has gone (a node killed, every node of the cluster restarted): seen on Apache
-Kafka with librdkafka 2.16 (tests/integration/test_cluster_faults.py). The worker then neither
-works nor stops on SIGTERM (Python runs a signal's handler only when the call returns), and its
-transaction stays open until the broker's transaction timeout. Ending the process is what a crash
+Kafka with librdkafka 2.16 (tests/integration/test_cluster_faults.py), and reported upstream as
+librdkafka issues 5456 (a coordinator request's timeout is never checked) and 5511 (a coordinator
+that left the cluster's metadata is asked again only when another broker changes state). The
+worker then neither works nor stops on SIGTERM (Python runs a signal's handler only when the call
+returns), and its transaction stays open until the broker's transaction timeout. Ending the process is what a crash
 does, which the worker is built for: its supervisor or orchestrator starts it again, and the same
 transactional id ends the open transaction at once.
 

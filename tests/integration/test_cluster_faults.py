@@ -72,7 +72,7 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
             timeout_s=180,
             interval_s=1,
         ), g.text("w")[-3000:]
-        g.stop()
+        g.stop(stuck_ok=True)
     finally:
         g.kill_all()
         flow.finish()
@@ -127,7 +127,7 @@ def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
             timeout_s=180,
             interval_s=1,
         ), (g.text("a")[-3000:], g.text("b")[-3000:])
-        g.stop()
+        g.stop(stuck_ok=True)
     finally:
         g.kill_all()
         flow.finish()
