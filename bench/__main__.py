@@ -25,6 +25,7 @@ BENCHMARKS = (
     "scaling",
     "tansu",
     "e2e",
+    "kafka",
 )
 
 
