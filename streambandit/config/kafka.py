@@ -10,7 +10,13 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["consumer_settings", "producer_settings", "reader_settings", "for_client"]
+__all__ = [
+    "RANGE_READS",
+    "consumer_settings",
+    "producer_settings",
+    "reader_settings",
+    "for_client",
+]
 
 # Group timing: with librdkafka's defaults the first join on the embedded broker takes many times
 # longer than with these (docs/notes/tansu.md), and these are valid on Apache Kafka. Revocation
@@ -20,6 +26,14 @@ _GROUP_TIMING = {
     "heartbeat.interval.ms": 1000,
     "max.poll.interval.ms": 30000,
 }
+
+
+# For a reader of ranges of records that are already there (recovery's reads of our logs, the
+# snapshot topic), under the user's own settings: a fetch need not wait for more (librdkafka's 500
+# ms is paid at every transaction marker a read ends on, and the embedded broker holds a fetch for
+# all of it even when records are there: docs/notes/tansu.md), and a snapshot of many models
+# comes in few large fetches rather than one per MiB (python -m bench.kafka --only handoff).
+RANGE_READS = {"fetch.wait.max.ms": 10, "max.partition.fetch.bytes": 32 * 1024 * 1024}
 
 
 def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Hashable, Iterable, Protocol, TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
+from streambandit.config.kafka import RANGE_READS
 from streambandit.stream.errors import WorkerError
 
 __all__ = [
@@ -163,6 +164,7 @@ class LogReader:
     """
 
     def __init__(self, settings: dict[str, Any], open_timeout_s: float) -> None:
+        settings = RANGE_READS | settings
         self.committed = Consumer(settings)
         self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
         self.open_timeout_s = open_timeout_s

@@ -53,7 +53,7 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 
 from streambandit.atomic import write_atomically
 from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
-from streambandit.config.kafka import for_client, reader_settings
+from streambandit.config.kafka import RANGE_READS, for_client, reader_settings
 from streambandit.engine.chains import compose
 from streambandit.errors import StreambanditError
 from streambandit.stream.kafka_checks import kafka_logger
@@ -407,15 +407,12 @@ class TopicStore:
         # The [kafka] table as the worker has it: common settings, and [kafka.consumer] /
         # [kafka.producer] sub-tables, each for its own client here too.
         user = {k: v for k, v in (kafka or {}).items() if k != "transactional.id"}
-        # It reads ranges of records that are there (a few per candidates call): a fetch need not
-        # wait for more, and the embedded broker holds one for its whole fetch.wait.max.ms even
-        # when records are there (docs/notes/tansu.md). The worker's own setting, if any, wins.
+        # It reads ranges of records that are there (config.kafka.RANGE_READS); the worker's own
+        # settings, if any, win.
         # librdkafka's lines through the worker's logger, repeats held back (kafka_checks): a
         # broker that is away is otherwise a line on stderr per reconnect attempt of each client.
         quiet = {"logger": kafka_logger()}
-        self._reader = Consumer(
-            {"fetch.wait.max.ms": 10} | reader_settings(bootstrap_servers, user) | quiet
-        )
+        self._reader = Consumer(RANGE_READS | reader_settings(bootstrap_servers, user) | quiet)
         try:
             self.partitions = self._partition_count()
         except Exception:
