@@ -456,12 +456,16 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
             joined=out_topics.joined,
             dead_letter=out_topics.dead_letter,
         )
-        # Batches of 1,000 records: with 5,000 a worker on Apache Kafka drained its partition
-        # before a look found a transaction open; with 100 the embedded broker's transactions were
-        # open too briefly to be seen (their records reach it just before the commit).
+        # On Apache Kafka batches of 100 records: with 1,000 or 5,000 a worker sometimes drained
+        # its partition before a look found a transaction open. On the embedded broker the
+        # default: with 100 its transactions were open too briefly to be seen.
+        batch = 5_000 if is_tansu(broker) else 100
         cfg.write_text(
             serve_config(
-                group, snaps, out, worker="idle_tick_ms = 1000000000\nbatch_max_records = 1000"
+                group,
+                snaps,
+                out,
+                worker=f"idle_tick_ms = 1000000000\nbatch_max_records = {batch}",
             )
         )
         return serve_process(broker, cfg, instance, tmp_path / f"{group}-{instance}.log")
