@@ -302,7 +302,7 @@ class TransactionProbe:
     """Whether a transaction is open on some of a worker's output partitions: their read_committed
     end (the last stable offset) is below their log end."""
 
-    def __init__(self, broker, topics: Topics, partitions) -> None:
+    def __init__(self, broker, topics: Topics, partitions=(0, 1)) -> None:
         self.tps = [
             TopicPartition(t, p)
             for t in (topics.actions, topics.joined, topics.dead_letter)

@@ -17,6 +17,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward, decode
 
+from .faults import TransactionProbe
 from .helpers import outputs, producer, run_in_thread, send, serve_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -240,39 +241,6 @@ def test_a_worker_killed_inside_a_transaction_restarts_with_its_default_id(
         finally:
             second.kill()
     assert len({decode(m.value()).event_id for m in read_all(broker, topics.actions)}) == n
-
-
-class TransactionProbe:
-    """Whether a transaction is open on one of the output partitions (read_committed end < log
-    end), asked as often as a test needs with the same two clients."""
-
-    def __init__(self, broker, topics, partitions=(0, 1)) -> None:
-        from confluent_kafka import Consumer, TopicPartition
-
-        self.tps = [
-            TopicPartition(t, p) for t in (topics.actions, topics.joined) for p in partitions
-        ]
-        self.clients = [
-            Consumer(
-                {
-                    "bootstrap.servers": broker.bootstrap_servers,
-                    "group.id": "probe",
-                    "isolation.level": level,
-                }
-            )
-            for level in ("read_committed", "read_uncommitted")
-        ]
-
-    def open(self) -> bool:
-        ends = [
-            [c.get_watermark_offsets(tp, timeout=10, cached=False)[1] for tp in self.tps]
-            for c in self.clients
-        ]
-        return any(a < b for a, b in zip(*ends))
-
-    def close(self) -> None:
-        for c in self.clients:
-            c.close()
 
 
 def open_transaction(broker, topics) -> bool:
