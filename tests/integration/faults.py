@@ -169,6 +169,16 @@ class Group:
             self.start(name)
         return done
 
+    def caught_up_reviving(self, sent: list, partitions: int, timeout_s: float = 180) -> bool:
+        """Until the group's committed offsets pass every record of ``sent``, starting again, as a
+        supervisor would, every worker that exits with one line meanwhile (``revive``)."""
+
+        def done() -> bool:
+            self.revive()
+            return caught_up(self.broker, self.topics, self.group, sent, partitions)
+
+        return wait_for(done, timeout_s=timeout_s, interval_s=1)
+
     def kill_all(self) -> None:
         """For a test's finally: nothing of the group outlives it."""
         for proc in self.procs.values():

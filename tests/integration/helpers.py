@@ -365,3 +365,32 @@ def stop_processes(*procs, timeout_s: float = 60) -> list[str]:
         finally:
             proc.kill()
     return lines
+
+
+def packed_snapshot(partition: int, mark: int, size: int = 8) -> bytes:
+    """A real, packed partition snapshot; ``mark`` tells them apart, ``size`` floats of noise make
+    it big."""
+    import numpy as np
+
+    from streambandit.wire import pack_snapshot
+
+    state = {"theta": np.random.default_rng(mark).standard_normal(size)}
+    return pack_snapshot(
+        {
+            "partition": partition,
+            "created_ms": mark,
+            "contexts_offset": mark,
+            "rewards_offset": 0,
+            "actions_offset": 0,
+            "joined_offset": 0,
+            "dead_letter_offset": 0,
+            "engine": {
+                "models": {"m": state},
+                "pending": [],
+                "early": [],
+                "recent": [],
+                "watermark_ms": 0,
+                "counters": {},
+            },
+        }
+    )

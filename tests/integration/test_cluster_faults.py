@@ -12,7 +12,7 @@ from confluent_kafka import KafkaException
 from streambandit.dev.tansu import BrokerError
 
 from .faults import Flow, Group, assert_same_as_reference, make_topics, run_reference
-from .helpers import caught_up, producer, wait_for
+from .helpers import producer, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -63,15 +63,7 @@ def test_killed_partition_leader_and_transaction_coordinator(kafka_cluster, tmp_
             kafka_cluster.wait_in_sync()
         time.sleep(2)
         flow.finish()
-        revived = []
-        assert wait_for(
-            lambda: (
-                not revived.extend(g.revive())
-                and caught_up(kafka_cluster, topics, "leaders", flow.sent, PARTS)
-            ),
-            timeout_s=180,
-            interval_s=1,
-        ), g.text("w")[-3000:]
+        assert g.caught_up_reviving(flow.sent, PARTS), g.text("w")[-3000:]
         g.stop(stuck_ok=True)
     finally:
         g.kill_all()
@@ -106,10 +98,9 @@ def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
         kafka_cluster.restart(kill=True)
         at_restart = flow.periods
         g.start("a")
-        revived = []
 
         def whole() -> bool:
-            revived.extend(g.revive())
+            g.revive()
             return g.starts("a") >= 2 and bool(g.held("a")) and g.held("a") | g.held("b") == {0, 1}
 
         assert wait_for(whole, timeout_s=120, interval_s=1), (
@@ -119,14 +110,7 @@ def test_every_node_restarted_on_its_log_directories(kafka_cluster, tmp_path):
         time.sleep(2)
         flow.finish()
         assert flow.periods > at_restart, "the flow ended before the cluster was back"
-        assert wait_for(
-            lambda: (
-                not revived.extend(g.revive())
-                and caught_up(kafka_cluster, topics, "restart", flow.sent, PARTS)
-            ),
-            timeout_s=180,
-            interval_s=1,
-        ), (g.text("a")[-3000:], g.text("b")[-3000:])
+        assert g.caught_up_reviving(flow.sent, PARTS), (g.text("a")[-3000:], g.text("b")[-3000:])
         g.stop(stuck_ok=True)
     finally:
         g.kill_all()

@@ -15,9 +15,8 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 
 from streambandit.dev.kafka import ApacheKafka
 from streambandit.stream.snapshots import TopicStore, create_snapshot_topic, load_latest
-from streambandit.wire import pack_snapshot
 
-from .helpers import read_all
+from .helpers import packed_snapshot, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -32,27 +31,8 @@ COMPACT_NOW = {
 
 
 def snapshot(mark: int, size: int) -> bytes:
-    """A real snapshot of partition 0; ``mark`` tells them apart, ``size`` floats make it big."""
-    state = {"theta": np.random.default_rng(mark).standard_normal(size)}
-    return pack_snapshot(
-        {
-            "partition": 0,
-            "created_ms": mark,
-            "contexts_offset": mark,
-            "rewards_offset": 0,
-            "actions_offset": 0,
-            "joined_offset": 0,
-            "dead_letter_offset": 0,
-            "engine": {
-                "models": {"m": state},
-                "pending": [],
-                "early": [],
-                "recent": [],
-                "watermark_ms": 0,
-                "counters": {},
-            },
-        }
-    )
+    """A real snapshot of partition 0."""
+    return packed_snapshot(0, mark, size)
 
 
 def store(broker, topic: str) -> TopicStore:

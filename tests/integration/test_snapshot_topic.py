@@ -19,9 +19,8 @@ from streambandit.stream.snapshots import (
     create_snapshot_topic,
     load_latest,
 )
-from streambandit.wire import pack_snapshot
 
-from .helpers import read_all
+from .helpers import packed_snapshot, read_all
 
 pytestmark = pytest.mark.integration
 
@@ -65,27 +64,7 @@ def blob(n: int, seed: int) -> bytes:
 
 
 def snapshot(partition: int, mark: int, size: int = 8) -> bytes:
-    """A real partition snapshot; ``mark`` tells them apart, ``size`` floats of noise make it big."""
-    state = {"theta": np.random.default_rng(mark).standard_normal(size)}
-    return pack_snapshot(
-        {
-            "partition": partition,
-            "created_ms": mark,
-            "contexts_offset": mark,
-            "rewards_offset": 0,
-            "actions_offset": 0,
-            "joined_offset": 0,
-            "dead_letter_offset": 0,
-            "engine": {
-                "models": {"m": state},
-                "pending": [],
-                "early": [],
-                "recent": [],
-                "watermark_ms": 0,
-                "counters": {},
-            },
-        }
-    )
+    return packed_snapshot(partition, mark, size)
 
 
 def latest_values(broker, topic: str) -> dict[bytes, bytes | None]:
