@@ -355,6 +355,32 @@ class TransactionProbe:
             c.close()
 
 
+def stop_inside_a_transaction(
+    pid: int, probe: TransactionProbe, timeout_s: float = 30
+) -> dict[TopicPartition, int] | None:
+    """SIGSTOP process ``pid`` at a moment a transaction of its is open on the probed partitions,
+    and return where (``TransactionProbe.held``); None if none was caught by the deadline, the
+    process then running. A stopped process cannot commit, so the look after the stop is not a
+    race; a commit it had already sent completes without it, hence the pause before the second
+    look. Each miss resumes it for a short run, which also paces a fast worker that would
+    otherwise drain its backlog between two looks."""
+    import os
+    import signal
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not probe.open():
+            time.sleep(0.002)
+            continue
+        os.kill(pid, signal.SIGSTOP)
+        held = probe.held()
+        time.sleep(0.3)
+        if held and not probe.ended(held):
+            return held
+        os.kill(pid, signal.SIGCONT)  # it committed between the look and the stop
+    return None
+
+
 def run_reference(
     broker, tmp, ref_topics: Topics, sent: list, partitions: int, worker: dict | None = None
 ) -> Group:

@@ -18,6 +18,7 @@ from .faults import (
     backlog,
     make_topics,
     run_reference,
+    stop_inside_a_transaction,
 )
 from .helpers import caught_up, committed_offsets, producer, wait_for
 
@@ -77,16 +78,8 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
         ), "no progress"
         probe = TransactionProbe(kafka_broker, topics, [pa])
         try:
-            for _ in range(50):
-                assert wait_for(probe.open, timeout_s=10, interval_s=0.01), "drained"
-                os.kill(a.pid, signal.SIGSTOP)
-                held = probe.held()
-                time.sleep(0.5)  # a commit already sent completes without the process
-                if held and not probe.ended(held):
-                    break
-                os.kill(a.pid, signal.SIGCONT)  # it committed between the look and the stop
-            else:
-                pytest.fail("never stopped inside a transaction")
+            held = stop_inside_a_transaction(a.pid, probe, timeout_s=60)
+            assert held, "never stopped inside a transaction"
             frozen = time.monotonic()
             # Not the stable offsets: those wait for the frozen transaction if it holds some.
             before = committed_offsets(kafka_broker, "zombie", topics.contexts, stable=False)[pa]

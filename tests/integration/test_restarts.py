@@ -17,7 +17,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward, decode
 
-from .faults import TransactionProbe
+from .faults import TransactionProbe, stop_inside_a_transaction
 from .helpers import outputs, producer, run_in_thread, send, serve_config, wait_for
 
 pytestmark = pytest.mark.integration
@@ -252,16 +252,14 @@ def open_transaction(broker, topics) -> bool:
 
 
 def kill_inside_a_transaction(proc, probe: TransactionProbe, timeout_s: float = 30) -> bool:
-    """SIGKILL ``proc`` at a moment the probe sees a transaction open, and say whether one is still
-    open after the kill (it may have committed between the look and the kill)."""
+    """SIGKILL ``proc`` while a transaction of its is open on the probed partitions (stopped
+    first, so that it cannot commit between the look and the kill); whether one was caught."""
     import signal
 
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and not probe.open():
-        pass
+    held = stop_inside_a_transaction(proc.pid, probe, timeout_s)
     proc.send_signal(signal.SIGKILL)
     proc.wait(10)
-    return probe.open()
+    return held is not None and not probe.ended(held)
 
 
 def _stream(n: int, seed: int) -> list[tuple[str, object]]:
@@ -459,6 +457,11 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
             send(prod, topics.rewards, Reward(f"e{i}", key, 1_000 + i + 7, float(rng.random())))
     prod.flush()
 
+    # One probe per partition, connected before the workers start: a fast worker drains its
+    # partition in well under a second, less than a new client takes to make its first look.
+    probes = {p: TransactionProbe(broker, topics, partitions=[p]) for p in (0, 1)}
+    for probe in probes.values():
+        probe.open()
     a = b = None
     try:
         for _attempt in range(6):  # until a kill leaves a transaction of the killed worker open
@@ -471,18 +474,16 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
                 lambda: (
                     len(held("g-two", "a")) == len(held("g-two", "b")) == 1
                     and all(
-                        committed_offsets(broker, "g-two", topics.contexts)[p] > before[p] + 3_000
+                        committed_offsets(broker, "g-two", topics.contexts, stable=False)[p]
+                        > before[p] + 3_000
                         for p in held("g-two", "a")
                     )
                 ),
                 timeout_s=90,
-                interval_s=0.05,
+                interval_s=0.01,
             ), "no progress"
-            probe = TransactionProbe(broker, topics, partitions=held("g-two", "a"))
-            try:
-                left_open = kill_inside_a_transaction(a, probe)
-            finally:
-                probe.close()
+            (pa,) = held("g-two", "a")
+            left_open = kill_inside_a_transaction(a, probes[pa])
             assert done("g-two") < n, (
                 "the backlog was drained before a kill left a transaction open"
             )
@@ -501,6 +502,8 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
             f"stuck at {done('g-two')} of {n}"
         )
     finally:
+        for probe in probes.values():
+            probe.close()
         exits = stop_processes(*(p for p in (a, b) if p is not None))
     # The records of the killed worker's aborted transaction: Tansu shows them to the recovery
     # that waited for it, whose committed view skips them; Apache Kafka hides them, and the same
