@@ -1,16 +1,30 @@
-"""Log lines of ``streambandit serve``: text for a terminal or JSON lines for a container, and
-lines that repeat (a broker that is down, a stream of bad records) held back to one per kind and
-interval with a count of the rest."""
+"""Log lines of ``streambandit serve`` and ``api``: text for a terminal or JSON lines for a
+container, and lines that repeat (a broker that is down, a stream of bad records) held back to one
+per kind and interval with a count of the rest.
+
+With JSON lines, everything the process writes on stderr is one: its log lines, librdkafka's (each
+client's ``logger`` setting, stream/kafka_checks.py), Python's warnings, an uncaught exception's
+traceback (in the ``exception`` field) and the error a command ends with (:func:`error_line`).
+"""
 
 from __future__ import annotations
 
 import json
 import logging
 import re
+import sys
+import threading
 import time
 from typing import Any, Callable
 
-__all__ = ["TEXT_FORMAT", "JsonFormatter", "configure_logging", "RepeatFilter"]
+__all__ = [
+    "TEXT_FORMAT",
+    "JsonFormatter",
+    "configure_logging",
+    "json_logs",
+    "error_line",
+    "RepeatFilter",
+]
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
 
@@ -33,12 +47,44 @@ class JsonFormatter(logging.Formatter):
 
 
 def configure_logging(level: int, fmt: str = "text") -> None:
-    """The root logger on stderr at ``level``, in ``fmt`` ("text" or "json")."""
+    """The root logger on stderr at ``level``, in ``fmt`` ("text" or "json"), with Python's
+    warnings as log lines; with "json", uncaught exceptions too (of the main thread, of other
+    threads, and those Python can only report as ignored)."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    logging.captureWarnings(True)
+    if fmt == "json":
+        sys.excepthook = _log_uncaught
+        threading.excepthook = lambda a: _log_uncaught(
+            a.exc_type, a.exc_value, a.exc_traceback, f" in thread {a.thread and a.thread.name}"
+        )
+        sys.unraisablehook = lambda u: _log_uncaught(
+            u.exc_type, u.exc_value, u.exc_traceback, f" (ignored) in {u.object!r}"
+        )
+
+
+def _log_uncaught(kind: Any, value: Any, tb: Any, where: str = "") -> None:
+    logging.getLogger("streambandit").critical(
+        "uncaught exception%s: %s", where, value, exc_info=(kind, value, tb)
+    )
+
+
+def json_logs() -> bool:
+    """Whether the log lines are JSON (:func:`configure_logging` with "json")."""
+    return any(isinstance(h.formatter, JsonFormatter) for h in logging.getLogger().handlers)
+
+
+def error_line(message: str) -> None:
+    """The error a command ends with: ``streambandit: error: message`` on stderr, or a JSON log
+    line (level ERROR) when the log lines are JSON."""
+    if json_logs():
+        logging.getLogger("streambandit").error("%s", message)
+    else:
+        sys.stderr.write(f"streambandit: error: {message}\n")
+        sys.stderr.flush()
 
 
 class RepeatFilter(logging.Filter):

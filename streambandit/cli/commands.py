@@ -282,7 +282,9 @@ def _cmd_api(args: argparse.Namespace) -> int:
         raise ValueError(
             f"streambandit api needs aiohttp: pip install 'streambandit[api]' ({exc})"
         ) from None
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    from streambandit.log_format import configure_logging
+
+    configure_logging(logging.INFO, args.log_format)
     if (args.models is None) == (args.replica_of is None):
         raise ValueError(
             "give --models (decide and learn in this process) or --replica-of (decide with a replica "
@@ -1149,6 +1151,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="seconds between saves of --snapshot (default 30)",
     )
     api.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="log lines on stderr as text (default) or JSON objects, one per line (containers)",
+    )
+    api.add_argument(
         "--max-models",
         type=int,
         default=None,
@@ -1304,16 +1312,18 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv[:1] == ["bench"] and argv[1:2] not in (["-h"], ["--help"]):
         return _bench(argv[1:])
+    from streambandit.log_format import error_line
+
     args = build_parser().parse_args(argv)
     try:
         return args.func(args)
     except ValueError as exc:  # bad configuration or arguments
-        print(f"streambandit: error: {exc}", file=sys.stderr)
+        error_line(str(exc))
         return 2
     except (
         StreambanditError
     ) as exc:  # a state the process cannot continue from (its message says why)
-        print(f"streambandit: error: {exc}", file=sys.stderr)
+        error_line(str(exc))
         return 1
 
 

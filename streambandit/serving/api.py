@@ -6,7 +6,8 @@
                                      "modelKey", "modelVersion", "scores": {id: score}}
     POST /events/{eventId}/reward   {"value": number, "timestampMs"?}  -> 204
     POST /events/{eventId}/activate accepted and ignored (decisions here are always active) -> 204
-    GET  /metrics                   Prometheus text format
+    GET  /metrics                   Prometheus text format: requests, their time, refusals, the
+                                    models, and the process's own figures
     GET  /healthz, /ready           200 while serving
 
 A Personalizer client's requests map one to one: the paths and the fields ``eventId``,
@@ -45,12 +46,13 @@ from typing import Any
 
 import numpy as np
 from aiohttp import web
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from streambandit import reasons
 from streambandit.engine.decision import action_probabilities
 from streambandit.serving.decider import Decider, DecisionError
+from streambandit.stream.telemetry import Histogram, process_metrics
 
 __all__ = ["make_app", "serve_api", "STATUS_OF"]
 
@@ -71,6 +73,9 @@ STATUS_OF = collections.defaultdict(
 )
 MAX_BODY_BYTES = 1 << 20
 DEFAULT_MAX_MODELS = 10_000
+# Bucket bounds (seconds) of a request's time in the server: tens of microseconds for a rank of a
+# few actions, up to the seconds of a saturated event loop.
+REQUEST_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1, 0.5, 2.5)
 
 
 class _Refused(Exception):
@@ -80,15 +85,27 @@ class _Refused(Exception):
 
 
 class _Metrics:
-    """What /metrics shows: requests by route and status, refusals by reason, and the Decider's
-    models and open decisions."""
+    """What /metrics shows: requests and their time by route and status, refusals by reason (every
+    reason from 0, so that the first one is an increase), and the Decider's models and open
+    decisions."""
 
     def __init__(self, decider: Decider) -> None:
         self.decider = decider
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
-        self.refused: collections.Counter[str] = collections.Counter()
+        self.seconds: dict[tuple[str, str], Histogram] = {}
+        self.refused: collections.Counter[str] = collections.Counter(
+            dict.fromkeys((*reasons.ALL, *STATUS_OF), 0)
+        )
+
+    def observe(self, route: str, status: str, seconds: float) -> None:
+        self.requests[(route, status)] += 1
+        h = self.seconds.get((route, status))
+        if h is None:
+            h = self.seconds[(route, status)] = Histogram(REQUEST_BUCKETS)
+        h.observe_one(seconds)
 
     def collect(self):
+        yield from (m for c in process_metrics() for m in c.collect())
         c = CounterMetricFamily(
             "streambandit_api_requests",
             "HTTP requests by route and status",
@@ -97,6 +114,15 @@ class _Metrics:
         for (route, status), n in sorted(self.requests.items()):
             c.add_metric([route, status], n)
         yield c
+        h = HistogramMetricFamily(
+            "streambandit_api_request_seconds",
+            "time from a request's arrival to its answer, by route and status",
+            labels=["route", "status"],
+        )
+        for (route, status), hist in sorted(self.seconds.items()):
+            buckets, total = hist.frozen()
+            h.add_metric([route, status], list(buckets), total)
+        yield h
         r = CounterMetricFamily(
             "streambandit_api_refused", "Requests refused, by reason code", labels=["reason"]
         )
@@ -155,6 +181,7 @@ def make_app(
 
     def answer(route: str, fn):
         async def handler(request: web.Request) -> web.Response:
+            started = time.perf_counter()
             try:
                 resp = await fn(request)
             except _Refused as r:
@@ -167,7 +194,7 @@ def make_app(
                 resp = web.json_response(
                     {"error": {"code": e.reason, "message": e.detail}}, status=STATUS_OF[e.reason]
                 )
-            metrics.requests[(route, str(resp.status))] += 1
+            metrics.observe(route, str(resp.status), time.perf_counter() - started)
             return resp
 
         return handler

@@ -15,13 +15,16 @@ plain attributes the loop sets (the time of its last progress, whether it is rec
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import http.server
 import logging
+import sys
 import threading
 from typing import Any, Callable, Iterable
 
 import numpy as np
+from prometheus_client import PlatformCollector, ProcessCollector
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -30,7 +33,16 @@ from prometheus_client.core import (
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-__all__ = ["Histogram", "Status", "render_metrics", "TelemetryServer", "BUCKETS"]
+from streambandit import reasons
+
+__all__ = [
+    "Histogram",
+    "Status",
+    "render_metrics",
+    "process_metrics",
+    "TelemetryServer",
+    "BUCKETS",
+]
 
 log = logging.getLogger("streambandit")
 
@@ -50,6 +62,7 @@ class Histogram:
 
     def __init__(self, bounds: Iterable[float]) -> None:
         self.bounds = np.asarray(tuple(bounds), dtype=np.float64)
+        self._bounds = tuple(float(b) for b in self.bounds)  # for one value at a time
         self.counts = np.zeros(len(self.bounds) + 1, dtype=np.int64)  # the last: above every bound
         self.sum = 0.0
 
@@ -61,6 +74,11 @@ class Histogram:
                 np.searchsorted(self.bounds, v, side="left"), minlength=len(self.counts)
             )
             self.sum += float(v.sum())
+
+    def observe_one(self, value: float) -> None:
+        """One value, without numpy's per-call cost (an HTTP request's time)."""
+        self.counts[bisect.bisect_left(self._bounds, value)] += 1
+        self.sum += value
 
     def frozen(self) -> tuple[tuple[tuple[str, int], ...], float]:
         """Cumulative (le, count) pairs ending with +Inf, and the sum: what a scrape shows."""
@@ -152,11 +170,7 @@ class _StatusCollector:
         yield _counter(
             "dead_letters",
             "records dead-lettered, by reason code",
-            [
-                ((k.removeprefix("dead_letter."),), v)
-                for k, v in sorted(c.items())
-                if k.startswith("dead_letter.")
-            ],
+            sorted(_dead_letters(c).items()),
             labels=("reason",),
         )
         yield _counter(
@@ -232,6 +246,16 @@ class _StatusCollector:
         yield info
 
 
+def _dead_letters(counters: dict[str, int]) -> dict[tuple[str], int]:
+    """Dead letters by reason, every known reason from 0: a series that exists before its first
+    increase lets ``rate`` and ``increase`` see that first one."""
+    out = {(r,): 0 for r in reasons.ALL}
+    for k, v in counters.items():
+        if k.startswith("dead_letter."):
+            out[(k.removeprefix("dead_letter."),)] = v
+    return out
+
+
 def _counter(
     name: str, doc: str, samples: list[tuple[tuple[str, ...], float]], labels: tuple[str, ...] = ()
 ) -> CounterMetricFamily:
@@ -258,19 +282,27 @@ def _family(
 
 
 def render_metrics(status: Status | None) -> bytes:
-    """``status`` in the Prometheus text format."""
-    return generate_latest(_Registry(_StatusCollector(lambda: status)))
+    """``status`` in the Prometheus text format, after the process's own metrics."""
+    return generate_latest(_Registry(*process_metrics(), _StatusCollector(lambda: status)))
+
+
+def process_metrics() -> tuple[Any, ...]:
+    """prometheus_client's collectors of the process (``process_resident_memory_bytes``,
+    ``process_cpu_seconds_total``, ``process_open_fds``, ...) and of the Python running it
+    (``python_info``), each read at the scrape."""
+    return ProcessCollector(registry=None), PlatformCollector(registry=None)
 
 
 class _Registry:
-    """The one collector ``generate_latest`` needs; not the process-wide default registry (several
+    """The collectors ``generate_latest`` needs; not the process-wide default registry (several
     workers may share a process, as the tests run them)."""
 
-    def __init__(self, collector: _StatusCollector) -> None:
-        self._collector = collector
+    def __init__(self, *collectors: Any) -> None:
+        self._collectors = collectors
 
     def collect(self) -> Iterable[Metric]:
-        return self._collector.collect()
+        for c in self._collectors:
+            yield from c.collect()
 
 
 class TelemetryServer:
@@ -310,7 +342,7 @@ class TelemetryServer:
                 pass
 
         try:
-            self._server = http.server.ThreadingHTTPServer((host, port), Handler)
+            self._server = _Server((host, port), Handler)
         except OSError as exc:
             raise ValueError(
                 f"cannot serve metrics on {host}:{port} ([worker] metrics_port, --metrics-port): "
@@ -326,6 +358,13 @@ class TelemetryServer:
     def close(self) -> None:
         self._server.shutdown()
         self._server.server_close()
+
+
+class _Server(http.server.ThreadingHTTPServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # A scraper that hung up mid-answer: a log line (JSON with --log-format json), not the
+        # standard library's traceback on stderr.
+        log.info("metrics request from %s failed: %r", client_address[0], sys.exc_info()[1])
 
 
 def _probe(result: tuple[bool, str]) -> tuple[int, str, bytes]:

@@ -24,6 +24,8 @@ import threading
 import time
 from typing import Callable, Iterator
 
+from streambandit.log_format import json_logs
+
 __all__ = ["Watchdog", "exit_process"]
 
 log = logging.getLogger("streambandit")
@@ -35,8 +37,9 @@ def exit_process(reason: str) -> None:
     """Say why on stderr, as the CLI says an error, and end the process at once (exit code 1: a
     supervisor restarts it)."""
     log.critical("%s", reason)
-    sys.stderr.write(f"streambandit: error: {reason}\n")
-    sys.stderr.flush()
+    if not json_logs():  # with JSON lines, the line above is the one
+        sys.stderr.write(f"streambandit: error: {reason}\n")
+        sys.stderr.flush()
     os._exit(1)
 
 

@@ -9,8 +9,9 @@ import urllib.request
 import numpy as np
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
-from streambandit import Decider
+from streambandit import Decider, reasons
 from streambandit.serving.api import make_app
 
 MODELS = {
@@ -119,6 +120,19 @@ def test_rank_and_reward_decide_as_the_decider_does(server):
     assert (
         status == 200 and 'streambandit_api_requests_total{route="rank",status="200"} 40.0' in text
     )
+    got = {
+        (s.name, tuple(sorted(s.labels.items()))): s.value
+        for f in text_string_to_metric_families(text)
+        for s in f.samples
+    }
+    rank_ok = (("route", "rank"), ("status", "200"))
+    assert got[("streambandit_api_request_seconds_count", rank_ok)] == 40
+    assert got[("streambandit_api_request_seconds_bucket", (("le", "+Inf"), *rank_ok))] == 40
+    assert 0 < got[("streambandit_api_request_seconds_sum", rank_ok)] < 40
+    # Every refusal's reason is a series from the start, and the process's own figures are there.
+    for reason in (*reasons.ALL, "not_ready", "stale_replica"):
+        assert got[("streambandit_api_refused_total", (("reason", reason),))] == 0
+    assert got[("process_resident_memory_bytes", ())] > 0
     assert call(f"{url}/healthz")[0] == 200 and call(f"{url}/ready")[0] == 200
 
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from streambandit import reasons
 from streambandit.config.app import parse_worker_config
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
@@ -94,13 +95,38 @@ def test_a_status_renders_as_prometheus_text_with_conventional_names():
     assert got[("streambandit_decision_latency_seconds_bucket", (("le", "0.025"),))] == 3
     assert got[("streambandit_decision_latency_seconds_bucket", (("le", "+Inf"),))] == 4
     assert got[("streambandit_decision_latency_seconds_count", ())] == 4
-    for name, _ in got:  # every name is ours, counters end in _total, times in _seconds
-        assert name.startswith("streambandit_")
+    for name, _ in got:  # every name is ours or the process's
+        assert name.startswith(("streambandit_", "process_", "python_")), name
     assert "# TYPE streambandit_decisions_total counter" in text
 
 
-def test_no_status_yet_renders_nothing():
-    assert render_metrics(None) == b""
+def test_every_dead_letter_reason_is_a_series_at_zero_from_the_start():
+    got = samples(render_metrics(status()).decode())
+    dead = {
+        dict(labels)["reason"]: v
+        for (name, labels), v in got.items()
+        if name == "streambandit_dead_letters_total"
+    }
+    assert dead == {r: 0 for r in reasons.ALL}
+    for name, labels in (
+        ("streambandit_transactions_total", ("commit", "abort")),
+        ("streambandit_rebalances_total", ("assign", "revoke", "lost")),
+        ("streambandit_snapshots_total", ("base", "increment")),
+    ):
+        assert sorted(v for (n, lv), v in got.items() if n == name) == [0] * len(labels), name
+
+
+def test_the_process_metrics_are_served_with_the_workers():
+    got = samples(render_metrics(status()).decode())
+    for name in ("process_resident_memory_bytes", "process_cpu_seconds_total", "process_open_fds"):
+        assert got[(name, ())] > 0, name
+    assert any(name == "python_info" for name, _ in got)
+
+
+def test_no_status_yet_renders_only_the_process_metrics():
+    names = {name for name, _ in samples(render_metrics(None).decode())}
+    assert "process_resident_memory_bytes" in names
+    assert not any(n.startswith("streambandit_") for n in names)
 
 
 def test_repeated_lines_pass_once_a_minute_with_a_count_of_those_held_back():
