@@ -281,9 +281,25 @@ def _family(
     return m
 
 
-def render_metrics(status: Status | None) -> bytes:
-    """``status`` in the Prometheus text format, after the process's own metrics."""
-    return generate_latest(_Registry(*process_metrics(), _StatusCollector(lambda: status)))
+def render_metrics(status: Status | None, ready: bool | None = None) -> bytes:
+    """``status`` in the Prometheus text format, after the process's own metrics; ``ready``, what
+    ``/ready`` answers now, as ``streambandit_ready`` (1 or 0)."""
+    collectors: list[Any] = [*process_metrics(), _StatusCollector(lambda: status)]
+    if ready is not None:
+        collectors.append(_Ready(ready))
+    return generate_latest(_Registry(*collectors))
+
+
+class _Ready:
+    def __init__(self, ready: bool) -> None:
+        self._ready = ready
+
+    def collect(self) -> Iterable[Metric]:
+        yield _gauge(
+            "ready",
+            "1 while /ready answers 200: partitions assigned and recovered, the loop serving them",
+            [((), int(self._ready))],
+        )
 
 
 def process_metrics() -> tuple[Any, ...]:
@@ -319,7 +335,11 @@ class TelemetryServer:
         ready: Callable[[], tuple[bool, str]],
     ) -> None:
         routes = {
-            "/metrics": lambda: (200, CONTENT_TYPE_LATEST, render_metrics(status())),
+            "/metrics": lambda: (
+                200,
+                CONTENT_TYPE_LATEST,
+                render_metrics(status(), ready=ready()[0]),
+            ),
             "/healthz": lambda: _probe(health()),
             "/ready": lambda: _probe(ready()),
         }

@@ -68,7 +68,7 @@ def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_ser
     served = {
         f.name
         for f in text_string_to_metric_families(
-            render_metrics(status(**{"dead_letter.malformed": 1})).decode()
+            render_metrics(status(**{"dead_letter.malformed": 1}), ready=True).decode()
         )
     }
     dashboard = json.loads((DEPLOY / "grafana" / "streambandit.json").read_text())
@@ -90,3 +90,20 @@ def test_the_dashboard_and_the_operations_guide_name_only_metrics_the_worker_ser
     # The process's own families (prometheus_client's collectors) are named too.
     process = served - ours
     assert process and all(f"`{n}" in guide for n in process), process
+
+
+def test_every_dashboard_query_is_scoped_by_the_job_and_instance_variables():
+    import json
+
+    dashboard = json.loads((DEPLOY / "grafana" / "streambandit.json").read_text())
+    variables = {v["name"] for v in dashboard["templating"]["list"]}
+    assert {"job", "instance"} <= variables
+    selectors = 0
+    for panel in dashboard["panels"]:
+        for target in panel["targets"]:
+            # Every series the query reads, each with both matchers.
+            for m in re.finditer(r"\b(?:streambandit|process)_[a-z_]+(\{[^}]*\})?", target["expr"]):
+                assert m.group(1) and 'job=~"$job"' in m.group(1), (panel["title"], m.group())
+                assert 'instance=~"$instance"' in m.group(1), (panel["title"], m.group())
+                selectors += 1
+    assert selectors >= len(dashboard["panels"])

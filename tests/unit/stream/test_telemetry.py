@@ -123,6 +123,13 @@ def test_the_process_metrics_are_served_with_the_workers():
     assert any(name == "python_info" for name, _ in got)
 
 
+def test_readiness_is_a_gauge_of_what_ready_answers():
+    for ready in (True, False):
+        got = samples(render_metrics(status(), ready=ready).decode())
+        assert got[("streambandit_ready", ())] == int(ready)
+    assert ("streambandit_ready", ()) not in samples(render_metrics(status()).decode())
+
+
 def test_no_status_yet_renders_only_the_process_metrics():
     names = {name for name, _ in samples(render_metrics(None).decode())}
     assert "process_resident_memory_bytes" in names
