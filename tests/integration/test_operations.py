@@ -1,14 +1,17 @@
 """What an operator sees of a worker on each broker: the metrics endpoint scraped while it
 works (every metric present, the counters moving), readiness false while a partition recovers
 and true after, liveness false while the loop is wedged, and an unreachable broker or a
-misspelled librdkafka key as one error line and a non-zero exit within a bound."""
+misspelled librdkafka key as one error line and a non-zero exit within a bound, and with
+``--log-format json`` nothing but JSON lines on stderr."""
 
+import json
 import subprocess
 import sys
 import threading
 import time
 import urllib.error
 import urllib.request
+import uuid
 
 import numpy as np
 import pytest
@@ -20,6 +23,7 @@ from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
+from .faults import make_topics
 from .helpers import producer, send, topics_toml, wait_for
 
 pytestmark = pytest.mark.integration
@@ -171,6 +175,12 @@ def test_the_metrics_endpoint_shows_every_metric_and_the_counters_move(broker, t
     assert second[("streambandit_rebalances_total", (("kind", "assign"),))] >= 1
     lags = [v for (n, _), v in second.items() if n == "streambandit_consumer_lag"]
     assert len(lags) == 4 and all(v >= 0 for v in lags)
+    # A reason no record had is a series at 0 from the first scrape; readiness and the process's
+    # own figures are there too.
+    for scraped in (first, second):
+        assert scraped[("streambandit_dead_letters_total", (("reason", "too_many_models"),))] == 0
+    assert second[("streambandit_ready", ())] == 1
+    assert second[("process_resident_memory_bytes", ())] > 0
 
 
 class HeldStore:
@@ -235,16 +245,24 @@ def test_a_wedged_loop_fails_the_liveness_probe_and_a_moving_one_passes_again(
         t.join(30)
 
 
-def serve(tmp_path, topics, bootstrap, kafka="", worker=""):
+SERVE = [sys.executable, "-m", "streambandit", "serve", "--processes", "1"]
+
+
+def config_file(tmp_path, topics, bootstrap, kafka="", worker=""):
     cfg = tmp_path / "w.toml"
     cfg.write_text(
         f'[kafka]\n"bootstrap.servers" = "{bootstrap}"\n{kafka}\n[worker]\ngroup_id = "g-x"\n'
         f'snapshot_dir = "{tmp_path / "snaps"}"\n{worker}\n{topics_toml(topics)}\n'
         '[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\nreward_window_ms = 500\ndefault_reward = 0.0\n'
     )
+    return cfg
+
+
+def serve(tmp_path, topics, bootstrap, kafka="", worker="", args=()):
+    cfg = config_file(tmp_path, topics, bootstrap, kafka, worker)
     started = time.monotonic()
     out = subprocess.run(
-        [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--processes", "1"],
+        [*SERVE, "--config", str(cfg), *args],
         capture_output=True,
         text=True,
         timeout=120,
@@ -276,9 +294,46 @@ def test_a_misspelled_librdkafka_key_is_one_error_line_naming_it(broker, tmp_pat
     )
 
 
-def test_topics_create_then_serve_starts_with_no_other_setup(broker, tmp_path):
-    import uuid
+def test_with_json_logs_every_stderr_line_is_json_librdkafka_s_and_the_last_error_too(
+    own_broker, tmp_path
+):
+    topics, _ = make_topics(own_broker, partitions=2)
+    cfg = config_file(tmp_path, topics, own_broker.bootstrap_servers)
+    stderr = tmp_path / "stderr"
+    with open(stderr, "w") as err:
+        proc = subprocess.Popen(
+            [*SERVE, "--config", str(cfg), "--log-format", "json"],
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+        )
+        try:
+            # The broker goes away under the running worker: librdkafka's lines about it follow,
+            # for a few seconds (its exit, a bounded wait for the broker, is not waited for here).
+            assert wait_for(lambda: "partition assigned" in stderr.read_text(), timeout_s=60)
+            own_broker.stop()
+            assert wait_for(lambda: '"streambandit.kafka"' in stderr.read_text(), timeout_s=30)
+            time.sleep(2)
+        finally:
+            proc.kill()
+            proc.wait()
+    lines = [json.loads(line) for line in stderr.read_text().splitlines()]  # each line parses
+    assert any(
+        "Connection refused" in d["message"] for d in lines if d["logger"] == "streambandit.kafka"
+    )
+    # No broker at all: the error the command ends with is a JSON line too, and the only line.
+    out, _ = serve(
+        tmp_path,
+        topics,
+        own_broker.bootstrap_servers,
+        worker="broker_wait_s = 2",
+        args=["--log-format", "json"],
+    )
+    assert out.returncode == 1
+    [last] = [json.loads(line) for line in out.stderr.splitlines()]
+    assert last["level"] == "ERROR" and "no Kafka broker answered at" in last["message"]
 
+
+def test_topics_create_then_serve_starts_with_no_other_setup(broker, tmp_path):
     tag = uuid.uuid4().hex[:8]
     cfg = tmp_path / "w.toml"
     cfg.write_text(
