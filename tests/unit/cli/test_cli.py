@@ -112,3 +112,35 @@ def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeyp
     assert (
         args.max_models is None
     )  # a replica holds the learners' models, bounded by their max_models
+
+
+def test_api_with_json_logs_writes_only_json_lines_on_stderr(tmp_path):
+    import json
+    import signal
+    import time
+
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[[models]]\nmatch = "ads"\npolicy = "oful"\ndim = 3\nreward_window_ms = 1000\n'
+        "default_reward = 0.0\n"
+    )
+    err = tmp_path / "stderr"
+    with open(err, "w") as stderr:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", "0"]
+            + ["--log-format", "json", "--snapshot", str(tmp_path / "api.snap")],
+            stdout=subprocess.DEVNULL,
+            stderr=stderr,
+        )
+        deadline = time.monotonic() + 60
+        while "api: serving" not in err.read_text() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    lines = [json.loads(line) for line in err.read_text().splitlines()]  # each line parses
+    assert [d["message"].split(" ")[1] for d in lines] == ["serving", "state", "stopped"], lines
+    # The error a command ends with is a JSON line too.
+    out = run("api", "--log-format", "json")
+    assert out.returncode == 2
+    [line] = [json.loads(line) for line in out.stderr.splitlines()]
+    assert line["level"] == "ERROR" and "give --models" in line["message"]
