@@ -116,7 +116,8 @@ class _Metrics:
         yield c
         h = HistogramMetricFamily(
             "streambandit_api_request_seconds",
-            "time from a request's arrival to its answer, by route and status",
+            "time from the handler taking a request (its body not yet read) to its answer, "
+            "by route and status",
             labels=["route", "status"],
         )
         for (route, status), hist in sorted(self.seconds.items()):

@@ -5,7 +5,8 @@ histograms observed a batch at a time (numpy), and about once a second publishes
 an immutable copy of those figures plus its gauges (models, open decisions, lag per partition).
 The HTTP thread renders only the newest published ``Status`` (``prometheus_client``'s text
 format), so a scrape reads no structure the loop is changing. Liveness and readiness read two
-plain attributes the loop sets (the time of its last progress, whether it is recovering).
+plain attributes the loop sets (the time of its last progress, whether it is recovering); the
+scrape adds readiness (``streambandit_ready``) and the process's own figures, read as it renders.
 
     GET /metrics   Prometheus text format
     GET /healthz   200 while the loop made progress within ``health_timeout_s``, else 503
