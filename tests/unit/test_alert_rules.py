@@ -96,3 +96,14 @@ def test_promtool_loads_the_configuration_and_each_alert_fires_on_its_test_serie
     ):
         out = subprocess.run(["promtool", *args], capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stdout + out.stderr
+
+
+def test_prometheus_yml_loads_the_rules_where_compose_mounts_them():
+    config = (DEPLOY / "prometheus.yml").read_text()
+    [rule_file] = re.findall(r"rule_files:\n\s+- (\S+)", config)
+    assert (
+        DEPLOY / rule_file
+    ).resolve() == RULES  # relative to prometheus.yml, as Prometheus reads it
+    compose = (DEPLOY / "docker-compose.yml").read_text()
+    assert '"./prometheus.yml:/etc/prometheus/prometheus.yml:ro"' in compose
+    assert f'"./{rule_file}:/etc/prometheus/{rule_file}:ro"' in compose
