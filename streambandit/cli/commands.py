@@ -83,6 +83,13 @@ def _cmd_serve(args: argparse.Namespace) -> int:
     if args.metrics_port is not None:
         config = dataclasses.replace(config, metrics_port=args.metrics_port)
     check_client_settings(config, source=f"{args.config} [kafka]")
+    if args.print_config:
+        from streambandit.config.app import dump_worker_config
+
+        if args.snapshot_topic or args.snapshot_dir:  # the command line's store replaces the file's
+            snaps = dataclasses.replace(snaps, topic=args.snapshot_topic, dir=args.snapshot_dir)
+        print(dump_worker_config(config, snaps), end="")
+        return 0
     if args.check_config:
         models = ", ".join(f"{m.match} ({m.policy}, d={m.dim})" for m in config.models.specs)
         topics = ", ".join(config.topics.all(config.learn_only))
@@ -981,7 +988,15 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--check-config",
         action="store_true",
-        help="validate the configuration (TOML, models, librdkafka settings) and exit",
+        help="validate the configuration (the file under the STREAMBANDIT_<TABLE>__<KEY> "
+        "environment: every setting's type and range, settings that must agree, models, "
+        "librdkafka settings) and exit; no broker is contacted",
+    )
+    serve.add_argument(
+        "--print-config",
+        action="store_true",
+        help="validate as --check-config, then print the configuration in effect (defaults, "
+        "environment and command line applied) as TOML, credentials masked, and exit",
     )
     serve.add_argument(
         "-v", "--verbose", action="store_true", help="DEBUG log lines (the default is INFO)"

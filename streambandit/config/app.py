@@ -36,22 +36,29 @@ settings and the models.
 from __future__ import annotations
 
 import dataclasses
+import os
+import re
 import tomllib
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from streambandit.config.models import parse_models_config
+from streambandit.config import schema
+from streambandit.config.conflicts import snapshot_topic_conflict
+from streambandit.config.environment import apply_environment
+from streambandit.config.kafka import check_user_settings
+from streambandit.config.models import dump_models_config, parse_models_config, toml_value
 from streambandit.config.worker import Topics, WorkerConfig
 
 __all__ = [
     "load_worker_config",
     "parse_worker_config",
+    "dump_worker_config",
     "SnapshotSettings",
     "DEFAULT_MAX_CHUNK_BYTES",
 ]
 
-# Half of Kafka's default maximum message size (~1 MB), leaving room for the header and key.
-DEFAULT_MAX_CHUNK_BYTES = 512 * 1024
+DEFAULT_MAX_CHUNK_BYTES = schema.table("worker")["snapshot_max_chunk_bytes"].default
 
 
 @dataclasses.dataclass(frozen=True)
@@ -63,24 +70,22 @@ class SnapshotSettings:
     max_chunk_bytes: int = DEFAULT_MAX_CHUNK_BYTES
 
 
-_TABLES = {"kafka", "worker", "topics", "models"}
 _SNAPSHOT_KEYS = {
     "snapshot_topic": "topic",
     "snapshot_dir": "dir",
     "snapshot_max_chunk_bytes": "max_chunk_bytes",
 }
-_WORKER_KEYS = {f.name for f in dataclasses.fields(WorkerConfig)} - {
-    "bootstrap_servers",
-    "models",
-    "topics",
-    "kafka",
-}
 
 
 def load_worker_config(
-    path: str | Path, *, bootstrap_servers: str | None = None
+    path: str | Path,
+    *,
+    bootstrap_servers: str | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> tuple[WorkerConfig, SnapshotSettings]:
-    """The worker configuration and where its snapshots go."""
+    """The worker configuration and where its snapshots go: the file, under the settings of the
+    environment (``STREAMBANDIT_<TABLE>__<KEY>``, config/environment.py; ``os.environ`` unless
+    ``environ`` is given), under ``bootstrap_servers``."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -88,72 +93,85 @@ def load_worker_config(
         raise ValueError(f"configuration file {p} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p} is not valid TOML: {exc}") from exc
+    raw = apply_environment(raw, os.environ if environ is None else environ)
     return parse_worker_config(raw, source=str(p), bootstrap_servers=bootstrap_servers)
 
 
 def parse_worker_config(
     raw: dict[str, Any], *, source: str = "<config>", bootstrap_servers: str | None = None
 ) -> tuple[WorkerConfig, SnapshotSettings]:
-    unknown_tables = sorted(set(raw) - _TABLES)
+    """Validate a parsed configuration document; every error is one line naming the key."""
+    unknown_tables = sorted(set(raw) - set(schema.TABLES))
     if unknown_tables:
         raise ValueError(
             f"{source}: unknown table(s) or key(s) at the top level: {', '.join(unknown_tables)}; "
-            f"known: {', '.join(sorted(_TABLES))}"
+            f"known: {', '.join(sorted(schema.TABLES))}"
         )
+    for name in ("kafka", "worker", "topics"):
+        if not isinstance(raw.get(name, {}), dict):
+            raise ValueError(f"{source}: {name} must be a table ([{name}])")
     kafka = dict(raw.get("kafka", {}))
     bootstrap = bootstrap_servers or kafka.pop("bootstrap.servers", None)
     kafka.pop("bootstrap.servers", None)
-    if not bootstrap:
-        raise ValueError(f'{source}: [kafka] needs "bootstrap.servers"')
+    if not bootstrap or not isinstance(bootstrap, str):
+        raise ValueError(f'{source}: [kafka] needs "bootstrap.servers" (a string)')
     worker = dict(raw.get("worker", {}))
-    snapshots = _snapshot_settings(
-        {k: worker.pop(k) for k in list(worker) if k in _SNAPSHOT_KEYS}, source
-    )
-    unknown = sorted(set(worker) - _WORKER_KEYS)
-    if unknown:
-        known = ", ".join(sorted(_WORKER_KEYS | set(_SNAPSHOT_KEYS)))
-        raise ValueError(
-            f"{source}: [worker] has unknown setting(s) {', '.join(unknown)}; known: {known}"
-        )
-    topics = raw.get("topics", {})
-    known_topics = {f.name for f in dataclasses.fields(Topics)}
-    if not isinstance(topics, dict) or set(topics) - known_topics:
-        extra = (
-            sorted(set(topics) - known_topics) if isinstance(topics, dict) else ["(not a table)"]
-        )
-        raise ValueError(
-            f"{source}: [topics] has unknown key(s) {', '.join(extra)}; "
-            f"known: {', '.join(sorted(known_topics))}"
-        )
+    topics = dict(raw.get("topics", {}))
     try:
-        topics_obj = Topics(**topics)
-    except (TypeError, ValueError) as exc:
-        raise ValueError(f"{source}: [topics]: {exc}") from None
-    cfg = WorkerConfig(
-        bootstrap_servers=bootstrap,
-        models=parse_models_config(raw, source=source),
-        topics=topics_obj,
-        kafka=kafka,
-        **worker,
+        schema.check_table("worker", worker)
+        schema.check_table("topics", topics)
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    snapshots = SnapshotSettings(
+        **{_SNAPSHOT_KEYS[k]: worker.pop(k) for k in list(worker) if k in _SNAPSHOT_KEYS}
     )
-    return cfg, snapshots
-
-
-def _snapshot_settings(raw: dict[str, Any], source: str) -> SnapshotSettings:
-    s = SnapshotSettings(**{_SNAPSHOT_KEYS[k]: v for k, v in raw.items()})
-    if s.topic is not None and s.dir is not None:
+    if snapshots.topic is not None and snapshots.dir is not None:
         raise ValueError(
             f"{source}: [worker] sets both snapshot_topic and snapshot_dir; choose one"
         )
-    for name, value in (("snapshot_topic", s.topic), ("snapshot_dir", s.dir)):
-        if value is not None and (not isinstance(value, str) or not value):
-            raise ValueError(f"{source}: [worker] {name} must be a non-empty string, got {value!r}")
-    if (
-        not isinstance(s.max_chunk_bytes, int)
-        or isinstance(s.max_chunk_bytes, bool)
-        or s.max_chunk_bytes < 1
-    ):
-        raise ValueError(
-            f"{source}: [worker] snapshot_max_chunk_bytes must be a positive integer, got {s.max_chunk_bytes!r}"
+    models = parse_models_config(raw, source=source)
+    try:
+        # Here, not in WorkerConfig: a program building one with these gets them forced.
+        check_user_settings(kafka)
+        cfg = WorkerConfig(
+            bootstrap_servers=bootstrap,
+            models=models,
+            topics=Topics(**topics),
+            kafka=kafka,
+            **worker,
         )
-    return s
+    except ValueError as exc:
+        raise ValueError(f"{source}: {exc}") from None
+    problem = snapshot_topic_conflict(snapshots.topic, cfg)
+    if problem:
+        raise ValueError(f"{source}: {problem}")
+    return cfg, snapshots
+
+
+def dump_worker_config(config: WorkerConfig, snapshots: SnapshotSettings) -> str:
+    """The whole configuration, defaults included, as TOML text that
+    :func:`parse_worker_config` reads back to it, with every credential masked
+    (``schema.is_secret``): what ``serve --print-config`` prints."""
+
+    def line(key: str, value: Any) -> str:
+        shown = schema.MASK if schema.is_secret(key) else value
+        name = key if re.fullmatch(r"[A-Za-z0-9_-]+", key) else toml_value(key, "[kafka]")
+        return f"{name} = {toml_value(shown, key)}"
+
+    kafka = {k: v for k, v in config.kafka.items() if not isinstance(v, dict)}
+    lines = ["[kafka]", line("bootstrap.servers", config.bootstrap_servers)]
+    lines += [line(k, v) for k, v in kafka.items()]
+    for client in ("consumer", "producer"):
+        if config.kafka.get(client):
+            lines += ["", f"[kafka.{client}]"]
+            lines += [line(k, v) for k, v in config.kafka[client].items()]
+    held = config.worker_settings() | {k: getattr(snapshots, v) for k, v in _SNAPSHOT_KEYS.items()}
+    lines += ["", "[worker]"]
+    for key in schema.table("worker"):
+        if held[key] is None:
+            lines.append(f"# {key} unset")
+        else:
+            lines.append(line(key, held[key]))
+    lines += ["", "[topics]"]
+    lines += [line(k, v) for k, v in dataclasses.asdict(config.topics).items()]
+    return "\n".join(lines) + "\n\n" + dump_models_config(config.models)

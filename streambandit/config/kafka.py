@@ -1,7 +1,8 @@
 """The librdkafka settings the worker needs for exactly-once, as functions returning dicts.
 
 User settings (``[kafka]`` in the worker configuration, dotted librdkafka names) are merged over
-these, except the few that exactly-once depends on, which are forced. Settings for one kind of
+these, except the few that exactly-once depends on (``FORCED``): the worker sets those itself,
+and a configuration giving one another value is refused (:func:`check_user_settings`). Settings for one kind of
 client go in a sub-table, ``[kafka.consumer]`` or ``[kafka.producer]`` (librdkafka warns about a
 consumer setting given to a producer); the consumers include the recovery reader.
 """
@@ -11,7 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "FORCED",
     "RANGE_READS",
+    "check_user_settings",
     "consumer_settings",
     "producer_settings",
     "reader_settings",
@@ -34,6 +37,71 @@ _GROUP_TIMING = {
 # all of it even when records are there: docs/notes/tansu.md), and a snapshot of many models
 # comes in few large fetches rather than one per MiB (python -m bench.kafka --only handoff).
 RANGE_READS = {"fetch.wait.max.ms": 10, "max.partition.fetch.bytes": 32 * 1024 * 1024}
+
+
+# What exactly-once needs, for the group consumer's and the producer's settings: each key, the
+# value the worker sets (None: a value of its own, per worker) and why.
+_READ_COMMITTED = "never read another transaction's uncommitted records"
+_OFFSETS_IN_TRANSACTION = "offsets commit inside the output transaction only"
+FORCED_CONSUMER: dict[str, tuple[Any, str]] = {
+    "group.id": (None, "the group is [worker] group_id"),
+    "enable.auto.commit": (False, _OFFSETS_IN_TRANSACTION),
+    "enable.auto.offset.store": (False, _OFFSETS_IN_TRANSACTION),
+    "isolation.level": ("read_committed", _READ_COMMITTED),
+}
+FORCED_PRODUCER: dict[str, tuple[Any, str]] = {
+    "transactional.id": (
+        None,
+        "each worker's own, <group_id>-<instance id>, fences its predecessor",
+    ),
+    "enable.idempotence": (True, "a transactional producer must be idempotent"),
+    "acks": ("all", "a committed record must be on every in-sync replica"),
+}
+# librdkafka's other names of forced settings.
+_ALIASES = {"request.required.acks": "acks"}
+FORCED = (
+    FORCED_CONSUMER
+    | FORCED_PRODUCER
+    | {alias: FORCED_PRODUCER[name] for alias, name in _ALIASES.items()}
+)
+
+
+def check_user_settings(user: dict[str, Any], where: str = "[kafka]") -> None:
+    """ValueError, one line, for a ``[kafka]`` table the worker cannot use as it is: a sub-table
+    other than consumer or producer, a value that is itself a table, ``group.instance.id``, or a
+    setting exactly-once depends on (``FORCED``) with another value than the worker's."""
+    for_client("admin", user)  # the sub-tables
+    tables = [("", user)] + [(f".{k}", v) for k, v in user.items() if k in ("consumer", "producer")]
+    for suffix, settings in tables:
+        for key, value in settings.items():
+            if suffix and isinstance(value, dict):
+                raise ValueError(f"{where[:-1]}{suffix}] {key} is a table; settings only here")
+            if key == "group.instance.id":
+                raise ValueError(f"{where[:-1]}{suffix}] {key}: {_NO_INSTANCE_ID}")
+            if key in FORCED and not _same(value, FORCED[key][0]):
+                forced, why = FORCED[key]
+                needs = "its own value" if forced is None else f"{_text(forced)}"
+                raise ValueError(
+                    f"{where[:-1]}{suffix}] {key} = {value!r} is refused: exactly-once needs "
+                    f"{needs}, which the worker sets ({why})"
+                )
+
+
+def _text(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _same(value: Any, forced: Any) -> bool:
+    # The environment gives every librdkafka value as text: "false" is False.
+    return forced is not None and _text(value).strip().lower() == _text(forced).lower()
+
+
+# One configuration file serves every process of a group (serve --processes N, a StatefulSet):
+# one id for all would have each new member fence the one before.
+_NO_INSTANCE_ID = (
+    "group.instance.id cannot be set in the configuration: set [worker] static_membership = true, "
+    "and each worker process uses its own instance id (--instance-id)"
+)
 
 
 def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
@@ -101,7 +169,10 @@ def producer_settings(
         "delivery.report.only.error": True,
     }
     s.update(for_client("producer", user))
-    s.update({"transactional.id": transactional_id, "enable.idempotence": True, "acks": "all"})
+    for alias in _ALIASES:
+        s.pop(alias, None)
+    s.update({k: v for k, (v, _) in FORCED_PRODUCER.items() if v is not None})
+    s["transactional.id"] = transactional_id
     return s
 
 

@@ -30,6 +30,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+from streambandit.config import schema
 from streambandit.policies.base import POLICIES, Policy, make_policy
 
 __all__ = [
@@ -39,9 +40,13 @@ __all__ = [
     "load_models_config",
     "parse_models_config",
     "dump_models_config",
+    "toml_value",
 ]
 
-AGGREGATIONS = ("first", "last", "sum")
+AGGREGATIONS = schema.table("models")["aggregation"].choices
+# Each field's type, range and default: config/schema.py; hyper holds the policy's own.
+_SETTINGS = schema.table("models")
+_FIELDS = set(_SETTINGS) | {"hyper"}
 _GLOB_CHARS = set("*?[")
 
 
@@ -55,9 +60,9 @@ class ModelSpec:
     hyper: dict[str, Any]
     reward_window_ms: int
     default_reward: float
-    aggregation: str = "first"
-    epsilon: float = 0.0
-    seed: int = 0
+    aggregation: str = schema.table("models")["aggregation"].default
+    epsilon: float = schema.table("models")["epsilon"].default
+    seed: int = schema.table("models")["seed"].default
 
     @property
     def is_pattern(self) -> bool:
@@ -121,66 +126,34 @@ def parse_models_config(raw: dict[str, Any], source: str = "<config>") -> Models
         where = f"{source}: [[models]] #{n}"
         if not isinstance(entry, dict):
             raise ValueError(f"{where} must be a table")
-        known = {f.name for f in dataclasses.fields(ModelSpec)}
-        unknown = sorted(set(entry) - known)
+        unknown = sorted(set(entry) - _FIELDS)
         if unknown:
             raise ValueError(
-                f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(known))}"
+                f"{where}: unknown field(s) {', '.join(unknown)}; fields are {', '.join(sorted(_FIELDS))}"
             )
-        for required in ("match", "policy", "dim", "reward_window_ms", "default_reward"):
-            if required not in entry:
-                raise ValueError(f"{where}: missing required field {required!r}")
+        for key, setting in _SETTINGS.items():
+            if setting.default is schema.REQUIRED and key not in entry:
+                raise ValueError(f"{where}: missing required field {key!r}")
         match = entry["match"]
-        if not isinstance(match, str) or not match:
-            raise ValueError(f"{where}: match must be a non-empty string")
+        _SETTINGS["match"].check(match, f"{where}:")
         if match in seen:
             raise ValueError(f"{where}: match {match!r} is configured twice")
         seen.add(match)
         where = f"{source}: [[models]] {match!r}"
-        if entry["policy"] not in POLICIES:
+        if not isinstance(entry["policy"], str) or entry["policy"] not in POLICIES:
             raise ValueError(
                 f"{where}: unknown policy {entry['policy']!r}; known: {', '.join(sorted(POLICIES))}"
             )
-        window = entry["reward_window_ms"]
-        if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
-            raise ValueError(
-                f"{where}: reward_window_ms must be a positive integer, got {window!r}"
-            )
-        aggregation = entry.get("aggregation", "first")
-        if aggregation not in AGGREGATIONS:
-            raise ValueError(
-                f"{where}: aggregation must be one of {', '.join(AGGREGATIONS)}, got {aggregation!r}"
-            )
-        epsilon = entry.get("epsilon", 0.0)
-        if (
-            isinstance(epsilon, bool)
-            or not isinstance(epsilon, (int, float))
-            or not 0.0 <= epsilon <= 1.0
-        ):
-            raise ValueError(f"{where}: epsilon must be in [0, 1], got {epsilon!r}")
+        for key, value in entry.items():
+            if key in _SETTINGS:
+                _SETTINGS[key].check(value, f"{where}:")
         hyper = entry.get("hyper", {})
         if not isinstance(hyper, dict):
             raise ValueError(f"{where}: hyper must be a table")
-        default_reward = entry["default_reward"]
-        if (
-            isinstance(default_reward, bool)
-            or not isinstance(default_reward, (int, float))
-            or not math.isfinite(default_reward)
-        ):
-            raise ValueError(
-                f"{where}: default_reward must be a finite number, got {default_reward!r}"
-            )
-        spec = ModelSpec(
-            match=match,
-            policy=entry["policy"],
-            dim=entry["dim"],
-            hyper=dict(hyper),
-            reward_window_ms=window,
-            default_reward=float(default_reward),
-            aggregation=aggregation,
-            epsilon=float(epsilon),
-            seed=entry.get("seed", 0),
-        )
+        values = {k: entry.get(k, s.default) for k, s in _SETTINGS.items()}
+        for key in ("default_reward", "epsilon"):  # an integer in the file is a float here
+            values[key] = float(values[key])
+        spec = ModelSpec(**values, hyper=dict(hyper))
         # Build one policy now so a bad dim or hyper-parameter fails at start-up, not on the first
         # event; and the default reward must be one the policy accepts (e.g. in [0, 1] for logistic).
         try:
@@ -192,7 +165,7 @@ def parse_models_config(raw: dict[str, Any], source: str = "<config>") -> Models
     return ModelsConfig(tuple(specs))
 
 
-def _toml_value(v: Any, where: str) -> str:
+def toml_value(v: Any, where: str) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, int):
@@ -223,7 +196,7 @@ def dump_models_config(config: ModelsConfig) -> str:
             "epsilon",
             "seed",
         ):
-            lines.append(f"{field} = {_toml_value(getattr(spec, field), where)}")
+            lines.append(f"{field} = {toml_value(getattr(spec, field), where)}")
         if spec.hyper:
             lines.append("[models.hyper]")
             for key, value in spec.hyper.items():
@@ -231,6 +204,6 @@ def dump_models_config(config: ModelsConfig) -> str:
                     raise ValueError(
                         f"{where}: hyper-parameter name {key!r} is not a bare TOML key"
                     )
-                lines.append(f"{key} = {_toml_value(value, where)}")
+                lines.append(f"{key} = {toml_value(value, where)}")
         lines.append("")
     return "\n".join(lines)
