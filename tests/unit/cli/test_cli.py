@@ -96,6 +96,50 @@ def test_check_config_validates_and_exits(tmp_path):
     assert out.returncode == 2 and "linger.ms" in out.stderr and out.stderr.count("\n") == 1
 
 
+def test_a_wrong_type_is_one_line_and_exit_2_at_the_check_and_at_the_start(tmp_path):
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        '[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n[worker]\nsnapshot_dir = "s"\n'
+        'snapshot_interval_s = "30s"\n[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\n'
+        "reward_window_ms = 500\ndefault_reward = 0.0\n"
+    )
+    for check in (["--check-config"], ["--processes", "1", "--duration", "1"]):
+        out = run("serve", "--config", str(cfg), *check)
+        assert out.returncode == 2 and out.stderr == (
+            f"streambandit: error: {cfg}: [worker] snapshot_interval_s must be a number > 0, "
+            "got '30s'\n"
+        )
+
+
+def test_print_config_shows_the_settings_in_effect_with_credentials_masked(tmp_path):
+    import os
+    import tomllib
+
+    cfg = tmp_path / "w.toml"
+    cfg.write_text(
+        '[kafka]\n"bootstrap.servers" = "127.0.0.1:1"\n"sasl.password" = "in-the-file"\n'
+        '[worker]\nsnapshot_dir = "s"\n[[models]]\nmatch = "m-*"\npolicy = "oful"\ndim = 3\n'
+        "reward_window_ms = 500\ndefault_reward = 0.0\n"
+    )
+    env = os.environ | {
+        "STREAMBANDIT_WORKER__MERGE_WAIT_MS": "7",
+        "STREAMBANDIT_KAFKA__PRODUCER__SSL_KEY_PASSWORD": "from-a-secret",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "serve", "--config", str(cfg), "--print-config"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "in-the-file" not in out.stdout and "from-a-secret" not in out.stdout
+    printed = tomllib.loads(out.stdout)
+    assert printed["kafka"]["producer"]["ssl.key.password"] == "********"
+    assert printed["worker"]["merge_wait_ms"] == 7 and printed["worker"]["idle_tick_ms"] == 1000
+    assert printed["topics"]["dead_letter"] == "dead-letter" and printed["models"][0]["dim"] == 3
+
+
 def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeypatch):
     import streambandit.serving.api
     from streambandit.cli import commands as cli
