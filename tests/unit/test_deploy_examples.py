@@ -34,6 +34,17 @@ def test_example_configurations_load(name, text):
     assert config.models.resolve("ads-homepage").build().dim == 20
 
 
+def test_the_manifests_credentials_come_from_a_secret_as_settings_the_worker_reads():
+    from streambandit.config.environment import apply_environment
+
+    manifest = (DEPLOY / "k8s" / "streambandit.yaml").read_text()
+    names = re.findall(r"- name: (STREAMBANDIT_\w+)\n\s+valueFrom: \{secretKeyRef", manifest)
+    assert names, "the worker's Kafka credentials come from a Secret"
+    raw = apply_environment(tomllib.loads(k8s_worker_toml()), {n: "x" for n in names})
+    config, _ = parse_worker_config(raw)
+    assert config.kafka["sasl.username"] == config.kafka["sasl.password"] == "x"
+
+
 def test_compose_creates_the_topics_of_the_configuration_its_workers_read():
     compose = (DEPLOY / "docker-compose.yml").read_text()
     created = re.search(r'command: \["topics", "create", "--config", "([^"]+)"', compose).group(1)
