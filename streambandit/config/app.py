@@ -1,5 +1,6 @@
 """The worker's configuration file: one TOML document with the Kafka connection, the worker's
-settings and the models.
+settings and the models, under the environment's settings (config/environment.py). Each
+setting's type, range and default: config/schema.py.
 
     [kafka]                       # librdkafka settings, passed through (dotted names)
     "bootstrap.servers" = "kafka-1:9092,kafka-2:9092"

@@ -2,9 +2,10 @@
 
 User settings (``[kafka]`` in the worker configuration, dotted librdkafka names) are merged over
 these, except the few that exactly-once depends on (``FORCED``): the worker sets those itself,
-and a configuration giving one another value is refused (:func:`check_user_settings`). Settings for one kind of
-client go in a sub-table, ``[kafka.consumer]`` or ``[kafka.producer]`` (librdkafka warns about a
-consumer setting given to a producer); the consumers include the recovery reader.
+and a configuration giving one of them another value is refused (:func:`check_user_settings`).
+Settings for one kind of client go in a sub-table, ``[kafka.consumer]`` or ``[kafka.producer]``
+(librdkafka warns about a consumer setting given to a producer); the consumers include the
+recovery reader.
 """
 
 from __future__ import annotations
@@ -66,24 +67,26 @@ FORCED = (
 )
 
 
-def check_user_settings(user: dict[str, Any], where: str = "[kafka]") -> None:
+def check_user_settings(user: dict[str, Any]) -> None:
     """ValueError, one line, for a ``[kafka]`` table the worker cannot use as it is: a sub-table
     other than consumer or producer, a value that is itself a table, ``group.instance.id``, or a
     setting exactly-once depends on (``FORCED``) with another value than the worker's."""
     for_client("admin", user)  # the sub-tables
-    tables = [("", user)] + [(f".{k}", v) for k, v in user.items() if k in ("consumer", "producer")]
-    for suffix, settings in tables:
+    tables = [("[kafka]", user)] + [
+        (f"[kafka.{k}]", v) for k, v in user.items() if k in ("consumer", "producer")
+    ]
+    for where, settings in tables:
         for key, value in settings.items():
-            if suffix and isinstance(value, dict):
-                raise ValueError(f"{where[:-1]}{suffix}] {key} is a table; settings only here")
+            if where != "[kafka]" and isinstance(value, dict):
+                raise ValueError(f"{where} {key} is a table; settings only here")
             if key == "group.instance.id":
-                raise ValueError(f"{where[:-1]}{suffix}] {key}: {_NO_INSTANCE_ID}")
+                raise ValueError(f"{where} {_NO_INSTANCE_ID}")
             if key in FORCED and not _same(value, FORCED[key][0]):
                 forced, why = FORCED[key]
-                needs = "its own value" if forced is None else f"{_text(forced)}"
+                needs = "its own value" if forced is None else _text(forced)
                 raise ValueError(
-                    f"{where[:-1]}{suffix}] {key} = {value!r} is refused: exactly-once needs "
-                    f"{needs}, which the worker sets ({why})"
+                    f"{where} {key} = {value!r} is refused: exactly-once needs {needs}, which "
+                    f"the worker sets ({why})"
                 )
 
 
@@ -92,8 +95,10 @@ def _text(value: Any) -> str:
 
 
 def _same(value: Any, forced: Any) -> bool:
-    # The environment gives every librdkafka value as text: "false" is False.
-    return forced is not None and _text(value).strip().lower() == _text(forced).lower()
+    """Whether a user's ``value`` is the one the worker sets anyway. The environment gives every
+    librdkafka value as text ("false" is False), and librdkafka takes -1 for acks=all."""
+    text = _text(value).strip().lower()
+    return forced is not None and (text == _text(forced).lower() or (forced, text) == ("all", "-1"))
 
 
 # One configuration file serves every process of a group (serve --processes N, a StatefulSet):

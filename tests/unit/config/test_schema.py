@@ -138,7 +138,7 @@ def test_a_setting_exactly_once_needs_is_refused_with_the_reason(key, table):
 
 
 def test_the_value_the_worker_sets_anyway_is_accepted_from_the_file_and_the_environment():
-    kafka = {"bootstrap.servers": "x:1", "isolation.level": "read_committed", "acks": "all"}
+    kafka = {"bootstrap.servers": "x:1", "isolation.level": "read_committed", "acks": -1}
     config, _ = parse_worker_config(BASE | {"kafka": kafka})
     env = {"STREAMBANDIT_KAFKA__ENABLE_AUTO_COMMIT": "false"}
     config, _ = parse_worker_config(apply_environment(BASE, env))
