@@ -451,14 +451,17 @@ def check_table(name: str, values: dict[str, Any], where: str | None = None) -> 
 MASK = "********"
 
 # librdkafka settings that hold a credential though their name says none of the words below.
-_SECRET_KEYS = {"ssl.key.pem", "ssl_key", "sasl.oauthbearer.config"}
-_SECRET_WORDS = {"password", "passwd", "secret", "token", "credentials"}
+_SECRET_KEYS = {"sasl.oauthbearer.config"}
+_SECRET_WORDS = {"password", "passwd", "passphrase", "secret", "token", "credentials"}
 
 
 def is_secret(key: str) -> bool:
     """Whether librdkafka setting ``key`` holds a credential (``serve --print-config`` masks it):
-    a password, secret or token, or a private key (not a key's location, a file path)."""
-    return key in _SECRET_KEYS or bool(_SECRET_WORDS & set(re.split(r"[._]", key.lower())))
+    a password, passphrase, secret or token, or a private key itself (``ssl.key.pem``, not
+    ``ssl.key.location``, a file's path, nor ``ssl.certificate.pem``, public)."""
+    words = re.split(r"[._]", key.lower())
+    private_key = "key" in words and words[-1] in ("pem", "key")
+    return key in _SECRET_KEYS or private_key or bool(_SECRET_WORDS & set(words))
 
 
 def markdown() -> str:

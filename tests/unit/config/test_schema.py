@@ -272,6 +272,8 @@ def test_the_environment_overrides_the_file_and_names_its_variable(tmp_path):
         ("ssl.keystore.password", True),
         ("sasl.oauthbearer.client.secret", True),
         ("ssl.key.pem", True),
+        ("ssl_key", True),
+        ("sasl.oauthbearer.assertion.private.key.passphrase", True),
         ("sasl.oauthbearer.config", True),
         ("sasl.username", False),
         ("ssl.key.location", False),
