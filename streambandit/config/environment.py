@@ -13,8 +13,10 @@ A librdkafka key's dots are single underscores (no librdkafka setting that takes
 underscore in its name). ``[worker]`` and ``[topics]`` values are parsed as their setting's type
 (config/schema.py: true/false, numbers; an empty value unsets an optional setting); librdkafka
 values are passed as text, which librdkafka parses. ``[[models]]`` come from the file only.
-Variables without a double underscore (``STREAMBANDIT_BOOTSTRAP_SERVERS``, which
-``--bootstrap-servers`` reads) are not settings of the file and are left alone.
+Other variables without a double underscore (``STREAMBANDIT_BOOTSTRAP_SERVERS``, which
+``--bootstrap-servers`` reads, ``STREAMBANDIT_KAFKA_CACHE``) are not settings of the file and
+are left alone; ``STREAMBANDIT_WORKER_...`` and ``STREAMBANDIT_TOPICS_...`` with one underscore
+are refused as the misspellings they are.
 """
 
 from __future__ import annotations
@@ -44,6 +46,12 @@ def apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[s
     type."""
     out = copy.deepcopy(raw)
     for name in sorted(environ):
+        if name.startswith(("STREAMBANDIT_WORKER_", "STREAMBANDIT_TOPICS_")) and "__" not in name:
+            table, _, key = name[len(PREFIX) :].partition("_")
+            raise ValueError(
+                f"{name} names no setting: table and key are joined by two underscores "
+                f"({PREFIX}{table}__{key})"
+            )
         if not name.startswith(PREFIX) or "__" not in name:
             continue
         text = environ[name]

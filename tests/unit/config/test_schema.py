@@ -256,6 +256,10 @@ def test_the_environment_overrides_the_file_and_names_its_variable(tmp_path):
         ("STREAMBANDIT_WORKER__SNAPSHOT_INTERVAL", "[worker] has no setting snapshot_interval"),
         ("STREAMBANDIT_MODELS__DIM", "STREAMBANDIT_MODELS__DIM names no setting"),
         ("STREAMBANDIT_KAFKA__ADMIN__X", "STREAMBANDIT_KAFKA__ADMIN__X names no setting"),
+        (
+            "STREAMBANDIT_WORKER_MERGE_WAIT_MS",
+            "two underscores (STREAMBANDIT_WORKER__MERGE_WAIT_MS)",
+        ),
     ):
         with pytest.raises(ValueError) as info:
             load_worker_config(path, environ={var: "1"})
