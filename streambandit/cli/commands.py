@@ -174,12 +174,32 @@ def _supervise(
     return code
 
 
+def _reach_brokers(config: Any, path: str) -> None:
+    """What every command that talks to a broker does first, as ``serve`` does: librdkafka
+    judges the ``[kafka]`` settings (one line naming a bad key, exit 2), then a broker must
+    answer within ``[worker] broker_wait_s`` (one line, exit 1), librdkafka's own connection
+    lines held back (stream/kafka_checks.py); later ones are log lines on stderr, warnings and
+    errors only unless the command set up its logging already."""
+    import logging
+
+    from streambandit.log_format import configure_logging
+    from streambandit.stream.kafka_checks import check_client_settings, wait_for_brokers
+
+    if not logging.getLogger().handlers:
+        configure_logging(logging.WARNING)
+    check_client_settings(config, source=f"{path} [kafka]")
+    wait_for_brokers(config)
+
+
 def _cmd_topics(args: argparse.Namespace) -> int:
     """Create or describe every topic a worker configuration names (snapshot topic included)."""
     from streambandit.config.app import load_worker_config
     from streambandit.stream.topics_admin import create_topics, describe_topics
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    if args.dry_run and args.action != "create":
+        raise ValueError("--dry-run is for topics create")
+    _reach_brokers(config, args.config)
     if args.action == "create":
         statuses = create_topics(
             config.bootstrap_servers,
@@ -190,9 +210,12 @@ def _cmd_topics(args: argparse.Namespace) -> int:
             args.replication,
             max_chunk_bytes=snaps.max_chunk_bytes,
             learn_only=config.learn_only,
+            dry_run=args.dry_run,
         )
         for st in statuses:
             print(f"{st.topic}: {st}")
+        if args.dry_run:
+            print("dry run: nothing created or changed")
         differ = [st.topic for st in statuses if st.partitions_differ]
         if differ:
             # Left as they are: adding partitions would move model keys, and their state would
@@ -310,6 +333,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
                 f"{args.replica_of}: [worker] learn_only is not true: a replica follows a learn-only group "
                 "(its workers would decide again what the replicas decided)"
             )
+        _reach_brokers(config, args.replica_of)
         replica = Replica(
             config,
             _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir),
@@ -343,6 +367,7 @@ def _cmd_export(args: argparse.Namespace) -> int:
 
     config, _ = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
     partitions = [int(p) for p in args.partitions.split(",")] if args.partitions else None
+    _reach_brokers(config, args.config)
     decisions = read_logged_decisions(
         config.bootstrap_servers,
         config.topics,
@@ -429,10 +454,14 @@ def _cmd_broker(args: argparse.Namespace) -> int:
             )
         if args.create_topics:
             _broker_topics(b.bootstrap_servers, args, embedded=not args.kafka)
-        return b.wait()
+        code = b.wait()
     except KeyboardInterrupt:
         b.stop()
         return 0
+    from streambandit.dev.tansu import BrokerError
+
+    logs = f"data and logs: {b.data_dir}" if args.kafka else f"log: {b.log_path}"
+    raise BrokerError(f"the broker stopped by itself with exit code {code} ({logs})")
 
 
 def _broker_topics(bootstrap: str, args: argparse.Namespace, embedded: bool) -> None:
@@ -1107,6 +1136,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="replication factor of the topics created (default: 3, or the number of brokers "
         "when fewer; -1: the cluster's default.replication.factor)",
+    )
+    top.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="with create: say what would be created, and how existing topics differ; "
+        "create and change nothing",
     )
     top.set_defaults(func=_cmd_topics)
 

@@ -32,7 +32,7 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streambandit.dev.kafka_jars import JarLock, classpath, java_binary, read_lock
-from streambandit.dev.tansu import BrokerError
+from streambandit.dev.tansu import BrokerError, port_in_use
 
 __all__ = [
     "ApacheKafka",
@@ -167,15 +167,6 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _port_in_use(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((HOST, port))
-        except OSError:
-            return True
-    return False
-
-
 @dataclass
 class _Node:
     address: NodeAddress
@@ -236,7 +227,7 @@ class ApacheKafka:
         self.replication_factor = min(nodes, 3)
         self.min_insync_replicas = max(1, self.replication_factor - 1)
         if port is not None:
-            busy = [p for p in range(port, port + nodes) if _port_in_use(p)]
+            busy = [p for p in range(port, port + nodes) if port_in_use(p, HOST)]
             if busy:
                 raise BrokerError(
                     f"port {busy[0]} on {HOST} is in use (another broker?): choose another --port"
@@ -312,8 +303,8 @@ class ApacheKafka:
             self.cluster_id = None
 
     def wait(self) -> int:
-        """Block until a node exits (its exit code; the others are stopped) or KeyboardInterrupt
-        (which stops them all, 0)."""
+        """Block until a node exits by itself (its exit code; the others are stopped).
+        KeyboardInterrupt stops them all and goes on up."""
         assert self._nodes, "not started"
         try:
             while True:
@@ -325,7 +316,7 @@ class ApacheKafka:
                 time.sleep(0.5)
         except KeyboardInterrupt:
             self.stop()
-            return 0
+            raise
 
     def admin(self) -> AdminClient:
         return AdminClient({"bootstrap.servers": self.bootstrap_servers})

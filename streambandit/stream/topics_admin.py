@@ -3,7 +3,12 @@
 
 ``create_topics`` gives each topic the settings deploy/README.md asks for (``topic_configs``) and
 checks the ones that exist already against them: a topic made by hand, or by an older version,
-with another partition count or settings is reported, never changed.
+with another partition count or settings is reported, never changed. With ``dry_run`` nothing
+is created: the missing topics are reported with what would be created (Kafka's own
+``validate_only`` is not used for it: the embedded broker creates the topic anyway).
+
+A broker that stops answering midway is a :class:`TopicsError`, one line; librdkafka's own
+lines go through ``kafka_logger`` (stream/kafka_checks.py), repeats held back.
 """
 
 from __future__ import annotations
@@ -17,6 +22,8 @@ from confluent_kafka.admin import AdminClient, ConfigResource, NewTopic
 from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.config.kafka import for_client
 from streambandit.config.worker import Topics
+from streambandit.errors import StreambanditError
+from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.snapshots import snapshot_topic_config
 
 __all__ = [
@@ -25,14 +32,27 @@ __all__ = [
     "topic_configs",
     "default_replication",
     "TopicStatus",
+    "TopicsError",
 ]
+
+
+class TopicsError(StreambanditError, RuntimeError):
+    """A topic could not be created or described: the broker refused, or did not answer."""
+
 
 # Settings an existing topic meets when its value is at least the one asked for.
 _AT_LEAST = frozenset({"max.message.bytes", "min.insync.replicas"})
 
 
 def _admin(bootstrap: str, kafka: dict[str, Any]) -> AdminClient:
-    return AdminClient({"bootstrap.servers": bootstrap, **for_client("admin", kafka)})
+    return AdminClient(
+        {"bootstrap.servers": bootstrap, **for_client("admin", kafka), "logger": kafka_logger()}
+    )
+
+
+def _kafka_error(exc: KafkaException, what: str) -> TopicsError:
+    err = exc.args[0] if exc.args else exc
+    return TopicsError(f"{what}: {err.str() if hasattr(err, 'str') else err}")
 
 
 def default_replication(brokers: int) -> int:
@@ -78,8 +98,12 @@ class TopicStatus:
     differences: tuple[str, ...] = ()
     partitions_differ: bool = False
     compacted: bool = False
+    # A dry run's missing topic: what would be created ("8 partitions, replication 3, k=v, ...").
+    would_create: str | None = None
 
     def __str__(self) -> str:
+        if self.would_create is not None:
+            return f"missing, would create: {self.would_create}"
         if self.created:
             return "created (compacted)" if self.compacted else "created"
         if not self.differences:
@@ -97,15 +121,20 @@ def create_topics(
     max_chunk_bytes: int | None = None,
     timeout_s: float = 30.0,
     learn_only: bool = False,
+    dry_run: bool = False,
 ) -> list[TopicStatus]:
     """Create the inputs and outputs with ``partitions`` each (co-partitioned) and the snapshot
     topic compacted, each with :func:`topic_configs`; check those that exist against the same.
     ``replication`` None: :func:`default_replication` of the cluster's brokers; -1: the
-    cluster's ``default.replication.factor`` (and no min.insync.replicas of ours)."""
+    cluster's ``default.replication.factor`` (and no min.insync.replicas of ours). ``dry_run``:
+    create nothing, say what would be created."""
     if partitions < 1:
         raise ValueError(f"--partitions must be >= 1, got {partitions}")
     admin = _admin(bootstrap, kafka)
-    md = admin.list_topics(timeout=timeout_s)
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise _kafka_error(exc, "could not read the cluster's topics") from None
     if replication is None:
         replication = default_replication(len(md.brokers))
     wanted = topic_configs(
@@ -116,6 +145,13 @@ def create_topics(
         learn_only,
     )
     existing = {t for t in wanted if t in md.topics and md.topics[t].error is None}
+    if dry_run:
+        found = _check_existing(admin, existing, wanted, partitions, replication, timeout_s)
+        return [
+            found.get(t)
+            or TopicStatus(t, created=False, would_create=_plan(partitions, replication, c))
+            for t, c in wanted.items()
+        ]
     futures = (
         admin.create_topics(
             [
@@ -138,7 +174,7 @@ def create_topics(
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 existing.add(topic)  # made by someone else since the metadata was read
             else:
-                raise ValueError(f"could not create topic {topic!r}: {exc}") from None
+                raise _kafka_error(exc, f"could not create topic {topic!r}") from None
     found = _check_existing(admin, existing, wanted, partitions, replication, timeout_s)
     return [
         found[t]
@@ -146,6 +182,13 @@ def create_topics(
         else TopicStatus(t, created=True, compacted="compact" in c.get("cleanup.policy", ""))
         for t, c in wanted.items()
     ]
+
+
+def _plan(partitions: int, replication: int, config: dict[str, str]) -> str:
+    copies = (
+        "the cluster's default replication" if replication < 1 else f"replication {replication}"
+    )
+    return ", ".join([f"{partitions} partitions", copies, *(f"{k}={v}" for k, v in config.items())])
 
 
 def _check_existing(
@@ -158,9 +201,16 @@ def _check_existing(
 ) -> dict[str, TopicStatus]:
     if not names:
         return {}
-    md = admin.list_topics(timeout=timeout_s)
-    resources = {t: ConfigResource(ConfigResource.Type.TOPIC, t) for t in names}
-    described = admin.describe_configs(list(resources.values()), request_timeout=timeout_s)
+    try:
+        md = admin.list_topics(timeout=timeout_s)
+        resources = {t: ConfigResource(ConfigResource.Type.TOPIC, t) for t in names}
+        described = admin.describe_configs(list(resources.values()), request_timeout=timeout_s)
+        actual = {
+            t: {k: e.value for k, e in described[r].result(timeout_s).items()}
+            for t, r in resources.items()
+        }
+    except KafkaException as exc:
+        raise _kafka_error(exc, "could not describe the existing topics") from None
     out = {}
     for t in names:
         diffs = []
@@ -170,9 +220,8 @@ def _check_existing(
         replicas = min((len(p.replicas) for p in parts.values()), default=0)
         if replication > 0 and replicas != replication:
             diffs.append(f"replication factor {replicas} (asked {replication})")
-        actual = {k: e.value for k, e in described[resources[t]].result(timeout_s).items()}
         for key, want in wanted[t].items():
-            have = actual.get(key)
+            have = actual[t].get(key)
             if have == want:
                 continue
             if key in _AT_LEAST and have is not None and _int(have) >= _int(want):
@@ -201,7 +250,10 @@ def describe_topics(
 ) -> tuple[list[tuple[str, int | None]], bool]:
     """(topic, partition count or None when missing) for each of ``topics`` and the snapshot
     topic, and whether they are co-partitioned (all present, one partition count)."""
-    md = _admin(bootstrap, kafka).list_topics(timeout=timeout_s)
+    try:
+        md = _admin(bootstrap, kafka).list_topics(timeout=timeout_s)
+    except KafkaException as exc:
+        raise _kafka_error(exc, "could not read the cluster's topics") from None
     names = topics.all(learn_only) + ([snapshot_topic] if snapshot_topic else [])
     rows = [
         (t, len(md.topics[t].partitions) if t in md.topics and md.topics[t].error is None else None)
