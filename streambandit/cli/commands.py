@@ -247,6 +247,28 @@ def _cmd_topics(args: argparse.Namespace) -> int:
     return 0 if co_partitioned else 1
 
 
+def _cmd_status(args: argparse.Namespace) -> int:
+    """Where a worker group stands: owner, committed and end offsets, lag and the newest
+    snapshot of each input partition (stream/group_status.py)."""
+    import json
+
+    from streambandit.config.app import load_worker_config
+    from streambandit.stream.group_status import format_table, read_group_status
+    from streambandit.stream.snapshots import TopicStore
+
+    config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
+    _reach_brokers(config, args.config)
+    store = _snapshot_store(config, snaps, args.snapshot_topic, args.snapshot_dir)
+    where = f"topic {store.topic}" if isinstance(store, TopicStore) else f"directory {store.path}"
+    try:
+        status = read_group_status(config, store, where)
+    finally:
+        if isinstance(store, TopicStore):
+            store.close()
+    print(json.dumps(status.as_dict(), indent=2) if args.json else format_table(status))
+    return 0
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     """The whole loop on the embedded broker (Apache Kafka with --kafka): a simulated ad server and
     a worker, live figures."""
@@ -1144,6 +1166,31 @@ def build_parser() -> argparse.ArgumentParser:
         "create and change nothing",
     )
     top.set_defaults(func=_cmd_topics)
+
+    st = sub.add_parser(
+        "status",
+        help="where a worker group stands: each input partition's owner, committed and end "
+        "offsets, lag, and its newest snapshot",
+        description="For each input partition of the configuration's group: the member that "
+        "holds it (the worker's instance id as client id, and its host), the committed and end "
+        "offsets and the lag between them, and the newest snapshot in the snapshot store (its "
+        "position in that input, its age and its models). Reads only: the group is not joined.",
+    )
+    st.add_argument("--config", required=True, help="the worker's TOML file")
+    st.add_argument(
+        "--bootstrap-servers",
+        default=os.environ.get("STREAMBANDIT_BOOTSTRAP_SERVERS"),
+        help="overrides [kafka] bootstrap.servers (default: $STREAMBANDIT_BOOTSTRAP_SERVERS)",
+    )
+    st_where = st.add_mutually_exclusive_group()
+    st_where.add_argument(
+        "--snapshot-topic", default=None, help="read the snapshots from this topic instead"
+    )
+    st_where.add_argument(
+        "--snapshot-dir", default=None, help="read the snapshots from this directory instead"
+    )
+    st.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    st.set_defaults(func=_cmd_status)
 
     api = sub.add_parser(
         "api", help="rank and reward over HTTP (Personalizer-shaped JSON), decided in process"

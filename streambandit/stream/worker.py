@@ -127,6 +127,9 @@ class Worker:
             c.kafka,
             self.transactional_id if c.static_membership else None,
         )
+        # The group's description names each member by it (streambandit status): which worker
+        # holds a partition. A client.id of the configuration's wins.
+        settings.setdefault("client.id", self.instance_id)
         self.consumer = Consumer(settings | quiet)
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
         self._session_s = float(settings.get("session.timeout.ms", 45_000)) / 1000
