@@ -52,3 +52,5 @@ def test_a_status_line_says_what_differs():
         "r", created=False, differences=("4 partitions (asked 8)", "retention.ms=1 (asked -1)")
     )
     assert str(st) == "exists, differs: 4 partitions (asked 8); retention.ms=1 (asked -1)"
+    planned = TopicStatus("j", created=False, would_create="8 partitions, replication 3")
+    assert str(planned) == "missing, would create: 8 partitions, replication 3"
