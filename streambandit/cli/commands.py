@@ -1139,7 +1139,8 @@ def build_parser() -> argparse.ArgumentParser:
         "snapshot_topic compacted, with the settings deploy/README.md names (LogAppendTime "
         "inputs, a joined log kept for ever, min.insync.replicas 2 with 3 replicas or more); "
         "existing ones are left as they are, and any partition count or setting of theirs that "
-        "differs is reported (exit 1 when a partition count does). describe: partition "
+        "differs is reported (exit 1 when a partition count does); with --dry-run it says "
+        "what it would create and changes nothing. describe: partition "
         "counts and whether the topics are co-partitioned (exit 1 if not).",
     )
     top.add_argument("action", choices=("create", "describe"), help="create or describe")
