@@ -50,9 +50,9 @@ def _admin(bootstrap: str, kafka: dict[str, Any]) -> AdminClient:
     )
 
 
-def _kafka_error(exc: KafkaException, what: str) -> TopicsError:
+def _reason(exc: KafkaException) -> str:
     err = exc.args[0] if exc.args else exc
-    return TopicsError(f"{what}: {err.str() if hasattr(err, 'str') else err}")
+    return err.str() if hasattr(err, "str") else str(err)
 
 
 def default_replication(brokers: int) -> int:
@@ -134,7 +134,7 @@ def create_topics(
     try:
         md = admin.list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        raise _kafka_error(exc, "could not read the cluster's topics") from None
+        raise TopicsError(f"could not read the cluster's topics: {_reason(exc)}") from None
     if replication is None:
         replication = default_replication(len(md.brokers))
     wanted = topic_configs(
@@ -174,7 +174,8 @@ def create_topics(
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 existing.add(topic)  # made by someone else since the metadata was read
             else:
-                raise _kafka_error(exc, f"could not create topic {topic!r}") from None
+                # Refused as asked (e.g. more replicas than brokers): bad arguments, exit 2.
+                raise ValueError(f"could not create topic {topic!r}: {_reason(exc)}") from None
     found = _check_existing(admin, existing, wanted, partitions, replication, timeout_s)
     return [
         found[t]
@@ -210,7 +211,7 @@ def _check_existing(
             for t, r in resources.items()
         }
     except KafkaException as exc:
-        raise _kafka_error(exc, "could not describe the existing topics") from None
+        raise TopicsError(f"could not describe the existing topics: {_reason(exc)}") from None
     out = {}
     for t in names:
         diffs = []
@@ -253,7 +254,7 @@ def describe_topics(
     try:
         md = _admin(bootstrap, kafka).list_topics(timeout=timeout_s)
     except KafkaException as exc:
-        raise _kafka_error(exc, "could not read the cluster's topics") from None
+        raise TopicsError(f"could not read the cluster's topics: {_reason(exc)}") from None
     names = topics.all(learn_only) + ([snapshot_topic] if snapshot_topic else [])
     rows = [
         (t, len(md.topics[t].partitions) if t in md.topics and md.topics[t].error is None else None)
