@@ -190,7 +190,12 @@ def test_every_command_that_talks_to_a_broker_is_one_line_when_none_answers(tmp_
         out, err = proc.communicate(timeout=120)
         lines = err.splitlines()
         assert proc.returncode == 1 and len(lines) == 1, (name, err)
-        line = json.loads(lines[0])["message"] if name.startswith("serve") else lines[0]
+        if name.startswith("serve"):  # a JSON log line: the level says it is the error
+            record = json.loads(lines[0])
+            assert record["level"] == "ERROR", name
+            line = f"streambandit: error: {record['message']}"
+        else:
+            line = lines[0]
         assert line.startswith(f"streambandit: error: no Kafka broker answered at {address}"), name
         assert "broker_wait_s" in line and not out, name
 
