@@ -26,6 +26,7 @@ __all__ = [
     "high_watermark",
     "LogReader",
     "OpenTransactionTimeout",
+    "TransactionOpen",
 ]
 
 log = logging.getLogger("streambandit")
@@ -144,6 +145,23 @@ class OpenTransactionTimeout(WorkerError):
     """A transaction stayed open on one of our output partitions past the transaction timeout."""
 
 
+class TransactionOpen(Exception):
+    """A transaction is open on ``topic[partition]`` now: a read of it would stop short.
+
+    What the broker reports is all that is known of it here (librdkafka has no call that names a
+    transaction's producer): the log's end, which lies past the transaction's records, and the
+    read_committed end. That end is where Apache Kafka's open transaction begins; the embedded
+    broker reports it so, or as 0 (docs/notes/tansu.md), so it is never named as the start."""
+
+    def __init__(self, topic: str, partition: int, committed_end: int, log_end: int) -> None:
+        super().__init__(
+            f"a transaction is open on {topic}[{partition}] (the log ends at offset {log_end}; "
+            f"read_committed readers are held at offset {committed_end})"
+        )
+        self.topic, self.partition = topic, partition
+        self.committed_end, self.log_end = committed_end, log_end
+
+
 class LogReader:
     """Reads the worker's own output logs back (recovery, snapshots), never past an end it has
     not verified.
@@ -156,7 +174,9 @@ class LogReader:
     waits until no transaction is open on the partition (the read_committed end equals the
     read_uncommitted one): the open transaction commits, is aborted by its producer's restart
     (same transactional id), or is aborted by the broker after the transaction timeout. Past
-    that bound it raises :class:`OpenTransactionTimeout` naming the partition.
+    that bound it raises :class:`OpenTransactionTimeout` naming the partition. ``settle(...,
+    wait=False)`` does not wait: it raises :class:`TransactionOpen` at once, for a caller that
+    has other work to do meanwhile (a worker's recovery, stream/worker.py).
 
     A partition whose leader is moving (its broker died: not the leader any more, no leader
     known yet, a request that timed out) answers again once the cluster has elected another,
@@ -169,7 +189,7 @@ class LogReader:
         self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
         self.open_timeout_s = open_timeout_s
 
-    def settle(self, topic: str, partition: int) -> int:
+    def settle(self, topic: str, partition: int, wait: bool = True) -> int:
         """The end of ``topic[partition]`` once no transaction is open on it (see the class)."""
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + self.open_timeout_s
@@ -209,11 +229,14 @@ class LogReader:
                 failing = None
             if stable >= end:
                 return int(stable)
+            if not wait:
+                raise TransactionOpen(topic, partition, int(stable), int(end))
             if time.monotonic() >= deadline:
                 raise OpenTransactionTimeout(
-                    f"{topic}[{partition}]: a transaction open from offset {stable} (log end {end}) did not end "
-                    f"within {self.open_timeout_s:.0f} s; restart the worker that wrote it with the same instance id "
-                    f"(its transactional id), or wait for the broker's transaction timeout"
+                    f"{TransactionOpen(topic, partition, int(stable), int(end))} and did not end "
+                    f"within {self.open_timeout_s:.0f} s; restart the worker that wrote it with the "
+                    f"same instance id (its transactional id), or wait for the broker's transaction "
+                    f"timeout"
                 )
             time.sleep(0.1)
 

@@ -11,7 +11,8 @@ scrape adds readiness (``streambandit_ready``) and the process's own figures, re
     GET /metrics   Prometheus text format
     GET /healthz   200 while the loop made progress within ``health_timeout_s``, else 503
     GET /ready     200 once partitions are assigned and recovered, else 503 (recovering,
-                   none assigned, starting, stopping)
+                   a partition waiting for an open transaction, none assigned, starting,
+                   stopping)
 """
 
 from __future__ import annotations
@@ -105,6 +106,8 @@ class Status:
     snapshot_age_s: tuple[
         tuple[int, float], ...
     ] = ()  # (partition, seconds since its last snapshot)
+    # (partition, seconds its recovery has waited for an open transaction), of the waiting ones
+    recovery_wait_s: tuple[tuple[int, float], ...] = ()
     info: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -205,6 +208,17 @@ class _StatusCollector:
             h.add_metric([], [(le, n) for le, n in buckets], total)
             yield h
         yield _gauge("assigned_partitions", "partitions this worker holds", [((), len(s.assigned))])
+        yield _gauge(
+            "partitions_waiting",
+            "assigned partitions whose recovery waits for an open transaction on their output logs",
+            [((), len(s.recovery_wait_s))],
+        )
+        yield _gauge(
+            "recovery_wait_seconds",
+            "seconds the partition's recovery has waited for an open transaction, while it waits",
+            [((str(p),), w) for p, w in s.recovery_wait_s],
+            labels=("partition",),
+        )
         yield _gauge("models", "live models in the partitions held", [((), s.models)])
         yield _gauge(
             "open_decisions",

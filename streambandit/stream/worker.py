@@ -16,6 +16,7 @@ on revocation; on assignment a partition is recovered and snapshotted at once.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import gc
 import logging
@@ -34,7 +35,7 @@ from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
-from streambandit.stream.logs import LogReader, group_committed
+from streambandit.stream.logs import LogReader, TransactionOpen, group_committed
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
@@ -52,6 +53,31 @@ from streambandit.wire import Snapshot, SnapshotHeader
 __all__ = ["Worker", "WorkerError", "freeze_long_lived"]
 
 log = logging.getLogger("streambandit")
+
+# A partition waiting for an open transaction: how often its recovery is tried again (a look at
+# its three output logs' ends), and how often the wait is logged again.
+WAIT_RETRY_S = 0.5
+WAIT_LOG_EVERY_S = 30.0
+
+
+@dataclasses.dataclass
+class Waiting:
+    """An assigned partition whose recovery waits for a transaction open on one of its output
+    logs. Its inputs are paused, so nothing of it is fetched or processed until it is recovered;
+    the worker's other partitions serve meanwhile."""
+
+    held: TransactionOpen  # the open transaction the last look found
+    since: float  # time.monotonic() of the first look that found one
+    since_wall: float  # time.time() of the same, for an operator
+    next_try: float = 0.0
+    next_log: float = 0.0
+
+    def describe(self, p: int) -> str:
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.since_wall))
+        return (
+            f"p{p} waiting for an open transaction on {self.held.topic}-{self.held.partition} "
+            f"since {at}"
+        )
 
 
 def freeze_long_lived() -> None:
@@ -117,6 +143,8 @@ class Worker:
         c = config
         self.batch = BatchProcessor(config, self.metrics)
         self.partitions: dict[int, PartitionState] = self.batch.partitions  # the same dict
+        # Assigned partitions whose recovery waits for an open transaction (never in partitions).
+        self.waiting: dict[int, Waiting] = {}
         # The transactional id: stable for a stable instance id, so that a restarted instance
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
@@ -212,6 +240,13 @@ class Worker:
             return False, "stopping"
         if self.recovering:
             return False, "recovering partitions"
+        waiting = list(self.waiting.items())
+        if waiting:
+            # Not ready: a partition is assigned and not served; its wait may need an operator.
+            served = len(self.partitions)
+            return False, f"serving {served} of {served + len(waiting)} partitions; " + "; ".join(
+                w.describe(p) for p, w in sorted(waiting)
+            )
         if not self.partitions:
             return False, "no partitions assigned"
         return True, f"serving {len(self.partitions)} partition(s)"
@@ -253,6 +288,7 @@ class Worker:
             open_decisions=sum(len(part.engine.pending) for _, part in parts),
             lag=tuple(lag),
             snapshot_age_s=tuple((p, now - part.snapshot_wall) for p, part in parts),
+            recovery_wait_s=tuple((p, now - w.since) for p, w in sorted(self.waiting.items())),
             info={
                 "version": __version__,
                 "group": self.config.group_id,
@@ -354,6 +390,8 @@ class Worker:
     def step(self) -> int:
         """Poll, process and commit one batch (transaction.py has the argument); returns the
         number of input records taken."""
+        if self.waiting:
+            self._retry_waiting()
         msgs = self._poll_batch()
         started = time.monotonic()
         records = []
@@ -410,14 +448,14 @@ class Worker:
         self._next_stall_check = now + min(10.0, self.config.stall_report_s / 4)
         try:
             lag = None
-            if not self.partitions:
+            if not self.partitions and not self.waiting:
                 lag = self._group_input_lag()
             behind = self._commits_not_applied()
         except Exception as exc:  # a broker that does not answer: the next check tries again
             log.debug("stall check failed: %s", exc)
             return
         for line in self._stalls.check(
-            now, assigned=len(self.partitions), input_lag=lag, behind=behind
+            now, assigned=len(self.partitions) + len(self.waiting), input_lag=lag, behind=behind
         ):
             self.metrics["stalls_reported"] += 1
             log.error("stalled: %s", line)
@@ -513,6 +551,82 @@ class Worker:
             p, self.config, self.writer.reads, self.reader, lambda: self._committed(p), self.metrics
         )
 
+    def _inputs_of(self, p: int) -> list[TopicPartition]:
+        return [TopicPartition(self.batch.topic_of(src), p) for src in (CONTEXTS, REWARDS)]
+
+    def _recover_or_wait(self, p: int) -> PartitionState | None:
+        """Partition ``p`` recovered; or None, with ``p`` in ``self.waiting``, while a transaction
+        is open on one of its output logs. Recovering past it would read the logs short and lose
+        what it may yet commit; waiting here would leave every other partition unserved, however
+        long the transaction stays open. The caller pauses the inputs of a new waiting one."""
+        try:
+            return self._recover(p)
+        except TransactionOpen as held:
+            now = time.monotonic()
+            w = self.waiting.get(p)
+            if w is None:
+                w = self.waiting[p] = Waiting(held, now, time.time())
+            w.held = held
+            w.next_try = now + WAIT_RETRY_S
+            if now >= w.next_log:
+                w.next_log = now + WAIT_LOG_EVERY_S
+                log.warning(
+                    "partition waits for an open transaction partition=%d waited_s=%.0f: %s. Its "
+                    "inputs are paused until that transaction commits or aborts; the other "
+                    "partitions serve meanwhile. If a worker died inside it, restart that worker "
+                    "with its instance id (its transactional id ends it at once), or wait for the "
+                    "broker's transaction timeout",
+                    p,
+                    now - w.since,
+                    held,
+                )
+            return None
+
+    def _take_up(self, p: int) -> bool:
+        """Recover partition ``p`` and hold it (see _recover_or_wait); True when it is held."""
+        started = time.monotonic()
+        part = self._recover_or_wait(p)
+        if part is None:
+            return False
+        self.partitions[p] = part
+        # Persist what recovery rebuilt (the models the log replay changed, or a base when no
+        # chain was usable): the next recovery replays less log.
+        if part.chain is None or part.engine.changed:
+            self._snapshot(p)
+        took = time.monotonic() - started
+        self.metrics["recovery_ms"] = int(took * 1000)
+        self.histograms["recovery"].observe([took])
+        self.last_progress = time.monotonic()
+        freeze_long_lived()
+        log.info(
+            "partition assigned partition=%d recovered_in_ms=%d models=%d open_decisions=%d",
+            p,
+            self.metrics["recovery_ms"],
+            len(part.engine.models),
+            len(part.engine.pending),
+        )
+        return True
+
+    def _retry_waiting(self) -> None:
+        """Between batches: try the waiting partitions' recoveries again. One recovered is read
+        from the committed offsets its recovery started from: the open transaction, once
+        committed, may have moved them past where the client would resume."""
+        now = time.monotonic()
+        for p, w in sorted(self.waiting.items()):
+            if now < w.next_try or not self._take_up(p):
+                continue
+            del self.waiting[p]
+            part = self.partitions[p]
+            for src, off in part.next_offset.items():
+                self.consumer.seek(TopicPartition(self.batch.topic_of(src), p, off))
+            self.consumer.resume(self._inputs_of(p))
+            log.info(
+                "partition no longer waits partition=%d waited_s=%.1f",
+                p,
+                time.monotonic() - w.since,
+            )
+            self._report(force=True)
+
     def _rebuild_all(self) -> None:
         """After an aborted transaction: every partition from what did commit, and the consumer
         back at the committed offsets, so the aborted batch is read again."""
@@ -521,14 +635,16 @@ class Worker:
         self.recovering = True
         try:
             for p in assigned:
-                self.partitions[p] = self._recover(p)
+                part = self._recover_or_wait(p)
+                if part is None:
+                    self.consumer.pause(self._inputs_of(p))
+                else:
+                    self.partitions[p] = part
                 self.last_progress = time.monotonic()
         finally:
             self.recovering = False
-        topic_of = self.batch.topic_of
-        committed = group_committed(
-            self.consumer, [TopicPartition(topic_of(s), p) for p in assigned for s in (0, 1)]
-        )
+        held = list(self.partitions)
+        committed = group_committed(self.consumer, [tp for p in held for tp in self._inputs_of(p)])
         for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
 
@@ -671,26 +787,15 @@ class Worker:
         self.recovering = True
         try:
             for p in new:
-                started = time.monotonic()
-                self.partitions[p] = part = self._recover(p)
-                # Persist what recovery rebuilt (the models the log replay changed, or a base when
-                # no chain was usable): the next recovery replays less log.
-                if part.chain is None or part.engine.changed:
-                    self._snapshot(p)
-                took = time.monotonic() - started
-                self.metrics["recovery_ms"] = int(took * 1000)
-                self.histograms["recovery"].observe([took])
-                self.last_progress = time.monotonic()
-                freeze_long_lived()
-                log.info(
-                    "partition assigned partition=%d recovered_in_ms=%d models=%d open_decisions=%d",
-                    p,
-                    self.metrics["recovery_ms"],
-                    len(part.engine.models),
-                    len(part.engine.pending),
-                )
+                self._take_up(p)
         finally:
             self.recovering = False
+        # The client assigns after this callback when the callback has not; assigned here, so
+        # that the partitions left waiting are paused before anything of them is fetched.
+        consumer.assign(tps)
+        paused = [tp for tp in tps if tp.partition in self.waiting]
+        if paused:
+            consumer.pause(paused)
         self._report(force=True)
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
@@ -703,6 +808,7 @@ class Worker:
                 self._snapshot_if_settled(p, "revoked", final=True)
                 self.batch.remove(p)
                 log.info("partition revoked partition=%d", p)
+            self._stop_waiting(p, "revoked")
 
     def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # The group took these partitions away without this worker's part in it (its session or
@@ -722,3 +828,16 @@ class Worker:
             if p in self.partitions:
                 self.batch.remove(p)
                 log.info("partition lost partition=%d", p)
+            self._stop_waiting(p, "lost")
+
+    def _stop_waiting(self, p: int, why: str) -> None:
+        # Nothing of a waiting partition was recovered or processed: it is only forgotten, and
+        # the client's unassignment ends its pause.
+        w = self.waiting.pop(p, None)
+        if w is not None:
+            log.info(
+                "partition %s partition=%d while waiting for an open transaction waited_s=%.1f",
+                why,
+                p,
+                time.monotonic() - w.since,
+            )

@@ -394,3 +394,30 @@ def packed_snapshot(partition: int, mark: int, size: int = 8) -> bytes:
             },
         }
     )
+
+
+def get(port, path):
+    """(status, body) of a GET of a worker's telemetry endpoint (stream/telemetry.py)."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+            return r.status, r.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def scrape(port):
+    """The families and the samples ({(name, sorted labels): value}) a worker's /metrics shows."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    status, text = get(port, "/metrics")
+    assert status == 200
+    values = {}
+    families = set()
+    for f in text_string_to_metric_families(text):
+        families.add(f.name)
+        for s in f.samples:
+            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return families, values

@@ -9,13 +9,10 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 import uuid
 
 import numpy as np
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
@@ -24,7 +21,7 @@ from streambandit.stream.worker import Worker
 from streambandit.wire import Context, Reward
 
 from .faults import make_topics
-from .helpers import producer, send, topics_toml, wait_for
+from .helpers import get, producer, scrape, send, topics_toml, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -58,26 +55,6 @@ FAMILIES = {
     "streambandit_rebalances",
     "streambandit_records",
 }
-
-
-def get(port, path):
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
-            return r.status, r.read().decode()
-    except urllib.error.HTTPError as e:
-        return e.code, e.read().decode()
-
-
-def scrape(port):
-    status, text = get(port, "/metrics")
-    assert status == 200
-    values = {}
-    families = set()
-    for f in text_string_to_metric_families(text):
-        families.add(f.name)
-        for s in f.samples:
-            values[(s.name, tuple(sorted(s.labels.items())))] = s.value
-    return families, values
 
 
 def feed(prod, topics, start, n, rng):

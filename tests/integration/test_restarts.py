@@ -15,7 +15,7 @@ from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.stream.worker import Worker
-from streambandit.wire import Context, Reward, decode
+from streambandit.wire import Context, Reward, decode, encode
 
 from .faults import TransactionProbe, stop_inside_a_transaction
 from .helpers import outputs, producer, run_in_thread, send, serve_config, wait_for
@@ -152,6 +152,93 @@ def test_recovery_waits_for_a_dead_producers_open_transaction(broker, topics, tm
     for key in want["models"]:
         assert got["models"][key]["n_updates"] == 40
         np.testing.assert_array_equal(got["models"][key]["theta"], want["models"][key]["theta"])
+
+
+def test_a_partition_behind_an_open_transaction_waits_alone(broker, topics, tmp_path):
+    """Another producer's transaction is open on partition 1's actions log when a worker is
+    assigned both partitions. Partition 0 serves at once; partition 1 waits, paused, with nothing
+    of it processed, and /ready and the metrics say so. A second worker joins meanwhile (both
+    partitions revoked, the wait cancelled, and one of them waits now). When the transaction is
+    aborted, partition 1 is recovered and served: every context has exactly one action."""
+    import dataclasses
+
+    from .helpers import get, read_all, scrape
+
+    other = Producer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "transactional.id": f"other-{topics.actions}",
+        }
+    )
+    other.init_transactions(10)
+    other.begin_transaction()
+    other.produce(topics.actions, b"never committed", partition=1)
+    other.flush(10)
+
+    feats, prod = np.zeros((2, 3)), producer(broker)
+    for i in range(20):  # e0, e2, ... on partition 0; e1, e3, ... on partition 1
+        ctx = Context(f"e{i}", "m", 1_000 + i, ("a", "b"), feats)
+        prod.produce(topics.contexts, key=b"m", value=encode(ctx), partition=i % 2)
+    prod.flush()
+
+    def start_one():
+        cfg = dataclasses.replace(
+            config(broker, topics, "g-wait"), metrics_port=0, metrics_host="127.0.0.1"
+        )
+        w = Worker(cfg, DirectoryStore(tmp_path / "snaps"))
+        return w, *run_in_thread(w)
+
+    w, t, failure = start_one()
+    w2, failure2 = None, []
+    try:
+        assert wait_for(lambda: failure or w.waiting, timeout_s=60), "no assignment"
+        assert set(w.partitions) == {0} and set(w.waiting) == {1}, failure
+        assert wait_for(lambda: w.metrics["actions"] == 10, timeout_s=5), w.metrics
+        assert w.metrics["records_in"] == 10  # nothing of partition 1 taken
+        port = w.telemetry.port
+        status, body = get(port, "/ready")
+        assert status == 503, body
+        assert body.startswith(
+            f"serving 1 of 2 partitions; p1 waiting for an open transaction on {topics.actions}-1 "
+            "since "
+        ), body
+        assert wait_for(
+            lambda: scrape(port)[1].get(("streambandit_partitions_waiting", ())) == 1, 5
+        )
+        assert scrape(port)[1][("streambandit_recovery_wait_seconds", (("partition", "1"),))] > 0
+
+        w2, t2, failure2 = start_one()  # a rebalance while partition 1 waits
+
+        def split() -> bool:
+            mine = [{*x.partitions, *x.waiting} for x in (w, w2)]
+            return len(mine[0]) == len(mine[1]) == 1 and mine[0] | mine[1] == {0, 1}
+
+        assert wait_for(lambda: failure or failure2 or split(), timeout_s=30), (
+            w.partitions,
+            w.waiting,
+            w2.partitions,
+            w2.waiting,
+        )
+        assert {*w.waiting, *w2.waiting} == {1} and not failure and not failure2
+        assert w.metrics["revokes"] == 1 and w.metrics["actions"] + w2.metrics["actions"] == 10
+
+        other.abort_transaction(10)
+        waited = w if 1 in w.waiting else w2
+        assert wait_for(lambda: not waited.waiting and 1 in waited.partitions, timeout_s=10)
+        assert wait_for(lambda: w.metrics["actions"] + w2.metrics["actions"] == 20, timeout_s=10)
+        assert get(waited.telemetry.port, "/ready") == (200, "serving 1 partition(s)\n")
+    finally:
+        stop(w, t)
+        if w2 is not None:
+            stop(w2, t2)
+    assert not failure and not failure2, (failure, failure2)
+    ids = []
+    for m in read_all(broker, topics.actions):
+        if m.value() != b"never committed":  # the aborted record: the embedded broker shows it
+            a = decode(m.value())
+            assert m.partition() == int(a.event_id[1:]) % 2
+            ids.append(a.event_id)
+    assert sorted(ids) == sorted(f"e{i}" for i in range(20))
 
 
 @pytest.mark.slow

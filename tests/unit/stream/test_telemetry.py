@@ -56,6 +56,7 @@ def status(**counters):
         open_decisions=5,
         lag=(("contexts", 0, 7), ("rewards", 3, 0)),
         snapshot_age_s=((0, 1.5), (3, 2.5)),
+        recovery_wait_s=((1, 12.5),),
         info={"version": "0.1.0", "group": "g", "instance": "i"},
     )
 
@@ -91,6 +92,8 @@ def test_a_status_renders_as_prometheus_text_with_conventional_names():
     assert got[("streambandit_open_decisions", ())] == 5
     assert got[("streambandit_consumer_lag", (("partition", "0"), ("topic", "contexts")))] == 7
     assert got[("streambandit_snapshot_age_seconds", (("partition", "3"),))] == 2.5
+    assert got[("streambandit_partitions_waiting", ())] == 1
+    assert got[("streambandit_recovery_wait_seconds", (("partition", "1"),))] == 12.5
     assert got[("streambandit_decision_latency_seconds_bucket", (("le", "0.005"),))] == 1
     assert got[("streambandit_decision_latency_seconds_bucket", (("le", "0.025"),))] == 3
     assert got[("streambandit_decision_latency_seconds_bucket", (("le", "+Inf"),))] == 4
