@@ -10,7 +10,8 @@ The worker is the imperative shell around three parts, each readable on its own:
 
 Per batch (:meth:`Worker.step`): poll, process (outputs handed to the transaction as they are
 made), commit. Snapshots are taken between transactions (by time and by number of updates) and
-on revocation; on assignment a partition is recovered and snapshotted at once.
+on revocation; on assignment a partition is recovered and snapshotted at once, or, while another
+producer's transaction is open on its output logs, paused alone until it ends (``Waiting``).
 """
 
 from __future__ import annotations
