@@ -175,8 +175,8 @@ class LogReader:
     read_uncommitted one): the open transaction commits, is aborted by its producer's restart
     (same transactional id), or is aborted by the broker after the transaction timeout. Past
     that bound it raises :class:`OpenTransactionTimeout` naming the partition. ``settle(...,
-    wait=False)`` does not wait: it raises :class:`TransactionOpen` at once, for a caller that
-    has other work to do meanwhile (a worker's recovery, stream/worker.py).
+    wait_s=...)`` waits only that long and then raises :class:`TransactionOpen`, for a caller
+    that has other work to do meanwhile (a worker's recovery, stream/worker.py).
 
     A partition whose leader is moving (its broker died: not the leader any more, no leader
     known yet, a request that timed out) answers again once the cluster has elected another,
@@ -189,10 +189,11 @@ class LogReader:
         self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
         self.open_timeout_s = open_timeout_s
 
-    def settle(self, topic: str, partition: int, wait: bool = True) -> int:
+    def settle(self, topic: str, partition: int, wait_s: float | None = None) -> int:
         """The end of ``topic[partition]`` once no transaction is open on it (see the class)."""
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + self.open_timeout_s
+        open_deadline = deadline if wait_s is None else time.monotonic() + wait_s
         failing = None
         while True:
             try:
@@ -229,7 +230,7 @@ class LogReader:
                 failing = None
             if stable >= end:
                 return int(stable)
-            if not wait:
+            if wait_s is not None and time.monotonic() >= open_deadline:
                 raise TransactionOpen(topic, partition, int(stable), int(end))
             if time.monotonic() >= deadline:
                 raise OpenTransactionTimeout(

@@ -56,21 +56,23 @@ def recover_partition(
     reader: LogReader,
     committed_offsets: Callable[[], dict[int, int]],
     metrics: Any,
+    open_wait_s: float = 0.0,
 ) -> PartitionState:
     """Partition ``p`` from its newest snapshot that fits the configuration and the logs;
     ``committed_offsets()`` gives the group's committed offset per input source.
 
     First every output log of the partition is settled (no transaction open on it: a worker
     killed inside one, or a fenced one, could still move both the logs and the committed offsets);
-    while one is open it raises ``TransactionOpen`` (stream/logs.py) at once, and the caller tries
-    again later. Then the committed offsets are read, then the logs up to their settled ends. A
+    while one is still open after ``open_wait_s`` it raises ``TransactionOpen`` (stream/logs.py),
+    and the caller tries again later. Then the committed offsets are read, then the logs up to their settled ends. A
     snapshot that does not fit (a changed policy or hyper-parameter, logs that do not continue
     it, offsets ahead of the committed ones) is reported and the next older one tried, and last
     the whole joined log from offset 0. Never silently fresh models: if even the log does not fit, the
     worker stops."""
     t = config.topics
     ends = {
-        topic: reader.settle(topic, p, wait=False) for topic in (t.actions, t.joined, t.dead_letter)
+        topic: reader.settle(topic, p, wait_s=open_wait_s)
+        for topic in (t.actions, t.joined, t.dead_letter)
     }
     committed = committed_offsets()
     # One snapshot at a time: the older one is read (and unpacked) only when the newer does not fit.

@@ -59,6 +59,11 @@ log = logging.getLogger("streambandit")
 # its three output logs' ends), and how often the wait is logged again.
 WAIT_RETRY_S = 0.5
 WAIT_LOG_EVERY_S = 30.0
+# A transaction that has just ended can look open for a moment: the broker writes its commit or
+# abort markers to the partitions after the producer's call has returned (the previous owner's
+# last batch, or this worker's own aborted one). A partition's first look at its logs waits this
+# long for that before the partition is left waiting; the retries do not wait.
+FIRST_LOOK_WAIT_S = 1.0
 
 
 @dataclasses.dataclass
@@ -549,7 +554,13 @@ class Worker:
     def _recover(self, p: int) -> PartitionState:
         self.writer.wait(p)  # the stored chain includes what this worker handed over for p
         return recover_partition(
-            p, self.config, self.writer.reads, self.reader, lambda: self._committed(p), self.metrics
+            p,
+            self.config,
+            self.writer.reads,
+            self.reader,
+            lambda: self._committed(p),
+            self.metrics,
+            open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
         )
 
     def _inputs_of(self, p: int) -> list[TopicPartition]:
