@@ -9,10 +9,11 @@ plain attributes the loop sets (the time of its last progress, whether it is rec
 scrape adds readiness (``streambandit_ready``) and the process's own figures, read as it renders.
 
     GET /metrics   Prometheus text format
-    GET /healthz   200 while the loop made progress within ``health_timeout_s``, else 503
+    GET /healthz   200 while the loop made progress within ``health_timeout_s`` or waits for an
+                   unreachable broker (a restart cannot help), else 503
     GET /ready     200 once partitions are assigned and recovered, else 503 (recovering,
                    a partition waiting for an open transaction, none assigned, starting,
-                   stopping)
+                   stopping, broker unavailable)
 """
 
 from __future__ import annotations
@@ -108,6 +109,8 @@ class Status:
     ] = ()  # (partition, seconds since its last snapshot)
     # (partition, seconds its recovery has waited for an open transaction), of the waiting ones
     recovery_wait_s: tuple[tuple[int, float], ...] = ()
+    # Seconds the loop has waited for an unreachable broker (stream/outage.py); None: it is not.
+    broker_unavailable_s: float | None = None
     info: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
@@ -140,6 +143,12 @@ _COUNTERS = (
     ("recovered_joined", "joined records re-applied by recoveries", "recovered_joined"),
     ("stalls", "stalls reported (idle while work waits, commits not applied)", "stalls_reported"),
     ("ticks", "idle ticks written to the rewards log", "ticks"),
+    ("broker_outages", "times the loop began to wait for an unreachable broker", "broker_outages"),
+    (
+        "producer_restarts",
+        "producers replaced after the broker aborted a transaction that waited for it",
+        "producer_restarts",
+    ),
 )
 _HISTOGRAMS = (
     (
@@ -251,6 +260,17 @@ class _StatusCollector:
             "snapshot_last_pause_seconds",
             "the loop's pause for the last snapshot (a copy, or a fork)",
             [((), c.get("snapshot_pause_us", 0) / 1e6)],
+        )
+        away = s.broker_unavailable_s
+        yield _gauge(
+            "broker_unavailable",
+            "1 while the loop waits for a broker that does not answer, else 0",
+            [((), 0 if away is None else 1)],
+        )
+        yield _gauge(
+            "broker_unavailable_seconds",
+            "how long the loop has waited for the broker (0 when it is not waiting)",
+            [((), away or 0.0)],
         )
         info = GaugeMetricFamily(
             "streambandit_worker_info",

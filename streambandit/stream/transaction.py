@@ -99,14 +99,23 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
 from __future__ import annotations
 
 import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit.stream.errors import WorkerError
+from streambandit.stream.outage import broker_unavailable
 from streambandit.stream.watchdog import Watchdog
 
 __all__ = [
+    "BrokerWait",
+    "STEP_S",
+    "StopWhileWaiting",
     "Transaction",
     "TransactionFailed",
     "TransactionFatal",
@@ -129,7 +138,73 @@ class TransactionFailed(Exception):
 
 
 class TransactionFatal(WorkerError):
-    """The producer cannot go on (fenced, or a fatal librdkafka error); the worker must stop."""
+    """The producer cannot go on (fenced, or a fatal librdkafka error). ``after_outage``: the
+    transaction had waited for an unreachable broker, so the broker may have aborted it at its
+    timeout and fenced this producer; a new producer can go on (the worker makes one)."""
+
+    def __init__(self, message: str, after_outage: bool = False) -> None:
+        super().__init__(message)
+        self.after_outage = after_outage
+
+
+class StopWhileWaiting(Exception):
+    """A stop was asked for while the loop waited for an unreachable broker."""
+
+
+# One bounded wait on the broker: a call that would block longer returns a retriable timeout and
+# is called again, so the loop sees a stop and reports the outage every few seconds.
+STEP_S = 2.0
+
+
+class BrokerWait:
+    """What the loop does between two bounded waits on an unreachable broker (the worker's
+    implementation reports the outage and raises :class:`StopWhileWaiting` on a stop)."""
+
+    def waiting(self, what: str, error: KafkaError) -> None:
+        """A wait for ``what`` failed with a retriable ``error``; it is tried again on return."""
+
+    def answered(self) -> None:
+        """A call on the broker succeeded."""
+
+    def broker_answers(self) -> bool:
+        """Whether a broker answers a metadata request now (asked only of a call that runs
+        long)."""
+        return False
+
+
+STUCK_AFTER_S = 30.0  # a call this long is asked about (_check_stuck)
+
+
+class _Calls:
+    """One daemon thread that makes librdkafka's coordinator calls for the loop, one at a time.
+    A daemon: a call left running by a stop does not hold the process's exit."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._running: Future | None = None
+
+    def submit(self, call: Any, *args: Any) -> Future:
+        future: Future = Future()
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="kafka-calls", daemon=True)
+            self._thread.start()
+        self._queue.put((future, call, args))
+        return future
+
+    def busy(self) -> bool:
+        return self._running is not None and not self._running.done()
+
+    def _run(self) -> None:
+        while True:
+            future, call, args = self._queue.get()
+            self._running = future
+            future.set_running_or_notify_cancel()
+            try:
+                future.set_result(call(*args))
+            except BaseException as exc:  # noqa: BLE001 (the loop's to raise)
+                future.set_exception(exc)
+            del future, call, args  # nothing of a finished call kept alive until the next
 
 
 def group_metadata(consumer: Any) -> Any:
@@ -173,6 +248,7 @@ class Transaction:
         delivery_errors: list,
         transactional_id: str = "",
         watchdog: Watchdog | None = None,
+        broker_wait: BrokerWait | None = None,
     ) -> None:
         self.producer = producer
         self.transactional_id = transactional_id
@@ -180,6 +256,65 @@ class Transaction:
         self.open = False
         # The calls below that wait on a coordinator, each bounded (stream/watchdog.py).
         self.watchdog = watchdog or Watchdog(None)
+        self.broker_wait = broker_wait or BrokerWait()
+        self.waited = False  # the open transaction waited for an unreachable broker
+        self._calls = _Calls()
+        self._answered_at: float | None = None  # the broker answered while a call ran on
+
+    def until_answered(self, what: str, call: Any) -> None:
+        """``call(timeout_s)``, a librdkafka call on a coordinator, made on a thread of its own
+        while the loop waits for it in steps of :data:`STEP_S`, reporting the outage and leaving
+        on a stop between steps (librdkafka's coordinator calls can block well past their own
+        timeout while a broker does not answer: stream/watchdog.py). A retriable failure (the
+        broker did not answer; librdkafka resumes a commit, an abort or an init that timed out
+        when it is called again) is called again, until the call succeeds or fails otherwise."""
+        while True:
+            started = time.monotonic()
+            future = self._calls.submit(call, STEP_S)
+            while True:
+                try:
+                    future.result(timeout=STEP_S + 0.5)
+                except FutureTimeout:
+                    self._waiting(what, f"no answer for {time.monotonic() - started:.0f} s")
+                    self._check_stuck(what, started)
+                    continue
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else None
+                    if not broker_unavailable(err):
+                        raise
+                    self._waiting(what, err)
+                    break  # called again
+                self._answered_at = None
+                self.broker_wait.answered()
+                return
+
+    def _waiting(self, what: str, error: Any) -> None:
+        self.waited = self.waited or self.open
+        self.broker_wait.waiting(what, error)
+
+    def _check_stuck(self, what: str, started: float) -> None:
+        """A call still running although the broker answers again (librdkafka issues 5456, 5511:
+        it asks a coordinator that has gone, for good) ends a ``serve`` process, as a crash would
+        (stream/watchdog.py); a call that waits for a broker that does not answer does not."""
+        now = time.monotonic()
+        if self.watchdog.on_stuck is None or now - started < STUCK_AFTER_S:
+            return
+        if not self.broker_wait.broker_answers():
+            self._answered_at = None
+            return
+        if self._answered_at is None:
+            self._answered_at = now
+        elif now - self._answered_at > self.watchdog.grace_s:
+            self.watchdog.on_stuck(
+                f"librdkafka's {what} has not returned in {now - started:.0f} s although the "
+                f"broker has answered for {now - self._answered_at:.0f} s (a coordinator that "
+                f"went away); exiting: started again, this instance ends its open transaction "
+                f"at once"
+            )
+
+    def busy(self) -> bool:
+        """A call of :meth:`until_answered` is still running (left by a stop)."""
+        return self._calls.busy()
 
     def emit(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
         """Steps 1-2: produce ``outputs`` (topic, partition, key, value) in the batch's transaction,
@@ -191,6 +326,7 @@ class Transaction:
             if not self.open:
                 self.producer.begin_transaction()
                 self.open = True
+                self.waited = False
             produce = self.producer.produce
             for topic, p, key, value in outputs:
                 try:
@@ -225,12 +361,12 @@ class Transaction:
                 "commit without an open transaction: a batch with no output commits nothing"
             )
         try:
-            bound = self.watchdog.bound
             if offsets:
-                with bound("send_offsets_to_transaction", 30):
-                    self.producer.send_offsets_to_transaction(offsets, group_metadata, 30)
-            with bound("commit_transaction", 30):
-                self.producer.commit_transaction(30)
+                self.until_answered(
+                    "send_offsets_to_transaction",
+                    lambda t: self.producer.send_offsets_to_transaction(offsets, group_metadata, t),
+                )
+            self.until_answered("commit_transaction", self.producer.commit_transaction)
             self.open = False
             if self.delivery_errors:
                 raise KafkaException(self.delivery_errors[0])
@@ -253,12 +389,28 @@ class Transaction:
                     f"this transaction at its transaction.timeout.ms (the worker or the cluster stalled "
                     f"that long)"
                 )
-            raise TransactionFatal(f"fatal producer error: {err}{hint}") from exc
+            raise TransactionFatal(
+                f"fatal producer error: {err}{hint}", after_outage=self.waited
+            ) from exc
         try:
             if self.open:
-                with self.watchdog.bound("abort_transaction", 30):
-                    self.producer.abort_transaction(30)
+                self.until_answered("abort_transaction", self.producer.abort_transaction)
         except KafkaException as abort_exc:
-            raise TransactionFatal(f"could not abort the failed transaction: {abort_exc}") from exc
+            raise TransactionFatal(
+                f"could not abort the failed transaction: {abort_exc}", after_outage=self.waited
+            ) from exc
         self.open = False
         self.delivery_errors.clear()
+
+    def abandon(self) -> None:
+        """On a stop while the broker is unreachable: one short attempt to abort the open
+        transaction, and the records not sent dropped. What stays open on the broker ends when
+        this instance starts again (the same transactional id fences it) or at the transaction
+        timeout; either way none of it was committed, and the next owner reads its input again."""
+        if self.open and not self.busy():  # a call still running would refuse the abort
+            try:
+                self.producer.abort_transaction(1)
+                self.open = False
+            except KafkaException as exc:
+                log.warning("open transaction not aborted at stop error=%s", exc.args[0])
+        self.producer.purge(in_queue=True, in_flight=True, blocking=False)

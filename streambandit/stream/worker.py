@@ -37,14 +37,19 @@ from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
 from streambandit.stream.logs import LogReader, TransactionOpen, group_committed
+from streambandit.stream.outage import BrokerOutage
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.stream.stall import StallWatch
 from streambandit.stream.telemetry import BUCKETS, Histogram, Status, TelemetryServer
 from streambandit.stream.transaction import (
+    STEP_S,
+    BrokerWait,
+    StopWhileWaiting,
     Transaction,
     TransactionFailed,
+    TransactionFatal,
     group_metadata,
     note_failed_delivery,
 )
@@ -113,6 +118,34 @@ def _weakly(method: Any) -> Any:
     return call
 
 
+class _LoopWait(BrokerWait):
+    """The worker's side of a wait on an unreachable broker (Worker._broker_waiting), held
+    weakly: the worker holds the transaction that holds this."""
+
+    def __init__(self, worker: "Worker") -> None:
+        self._worker = weakref.ref(worker)
+
+    def waiting(self, what: str, error: Any) -> None:
+        w = self._worker()
+        if w is not None:
+            w._broker_waiting(what, error)
+
+    def answered(self) -> None:
+        w = self._worker()
+        if w is not None:
+            w._broker_answered()
+
+    def broker_answers(self) -> bool:
+        w = self._worker()
+        if w is None:
+            return False
+        try:
+            w.consumer.list_topics(timeout=1)
+        except KafkaException:
+            return False
+        return True
+
+
 class Worker:
     """Run with ``run()``; ``stop()`` (from a signal handler) makes it finish the batch and leave.
 
@@ -169,19 +202,14 @@ class Worker:
         self._session_s = float(settings.get("session.timeout.ms", 45_000)) / 1000
         self._polled = time.monotonic()  # when the last consume() returned
         self._snapshots_held_until = 0.0
-        delivery_errors: list = []
-        producer = Producer(
-            producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
-            | quiet
-            | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)}
-        )
+        # A broker the loop waits for (stream/outage.py): a state it reports, not a hang.
+        self.outage = BrokerOutage()
+        self._next_probe = 0.0
+        self._committing = 0.0  # when the batch's commit began
         # A worker process (``streambandit serve``) ends itself when librdkafka is stuck in a
         # transaction's call (stream/watchdog.py); one embedded in another program does not.
-        self.transaction = Transaction(
-            producer,
-            delivery_errors,
-            self.transactional_id,
-            Watchdog(exit_process if exit_if_stuck else None),
+        self.transaction = self._new_transaction(
+            Watchdog(exit_process if exit_if_stuck else None), _LoopWait(self)
         )
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = (
@@ -212,6 +240,17 @@ class Worker:
         self._stalls = StallWatch(c.stall_report_s)
         self._next_stall_check = 0.0
 
+    def _new_transaction(self, watchdog: Watchdog, broker_wait: BrokerWait) -> Transaction:
+        """A transactional producer with this worker's transactional id, not yet initialised."""
+        c = self.config
+        delivery_errors: list = []
+        producer = Producer(
+            producer_settings(c.bootstrap_servers, self.transactional_id, c.kafka)
+            | {"logger": kafka_logger()}  # librdkafka's lines through ours, repeats held back
+            | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)}
+        )
+        return Transaction(producer, delivery_errors, self.transactional_id, watchdog, broker_wait)
+
     # -- lifecycle -----------------------------------------------------------------------------
 
     def run(self, max_seconds: float | None = None) -> None:
@@ -229,7 +268,10 @@ class Worker:
     # -- what an operator sees -----------------------------------------------------------------
 
     def health(self) -> tuple[bool, str]:
-        """Liveness: the loop (or a recovery) made progress within ``health_timeout_s``."""
+        """Liveness: the loop (or a recovery) made progress within ``health_timeout_s``. Waiting
+        for an unreachable broker is progress: the loop runs, and a restart would not help."""
+        if self.outage.active:
+            return True, f"alive; {self.outage.reason()}"
         quiet = time.monotonic() - self.last_progress
         if quiet > self.config.health_timeout_s:
             return (
@@ -244,6 +286,8 @@ class Worker:
             return False, "starting: joining the group"
         if self._stopping:
             return False, "stopping"
+        if self.outage.active:
+            return False, self.outage.reason()
         if self.recovering:
             return False, "recovering partitions"
         waiting = list(self.waiting.items())
@@ -295,6 +339,7 @@ class Worker:
             lag=tuple(lag),
             snapshot_age_s=tuple((p, now - part.snapshot_wall) for p, part in parts),
             recovery_wait_s=tuple((p, now - w.since) for p, w in sorted(self.waiting.items())),
+            broker_unavailable_s=self.outage.seconds() if self.outage.active else None,
             info={
                 "version": __version__,
                 "group": self.config.group_id,
@@ -364,8 +409,19 @@ class Worker:
 
     def close(self) -> None:
         self._stopping = True
-        for p in list(self.partitions):
-            self._snapshot_if_settled(p, "stop", final=True)
+        away = self.outage.active
+        if away:
+            # A snapshot reads where the output logs end, which an unreachable broker does not
+            # say: the next owner recovers from the last snapshot and the logs instead.
+            log.info(
+                "stop: broker unavailable; partitions=%s not snapshotted, their next owner "
+                "recovers them from the stored snapshots and the logs",
+                sorted(self.partitions),
+            )
+            self.transaction.abandon()
+        else:
+            for p in list(self.partitions):
+                self._snapshot_if_settled(p, "stop", final=True)
         self.partitions.clear()
         try:
             self.writer.close()
@@ -373,7 +429,7 @@ class Worker:
         finally:
             self.reader.close()
             try:
-                self.transaction.producer.flush(10)
+                self.transaction.producer.flush(1 if away else 10)
             except KafkaException as exc:
                 # A fenced or failed producer, most often why the worker stops: its flush raises
                 # too, and must not replace that reason, already on its way up, with its own.
@@ -411,29 +467,24 @@ class Worker:
         # From here until the commit (or the abort and rebuild) the partitions' state is ahead of
         # what committed: none is snapshotted until it is settled again (``_snapshot_if_settled``).
         try:
-            self.batch.process(records, now_ms(), self._inputs_behind(), self.transaction.emit)
-            if not self.transaction.open:
-                # No output. The input offsets the batch moved (a reward summed into an open
-                # window, an early reward held, a tick read back) commit with the next batch that
-                # has output: a transaction holding only offsets is not committed, because a broker
-                # may apply it late or never (the embedded one does), leaving the group's offsets
-                # behind the worker's. Until then a restart reads these records again.
+            if not self._process_and_commit(records):
                 return len(msgs)
-            offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
-            committing = time.monotonic()
-            self.transaction.commit(offsets, group_metadata(self.consumer))
-        except TransactionFailed as failure:
-            self.metrics["transaction_aborts"] += 1
-            self.batch.times.clear()
-            self.transaction.abort(failure)  # raises when the producer cannot go on
-            self._rebuild_all()
+        except StopWhileWaiting:
+            # A stop while the broker is away: nothing of this batch committed (or, had the
+            # broker taken the commit already, it is whole); the next start reads from what did.
+            self.transaction.abandon()
+            return len(msgs)
+        except TransactionFatal as fatal:
+            if not fatal.after_outage:
+                raise
+            self._replace_producer(fatal)
             return len(msgs)
         for part in self.partitions.values():
             part.committed_offset = dict(part.next_offset)
         self.metrics["transactions"] += 1
         done = time.monotonic()
         h, times = self.histograms, self.batch.times
-        h["commit"].observe([done - committing])
+        h["commit"].observe([done - self._committing])
         h["batch"].observe([done - started])
         if times.decided_ms:  # event time to the commit that made the action readable
             h["decision_latency"].observe(
@@ -445,10 +496,104 @@ class Worker:
         self._maybe_snapshot()
         return len(msgs)
 
+    def _process_and_commit(self, records: list[Any]) -> bool:
+        """The batch through the engines and its transaction; False when nothing was committed
+        (no output, or aborted and rebuilt)."""
+        try:
+            self.batch.process(records, now_ms(), self._inputs_behind(), self.transaction.emit)
+            if not self.transaction.open:
+                # No output. The input offsets the batch moved (a reward summed into an open
+                # window, an early reward held, a tick read back) commit with the next batch that
+                # has output: a transaction holding only offsets is not committed, because a broker
+                # may apply it late or never (the embedded one does), leaving the group's offsets
+                # behind the worker's. Until then a restart reads these records again.
+                return False
+            offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
+            self._committing = time.monotonic()
+            self.transaction.commit(offsets, group_metadata(self.consumer))
+        except TransactionFailed as failure:
+            self.metrics["transaction_aborts"] += 1
+            self.batch.times.clear()
+            self.transaction.abort(failure)  # raises when the producer cannot go on
+            self._rebuild_all()
+            return False
+        return True
+
+    # -- a broker that does not answer (stream/outage.py) ------------------------------------
+
+    def _broker_waiting(self, what: str, error: Any, in_step: bool = True) -> None:
+        """Between two bounded waits for ``what``: report the outage (a line now and then, the
+        gauges, ``/ready``), and leave the step's wait when a stop was asked for."""
+        if not self.outage.active:
+            self.metrics["broker_outages"] += 1
+        line = self.outage.waiting(what, error)
+        if line:
+            log.warning("%s", line)
+        self._report(force=True)
+        if not in_step:
+            return
+        if self._stopping:
+            raise StopWhileWaiting()
+        time.sleep(0.2)  # a call refused at once (no connection) is not tried again at once
+
+    def _broker_answered(self) -> None:
+        line = self.outage.over()
+        if line:
+            log.info("%s", line)
+            self._report(force=True)
+
+    def _await_broker(self, what: str) -> None:
+        """Return once a broker answers a metadata request, waiting in bounded steps."""
+        while True:
+            try:
+                self.consumer.list_topics(timeout=STEP_S)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else exc
+                if getattr(err, "fatal", lambda: False)():
+                    raise
+                self._broker_waiting(what, err)
+                continue
+            self._broker_answered()
+            return
+
+    def _replace_producer(self, fatal: TransactionFatal) -> None:
+        """The producer was fenced after its transaction waited for an unreachable broker: the
+        broker aborted that transaction at ``transaction.timeout.ms``. A new producer with the same
+        transactional id goes on, and every partition is rebuilt from what committed, as after
+        any abort (the batch is read again)."""
+        log.warning(
+            "%s; the transaction had waited for the broker, which aborted it: starting a new "
+            "producer and rebuilding partitions",
+            fatal,
+        )
+        self.metrics["producer_restarts"] += 1
+        old = self.transaction
+        try:
+            old.producer.purge(in_queue=True, in_flight=True, blocking=False)
+        except KafkaException:
+            pass
+        self.transaction = self._new_transaction(old.watchdog, old.broker_wait)
+        producer = self.transaction.producer
+        self.transaction.until_answered("init_transactions", producer.init_transactions)
+        self._rebuild_all()
+
     def _check_stalls(self) -> None:
         """Every few seconds: is this worker idle while work waits, or are its commits not
         applied? (stream/stall.py). Broker queries only; never raises."""
         now = time.monotonic()
+        if self.outage.active:
+            # Seen away (by a commit, or by a stall check of an idle worker): a short metadata
+            # request every few seconds says when it is back.
+            if now >= self._next_probe:
+                self._next_probe = now + STEP_S
+                try:
+                    self.consumer.list_topics(timeout=1)
+                except KafkaException as exc:
+                    err = exc.args[0] if exc.args else exc
+                    self._broker_waiting("metadata (idle)", err, in_step=False)
+                else:
+                    self._broker_answered()
+            return
         if now < self._next_stall_check:
             return
         self._next_stall_check = now + min(10.0, self.config.stall_report_s / 4)
@@ -457,7 +602,12 @@ class Worker:
             if not self.partitions and not self.waiting:
                 lag = self._group_input_lag()
             behind = self._commits_not_applied()
-        except Exception as exc:  # a broker that does not answer: the next check tries again
+        except KafkaException as exc:  # a broker that does not answer: an outage, probed above
+            self._broker_waiting(
+                "the group's offsets (stall check)", exc.args[0] if exc.args else exc
+            )
+            return
+        except Exception as exc:  # noqa: BLE001 (the next check tries again)
             log.debug("stall check failed: %s", exc)
             return
         for line in self._stalls.check(
@@ -642,6 +792,7 @@ class Worker:
     def _rebuild_all(self) -> None:
         """After an aborted transaction: every partition from what did commit, and the consumer
         back at the committed offsets, so the aborted batch is read again."""
+        self._await_broker("the committed offsets and logs to rebuild from")
         assigned = list(self.partitions)
         self.partitions.clear()
         self.recovering = True

@@ -2,6 +2,7 @@
 Prometheus text a Status renders to (read back with prometheus_client's own parser), the
 filter that holds back librdkafka's repeated lines, and the configuration checked up front."""
 
+import dataclasses
 import logging
 
 import numpy as np
@@ -137,6 +138,18 @@ def test_no_status_yet_renders_only_the_process_metrics():
     names = {name for name, _ in samples(render_metrics(None).decode())}
     assert "process_resident_memory_bytes" in names
     assert not any(n.startswith("streambandit_") for n in names)
+
+
+def test_the_broker_gauges_say_whether_and_how_long_the_loop_waits_for_the_broker():
+    fine = samples(render_metrics(status()).decode())
+    assert fine[("streambandit_broker_unavailable", ())] == 0
+    assert fine[("streambandit_broker_unavailable_seconds", ())] == 0
+    s = status(broker_outages=1)
+    away = dataclasses.replace(s, broker_unavailable_s=12.5)
+    got = samples(render_metrics(away).decode())
+    assert got[("streambandit_broker_unavailable", ())] == 1
+    assert got[("streambandit_broker_unavailable_seconds", ())] == 12.5
+    assert got[("streambandit_broker_outages_total", ())] == 1
 
 
 def test_repeated_lines_pass_once_a_minute_with_a_count_of_those_held_back():
