@@ -106,7 +106,7 @@ def _cmd_serve(args: argparse.Namespace) -> int:
             store.close()
         return _supervise(args, instance, processes, config.metrics_port)
     try:
-        worker = Worker(config, store, instance_id=instance, exit_if_stuck=True)
+        worker = Worker(config, store, instance_id=instance)
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: worker.stop())
         if stop_asked:

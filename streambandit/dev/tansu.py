@@ -194,6 +194,18 @@ class EmbeddedBroker:
             self.stop()
             raise
 
+    def pause(self) -> None:
+        """Freeze the broker (SIGSTOP): its connections stay open and nothing is answered. The
+        way to take this broker away and bring it back (``resume``) with its data: it keeps
+        everything in memory, so a stop loses every topic."""
+        assert self._proc is not None, "not started"
+        self._proc.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        """Let a paused broker go on (SIGCONT)."""
+        assert self._proc is not None, "not started"
+        self._proc.send_signal(signal.SIGCONT)
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the broker (SIGINT, then SIGKILL); safe to call twice. Tansu exits at once on
         SIGINT, but on SIGTERM at times only after 5 s (docs/notes/tansu.md)."""

@@ -53,26 +53,27 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
 
    - **fatal** (``KafkaError.fatal()``: the producer was fenced by a newer instance with the same
      transactional id, or its state is broken): :class:`TransactionFatal` (a ``WorkerError``),
-     without calling ``abort_transaction``; the worker stops (8).
+     without calling ``abort_transaction``; the worker stops (8), unless the transaction had
+     waited for an unreachable broker (8a).
    - **anything else**, with a transaction open: ``abort_transaction``, which purges the records
      not yet sent and serves their delivery reports before it returns; then the list of delivery
      errors is emptied, so those reports do not fail the next batch at 5. With none open (a
      ``begin_transaction`` that failed, or after 5) there is nothing to abort, and the list is
      emptied too. This covers abortable errors (``txn_requires_abort()``, a produce refused or
-     failed, a failed delivery) and a retriable ``send_offsets_to_transaction``, which librdkafka
-     does not resume: the transaction stays open, and aborting it is valid.
-   - **the abort fails**: :class:`TransactionFatal`; the worker stops (8). A retriable
-     ``commit_transaction`` (a timeout) always ends here: librdkafka goes on committing in the
-     background and refuses ``abort_transaction`` (``_CONFLICT``) until ``commit_transaction`` is
-     called again, which this module does not do: with the default transaction timeout (10 s)
-     below the commit's 30 s, such a commit has run past the transaction timeout, so unless the
-     broker had already accepted it, the broker has aborted the transaction and a resumed commit
-     would fail too.
+     failed, a failed delivery).
+   - **the abort fails** (not retriable): :class:`TransactionFatal`; the worker stops (8).
 
-8. **Stop.** A call of 3, 4 or 7 that has not returned well past its own timeout (librdkafka
-   stuck once the coordinator it knew is gone) ends a ``serve`` process (stream/watchdog.py):
-   a crash, after which the next owner goes on as below. On :class:`TransactionFatal` the worker
-   leaves its loop, its transaction perhaps
+   **A broker that does not answer** is none of these: a retriable error (a timeout, no
+   coordinator) of ``send_offsets_to_transaction``, ``commit_transaction`` or
+   ``abort_transaction`` is waited out (:meth:`Transaction.until_answered`): the call is made
+   again, every :data:`STEP_S`, until it succeeds or fails otherwise. librdkafka resumes a
+   commit or an abort that timed out when it is called again, so the outcome is the one the
+   call would have had: a commit applied once, or an abortable or fatal error handled as above.
+   The calls run on a thread of their own and the loop waits for them in steps, since a call on
+   a coordinator that does not answer can block far past its timeout; between steps the worker
+   reports the outage (stream/outage.py) and leaves on a stop (8b).
+
+8. **Stop.** On :class:`TransactionFatal` the worker leaves its loop, its transaction perhaps
    still open or still committing; it neither commits nor aborts again (``Worker.close`` only
    flushes the producer) and snapshots none of the batch's partitions (they are not settled).
    The broker applies the transaction whole or not at all: committed (a commit it accepted, or
@@ -80,9 +81,21 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
    the restarted instance, with the same transactional id, fences it). The next owner settles
    the output logs (no transaction open on them) before it reads the committed offsets, so it
    builds on whichever happened.
+
+   a. After a wait for the broker, a fencing is most likely the broker's own: it aborted the
+      transaction at ``transaction.timeout.ms``. And a call that goes on failing
+      :data:`BACK_GRACE_S` after the broker answers again (librdkafka asking a coordinator that
+      has gone; an abort whose epoch bump the broker does not grant) is given up. Either is a
+      :class:`TransactionFatal` with ``after_outage``, and the worker goes on as a restarted
+      instance would, in its own process: a new producer with the same transactional id, whose
+      ``init_transactions`` ends the old one's transaction, then the rebuild of 6.
+   b. A stop while waiting leaves the transaction to the broker as in 8 (one short
+      ``abort_transaction`` is tried: :meth:`Transaction.abandon`).
+
 9. **No transaction is open while the consumer polls.** The worker calls ``consume()`` only in
    ``Worker._poll_batch``, at the start of ``Worker.step``, and every step ends with its
-   transaction committed (4), aborted (7) or never begun (1); any exception out of a step
+   transaction committed (4), aborted (7), ended by a new producer (8a) or never begun (1), or
+   with the loop leaving at a stop (8b); any exception out of a step
    (:class:`TransactionFatal`, a rebuild that fails, a bug) ends ``Worker.run``'s loop, and
    ``Worker.close`` empties the partitions before ``consumer.close()`` runs the revoke callback.
    :attr:`Transaction.open` says whether one is open. The rebalance callbacks run inside
@@ -110,7 +123,6 @@ from confluent_kafka import KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.outage import broker_unavailable
-from streambandit.stream.watchdog import Watchdog
 
 __all__ = [
     "BrokerWait",
@@ -172,7 +184,8 @@ class BrokerWait:
         return False
 
 
-STUCK_AFTER_S = 30.0  # a call this long is asked about (_check_stuck)
+# How long a coordinator call may go on failing once the broker answers again (until_answered).
+BACK_GRACE_S = 15.0
 
 
 class _Calls:
@@ -247,27 +260,30 @@ class Transaction:
         producer: Producer,
         delivery_errors: list,
         transactional_id: str = "",
-        watchdog: Watchdog | None = None,
         broker_wait: BrokerWait | None = None,
     ) -> None:
         self.producer = producer
         self.transactional_id = transactional_id
         self.delivery_errors = delivery_errors  # appended by note_failed_delivery
         self.open = False
-        # The calls below that wait on a coordinator, each bounded (stream/watchdog.py).
-        self.watchdog = watchdog or Watchdog(None)
         self.broker_wait = broker_wait or BrokerWait()
         self.waited = False  # the open transaction waited for an unreachable broker
         self._calls = _Calls()
-        self._answered_at: float | None = None  # the broker answered while a call ran on
 
     def until_answered(self, what: str, call: Any) -> None:
         """``call(timeout_s)``, a librdkafka call on a coordinator, made on a thread of its own
         while the loop waits for it in steps of :data:`STEP_S`, reporting the outage and leaving
-        on a stop between steps (librdkafka's coordinator calls can block well past their own
-        timeout while a broker does not answer: stream/watchdog.py). A retriable failure (the
-        broker did not answer; librdkafka resumes a commit, an abort or an init that timed out
-        when it is called again) is called again, until the call succeeds or fails otherwise."""
+        on a stop between steps: librdkafka's coordinator calls can block well past their own
+        timeout while a broker does not answer. A retriable failure (the broker did not answer;
+        librdkafka resumes a commit, an abort or an init that timed out when it is called
+        again) is called again, until the call succeeds or fails otherwise.
+
+        A call that neither returns nor succeeds for :data:`BACK_GRACE_S` after the broker
+        answers metadata again raises :class:`TransactionFatal` (``after_outage``): librdkafka
+        stuck on a coordinator that has gone (librdkafka issues 5456, 5511), or an abort that
+        needs an epoch bump the broker does not grant (Tansu's). A new producer with the same
+        transactional id ends the transaction either way (the worker makes one)."""
+        back_since: float | None = None  # when the broker first answered metadata again
         while True:
             started = time.monotonic()
             future = self._calls.submit(call, STEP_S)
@@ -275,42 +291,29 @@ class Transaction:
                 try:
                     future.result(timeout=STEP_S + 0.5)
                 except FutureTimeout:
-                    self._waiting(what, f"no answer for {time.monotonic() - started:.0f} s")
-                    self._check_stuck(what, started)
-                    continue
+                    error: Any = f"no answer for {time.monotonic() - started:.0f} s"
                 except KafkaException as exc:
-                    err = exc.args[0] if exc.args else None
-                    if not broker_unavailable(err):
+                    error = exc.args[0] if exc.args else None
+                    if not broker_unavailable(error):
                         raise
-                    self._waiting(what, err)
-                    break  # called again
-                self._answered_at = None
-                self.broker_wait.answered()
-                return
-
-    def _waiting(self, what: str, error: Any) -> None:
-        self.waited = self.waited or self.open
-        self.broker_wait.waiting(what, error)
-
-    def _check_stuck(self, what: str, started: float) -> None:
-        """A call still running although the broker answers again (librdkafka issues 5456, 5511:
-        it asks a coordinator that has gone, for good) ends a ``serve`` process, as a crash would
-        (stream/watchdog.py); a call that waits for a broker that does not answer does not."""
-        now = time.monotonic()
-        if self.watchdog.on_stuck is None or now - started < STUCK_AFTER_S:
-            return
-        if not self.broker_wait.broker_answers():
-            self._answered_at = None
-            return
-        if self._answered_at is None:
-            self._answered_at = now
-        elif now - self._answered_at > self.watchdog.grace_s:
-            self.watchdog.on_stuck(
-                f"librdkafka's {what} has not returned in {now - started:.0f} s although the "
-                f"broker has answered for {now - self._answered_at:.0f} s (a coordinator that "
-                f"went away); exiting: started again, this instance ends its open transaction "
-                f"at once"
-            )
+                else:
+                    self.broker_wait.answered()
+                    return
+                self.waited = self.waited or self.open
+                self.broker_wait.waiting(what, error)
+                now = time.monotonic()
+                if not self.broker_wait.broker_answers():
+                    back_since = None
+                elif back_since is None:
+                    back_since = now
+                elif now - back_since > BACK_GRACE_S:
+                    raise TransactionFatal(
+                        f"librdkafka's {what} has not completed {now - back_since:.0f} s after "
+                        f"the broker answered again (last error: {error})",
+                        after_outage=True,
+                    )
+                if future.done():
+                    break  # failed: called again
 
     def busy(self) -> bool:
         """A call of :meth:`until_answered` is still running (left by a stop)."""

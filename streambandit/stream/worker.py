@@ -53,7 +53,6 @@ from streambandit.stream.transaction import (
     group_metadata,
     note_failed_delivery,
 )
-from streambandit.stream.watchdog import Watchdog, exit_process
 from streambandit.wire import Snapshot, SnapshotHeader
 
 __all__ = ["Worker", "WorkerError", "freeze_long_lived"]
@@ -157,8 +156,6 @@ class Worker:
     timeout. The default here, a random id, is only for workers whose predecessors' transactions
     need not end early (tests, benchmarks, the demo).
 
-    ``exit_if_stuck``: end the process when librdkafka does not return from a transaction's call
-    long after its timeout (stream/watchdog.py); for a worker that is a process of its own.
     """
 
     def __init__(
@@ -167,7 +164,6 @@ class Worker:
         store: SnapshotStore,
         *,
         instance_id: str | None = None,
-        exit_if_stuck: bool = False,
     ) -> None:
         check_client_settings(
             config
@@ -206,11 +202,7 @@ class Worker:
         self.outage = BrokerOutage()
         self._next_probe = 0.0
         self._committing = 0.0  # when the batch's commit began
-        # A worker process (``streambandit serve``) ends itself when librdkafka is stuck in a
-        # transaction's call (stream/watchdog.py); one embedded in another program does not.
-        self.transaction = self._new_transaction(
-            Watchdog(exit_process if exit_if_stuck else None), _LoopWait(self)
-        )
+        self.transaction = self._new_transaction(_LoopWait(self))
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = (
             producer_settings(c.bootstrap_servers, "", c.kafka)["transaction.timeout.ms"] / 1000 + 5
@@ -240,7 +232,7 @@ class Worker:
         self._stalls = StallWatch(c.stall_report_s)
         self._next_stall_check = 0.0
 
-    def _new_transaction(self, watchdog: Watchdog, broker_wait: BrokerWait) -> Transaction:
+    def _new_transaction(self, broker_wait: BrokerWait) -> Transaction:
         """A transactional producer with this worker's transactional id, not yet initialised."""
         c = self.config
         delivery_errors: list = []
@@ -249,7 +241,7 @@ class Worker:
             | {"logger": kafka_logger()}  # librdkafka's lines through ours, repeats held back
             | {"on_delivery": functools.partial(note_failed_delivery, delivery_errors)}
         )
-        return Transaction(producer, delivery_errors, self.transactional_id, watchdog, broker_wait)
+        return Transaction(producer, delivery_errors, self.transactional_id, broker_wait)
 
     # -- lifecycle -----------------------------------------------------------------------------
 
@@ -557,22 +549,25 @@ class Worker:
             return
 
     def _replace_producer(self, fatal: TransactionFatal) -> None:
-        """The producer was fenced after its transaction waited for an unreachable broker: the
-        broker aborted that transaction at ``transaction.timeout.ms``. A new producer with the same
-        transactional id goes on, and every partition is rebuilt from what committed, as after
-        any abort (the batch is read again)."""
+        """The producer cannot go on after its transaction waited for an unreachable broker:
+        fenced (the broker aborted the transaction at ``transaction.timeout.ms``), or a call that
+        does not complete although the broker answers again (transaction.py, ``until_answered``).
+        A new producer with the same transactional id ends whatever the old one left open, and
+        every partition is rebuilt from what committed, as after any abort (the batch is read
+        again, or not if its commit had completed)."""
         log.warning(
-            "%s; the transaction had waited for the broker, which aborted it: starting a new "
-            "producer and rebuilding partitions",
+            "%s; the transaction had waited for the broker: starting a new producer with the same "
+            "transactional id and rebuilding partitions",
             fatal,
         )
+        self.batch.times.clear()
         self.metrics["producer_restarts"] += 1
         old = self.transaction
         try:
             old.producer.purge(in_queue=True, in_flight=True, blocking=False)
         except KafkaException:
             pass
-        self.transaction = self._new_transaction(old.watchdog, old.broker_wait)
+        self.transaction = self._new_transaction(old.broker_wait)
         producer = self.transaction.producer
         self.transaction.until_answered("init_transactions", producer.init_transactions)
         self._rebuild_all()

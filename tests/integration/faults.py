@@ -88,7 +88,7 @@ def make_topics(broker, partitions: int) -> tuple[Topics, Topics]:
 
 class Group:
     """``streambandit serve`` processes of one group, each logging to ``<group>-<instance>.log``
-    (appended across restarts) under ``tmp``."""
+    (appended across restarts) under ``tmp``; ``args``: added to each one's command line."""
 
     def __init__(
         self,
@@ -100,8 +100,10 @@ class Group:
         worker: dict | None = None,
         producer: str = "",
         txn_timeout_ms: int = 30000,
+        args: tuple[str, ...] = (),
     ) -> None:
         self.broker, self.tmp, self.group, self.topics = broker, tmp, group, topics
+        self.args = args
         self.snaps = tmp / f"snaps-{group}"
         self.cfg = tmp / f"{group}.toml"
         self.cfg.write_text(
@@ -125,7 +127,9 @@ class Group:
         return path.read_text() if path.exists() else ""
 
     def start(self, instance: str):
-        self.procs[instance] = serve_process(self.broker, self.cfg, instance, self.log(instance))
+        self.procs[instance] = serve_process(
+            self.broker, self.cfg, instance, self.log(instance), self.args
+        )
         return self.procs[instance]
 
     def starts(self, instance: str) -> int:

@@ -305,9 +305,9 @@ def serve_config(group: str, snaps, topics, worker: str = "") -> str:
     return SERVE_CONFIG.format(group=group, snaps=snaps, worker=worker, topics=topics_toml(topics))
 
 
-def serve_process(broker, cfg_path, instance: str, log_path):
+def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ...] = ()):
     """``streambandit serve`` as one worker process with ``instance`` as its id, logging at INFO
-    to ``log_path`` (appended: a restarted instance continues its log)."""
+    to ``log_path`` (appended: a restarted instance continues its log); ``args`` added."""
     import os
     import subprocess
     import sys
@@ -327,6 +327,7 @@ def serve_process(broker, cfg_path, instance: str, log_path):
             "1",
             "--bootstrap-servers",
             broker.bootstrap_servers,
+            *args,
         ],
         stdout=subprocess.PIPE,
         stderr=open(log_path, "a"),

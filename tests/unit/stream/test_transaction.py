@@ -24,6 +24,7 @@ import random
 import pytest
 from confluent_kafka import KafkaError, KafkaException, TopicPartition
 
+from streambandit.stream import transaction
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.transaction import (
     BrokerWait,
@@ -587,10 +588,11 @@ def test_a_commit_accepted_by_the_broker_but_failed_locally_stops_the_worker_and
 class Waits(BrokerWait):
     """What the loop is told between two bounded waits; ``stop``: it leaves the wait."""
 
-    def __init__(self, stop: bool = False) -> None:
+    def __init__(self, stop: bool = False, back: bool = False) -> None:
         self.waits: list[str] = []
         self.answers = 0
         self.stop = stop
+        self.back = back  # the broker answers metadata meanwhile
 
     def waiting(self, what: str, error) -> None:
         self.waits.append(what)
@@ -599,6 +601,9 @@ class Waits(BrokerWait):
 
     def answered(self) -> None:
         self.answers += 1
+
+    def broker_answers(self) -> bool:
+        return self.back
 
 
 RETRIED = {
@@ -645,6 +650,23 @@ def test_a_fencing_after_a_wait_for_the_broker_is_marked_for_a_new_producer():
     with pytest.raises(TransactionFatal) as fatal:
         loop.step(4)
     assert fatal.value.after_outage
+    assert broker.offsets == {0: 4}
+
+
+def test_a_call_failing_on_after_the_broker_answers_again_is_given_up_for_a_new_producer(
+    monkeypatch,
+):
+    monkeypatch.setattr(transaction, "BACK_GRACE_S", 0.0)
+    broker, loop = committed_loop({0: 12}, first=4)
+    loop.txn.broker_wait = Waits(back=True)
+    loop.producer.fail(
+        "commit_transaction", err(KafkaError.INVALID_TXN_STATE, txn_requires_abort=True)
+    )
+    loop.producer.fail("abort_transaction", *[err(KafkaError._TIMED_OUT, retriable=True)] * 5)
+    with pytest.raises(TransactionFatal, match="abort_transaction has not completed") as fatal:
+        loop.step(4)
+    assert fatal.value.after_outage
+    assert loop.producer.calls.count("abort_transaction") == 2
     assert broker.offsets == {0: 4}
 
 
