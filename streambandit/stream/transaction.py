@@ -179,13 +179,16 @@ class BrokerWait:
         """A call on the broker succeeded."""
 
     def broker_answers(self) -> bool:
-        """Whether a broker answers a metadata request now (asked only of a call that runs
-        long)."""
+        """Whether a broker answers a metadata request now (asked between two waits)."""
+        return False
+
+    def stop_asked(self) -> bool:
+        """Whether the loop should leave the wait (asked a few times a second)."""
         return False
 
 
 # How long a coordinator call may go on failing once the broker answers again (until_answered).
-BACK_GRACE_S = 15.0
+BACK_GRACE_S = 10.0
 
 
 class _Calls:
@@ -285,13 +288,18 @@ class Transaction:
         transactional id ends the transaction either way (the worker makes one)."""
         back_since: float | None = None  # when the broker first answered metadata again
         while True:
-            started = time.monotonic()
+            started = reported = time.monotonic()
             future = self._calls.submit(call, STEP_S)
             while True:
                 try:
-                    future.result(timeout=STEP_S + 0.5)
+                    future.result(timeout=0.25)
                 except FutureTimeout:
-                    error: Any = f"no answer for {time.monotonic() - started:.0f} s"
+                    if self.broker_wait.stop_asked():
+                        raise StopWhileWaiting() from None
+                    if time.monotonic() - reported < STEP_S + 0.5:
+                        continue
+                    reported = time.monotonic()
+                    error: Any = f"no answer for {reported - started:.0f} s"
                 except KafkaException as exc:
                     error = exc.args[0] if exc.args else None
                     if not broker_unavailable(error):

@@ -134,6 +134,10 @@ class _LoopWait(BrokerWait):
         if w is not None:
             w._broker_answered()
 
+    def stop_asked(self) -> bool:
+        w = self._worker()
+        return w is None or w._stopping
+
     def broker_answers(self) -> bool:
         w = self._worker()
         if w is None:
