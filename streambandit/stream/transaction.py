@@ -393,7 +393,12 @@ class Transaction:
         log.error("transaction failed error=%s; aborting and rebuilding partitions", err)
         if isinstance(err, KafkaError) and err.fatal():
             hint = ""
-            if err.code() in _FENCED:
+            if err.code() in _FENCED and self.waited:
+                hint = (
+                    "; the transaction had waited for the broker, which aborted it at its "
+                    "transaction.timeout.ms"
+                )
+            elif err.code() in _FENCED:
                 hint = (
                     f"; a newer producer with the transactional id {self.transactional_id!r} started (two "
                     f"live workers must not share an instance id, --instance-id), or the broker aborted "

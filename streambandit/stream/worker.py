@@ -560,8 +560,7 @@ class Worker:
         every partition is rebuilt from what committed, as after any abort (the batch is read
         again, or not if its commit had completed)."""
         log.warning(
-            "%s; the transaction had waited for the broker: starting a new producer with the same "
-            "transactional id and rebuilding partitions",
+            "%s: starting a new producer with the same transactional id and rebuilding partitions",
             fatal,
         )
         self.batch.times.clear()

@@ -647,9 +647,9 @@ def test_a_fencing_after_a_wait_for_the_broker_is_marked_for_a_new_producer():
         "send_offsets_to_transaction", err(KafkaError.COORDINATOR_NOT_AVAILABLE, retriable=True)
     )
     loop.producer.fail("commit_transaction", err(KafkaError.PRODUCER_FENCED, fatal=True))
-    with pytest.raises(TransactionFatal) as fatal:
+    with pytest.raises(TransactionFatal, match="waited for the broker") as fatal:
         loop.step(4)
-    assert fatal.value.after_outage
+    assert fatal.value.after_outage and "--instance-id" not in str(fatal.value)
     assert broker.offsets == {0: 4}
 
 
