@@ -143,18 +143,13 @@ class Group:
             out |= held_partitions(self.text(i))
         return out
 
-    def stop(self, *instances: str, stuck_ok: bool = False) -> None:
-        """SIGTERM and wait: each must exit 0, with its metrics line. ``stuck_ok``: or exit 1 by
-        the watchdog's line, for a worker that was inside a librdkafka call that ignores its
-        timeout (stream/watchdog.py) when the stop came, which no signal interrupts."""
+    def stop(self, *instances: str) -> None:
+        """SIGTERM and wait: each must exit 0, with its metrics line."""
         names = [i for i in instances or tuple(self.procs) if i in self.procs]
         procs = [self.procs.pop(i) for i in names]
         running = [(n, p) for n, p in zip(names, procs) if p.poll() is None]
         lines = stop_processes(*[p for _, p in running])
         for (name, proc), line in zip(running, lines):
-            last = self.text(name).strip().splitlines()[-1:]
-            if stuck_ok and proc.returncode == 1 and "has not returned" in "".join(last):
-                continue
             assert proc.returncode == 0, (name, proc.returncode, self.text(name)[-3000:])
             self.exits.append(line)
 
