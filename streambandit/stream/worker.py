@@ -159,7 +159,6 @@ class Worker:
     instead of holding back every reader of its partitions until the broker's transaction
     timeout. The default here, a random id, is only for workers whose predecessors' transactions
     need not end early (tests, benchmarks, the demo).
-
     """
 
     def __init__(
@@ -601,9 +600,8 @@ class Worker:
                 lag = self._group_input_lag()
             behind = self._commits_not_applied()
         except KafkaException as exc:  # a broker that does not answer: an outage, probed above
-            self._broker_waiting(
-                "the group's offsets (stall check)", exc.args[0] if exc.args else exc
-            )
+            err = exc.args[0] if exc.args else exc
+            self._broker_waiting("the group's offsets (stall check)", err, in_step=False)
             return
         except Exception as exc:  # noqa: BLE001 (the next check tries again)
             log.debug("stall check failed: %s", exc)
