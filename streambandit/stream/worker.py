@@ -27,7 +27,7 @@ import weakref
 from typing import Any
 
 import numpy as np
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 from streambandit.config.kafka import consumer_settings, producer_settings, reader_settings
 from streambandit.config.worker import WorkerConfig, snapshot_due
@@ -196,7 +196,9 @@ class Worker:
         # The group's description names each member by it (streambandit status): which worker
         # holds a partition. A client.id of the configuration's wins.
         settings.setdefault("client.id", self.instance_id)
-        self.consumer = Consumer(settings | quiet)
+        # error_cb: a consumer that loses every connection says so at once (an idle worker has no
+        # commit to find the broker away with).
+        self.consumer = Consumer(settings | quiet | {"error_cb": _weakly(self._on_consumer_error)})
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
         self._session_s = float(settings.get("session.timeout.ms", 45_000)) / 1000
         self._polled = time.monotonic()  # when the last consume() returned
@@ -530,6 +532,18 @@ class Worker:
         if self._stopping:
             raise StopWhileWaiting()
         time.sleep(0.2)  # a call refused at once (no connection) is not tried again at once
+
+    def _on_consumer_error(self, err: KafkaError) -> None:
+        """librdkafka's error callback, served inside ``consume()``: every connection down is an
+        outage (probed in _check_stalls until a broker answers); the rest is librdkafka's to
+        retry, and its lines say it under ``streambandit.kafka``."""
+        if err.code() != KafkaError._ALL_BROKERS_DOWN:
+            return
+        if not self.outage.active:
+            self.metrics["broker_outages"] += 1
+        line = self.outage.waiting("a broker to connect to (every connection down)", err)
+        if line:
+            log.warning("%s", line)
 
     def _broker_answered(self) -> None:
         line = self.outage.over()
