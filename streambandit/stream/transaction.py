@@ -211,9 +211,17 @@ class _Calls:
     def busy(self) -> bool:
         return self._running is not None and not self._running.done()
 
+    def close(self) -> None:
+        """The thread ends after the call it is making, if any."""
+        if self._thread is not None:
+            self._queue.put(None)
+
     def _run(self) -> None:
         while True:
-            future, call, args = self._queue.get()
+            item = self._queue.get()
+            if item is None:
+                return
+            future, call, args = item
             self._running = future
             future.set_running_or_notify_cancel()
             try:
@@ -326,6 +334,10 @@ class Transaction:
     def busy(self) -> bool:
         """A call of :meth:`until_answered` is still running (left by a stop)."""
         return self._calls.busy()
+
+    def retire(self) -> None:
+        """This producer is replaced: its calls' thread ends (after a call still running)."""
+        self._calls.close()
 
     def emit(self, outputs: list[tuple[str, int, bytes | None, bytes]]) -> None:
         """Steps 1-2: produce ``outputs`` (topic, partition, key, value) in the batch's transaction,

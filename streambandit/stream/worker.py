@@ -579,6 +579,7 @@ class Worker:
         self.batch.times.clear()
         self.metrics["producer_restarts"] += 1
         old = self.transaction
+        old.retire()
         try:
             old.producer.purge(in_queue=True, in_flight=True, blocking=False)
         except KafkaException:
