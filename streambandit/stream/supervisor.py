@@ -6,8 +6,12 @@ of its own (``<instance id>-<i>``: its transactional id, stable across restarts,
 child fences its dead predecessor exactly as a restarted pod does). It restarts a child that
 exits with an error, after a backoff that doubles while the child keeps failing within
 ``STABLE_S`` of its start; a child that exits with 2 (a configuration the worker refused) is not
-restarted, and stops the others. SIGTERM or SIGINT is passed to every child, which stops cleanly
-(snapshot, leave the group); the supervisor returns when all have exited.
+restarted, and stops the others. SIGTERM or SIGINT stops the children cleanly (snapshot, leave the
+group) one at a time: the next is sent SIGTERM once the one before it has exited, and the
+supervisor returns when all have. Two members leaving at the same moment can leave the embedded
+broker's group with a member that is gone but still counted, holding back every later start
+(docs/notes/tansu.md, ``python -m bench.group_restarts``); one leave after another does not. A
+child stops in about a second, so N children stop in about N seconds.
 
 A child dies with its supervisor (``PR_SET_PDEATHSIG`` on Linux): a supervisor killed outright
 leaves no orphan worker behind holding partitions and a transactional id.
@@ -32,6 +36,10 @@ log = logging.getLogger("streambandit")
 
 STABLE_S = 60.0  # a child that ran this long before failing starts again without delay
 CONFIG_ERROR = 2  # the exit code of a refused configuration: restarting would refuse it again
+# Between one child's exit and the next one's SIGTERM while stopping: time for the others to hear
+# of the rebalance the exit started (at their next heartbeat, every second by default), so that
+# the next waits for that rebalance to end before it leaves (Worker._leave_when_settled).
+LEAVE_GAP_S = 2.0
 
 
 @dataclasses.dataclass
@@ -66,6 +74,7 @@ class _Child:
     proc: subprocess.Popen | None = None
     started: float = 0.0
     restart_at: float | None = None
+    signalled: bool = False  # sent SIGTERM by stop()
     policy: RestartPolicy = dataclasses.field(default_factory=RestartPolicy)
 
 
@@ -79,6 +88,7 @@ class Supervisor:
         *,
         poll_s: float = 0.2,
         policy: Callable[[], RestartPolicy] = RestartPolicy,
+        leave_gap_s: float = LEAVE_GAP_S,
     ) -> None:
         if n < 1:
             raise ValueError(f"--processes must be >= 1, got {n}")
@@ -88,21 +98,36 @@ class Supervisor:
         self.restarts = 0
         self._stopping = False
         self._code = 0
+        self.leave_gap_s = leave_gap_s
+        self._last_exit = float("-inf")  # when a child last exited
 
     def _start(self, child: _Child) -> None:
         child.proc = subprocess.Popen(
             list(self.command(child.index)),
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
-        child.started, child.restart_at = time.monotonic(), None
+        child.started, child.restart_at, child.signalled = time.monotonic(), None, False
         log.info("worker process started index=%d pid=%d", child.index, child.proc.pid)
 
     def stop(self) -> None:
-        """Stop every child cleanly (SIGTERM); :meth:`run` returns when all have exited."""
+        """Stop the children cleanly, one at a time (SIGTERM to the next once the one before has
+        exited, see the module docstring); :meth:`run` returns when all have exited. Safe from a
+        signal handler: it only signals the first child, and :meth:`run` the others."""
         self._stopping = True
+        self._stop_next()
+
+    def _stop_next(self) -> None:
+        """While stopping: SIGTERM to the first running child, unless one is stopping already
+        or the last exit was less than ``leave_gap_s`` ago."""
+        if time.monotonic() - self._last_exit < self.leave_gap_s:
+            return
         for child in self.children:
-            if child.proc is not None and child.proc.poll() is None:
+            if child.proc is None or child.proc.poll() is not None:
+                continue
+            if not child.signalled:
+                child.signalled = True
                 child.proc.send_signal(signal.SIGTERM)
+            return  # this one stops first
 
     def run(self, max_seconds: float | None = None) -> int:
         """Until every child has exited after :meth:`stop` (or ``max_seconds``); the exit code:
@@ -126,13 +151,16 @@ class Supervisor:
                     self.restarts += 1
                     self._start(child)
                     running += 1
-            if self._stopping and running == 0:
-                return self._code
+            if self._stopping:
+                if running == 0:
+                    return self._code
+                self._stop_next()
             time.sleep(self.poll_s)
 
     def _exited(self, child: _Child, code: int, now: float) -> None:
         ran = now - child.started
         child.proc = None
+        self._last_exit = now
         if self._stopping:
             if code not in (0, -signal.SIGTERM):
                 log.warning(

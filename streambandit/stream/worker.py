@@ -216,6 +216,9 @@ class Worker:
             reader_settings(c.bootstrap_servers, c.kafka) | quiet, open_timeout_s
         )
         self._stopping = False
+        # Between joining (or a revocation) and the assignment that ends that rebalance: a leave
+        # now lands inside the rebalance (see _leave_when_settled).
+        self._rebalancing = True
         # The group's name for this member, read in the loop's own thread at each assignment: the
         # consumer is not called from another thread while the loop polls it.
         self.member_id = ""
@@ -422,6 +425,7 @@ class Worker:
         self.partitions.clear()
         try:
             self.writer.close()
+            self._leave_when_settled()
             self.consumer.close()
         finally:
             self.reader.close()
@@ -433,6 +437,35 @@ class Worker:
                 log.warning("producer not flushed at stop error=%s", exc)
             if self.telemetry is not None:
                 self.telemetry.close()
+
+    def _leave_when_settled(self) -> None:
+        """Before the consumer's close leaves the group: if a rebalance is under way (this
+        worker was revoked or is joining and has no assignment yet), wait for its assignment, at
+        most one group session. On the embedded broker a member that leaves inside a rebalance
+        can stay counted in the group, gone, and every later join waits for it for good
+        (docs/notes/tansu.md); a leave in a settled group is only the next rebalance. Records
+        fetched meanwhile are dropped: they are not committed, and the next owner reads them."""
+        if not self.started:
+            return
+        try:
+            self.consumer.consume(100, 0)  # serves a revocation the group has already announced
+        except KafkaException:
+            return
+        if not self._rebalancing:
+            return
+        deadline = time.monotonic() + self._session_s
+        while self._rebalancing and time.monotonic() < deadline:
+            try:
+                self.consumer.consume(100, 0.1)
+            except KafkaException as exc:  # the consumer is failing: nothing to wait for
+                log.warning("stopping: consumer error while waiting for the rebalance: %s", exc)
+                return
+        if self._rebalancing:
+            log.warning(
+                "stopping inside a rebalance that did not end within %.0f s; leaving the group "
+                "anyway",
+                self._session_s,
+            )
 
     def _check_topics(self) -> None:
         md = self.consumer.list_topics(timeout=10)
@@ -941,6 +974,7 @@ class Worker:
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         self.member_id = consumer.memberid() or ""
+        self._rebalancing = False
         self.metrics["assigns"] += 1
         if self._stopping:
             # An assignment that arrives while the worker stops (consumer.close() serves a
@@ -976,6 +1010,7 @@ class Worker:
         # Records fetched but not processed are dropped: their offsets were not committed, so the
         # next owner reads them again. What did commit is snapshotted for a fast handoff.
         self.metrics["revokes"] += 1
+        self._rebalancing = True
         log.info("rebalance: revoked partitions=%s", sorted({tp.partition for tp in tps}))
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
@@ -992,6 +1027,7 @@ class Worker:
         # new owner may already have used, and later recoveries would miss the new owner's
         # updates. What this worker committed is in the logs and the snapshots already stored.
         self.metrics["losses"] += 1
+        self._rebalancing = True
         lost = sorted({tp.partition for tp in tps})
         log.warning(
             "rebalance: lost partitions=%s (the group gave them to another member); dropped "
