@@ -77,6 +77,9 @@ class PartitionState:
     updates_at_snapshot: int = 0
     snapshot_wall: float = dataclasses.field(default_factory=time.monotonic)
     snapshot_took_s: float = 0.0  # how long the last snapshot of the partition took
+    # Per input source, the next offset the partition's last snapshot holds ({}: none taken by
+    # this worker yet). An idle partition whose state is past it is snapshotted once more.
+    snapshot_offset: dict[int, int] = dataclasses.field(default_factory=dict)
     last_input_wall_ms: int = dataclasses.field(default_factory=now_ms)
     last_tick_wall_ms: int = 0
     # Where the partition's stored snapshots stand (engine/chains.py); None: the next is a base.
@@ -86,6 +89,10 @@ class PartitionState:
     def settled(self) -> bool:
         """Whether everything processed is committed (a snapshot now fits the committed offsets)."""
         return self.next_offset == self.committed_offset
+
+    def idle(self, now_ms: int, quiet_ms: int) -> bool:
+        """Whether no input has come for ``quiet_ms`` and none is held for the merge."""
+        return now_ms - self.last_input_wall_ms >= quiet_ms and not self.merger.pending()
 
 
 @dataclasses.dataclass

@@ -1,10 +1,14 @@
 """Noticing a worker that makes no progress while it should: pure, fed by the worker's checks.
 
-Two ways a worker can sit still without an error of its own:
+Three ways a worker can sit still without an error of its own:
 
-- it holds no partition while its inputs have lag: the group is stuck (a member that left in the
-  middle of a rebalance can leave every member unassigned), or this worker was never given work
-  although work is waiting;
+- it has had no assignment since it joined the group or was revoked, input or none: the group's
+  rebalance does not end. On the embedded broker two members leaving at once, or one leaving
+  inside a rebalance, can leave a member that is gone but still counted, and no later join ever
+  completes (docs/notes/tansu.md); a member with an empty assignment (more members than
+  partitions) has had its assignment and is not reported;
+- it holds no partition while its inputs have lag: this worker was never given work although
+  work is waiting;
 - it commits, but the group's committed offsets stay behind the ones it committed: the broker did
   not apply its commits, so every restart would read the same input again.
 
@@ -14,7 +18,14 @@ one line saying what and for how long; the worker logs it at ERROR and counts it
 
 from __future__ import annotations
 
-__all__ = ["StallWatch"]
+__all__ = ["StallWatch", "WEDGED_ADVICE"]
+
+# What ends a rebalance that does not end, as measured (python -m bench.group_restarts).
+WEDGED_ADVICE = (
+    "on the embedded broker restarting the members does not end it, only a new group id does "
+    "(its partitions start again from the beginning of their input); on Apache Kafka restart "
+    "the members"
+)
 
 
 class StallWatch:
@@ -32,18 +43,30 @@ class StallWatch:
         assigned: int,
         input_lag: int | None,
         behind: dict[tuple[str, int], tuple[int, int]],
+        rebalancing: bool = False,
     ) -> list[str]:
         """``assigned``: partitions this worker holds; ``input_lag``: records of the group's inputs
         not yet committed (None: unknown); ``behind``: (topic, partition) -> (offset this worker
-        committed, offset the group has) wherever the group's is lower."""
+        committed, offset the group has) wherever the group's is lower; ``rebalancing``: no
+        assignment since this worker joined the group or was last revoked."""
         lines = []
-        if assigned == 0 and input_lag:
+        if rebalancing:
+            lines += self._lasting(
+                "rebalancing",
+                now_s,
+                "this worker has had no assignment since it joined the group or was revoked: "
+                f"the group's rebalance does not end; {WEDGED_ADVICE}",
+            )
+        else:
+            self._clear("rebalancing")
+        if assigned == 0 and input_lag and not rebalancing:
             lines += self._lasting(
                 "unassigned",
                 now_s,
                 f"this worker holds no partition while the group's inputs have {input_lag} "
-                f"record{'' if input_lag == 1 else 's'} not yet committed; the group may be "
-                f"stuck in a rebalance (restart its members)",
+                f"record{'' if input_lag == 1 else 's'} not yet committed: its assignment was "
+                f"empty (more members than partitions?) and the members that hold them do not "
+                f"commit",
             )
         else:
             self._clear("unassigned")

@@ -8,10 +8,13 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
 
 1. **Begin.** The transaction opens with the batch's first output (:meth:`Transaction.emit`). A
    batch with no output (a reward summed into an open window) opens none: its offsets commit
-   with the next batch that has output, because a transaction holding only offsets may be
-   applied late or never by a broker (the embedded one does this), which would leave the group's
-   offsets behind the worker's. Until then the worker does not snapshot those partitions. A
-   ``begin_transaction`` that fails leaves none open (6).
+   with the next batch that has output, or, once its partitions are idle, by the consumer
+   outside any transaction (:func:`commit_offsets`): such a batch wrote nothing that would have
+   to commit with them, and recovery reads the input up to the committed offsets again. Not a
+   transaction holding only offsets: the embedded broker applies only the first such transaction
+   of a producer, which would leave the group's offsets behind the worker's. Until its offsets
+   commit the worker does not snapshot a partition. A ``begin_transaction`` that fails leaves
+   none open (6).
 2. **Emit.** Outputs are produced into the open transaction, each to its input's partition
    (co-partitioning), handed over during the batch so librdkafka sends them while the rest is
    processed. Nothing produced here is visible to a read_committed reader yet. A full local queue
@@ -131,6 +134,7 @@ __all__ = [
     "Transaction",
     "TransactionFailed",
     "TransactionFatal",
+    "commit_offsets",
     "group_metadata",
     "note_failed_delivery",
 ]
@@ -250,6 +254,29 @@ def group_metadata(consumer: Any) -> Any:
             )
         )
     return metadata
+
+
+def commit_offsets(consumer: Any, offsets: list[TopicPartition]) -> None:
+    """The input offsets of batches that had no output, committed by the consumer outside any
+    transaction (step 1), while it is a member of the group throughout, as step 3 asks of a
+    transaction's metadata; else :class:`TransactionFailed` (nothing was committed). The
+    commit names the member and its generation, so a member the group has replaced is refused."""
+    before = consumer.memberid()
+    if not before:
+        raise TransactionFailed(
+            KafkaException(
+                KafkaError(
+                    KafkaError.UNKNOWN_MEMBER_ID, "this consumer is no longer a member of its group"
+                )
+            )
+        )
+    consumer.commit(offsets=offsets, asynchronous=False)
+    if consumer.memberid() != before:  # a rejoin meanwhile: the commit may have named either
+        raise TransactionFailed(
+            KafkaException(
+                KafkaError(KafkaError.UNKNOWN_MEMBER_ID, "this consumer rejoined its group")
+            )
+        )
 
 
 def note_failed_delivery(errors: list, err: KafkaError | None, msg: Any) -> None:

@@ -50,6 +50,7 @@ from streambandit.stream.transaction import (
     Transaction,
     TransactionFailed,
     TransactionFatal,
+    commit_offsets,
     group_metadata,
     note_failed_delivery,
 )
@@ -534,9 +535,9 @@ class Worker:
             if not self.transaction.open:
                 # No output. The input offsets the batch moved (a reward summed into an open
                 # window, an early reward held, a tick read back) commit with the next batch that
-                # has output: a transaction holding only offsets is not committed, because a broker
-                # may apply it late or never (the embedded one does), leaving the group's offsets
-                # behind the worker's. Until then a restart reads these records again.
+                # has output, or once the partition is idle (_commit_idle). Until then a restart
+                # reads these records again.
+                self._commit_idle()
                 return False
             offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
             self._committing = time.monotonic()
@@ -622,6 +623,56 @@ class Worker:
         self.transaction.until_answered("init_transactions", producer.init_transactions)
         self._rebuild_all()
 
+    def _commit_idle(self) -> None:
+        """Commit the processed input of every idle partition (no input for ``idle_tick_ms``)
+        that is ahead of its committed offsets, and snapshot an idle partition whose state is past
+        its last snapshot, so that its last snapshot holds the end of its input. Its last batches
+        had no output, and no later batch with output is coming to carry their offsets. A plain
+        consumer commit, outside any transaction: nothing of these batches is in a log, so there
+        is nothing to commit with them, and recovery reads the input up to the committed offsets
+        again (stream/recovery.py). Not a transaction holding only offsets: the embedded broker
+        applies only the first such transaction of a producer (docs/notes/tansu.md)."""
+        now = now_ms()
+        idle = [
+            p for p, part in self.partitions.items() if part.idle(now, self.config.idle_tick_ms)
+        ]
+        if idle:
+            self._past_markers(idle)
+        unsettled = [p for p in idle if not self.partitions[p].settled]
+        if unsettled:
+            offsets = [
+                TopicPartition(self.batch.topic_of(src), p, off)
+                for p in unsettled
+                for src, off in self.partitions[p].next_offset.items()
+                if off >= 0
+            ]
+            try:
+                commit_offsets(self.consumer, offsets)
+            except (TransactionFailed, KafkaException) as exc:
+                # A rebalance or a lost session: the partitions' next owner reads this input again.
+                self.metrics["idle_commit_failures"] += 1
+                log.warning("idle partitions=%s: offsets not committed: %s", unsettled, exc)
+                return
+            for p in unsettled:
+                part = self.partitions[p]
+                part.committed_offset = dict(part.next_offset)
+            self.metrics["idle_commits"] += 1
+        if any(self.partitions[p].snapshot_offset != self.partitions[p].next_offset for p in idle):
+            self._maybe_snapshot()
+
+    def _past_markers(self, idle: list[int]) -> None:
+        """Move the next offset of idle partitions up to the consumer's position: every record
+        delivered has been processed (nothing is held for the merge), so what lies between is
+        transaction markers (our ticks' among them), and the committed offset reaches the end of
+        the partition."""
+        topic_of = self.batch.topic_of
+        tps = [TopicPartition(topic_of(src), p) for p in idle for src in (CONTEXTS, REWARDS)]
+        for tp in self.consumer.position(tps):
+            nxt = self.partitions[tp.partition].next_offset
+            src = self.batch.source_of[tp.topic]
+            if tp.offset > nxt.get(src, 0):
+                nxt[src] = tp.offset
+
     def _check_stalls(self) -> None:
         """Every few seconds: is this worker idle while work waits, or are its commits not
         applied? (stream/stall.py). Broker queries only; never raises."""
@@ -655,7 +706,11 @@ class Worker:
             log.debug("stall check failed: %s", exc)
             return
         for line in self._stalls.check(
-            now, assigned=len(self.partitions) + len(self.waiting), input_lag=lag, behind=behind
+            now,
+            assigned=len(self.partitions) + len(self.waiting),
+            input_lag=lag,
+            behind=behind,
+            rebalancing=self._rebalancing,
         ):
             self.metrics["stalls_reported"] += 1
             log.error("stalled: %s", line)
@@ -883,14 +938,20 @@ class Worker:
                 ].chain = None  # its changes are in no stored snapshot: a base next
         for p, part in self.partitions.items():
             # Not while the previous one is still being written: its changes go into the next.
+            # An idle partition whose state is past its last snapshot is snapshotted now: its
+            # last snapshot then holds the end of its input.
             if (
                 part.settled
                 and not self.writer.busy(p)
-                and snapshot_due(
-                    part.engine.updates - part.updates_at_snapshot,
-                    now - part.snapshot_wall,
-                    part.snapshot_took_s,
-                    self.config,
+                and (
+                    snapshot_due(
+                        part.engine.updates - part.updates_at_snapshot,
+                        now - part.snapshot_wall,
+                        part.snapshot_took_s,
+                        self.config,
+                    )
+                    or part.snapshot_offset != part.next_offset
+                    and part.idle(now_ms(), self.config.idle_tick_ms)
                 )
             ):
                 self._snapshot(p)
@@ -966,6 +1027,7 @@ class Worker:
         else:
             self.writer.submit(p, Snapshot(head, engine.snapshot(models)))
         part.updates_at_snapshot = engine.updates
+        part.snapshot_offset = dict(part.next_offset)
         part.snapshot_wall = time.monotonic()
         part.snapshot_took_s = part.snapshot_wall - started
         self.metrics["snapshot_pause_us"] = int(part.snapshot_took_s * 1e6)

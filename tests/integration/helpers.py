@@ -89,6 +89,45 @@ def committed_offsets(
         c.close()
 
 
+def end_offsets(broker, topic: str, partitions: int = 2) -> dict[int, int]:
+    """Where each partition of ``topic`` ends for a read_committed reader: the offset its
+    end-of-partition event names, read to the end (the embedded broker's reported high watermark
+    can be too low, docs/notes/tansu.md)."""
+    from confluent_kafka import KafkaError
+
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": "reader",
+            "isolation.level": "read_committed",
+            "enable.partition.eof": True,
+            "enable.auto.commit": False,
+        }
+    )
+    try:
+        c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+        ends: dict[int, int] = {}
+        deadline = time.monotonic() + 30
+        while len(ends) < partitions and time.monotonic() < deadline:
+            for m in c.consume(1000, 0.5):
+                if m.error() and m.error().code() == KafkaError._PARTITION_EOF:
+                    ends[m.partition()] = m.offset()
+        assert len(ends) == partitions, (
+            f"{topic}: no end seen for {set(range(partitions)) - set(ends)}"
+        )
+        return ends
+    finally:
+        c.close()
+
+
+def all_input_committed(broker, group: str, topics: list[str], partitions: int = 2) -> bool:
+    """Whether the group's committed offset of every partition of ``topics`` is its end."""
+    return all(
+        committed_offsets(broker, group, t, partitions) == end_offsets(broker, t, partitions)
+        for t in topics
+    )
+
+
 def outputs(
     broker, topics, group: str, partitions: int = 2, first_input: str | None = None
 ) -> dict[str, list]:

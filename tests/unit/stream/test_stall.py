@@ -38,3 +38,17 @@ def test_commits_the_group_does_not_show_are_reported_with_where():
     assert (
         w.check(65, assigned=2, input_lag=None, behind=behind) == []
     )  # a new episode starts at 65
+
+
+def test_a_rebalance_that_does_not_end_is_reported_with_or_without_input_waiting():
+    w = StallWatch(after_s=30)
+    assert w.check(0, assigned=0, input_lag=0, behind={}, rebalancing=True) == []
+    assert w.check(29, assigned=0, input_lag=None, behind={}, rebalancing=True) == []
+    [line] = w.check(30, assigned=0, input_lag=0, behind={}, rebalancing=True)
+    assert "no assignment since it joined" in line and "new group id" in line
+    assert "(for 30 s)" in line
+    # With input waiting it is the one line, not also the one about an empty assignment.
+    assert len(w.check(60, assigned=0, input_lag=9, behind={}, rebalancing=True)) == 1
+    # Assigned (even nothing: more members than partitions): cleared.
+    assert w.check(61, assigned=0, input_lag=0, behind={}) == []
+    assert w.check(80, assigned=0, input_lag=0, behind={}, rebalancing=True) == []

@@ -65,6 +65,36 @@ def test_a_failed_child_is_restarted_and_sigterm_stops_every_child(tmp_path):
     ]
 
 
+def test_sigterm_stops_the_children_one_at_a_time_with_a_gap_between(tmp_path):
+    """The next child is sent SIGTERM only once the one before has exited and ``leave_gap_s``
+    has passed: two members leaving at once, or one inside the rebalance the other's leave
+    started, wedge the embedded broker's group (bench/results/group_restarts.md)."""
+    script = f"""
+        import pathlib, signal, sys, time
+        d = pathlib.Path({str(tmp_path)!r})
+
+        def stop(*_):
+            (d / f"term-{{i}}").write_text(repr(time.time()))
+            time.sleep(0.3)  # a clean stop takes a while
+            (d / f"exit-{{i}}").write_text(repr(time.time()))
+            sys.exit(0)
+
+        signal.signal(signal.SIGTERM, stop)
+        (d / f"up-{{i}}").touch()
+        while True:
+            time.sleep(0.05)
+        """
+    sup = Supervisor(child(script), 3, poll_s=0.02, leave_gap_s=0.5)
+    stopper = _stop_when(sup, lambda: len(list(tmp_path.glob("up-*"))) == 3)
+    started = time.monotonic()
+    assert sup.run(max_seconds=30) == 0
+    stopper.join()
+    at = {p.name: float(p.read_text()) for p in tmp_path.glob("*-*") if not p.name.startswith("up")}
+    for i in (1, 2):
+        assert at[f"term-{i}"] >= at[f"exit-{i - 1}"] + 0.5
+    assert time.monotonic() - started < 10
+
+
 def test_a_refused_configuration_stops_all_and_is_the_exit_code(tmp_path):
     script = f"""
         import sys, time

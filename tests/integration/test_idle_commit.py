@@ -1,0 +1,76 @@
+"""An idle partition's input is committed to its end and snapshotted there, on each broker, even
+when its last records produce no output (here, ticks of the group read back with nothing left to
+close): the group's lag reaches 0 and the newest snapshot holds the end of the input."""
+
+import numpy as np
+import pytest
+
+from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
+from streambandit.wire import Context, Reward, Tick
+
+from .helpers import (
+    all_input_committed,
+    committed_offsets,
+    end_offsets,
+    outputs,
+    producer,
+    send,
+    start_worker,
+    wait_for,
+)
+
+pytestmark = pytest.mark.integration
+
+MODELS = {
+    "models": [
+        {"match": "m-*", "policy": "oful", "dim": 3, "reward_window_ms": 100, "default_reward": 0.0}
+    ]
+}
+
+
+def test_input_that_ends_with_records_of_no_output_is_committed_and_snapshotted_to_its_end(
+    broker, topics, tmp_path
+):
+    group, n = "g-idle", 40
+    prod, rng = producer(broker), np.random.default_rng(3)
+    for i in range(n):
+        m = f"m-{i % 4}"
+        send(prod, topics.contexts, Context(f"e{i}", m, 1_000 + i, ("a", "b"), rng.random((2, 3))))
+        send(prod, topics.rewards, Reward(f"e{i}", m, 1_000 + i + 10, 1.0))
+    prod.flush()
+    w, t = start_worker(broker, topics, tmp_path / "snaps", group, MODELS, idle_tick_ms=300)
+    try:
+        assert wait_for(lambda: len(outputs(broker, topics, group)["joined"]) == n, timeout_s=60)
+        # The last records: the group's own ticks, after every window closed. No output.
+        out_before = outputs(broker, topics, group)["raw_counts"]
+        for p in range(2):
+            for k in range(3):
+                prod.produce(topics.rewards, encode_tick(10_000 + k, group), partition=p)
+        prod.flush()
+        ends = {t: end_offsets(broker, t) for t in (topics.contexts, topics.rewards)}
+        assert wait_for(
+            lambda: all_input_committed(broker, group, [topics.contexts, topics.rewards]),
+            timeout_s=20,
+        ), (ends, committed_offsets(broker, group, topics.rewards))
+        assert outputs(broker, topics, group)["raw_counts"] == out_before  # they had no output
+        store = DirectoryStore(tmp_path / "snaps").scoped(group)
+
+        def snapshotted_at_the_end() -> bool:
+            heads = {p: next(iter(usable_snapshots(store, p))).header for p in range(2)}
+            return all(
+                (h.contexts_offset, h.rewards_offset)
+                == (ends[topics.contexts][p], ends[topics.rewards][p])
+                for p, h in heads.items()
+            )
+
+        assert wait_for(snapshotted_at_the_end, timeout_s=10)
+    finally:
+        w.stop()
+        t.join(30)
+    assert w.metrics["idle_commits"] > 0
+
+
+def encode_tick(timestamp_ms: int, group: str) -> bytes:
+    from streambandit.wire import encode
+
+    return encode(Tick(timestamp_ms, group))
