@@ -16,6 +16,7 @@ setting's type, range and default: config/schema.py.
     snapshot_fork_models = 1000   # snapshots of this many models or more taken by a forked child
     merge_wait_ms = 20
     idle_tick_ms = 1000
+    idle_commit_ms = 1000         # a partition quiet this long has its input committed, snapshotted
     metrics_port = 9400           # /metrics, /healthz, /ready; unset: off (docs/operations.md)
     metrics_host = "0.0.0.0"
     health_timeout_s = 60         # /healthz fails after this long without progress

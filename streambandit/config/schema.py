@@ -181,6 +181,14 @@ SETTINGS: tuple[Setting, ...] = (
         low=1,
     ),
     _w(
+        "idle_commit_ms",
+        "int",
+        1000,
+        "a partition without input this long is idle: its processed input is committed and it is "
+        "snapshotted at the end of its input (Worker._commit_idle)",
+        low=1,
+    ),
+    _w(
         "snapshot_interval_s",
         "float",
         30.0,

@@ -54,6 +54,7 @@ class WorkerConfig:
     poll_timeout_ms: int = _default("worker", "poll_timeout_ms")
     merge_wait_ms: int = _default("worker", "merge_wait_ms")
     idle_tick_ms: int = _default("worker", "idle_tick_ms")
+    idle_commit_ms: int = _default("worker", "idle_commit_ms")
     snapshot_interval_s: float = _default("worker", "snapshot_interval_s")
     snapshot_every_updates: int = _default("worker", "snapshot_every_updates")
     snapshot_max_share: float = _default("worker", "snapshot_max_share")

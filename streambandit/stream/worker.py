@@ -624,7 +624,7 @@ class Worker:
         self._rebuild_all()
 
     def _commit_idle(self) -> None:
-        """Commit the processed input of every idle partition (no input for ``idle_tick_ms``)
+        """Commit the processed input of every idle partition (no input for ``idle_commit_ms``)
         that is ahead of its committed offsets, and snapshot an idle partition whose state is past
         its last snapshot, so that its last snapshot holds the end of its input. Its last batches
         had no output, and no later batch with output is coming to carry their offsets. A plain
@@ -634,7 +634,7 @@ class Worker:
         applies only the first such transaction of a producer (docs/notes/tansu.md)."""
         now = now_ms()
         idle = [
-            p for p, part in self.partitions.items() if part.idle(now, self.config.idle_tick_ms)
+            p for p, part in self.partitions.items() if part.idle(now, self.config.idle_commit_ms)
         ]
         if idle:
             self._past_markers(idle)
@@ -951,7 +951,7 @@ class Worker:
                         self.config,
                     )
                     or part.snapshot_offset != part.next_offset
-                    and part.idle(now_ms(), self.config.idle_tick_ms)
+                    and part.idle(now_ms(), self.config.idle_commit_ms)
                 )
             ):
                 self._snapshot(p)

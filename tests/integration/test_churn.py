@@ -18,6 +18,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import (
+    all_input_committed,
     caught_up,
     engine_states_equal,
     held_partitions,
@@ -118,6 +119,7 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
         log = tmp_path / f"churn-{instance}.log"
         return log.read_text().count("worker started") == 2 and bool(held_partitions(log))
 
+    inputs = [topics.contexts, topics.rewards]
     sent, done, failures = [], threading.Event(), []
     procs: dict = {}
     exits: list[str] = []
@@ -158,6 +160,8 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
             ),
             timeout_s=120,
         ), "the group did not catch up"
+        # Lag 0: every input partition committed to its end, records of no output included.
+        assert wait_for(lambda: all_input_committed(broker, "churn", inputs, PARTITIONS), 30)
         for name, proc in procs.items():
             assert proc.poll() is None, (
                 f"worker {name} exited: {(tmp_path / f'churn-{name}.log').read_text()[-3000:]}"
@@ -173,6 +177,7 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
         assert wait_for(
             lambda: caught_up(broker, topics, "ref", sent, PARTITIONS), timeout_s=120
         ), "reference stuck"
+        assert wait_for(lambda: all_input_committed(broker, "ref", inputs, PARTITIONS), 30)
     finally:
         exits += stop_processes(ref)
     for line in (

@@ -17,6 +17,7 @@ from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.wire import Context, Reward, encode
 
 from .helpers import (
+    all_input_committed,
     caught_up,
     engine_states_equal,
     is_tansu,
@@ -25,6 +26,7 @@ from .helpers import (
     read_all,
     send_tracked,
     topics_toml,
+    wait_for,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
@@ -154,6 +156,8 @@ def run_to_end(broker, t, tmp, group, kills, sent):
         assert time.monotonic() < deadline, "the worker did not catch up"
         assert proc.poll() is None, logs[-1].read_text()[-3000:]
         time.sleep(1)
+    # Lag 0: every input partition committed to its end, records of no output included.
+    assert wait_for(lambda: all_input_committed(broker, group, [t.contexts, t.rewards]), 30)
     proc.send_signal(signal.SIGTERM)  # clean stop: final snapshot of every partition
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, (
