@@ -24,6 +24,7 @@ BENCHMARKS = (
     "snapshots",
     "scaling",
     "tansu",
+    "group_restarts",
     "e2e",
     "kafka",
 )
