@@ -46,7 +46,7 @@ def test_a_failed_child_is_restarted_and_sigterm_stops_every_child(tmp_path):
         while True:
             time.sleep(0.05)
         """
-    sup = Supervisor(child(script), 3, poll_s=0.02, policy=fast_policy)
+    sup = Supervisor(child(script), 3, poll_s=0.02, policy=fast_policy, leave_gap_s=0.1)
     stopper = _stop_when(
         sup,
         lambda: (
