@@ -1,6 +1,6 @@
 """Clean stops and restarts of ``streambandit serve`` on the embedded broker: does every restart serve?
 
-    python -m bench.group_restarts          # ~4 min, writes bench/results/group_restarts.{md,json}
+    python -m bench.group_restarts          # ~6 min, writes bench/results/group_restarts.{md,json}
     python -m bench.group_restarts --quick  # 3 rounds of each
 
 1. ``serve --processes 2`` (the supervisor, stream/supervisor.py), SIGTERM, started again: ten
