@@ -1,9 +1,14 @@
 """An idle partition's input is committed to its end and snapshotted there, on each broker, even
 when its last records produce no output (here, ticks of the group read back with nothing left to
-close): the group's lag reaches 0 and the newest snapshot holds the end of the input."""
+close): the group's lag reaches 0 and the newest snapshot holds the end of the input. And why the
+worker commits such input with the consumer and not in a transaction holding only offsets: the
+embedded broker applies only a producer's first such transaction (docs/notes/tansu.md)."""
+
+import uuid
 
 import numpy as np
 import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
 from streambandit.wire import Context, Reward, Tick
@@ -12,6 +17,7 @@ from .helpers import (
     all_input_committed,
     committed_offsets,
     end_offsets,
+    is_tansu,
     outputs,
     producer,
     send,
@@ -74,3 +80,44 @@ def encode_tick(timestamp_ms: int, group: str) -> bytes:
     from streambandit.wire import encode
 
     return encode(Tick(timestamp_ms, group))
+
+
+def test_a_transaction_holding_only_offsets_against_a_consumer_commit(broker):
+    topic, group = f"in-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    broker.create_topics([topic], partitions=1)
+    c = Consumer(
+        {
+            "bootstrap.servers": broker.bootstrap_servers,
+            "group.id": group,
+            "enable.auto.commit": False,
+            "isolation.level": "read_committed",
+            # The worker's session settings: with librdkafka's (45 s) the embedded broker took
+            # 20 s and more to complete the first join.
+            "session.timeout.ms": 6000,
+            "heartbeat.interval.ms": 1000,
+        }
+    )
+    c.subscribe([topic])
+    assert wait_for(lambda: c.consume(1, 0.2) == [] and bool(c.assignment()), timeout_s=30)
+    txn = Producer(
+        {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": f"t-{group}"}
+    )
+    txn.init_transactions(30)
+
+    def offsets_only(offset: int) -> int:
+        txn.begin_transaction()
+        txn.send_offsets_to_transaction(
+            [TopicPartition(topic, 0, offset)], c.consumer_group_metadata(), 30
+        )
+        txn.commit_transaction(30)
+        # Not waiting for stable offsets: on the embedded broker one not applied stays pending.
+        return committed_offsets(broker, group, topic, 1, stable=False)[0]
+
+    try:
+        assert offsets_only(5) == 5  # a producer's first: applied on both
+        second = offsets_only(6)
+        assert second == (5 if is_tansu(broker) else 6)
+        c.commit(offsets=[TopicPartition(topic, 0, 8)], asynchronous=False)
+        assert committed_offsets(broker, group, topic, 1, stable=False)[0] == 8  # at once, both
+    finally:
+        c.close()
