@@ -7,11 +7,13 @@ child fences its dead predecessor exactly as a restarted pod does). It restarts 
 exits with an error, after a backoff that doubles while the child keeps failing within
 ``STABLE_S`` of its start; a child that exits with 2 (a configuration the worker refused) is not
 restarted, and stops the others. SIGTERM or SIGINT stops the children cleanly (snapshot, leave the
-group) one at a time: the next is sent SIGTERM once the one before it has exited, and the
-supervisor returns when all have. Two members leaving at the same moment can leave the embedded
-broker's group with a member that is gone but still counted, holding back every later start
-(docs/notes/tansu.md, ``python -m bench.group_restarts``); one leave after another does not. A
-child stops in about a second, so N children stop in about N seconds.
+group) one at a time: the next is sent SIGTERM ``LEAVE_GAP_S`` after the one before it has
+exited, by when it has heard of the rebalance that exit started, and it waits for that
+rebalance's assignment before it leaves (``Worker._leave_when_settled``). Members that leave
+together, or one inside the rebalance another's leave started, can leave the embedded broker's
+group with a member that is gone but still counted, and no later start of the group is given a
+partition (docs/notes/tansu.md). Two children stop in 4 to 5 s on the embedded broker
+(``python -m bench.group_restarts``). The supervisor returns when all have exited.
 
 A child dies with its supervisor (``PR_SET_PDEATHSIG`` on Linux): a supervisor killed outright
 leaves no orphan worker behind holding partitions and a transactional id.
