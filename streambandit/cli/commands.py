@@ -194,6 +194,7 @@ def _reach_brokers(config: Any, path: str) -> None:
 def _cmd_topics(args: argparse.Namespace) -> int:
     """Create or describe every topic a worker configuration names (snapshot topic included)."""
     from streambandit.config.app import load_worker_config
+    from streambandit.log_format import error_line
     from streambandit.stream.topics_admin import create_topics, describe_topics
 
     config, snaps = load_worker_config(args.config, bootstrap_servers=args.bootstrap_servers)
@@ -220,10 +221,9 @@ def _cmd_topics(args: argparse.Namespace) -> int:
         if differ:
             # Left as they are: adding partitions would move model keys, and their state would
             # not follow (deploy/README.md).
-            print(
+            error_line(
                 f"partition counts differ from --partitions {args.partitions}: {', '.join(differ)}; "
-                "the worker needs every topic with one partition count",
-                file=sys.stderr,
+                "the worker needs every topic with one partition count"
             )
             return 1
         return 0
@@ -956,6 +956,17 @@ def _rows(spec: str | None, decisions):
     return itertools.islice(decisions, a, b)
 
 
+def _log_format_option(command: argparse.ArgumentParser) -> None:
+    """``--log-format`` of a command that has no log of its own to configure: under json its
+    warnings, librdkafka's lines and its final error are JSON objects on stderr (main)."""
+    command.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="lines on stderr (warnings, errors) as text (default) or JSON objects, one per line",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     from streambandit import __version__
 
@@ -1112,6 +1123,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp.add_argument(
         "--out", required=True, help="the Avro file to write (read it with `streambandit replay`)"
     )
+    _log_format_option(exp)
     exp.set_defaults(func=_cmd_export)
 
     simp = sub.add_parser(
@@ -1166,6 +1178,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="with create: say what would be created, and how existing topics differ; "
         "create and change nothing",
     )
+    _log_format_option(top)
     top.set_defaults(func=_cmd_topics)
 
     st = sub.add_parser(
@@ -1191,6 +1204,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--snapshot-dir", default=None, help="read the snapshots from this directory instead"
     )
     st.add_argument("--json", action="store_true", help="one JSON document instead of a table")
+    _log_format_option(st)
     st.set_defaults(func=_cmd_status)
 
     api = sub.add_parser(
@@ -1413,6 +1427,12 @@ def main(argv: list[str] | None = None) -> int:
     from streambandit.log_format import error_line
 
     args = build_parser().parse_args(argv)
+    if getattr(args, "log_format", "text") == "json":  # serve and api set their level later
+        import logging
+
+        from streambandit.log_format import configure_logging
+
+        configure_logging(logging.WARNING, "json")
     try:
         return args.func(args)
     except ValueError as exc:  # bad configuration or arguments

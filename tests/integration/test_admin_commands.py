@@ -163,6 +163,16 @@ def test_every_command_that_talks_to_a_broker_is_one_line_when_none_answers(tmp_
         "topics create --dry-run": ["topics", "create", "--config", cfg, "--dry-run", *at],
         "topics describe": ["topics", "describe", "--config", cfg, *at],
         "status": ["status", "--config", cfg, *at],
+        "status --log-format json": ["status", "--config", cfg, "--log-format", "json", *at],
+        "topics create --log-format json": [
+            "topics",
+            "create",
+            "--config",
+            cfg,
+            "--log-format",
+            "json",
+            *at,
+        ],
         "export": ["export", "--config", cfg, "--out", tmp_path / "x.avro", *at],
         "api --replica-of": ["api", "--replica-of", learner, "--port", 0, *at],
         "serve --log-format json": [
@@ -190,7 +200,7 @@ def test_every_command_that_talks_to_a_broker_is_one_line_when_none_answers(tmp_
         out, err = proc.communicate(timeout=120)
         lines = err.splitlines()
         assert proc.returncode == 1 and len(lines) == 1, (name, err)
-        if name.startswith("serve"):  # a JSON log line: the level says it is the error
+        if name.endswith("--log-format json"):  # a JSON log line: the level says it is the error
             record = json.loads(lines[0])
             assert record["level"] == "ERROR", name
             line = f"streambandit: error: {record['message']}"
