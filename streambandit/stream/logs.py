@@ -145,6 +145,11 @@ class OpenTransactionTimeout(WorkerError):
     """A transaction stayed open on one of our output partitions past the transaction timeout."""
 
 
+class LogEndUnreadable(WorkerError):
+    """Where one of our output logs ends could not be read: the broker or the partition's leader
+    did not answer within the reader's bound."""
+
+
 class TransactionOpen(Exception):
     """A transaction is open on ``topic[partition]`` now: a read of it would stop short.
 
@@ -189,10 +194,19 @@ class LogReader:
         self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
         self.open_timeout_s = open_timeout_s
 
-    def settle(self, topic: str, partition: int, wait_s: float | None = None) -> int:
-        """The end of ``topic[partition]`` once no transaction is open on it (see the class)."""
+    def settle(
+        self,
+        topic: str,
+        partition: int,
+        wait_s: float | None = None,
+        unreadable_s: float | None = None,
+    ) -> int:
+        """The end of ``topic[partition]`` once no transaction is open on it (see the class).
+        ``unreadable_s``: give up reading the end after this long (:class:`LogEndUnreadable`)
+        instead of the reader's whole bound."""
         tp = TopicPartition(topic, partition)
         deadline = time.monotonic() + self.open_timeout_s
+        read_deadline = deadline if unreadable_s is None else time.monotonic() + unreadable_s
         open_deadline = deadline if wait_s is None else time.monotonic() + wait_s
         failing = None
         while True:
@@ -203,10 +217,11 @@ class LogReader:
                 err = exc.args[0] if exc.args else None
                 if isinstance(err, KafkaError) and err.fatal():
                     raise
-                if time.monotonic() >= deadline:
-                    raise WorkerError(
+                if time.monotonic() >= read_deadline:
+                    raise LogEndUnreadable(
                         f"{topic}[{partition}]: where the log ends could not be read within "
-                        f"{self.open_timeout_s:.0f} s: {err}"
+                        f"{min(self.open_timeout_s, unreadable_s or self.open_timeout_s):.0f} s: "
+                        f"{err}"
                     ) from exc
                 if failing is None:
                     log.warning(

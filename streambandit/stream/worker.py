@@ -36,7 +36,12 @@ from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
-from streambandit.stream.logs import LogReader, TransactionOpen, group_committed
+from streambandit.stream.logs import (
+    LogEndUnreadable,
+    LogReader,
+    TransactionOpen,
+    group_committed,
+)
 from streambandit.stream.outage import BrokerOutage
 from streambandit.stream.recovery import recover_partition
 from streambandit.stream.snapshot_writer import CAN_FORK, SnapshotWriter
@@ -452,7 +457,9 @@ class Worker:
             self.consumer.consume(100, 0)  # serves a revocation the group has already announced
         except KafkaException:
             return
-        if not self._rebalancing:
+        if not self._rebalancing or self.outage.active:
+            # With the broker away the group cannot move on either: waiting would only delay the
+            # stop (docs/operations.md, SIGTERM while waiting).
             return
         deadline = time.monotonic() + self._session_s
         while self._rebalancing and time.monotonic() < deadline:
@@ -988,9 +995,19 @@ class Worker:
         started = time.monotonic()
         # Where our outputs end: past every committed record of ours, so recovery reads the logs
         # from here. Settled first: our transaction is closed, but another producer's may be open.
-        out_next = {
-            topic: self.reader.settle(topic, p) for topic in (t.actions, t.joined, t.dead_letter)
-        }
+        try:
+            out_next = {
+                topic: self.reader.settle(topic, p, unreadable_s=STEP_S)
+                for topic in (t.actions, t.joined, t.dead_letter)
+            }
+        except LogEndUnreadable as exc:
+            # The broker (or the partition's leader) does not answer: this snapshot waits for the
+            # next trigger, after a step, and nothing of the partition's state is lost meanwhile;
+            # a recovery reads more of the logs after the older snapshot instead.
+            self.metrics["snapshots_skipped"] += 1
+            self._snapshots_held_until = time.monotonic() + STEP_S
+            self._broker_waiting(f"the end of partition {p}'s output logs (snapshot)", exc, False)
+            return
         engine = part.engine
         kind = "base"
         if self.store.supports_increments:
