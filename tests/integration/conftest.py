@@ -157,11 +157,12 @@ def kafka_broker(request):
         gc.collect()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def kafka_cluster(request):
-    """Three combined nodes for the tests of a module (replication factor 3, min.insync 2). A
-    test that kills or stops nodes restarts them and waits until they are in sync again before
-    it ends, so that the next test starts from the whole cluster."""
+    """Three combined nodes for the session's cluster tests (replication factor 3, min.insync 2):
+    one start of three JVMs, not one per module. A test that kills or stops nodes restarts them
+    and waits until they are in sync again before it ends, so that the next test starts from the
+    whole cluster."""
     _kafka_usable(request.config)
     with ApacheKafka(nodes=3) as c:
         yield c
