@@ -157,18 +157,6 @@ def test_a_stopped_transaction_coordinator_moves_and_the_producer_follows(kafka_
     assert values(kafka_cluster, topic) == [b"one", b"three", b"two"]
 
 
-def test_the_whole_cluster_restarts_on_its_log_directories(kafka_cluster):
-    topic = f"restart-{uuid.uuid4().hex[:8]}"
-    kafka_cluster.create_topics([topic], partitions=2)
-    commit(transactional(kafka_cluster, f"tx-{topic}"), topic, [b"kept-%d" % i for i in range(6)])
-    kafka_cluster.restart()
-    kafka_cluster.wait_in_sync()
-    assert values(kafka_cluster, topic) == sorted(b"kept-%d" % i for i in range(6))
-    # The same transactional id picks up where it was (its epoch is on the log, too).
-    commit(transactional(kafka_cluster, f"tx-{topic}"), topic, [b"new"])
-    assert len(values(kafka_cluster, topic)) == 7
-
-
 def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigint(
     kafka_tier, tmp_path
 ):
