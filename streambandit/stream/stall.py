@@ -31,8 +31,11 @@ WEDGED_ADVICE = (
 class StallWatch:
     """Feed :meth:`check` the worker's view now and then; it returns the lines to report."""
 
-    def __init__(self, after_s: float) -> None:
+    def __init__(self, after_s: float, rebalance_after_s: float | None = None) -> None:
+        """``rebalance_after_s``: how long a rebalance may last before it is reported (default
+        ``after_s``); a joining member's first assignment may take a session or more."""
         self.after_s = after_s
+        self.rebalance_after_s = after_s if rebalance_after_s is None else rebalance_after_s
         self._since: dict[str, float] = {}  # condition -> when it was first seen
         self._reported: dict[str, float] = {}  # condition -> when it was last reported
 
@@ -56,6 +59,7 @@ class StallWatch:
                 now_s,
                 "this worker has had no assignment since it joined the group or was revoked: "
                 f"the group's rebalance does not end; {WEDGED_ADVICE}",
+                after_s=self.rebalance_after_s,
             )
         else:
             self._clear("rebalancing")
@@ -84,12 +88,15 @@ class StallWatch:
             self._clear("offsets")
         return lines
 
-    def _lasting(self, what: str, now_s: float, line: str) -> list[str]:
+    def _lasting(
+        self, what: str, now_s: float, line: str, after_s: float | None = None
+    ) -> list[str]:
+        after_s = self.after_s if after_s is None else after_s
         since = self._since.setdefault(what, now_s)
-        if now_s - since < self.after_s:
+        if now_s - since < after_s:
             return []
         last = self._reported.get(what)
-        if last is not None and now_s - last < self.after_s:
+        if last is not None and now_s - last < after_s:
             return []
         self._reported[what] = now_s
         return [f"{line} (for {now_s - since:.0f} s)"]

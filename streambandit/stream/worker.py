@@ -243,7 +243,10 @@ class Worker:
             self.telemetry = TelemetryServer(
                 c.metrics_host, c.metrics_port, lambda: self.status, self.health, self.ready
             )
-        self._stalls = StallWatch(c.stall_report_s)
+        # A rebalance is reported only once it outlasts two sessions as well: a member's join
+        # waits for the others' heartbeats and for a departed member's session to expire, and
+        # the wedge this looks for lasts for good (stream/stall.py).
+        self._stalls = StallWatch(c.stall_report_s, max(c.stall_report_s, 2 * self._session_s))
         self._next_stall_check = 0.0
 
     def _new_transaction(self, broker_wait: BrokerWait) -> Transaction:

@@ -52,3 +52,16 @@ def test_a_rebalance_that_does_not_end_is_reported_with_or_without_input_waiting
     # Assigned (even nothing: more members than partitions): cleared.
     assert w.check(61, assigned=0, input_lag=0, behind={}) == []
     assert w.check(80, assigned=0, input_lag=0, behind={}, rebalancing=True) == []
+
+
+def test_a_rebalance_is_reported_only_after_its_own_longer_bound():
+    # The worker gives a rebalance two group sessions (a member's first join waits for others'
+    # heartbeats), while the other stalls keep stall_report_s.
+    w = StallWatch(after_s=1, rebalance_after_s=90)
+    assert w.check(0, assigned=0, input_lag=0, behind={}, rebalancing=True) == []
+    assert w.check(89, assigned=0, input_lag=0, behind={}, rebalancing=True) == []
+    [line] = w.check(90, assigned=0, input_lag=0, behind={}, rebalancing=True)
+    assert "rebalance does not end" in line
+    other = StallWatch(after_s=1, rebalance_after_s=90)
+    other.check(0, assigned=0, input_lag=5, behind={})
+    assert len(other.check(1, assigned=0, input_lag=5, behind={})) == 1
