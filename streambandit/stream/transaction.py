@@ -322,6 +322,7 @@ class Transaction:
         needs an epoch bump the broker does not grant (Tansu's). A new producer with the same
         transactional id ends the transaction either way (the worker makes one)."""
         back_since: float | None = None  # when the broker first answered metadata again
+        first = time.monotonic()
         while True:
             started = reported = time.monotonic()
             future = self._calls.submit(call, STEP_S)
@@ -329,7 +330,9 @@ class Transaction:
                 try:
                     future.result(timeout=0.25)
                 except FutureTimeout:
-                    if self.broker_wait.stop_asked():
+                    # A stop leaves only a call that has waited a step: one the broker answers
+                    # in time completes, so that a clean stop ends with its batch committed.
+                    if self.broker_wait.stop_asked() and time.monotonic() - first >= STEP_S:
                         raise StopWhileWaiting() from None
                     if time.monotonic() - reported < STEP_S + 0.5:
                         continue
