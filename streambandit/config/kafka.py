@@ -13,7 +13,9 @@ from __future__ import annotations
 from typing import Any
 
 __all__ = [
+    "CLASSIC_ONLY",
     "FORCED",
+    "REMOTE_ASSIGNOR",
     "RANGE_READS",
     "check_user_settings",
     "consumer_settings",
@@ -124,29 +126,57 @@ def for_client(client: str, user: dict[str, Any] | None) -> dict[str, Any]:
     return common | (user.get(client, {}) if client in ("consumer", "producer") else {})
 
 
+# Settings of the classic protocol that the consumer protocol (KIP-848) keeps on the broker: the
+# group's session and heartbeat are broker settings there, and its assignor is the broker's.
+CLASSIC_ONLY = ("session.timeout.ms", "heartbeat.interval.ms", "partition.assignment.strategy")
+
+#: The consumer protocol's assignor: the broker's range assignor gives partition p of every
+#: subscribed topic of equal partition count to one member (contexts p and rewards p together),
+#: and keeps a partition where it is when it can. The default, uniform, does neither.
+REMOTE_ASSIGNOR = "range"
+
+
 def consumer_settings(
     bootstrap: str,
     group_id: str,
     user: dict[str, Any] | None = None,
     static_instance: str | None = None,
+    protocol: str = "classic",
 ) -> dict[str, Any]:
-    """The group consumer's settings; with ``static_instance``, a static member of the group
-    under that id (KIP-345: a member that restarts within ``session.timeout.ms`` gets its
-    partitions back without a rebalance)."""
-    s: dict[str, Any] = {
-        "bootstrap.servers": bootstrap,
-        **_GROUP_TIMING,
-        "auto.offset.reset": "earliest",
-        "partition.assignment.strategy": "range",
-    }
+    """The group consumer's settings under group ``protocol`` (``classic``: the eager range
+    assignor; ``consumer``: KIP-848, incremental, the broker's range assignor); with
+    ``static_instance``, a static member of the group under that id (KIP-345: a member that
+    restarts within the session timeout gets its partitions back without a rebalance)."""
+    if protocol not in ("classic", "consumer"):
+        raise ValueError(f"group protocol {protocol!r}: classic or consumer")
+    s: dict[str, Any] = {"bootstrap.servers": bootstrap, "auto.offset.reset": "earliest"}
+    if protocol == "classic":
+        s |= _GROUP_TIMING | {"partition.assignment.strategy": "range"}
+    else:
+        s |= {
+            "group.protocol": "consumer",
+            "group.remote.assignor": REMOTE_ASSIGNOR,
+            "max.poll.interval.ms": _GROUP_TIMING["max.poll.interval.ms"],
+        }
     user_settings = for_client("consumer", user)
     if "group.instance.id" in user_settings:
-        # One configuration file serves every process of a group (serve --processes N, a
-        # StatefulSet): one id for all would have each new member fence the one before.
-        raise ValueError(
-            "group.instance.id cannot be set in the configuration: set [worker] static_membership = true, "
-            "and each worker process uses its own instance id (--instance-id)"
-        )
+        raise ValueError(_NO_INSTANCE_ID)
+    if protocol == "consumer":
+        broker_side = sorted(k for k in CLASSIC_ONLY if k in user_settings)
+        if broker_side:
+            raise ValueError(
+                f"[kafka] {', '.join(broker_side)}: not a client setting under the consumer group "
+                "protocol (KIP-848), where the broker sets the session and heartbeat "
+                "(group.consumer.session.timeout.ms, group.consumer.heartbeat.interval.ms, or the "
+                "group's own consumer.session.timeout.ms) and assigns the partitions; remove it, "
+                'or set [worker] group_protocol = "classic"'
+            )
+        if user_settings.get("group.remote.assignor", REMOTE_ASSIGNOR) != REMOTE_ASSIGNOR:
+            raise ValueError(
+                f"[kafka] group.remote.assignor = {user_settings['group.remote.assignor']!r}: the "
+                f"worker needs {REMOTE_ASSIGNOR!r}, the assignor that gives partition p of the "
+                "contexts and of the rewards to the same member"
+            )
     s.update(user_settings)
     if static_instance:
         s["group.instance.id"] = static_instance

@@ -309,6 +309,15 @@ SETTINGS: tuple[Setting, ...] = (
         low_open=True,
     ),
     _w(
+        "group_protocol",
+        "str",
+        "auto",
+        "the consumer group protocol: consumer (KIP-848, incremental: partitions that do not move "
+        "keep being served during a rebalance), classic (eager range assignor: every partition "
+        "stops for a rebalance), or auto (consumer where the broker offers it)",
+        choices=("auto", "consumer", "classic"),
+    ),
+    _w(
         "static_membership",
         "bool",
         False,

@@ -68,6 +68,7 @@ class WorkerConfig:
     max_models: int = _default("worker", "max_models")
     max_dead_letter_bytes: int = _default("worker", "max_dead_letter_bytes")
     stall_report_s: float = _default("worker", "stall_report_s")
+    group_protocol: str = _default("worker", "group_protocol")
     static_membership: bool = _default("worker", "static_membership")
     metrics_port: int | None = _default("worker", "metrics_port")
     metrics_host: str = _default("worker", "metrics_host")

@@ -92,6 +92,14 @@ def server_properties(
         "share.coordinator.state.topic.min.isr": str(min_isr),
         # A group's first member is assigned at once, not after 3 s of waiting for more.
         "group.initial.rebalance.delay.ms": "0",
+        # The consumer group protocol (KIP-848), timed as the worker times the classic one
+        # (config/kafka.py): a member learns of a change at its next heartbeat, so a partition a
+        # leaving member hands over waits up to one heartbeat (5 s by default); a member that
+        # stops answering keeps its partitions one session (45 s by default, and at least that).
+        "group.consumer.min.heartbeat.interval.ms": "500",
+        "group.consumer.heartbeat.interval.ms": "1000",
+        "group.consumer.min.session.timeout.ms": "6000",
+        "group.consumer.session.timeout.ms": "6000",
         # A transaction left open by a killed producer is aborted within a second of its timeout
         # (default: checked every 10 s), so a test's recovery waits for the timeout alone.
         "transaction.abort.timed.out.transaction.cleanup.interval.ms": "1000",

@@ -7,6 +7,8 @@ reach the operator.
 - ``wait_for_brokers``: a metadata request, retried for ``broker_wait_s``; a cluster that does
   not answer is one error line saying what, which setting and what to do, not a traceback after
   hundreds of librdkafka lines.
+- ``choose_group_protocol``: the consumer group protocol, from ``[worker] group_protocol`` and,
+  when that is ``auto``, from what the broker says it offers.
 - ``kafka_logger``: librdkafka's lines through Python logging (``logger`` client setting), each
   kind of line at most once a minute with a count of those held back: a broker that is down is
   otherwise one line per client and reconnect back-off.
@@ -14,12 +16,13 @@ reach the operator.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from typing import Any
 
 from confluent_kafka import Consumer, KafkaException, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka.admin import AdminClient, ConfigResource
 
 from streambandit.config.kafka import (
     consumer_settings,
@@ -31,7 +34,13 @@ from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
 from streambandit.stream.errors import WorkerError
 
-__all__ = ["check_client_settings", "wait_for_brokers", "kafka_logger"]
+__all__ = [
+    "GroupProtocol",
+    "check_client_settings",
+    "choose_group_protocol",
+    "wait_for_brokers",
+    "kafka_logger",
+]
 
 _SETTINGS_DOC = "https://github.com/confluentinc/librdkafka/blob/master/CONFIGURATION.md"
 
@@ -62,7 +71,18 @@ def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None
     though librdkafka may name its alias), before anything connects."""
     c = config
     clients = (
-        ("consumer", Consumer, consumer_settings(c.bootstrap_servers, c.group_id, c.kafka)),
+        (
+            "consumer",
+            Consumer,
+            # auto is decided at start, against the broker; until then the classic settings,
+            # which every broker takes, are what librdkafka can judge.
+            consumer_settings(
+                c.bootstrap_servers,
+                c.group_id,
+                c.kafka,
+                protocol="consumer" if c.group_protocol == "consumer" else "classic",
+            ),
+        ),
         (
             "producer",
             Producer,
@@ -127,3 +147,82 @@ def wait_for_brokers(config: WorkerConfig) -> None:
                     f"within {config.broker_wait_s:g} s: {why}. Check the address, that the brokers run and are "
                     f"reachable from here, and the [kafka] security settings; [worker] broker_wait_s sets the wait"
                 ) from None
+
+
+#: The classic protocol's session (config/kafka.py sets it on the client).
+CLASSIC_SESSION_S = 6.0
+#: The consumer protocol's session when the broker does not say: Apache Kafka's default.
+CONSUMER_SESSION_S = 45.0
+
+
+@dataclasses.dataclass(frozen=True)
+class GroupProtocol:
+    """The group protocol a worker joins with (``classic`` or ``consumer``), why, and the
+    group's session timeout under it (seconds)."""
+
+    name: str
+    reason: str
+    session_s: float
+
+    @property
+    def incremental(self) -> bool:
+        """A rebalance moves only the partitions that change owner (KIP-848)."""
+        return self.name == "consumer"
+
+
+def choose_group_protocol(config: WorkerConfig, timeout_s: float = 10.0) -> GroupProtocol:
+    """The protocol of ``[worker] group_protocol``; for ``auto``, the consumer protocol (KIP-848)
+    where the broker lists it in ``group.coordinator.rebalance.protocols`` (Apache Kafka 4 does),
+    else the classic one. A broker that does not describe its configuration (the embedded broker;
+    a principal without DescribeConfigs on the cluster) gets the classic protocol, which every
+    broker has."""
+    chosen = config.group_protocol
+    if chosen == "classic":
+        return GroupProtocol(
+            "classic", "[worker] group_protocol = classic", _classic_session_s(config)
+        )
+    configs, why_not = _broker_configs(config, timeout_s)
+    session_s = (
+        float(configs.get("group.consumer.session.timeout.ms", CONSUMER_SESSION_S * 1000)) / 1000
+    )
+    if chosen == "consumer":
+        return GroupProtocol("consumer", "[worker] group_protocol = consumer", session_s)
+    offered = configs.get("group.coordinator.rebalance.protocols")
+    if offered is not None and "consumer" in [p.strip() for p in offered.split(",")]:
+        return GroupProtocol(
+            "consumer",
+            f"the broker offers it (group.coordinator.rebalance.protocols={offered})",
+            session_s,
+        )
+    why = (
+        f"the broker offers only {offered}"
+        if offered is not None
+        else f"the broker does not say it offers the consumer protocol ({why_not})"
+    )
+    return GroupProtocol("classic", why, _classic_session_s(config))
+
+
+def _classic_session_s(config: WorkerConfig) -> float:
+    settings = consumer_settings(config.bootstrap_servers, config.group_id, config.kafka)
+    return float(settings.get("session.timeout.ms", CLASSIC_SESSION_S * 1000)) / 1000
+
+
+def _broker_configs(config: WorkerConfig, timeout_s: float) -> tuple[dict[str, str], str]:
+    """One broker's configuration as name -> value, and why it is empty when it is."""
+    admin = AdminClient(
+        {
+            "bootstrap.servers": config.bootstrap_servers,
+            **for_client("admin", config.kafka),
+            "logger": _silent(),
+        }
+    )
+    try:
+        brokers = admin.list_topics(timeout=timeout_s).brokers
+        if not brokers:
+            return {}, "no broker in the metadata"
+        resource = ConfigResource(ConfigResource.Type.BROKER, str(min(brokers)))
+        described = next(iter(admin.describe_configs([resource]).values())).result(timeout_s)
+    except (KafkaException, TimeoutError) as exc:
+        return {}, f"describe configs: {_kafka_message(exc)}"
+    configs = {k: v.value for k, v in described.items() if v.value is not None}
+    return configs, "" if configs else "it describes no configuration"

@@ -35,7 +35,13 @@ from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapsh
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import WorkerError
-from streambandit.stream.kafka_checks import check_client_settings, kafka_logger, wait_for_brokers
+from streambandit.stream.kafka_checks import (
+    GroupProtocol,
+    check_client_settings,
+    choose_group_protocol,
+    kafka_logger,
+    wait_for_brokers,
+)
 from streambandit.stream.logs import (
     LogEndUnreadable,
     LogReader,
@@ -94,6 +100,10 @@ class Waiting:
             f"p{p} waiting for an open transaction on {self.held.topic}-{self.held.partition} "
             f"since {at}"
         )
+
+
+def _keys(tps: list[TopicPartition]) -> set[tuple[str, int]]:
+    return {(tp.topic, tp.partition) for tp in tps}
 
 
 def freeze_long_lived() -> None:
@@ -193,20 +203,15 @@ class Worker:
         # fences its dead predecessor and ends the transaction it left open at once.
         self.transactional_id = f"{c.group_id}-{self.instance_id}"
         quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
-        settings = consumer_settings(
-            c.bootstrap_servers,
-            c.group_id,
-            c.kafka,
-            self.transactional_id if c.static_membership else None,
-        )
-        # The group's description names each member by it (streambandit status): which worker
-        # holds a partition. A client.id of the configuration's wins.
-        settings.setdefault("client.id", self.instance_id)
-        # error_cb: a consumer that loses every connection says so at once (an idle worker has no
-        # commit to find the broker away with).
-        self.consumer = Consumer(settings | quiet | {"error_cb": _weakly(self._on_consumer_error)})
+        # The group consumer is made in start(): its protocol may depend on the broker's answer.
+        self.consumer: Any = None
+        self.protocol = GroupProtocol("classic", "not joined yet", 6.0)
+        # Topic partitions (topic, p) the group has given this member. Partition p is served once
+        # both of its inputs are here; a lone half (a split the co-partitioning assignor should
+        # not make) stays paused until its other half comes.
+        self.assigned: set[tuple[str, int]] = set()
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
-        self._session_s = float(settings.get("session.timeout.ms", 45_000)) / 1000
+        self._session_s = self.protocol.session_s
         self._polled = time.monotonic()  # when the last consume() returned
         self._snapshots_held_until = 0.0
         # A broker the loop waits for (stream/outage.py): a state it reports, not a hang.
@@ -246,8 +251,49 @@ class Worker:
         # A rebalance is reported only once it outlasts two sessions as well: a member's join
         # waits for the others' heartbeats and for a departed member's session to expire, and
         # the wedge this looks for lasts for good (stream/stall.py).
-        self._stalls = StallWatch(c.stall_report_s, max(c.stall_report_s, 2 * self._session_s))
+        self._stalls = self._stall_watch()
         self._next_stall_check = 0.0
+
+    def _stall_watch(self) -> StallWatch:
+        s = self.config.stall_report_s
+        return StallWatch(s, max(s, 2 * self._session_s))
+
+    def _join_group(self) -> None:
+        """Choose the group protocol (one log line says which and why), make the consumer and
+        subscribe: the partitions come in _on_assign."""
+        c = self.config
+        self.protocol = choose_group_protocol(c)
+        self._session_s = self.protocol.session_s
+        self._stalls = self._stall_watch()
+        # A member of an incremental group is never without its assignment for a rebalance, and
+        # its first assignment may be empty, with no callback.
+        self._rebalancing = not self.protocol.incremental
+        log.info(
+            "group protocol=%s (%s): %s",
+            self.protocol.name,
+            "incremental: partitions that keep their owner are served through a rebalance"
+            if self.protocol.incremental
+            else "eager: every partition stops while the group rebalances",
+            self.protocol.reason,
+        )
+        try:
+            settings = consumer_settings(
+                c.bootstrap_servers,
+                c.group_id,
+                c.kafka,
+                self.transactional_id if c.static_membership else None,
+                protocol=self.protocol.name,
+            )
+        except ValueError as exc:  # a classic-only setting under the consumer protocol
+            raise WorkerError(str(exc)) from None
+        # The group's description names each member by it (streambandit status): which worker
+        # holds a partition. A client.id of the configuration's wins.
+        settings.setdefault("client.id", self.instance_id)
+        # error_cb: a consumer that loses every connection says so at once (an idle worker has no
+        # commit to find the broker away with).
+        self.consumer = Consumer(
+            settings | {"logger": kafka_logger()} | {"error_cb": _weakly(self._on_consumer_error)}
+        )
 
     def _new_transaction(self, broker_wait: BrokerWait) -> Transaction:
         """A transactional producer with this worker's transactional id, not yet initialised."""
@@ -383,6 +429,7 @@ class Worker:
         """Check the topics, open the transactional producer and join the group: what ``run`` does
         before its loop (a caller driving ``step`` itself calls this first)."""
         wait_for_brokers(self.config)
+        self._join_group()
         self._check_topics()
         self.transaction.producer.init_transactions(30)
         self.consumer.subscribe(
@@ -434,8 +481,9 @@ class Worker:
         self.partitions.clear()
         try:
             self.writer.close()
-            self._leave_when_settled()
-            self.consumer.close()
+            if self.consumer is not None:
+                self._leave_when_settled()
+                self.consumer.close()
         finally:
             self.reader.close()
             try:
@@ -460,7 +508,10 @@ class Worker:
             self.consumer.consume(100, 0)  # serves a revocation the group has already announced
         except KafkaException:
             return
-        if not self._rebalancing or self.outage.active:
+        if not self._rebalancing or self.outage.active or self.protocol.incremental:
+            # Under the consumer protocol (KIP-848) a leave is a heartbeat the coordinator takes
+            # at any moment; the wedge waited out here is the classic protocol's on the embedded
+            # broker.
             # With the broker away the group cannot move on either: waiting would only delay the
             # stop (docs/operations.md, SIGTERM while waiting).
             return
@@ -1065,6 +1116,8 @@ class Worker:
     # -- rebalance -----------------------------------------------------------------------------
 
     def _on_assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        # Eager (classic): tps is the whole new assignment, after a revocation of everything.
+        # Incremental (KIP-848): tps is what this member gains; what it keeps goes on serving.
         self.member_id = consumer.memberid() or ""
         self._rebalancing = False
         self.metrics["assigns"] += 1
@@ -1076,8 +1129,14 @@ class Worker:
                 "rebalance: assigned partitions=%s while stopping; left to the next owner",
                 sorted({tp.partition for tp in tps}),
             )
+            self._assign(consumer, tps)
             return
-        new = sorted({tp.partition for tp in tps} - set(self.partitions))
+        self.assigned |= {(tp.topic, tp.partition) for tp in tps}
+        new = sorted(
+            p
+            for p in {tp.partition for tp in tps}
+            if p not in self.partitions and p not in self.waiting and self._whole(p)
+        )
         log.info(
             "rebalance: assigned partitions=%s new=%s member=%s",
             sorted({tp.partition for tp in tps}),
@@ -1092,24 +1151,64 @@ class Worker:
             self.recovering = False
         # The client assigns after this callback when the callback has not; assigned here, so
         # that the partitions left waiting are paused before anything of them is fetched.
-        consumer.assign(tps)
-        paused = [tp for tp in tps if tp.partition in self.waiting]
-        if paused:
-            consumer.pause(paused)
+        self._assign(consumer, tps)
+        self._pause_unserved(consumer)
+        # A half assigned earlier, paused, whose other half came now: read from where the
+        # partition's recovery starts (nothing of it was fetched while paused).
+        for p in new:
+            if p in self.partitions:
+                earlier = [tp for tp in self._inputs_of(p) if (tp.topic, p) not in _keys(tps)]
+                if earlier:
+                    part = self.partitions[p]
+                    for tp in earlier:
+                        src = self.batch.source_of[tp.topic]
+                        consumer.seek(TopicPartition(tp.topic, p, part.next_offset[src]))
+                    consumer.resume(earlier)
         self._report(force=True)
+
+    def _assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
+        if self.protocol.incremental:
+            consumer.incremental_assign(tps)
+        else:
+            consumer.assign(tps)
+
+    def _whole(self, p: int) -> bool:
+        """Both inputs of partition ``p`` are assigned to this member."""
+        return all((tp.topic, p) in self.assigned for tp in self._inputs_of(p))
+
+    def _pause_unserved(self, consumer: Consumer) -> None:
+        """Pause the assigned inputs of partitions not served: those waiting for an open
+        transaction, and a lone half of a partition (its records would be read without the
+        partition's state, which its other half's owner may hold)."""
+        unserved = [
+            TopicPartition(t, p)
+            for t, p in sorted(self.assigned)
+            if p in self.waiting or not self._whole(p)
+        ]
+        halves = sorted({tp.partition for tp in unserved if not self._whole(tp.partition)})
+        if halves:
+            log.warning(
+                "rebalance: only one input of partitions=%s assigned to this member; paused "
+                "until the other comes (the group's assignor should keep partition p of both "
+                "inputs together: partition.assignment.strategy range, or group.remote.assignor "
+                "range)",
+                halves,
+            )
+        if unserved:
+            consumer.pause(unserved)
 
     def _on_revoke(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # Records fetched but not processed are dropped: their offsets were not committed, so the
-        # next owner reads them again. What did commit is snapshotted for a fast handoff.
+        # next owner reads them again. What did commit is snapshotted for a fast handoff. No
+        # transaction is open here: callbacks run inside consume(), between committed batches.
         self.metrics["revokes"] += 1
-        self._rebalancing = True
+        if not self.protocol.incremental:
+            self._rebalancing = True
         log.info("rebalance: revoked partitions=%s", sorted({tp.partition for tp in tps}))
-        for p in sorted({tp.partition for tp in tps}):
-            if p in self.partitions:
-                self._snapshot_if_settled(p, "revoked", final=True)
-                self.batch.remove(p)
-                log.info("partition revoked partition=%d", p)
-            self._stop_waiting(p, "revoked")
+        self._release(tps, "revoked", snapshot=True)
+        # The client unassigns after this callback (incrementally under KIP-848); the other
+        # half of a partition split by the revocation is paused meanwhile.
+        self._pause_unserved(consumer)
 
     def _on_lost(self, consumer: Consumer, tps: list[TopicPartition]) -> None:
         # The group took these partitions away without this worker's part in it (its session or
@@ -1119,18 +1218,25 @@ class Worker:
         # new owner may already have used, and later recoveries would miss the new owner's
         # updates. What this worker committed is in the logs and the snapshots already stored.
         self.metrics["losses"] += 1
-        self._rebalancing = True
-        lost = sorted({tp.partition for tp in tps})
+        if not self.protocol.incremental:
+            self._rebalancing = True
         log.warning(
             "rebalance: lost partitions=%s (the group gave them to another member); dropped "
             "without a snapshot",
-            lost,
+            sorted({tp.partition for tp in tps}),
         )
-        for p in lost:
+        self._release(tps, "lost", snapshot=False)
+
+    def _release(self, tps: list[TopicPartition], why: str, snapshot: bool) -> None:
+        """Stop serving every partition one of whose inputs is in ``tps``."""
+        for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
+                if snapshot:
+                    self._snapshot_if_settled(p, why, final=True)
                 self.batch.remove(p)
-                log.info("partition lost partition=%d", p)
-            self._stop_waiting(p, "lost")
+                log.info("partition %s partition=%d", why, p)
+            self._stop_waiting(p, why)
+        self.assigned -= _keys(tps)
 
     def _stop_waiting(self, p: int, why: str) -> None:
         # Nothing of a waiting partition was recovered or processed: it is only forgotten, and

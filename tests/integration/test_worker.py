@@ -3,6 +3,7 @@
 import threading
 
 import numpy as np
+from confluent_kafka.admin import AdminClient
 import pytest
 
 from streambandit.config.models import parse_models_config
@@ -129,9 +130,17 @@ def test_a_static_member_joins_under_its_transactional_id_and_serves(broker, top
         assert wait_for(
             lambda: len(outputs(broker, topics, "g-static")["actions"]) == 20, timeout_s=60
         )
-        # librdkafka names a static member after its instance id (read by the worker's thread:
-        # a call on the consumer from this one, while the loop polls it, can block for good)
-        assert "pod-0" in w.member_id
+        if w.protocol.incremental:
+            # Apache Kafka: the consumer protocol (KIP-848), whose member ids are the client's
+            # UUIDs; the group's description gives each member's instance id.
+            admin = AdminClient({"bootstrap.servers": broker.bootstrap_servers})
+            described = admin.describe_consumer_groups(["g-static"])["g-static"].result(10)
+            assert [m.group_instance_id for m in described.members] == [w.transactional_id]
+        else:
+            # The classic protocol: librdkafka names a static member after its instance id
+            # (read by the worker's thread: a call on the consumer from this one, while the
+            # loop polls it, can block for good)
+            assert "pod-0" in w.member_id
     finally:
         w.stop()
         t.join(30)
