@@ -3,8 +3,8 @@
 import threading
 
 import numpy as np
-from confluent_kafka.admin import AdminClient
 import pytest
+from confluent_kafka.admin import AdminClient
 
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
