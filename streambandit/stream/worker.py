@@ -102,6 +102,12 @@ class Waiting:
         )
 
 
+def _instance_unreleased(err: KafkaError) -> bool:
+    """The consumer's error is the broker's UNRELEASED_INSTANCE_ID, fatal to the consumer
+    (librdkafka delivers it as _FATAL with the broker's message, its fatal flag unset)."""
+    return err.code() == KafkaError._FATAL and "instance ID is still used by another" in err.str()
+
+
 def _keys(tps: list[TopicPartition]) -> set[tuple[str, int]]:
     return {(tp.topic, tp.partition) for tp in tps}
 
@@ -210,6 +216,7 @@ class Worker:
         # both of its inputs are here; a lone half (a split the co-partitioning assignor should
         # not make) stays paused until its other half comes.
         self.assigned: set[tuple[str, int]] = set()
+        self._instance_held_since = self._instance_held_logged = 0.0  # see _rejoin_later
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
         self._session_s = self.protocol.session_s
         self._polled = time.monotonic()  # when the last consume() returned
@@ -291,9 +298,44 @@ class Worker:
         settings.setdefault("client.id", self.instance_id)
         # error_cb: a consumer that loses every connection says so at once (an idle worker has no
         # commit to find the broker away with).
-        self.consumer = Consumer(
+        self._consumer_settings = (
             settings | {"logger": kafka_logger()} | {"error_cb": _weakly(self._on_consumer_error)}
         )
+        self.consumer = Consumer(self._consumer_settings)
+
+    def _subscribe(self) -> None:
+        self.consumer.subscribe(
+            [self.config.first_input, self.config.topics.rewards],
+            on_assign=_weakly(self._on_assign),
+            on_revoke=_weakly(self._on_revoke),
+            on_lost=_weakly(self._on_lost),
+        )
+
+    def _rejoin_later(self) -> None:
+        """The broker refused this static member's join: under the consumer protocol (KIP-848)
+        an instance id stays with the member that had it until that member leaves or its session
+        ends, and a process killed without leaving has not left. Not an error to exit on (a
+        restart would be refused the same way until then): a new consumer joins again each
+        second, and the line below says what the worker waits for."""
+        now = time.monotonic()
+        if not self._instance_held_since:
+            self._instance_held_since = now
+        if now >= self._instance_held_logged:
+            self._instance_held_logged = now + 10.0
+            log.warning(
+                "joining: the group still counts instance id %s as a live member (a process of "
+                "this instance stopped without leaving, e.g. killed); the broker releases it when "
+                "that member's session ends (%.0f s, group.consumer.session.timeout.ms) and then "
+                "moves its partitions; joining again every second, waited_s=%.0f",
+                self.transactional_id,
+                self._session_s,
+                now - self._instance_held_since,
+            )
+        self.metrics["join_refused"] += 1
+        self.consumer.close()
+        time.sleep(1.0)
+        self.consumer = Consumer(self._consumer_settings)
+        self._subscribe()
 
     def _new_transaction(self, broker_wait: BrokerWait) -> Transaction:
         """A transactional producer with this worker's transactional id, not yet initialised."""
@@ -432,12 +474,7 @@ class Worker:
         self._join_group()
         self._check_topics()
         self.transaction.producer.init_transactions(30)
-        self.consumer.subscribe(
-            [self.config.first_input, self.config.topics.rewards],
-            on_assign=_weakly(self._on_assign),
-            on_revoke=_weakly(self._on_revoke),
-            on_lost=_weakly(self._on_lost),
-        )
+        self._subscribe()
         from streambandit import __version__
 
         c, t = self.config, self.config.topics
@@ -478,6 +515,9 @@ class Worker:
         else:
             for p in list(self.partitions):
                 self._snapshot_if_settled(p, "stop", final=True)
+        for p in sorted(self.partitions):
+            # Served no more from here: the leave below hands it to another member.
+            log.info("partition stopped partition=%d", p)
         self.partitions.clear()
         try:
             self.writer.close()
@@ -551,6 +591,9 @@ class Worker:
         records = []
         for msg in msgs:
             if msg.error():
+                if _instance_unreleased(msg.error()) and not self.assigned:
+                    self._rejoin_later()
+                    return len(msgs)
                 if msg.error().fatal():
                     raise WorkerError(f"consumer error: {msg.error()}")
                 log.warning("consumer error=%s", msg.error())
@@ -1121,6 +1164,13 @@ class Worker:
         self.member_id = consumer.memberid() or ""
         self._rebalancing = False
         self.metrics["assigns"] += 1
+        if self._instance_held_since:
+            log.info(
+                "joined: instance id %s released after waited_s=%.1f",
+                self.transactional_id,
+                time.monotonic() - self._instance_held_since,
+            )
+            self._instance_held_since = 0.0
         if self._stopping:
             # An assignment that arrives while the worker stops (consumer.close() serves a
             # rebalance still in flight) is left unrecovered: the stores and the writer may be

@@ -5,7 +5,6 @@ is never disturbed, and the comparison that says the disturbed group ended exact
 from __future__ import annotations
 
 import itertools
-import re
 import threading
 import time
 import uuid
@@ -20,6 +19,7 @@ from streambandit.wire import Context, Reward, encode
 from .helpers import (
     caught_up,
     engine_states_equal,
+    held_in,
     outputs,
     send_tracked,
     serve_process,
@@ -140,7 +140,7 @@ class Group:
         """The partitions the instances hold and have recovered, by their logs."""
         out: set[int] = set()
         for i in instances or tuple(self.procs):
-            out |= held_partitions(self.text(i))
+            out |= held_in(self.text(i))
         return out
 
     def stop(self, *instances: str) -> None:
@@ -188,19 +188,6 @@ class Group:
 
     def models(self, p: int) -> dict:
         return load_latest(DirectoryStore(self.snaps).scoped(self.group), p)["engine"]
-
-
-def held_partitions(text: str) -> set[int]:
-    """helpers.held_partitions on a log's text, where a partition may also be lost (a zombie's)."""
-    out: set[int] = set()
-    for m in re.finditer(
-        r"partition (assigned|revoked|lost) partition=(\d+)|(worker started)", text
-    ):
-        if m.group(3):
-            out.clear()
-        else:
-            (out.add if m.group(1) == "assigned" else out.discard)(int(m.group(2)))
-    return out
 
 
 def backlog(prod, topics: Topics, n: int, seed: int, keys: int = 32) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 
 import numpy as np
@@ -408,19 +409,69 @@ def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ..
     )
 
 
-def held_partitions(log_path) -> set[int]:
-    """The partitions a worker holds, by its log (the last start's, for a log appended to)."""
-    import re
+_HOLDING = re.compile(r"partition (assigned|revoked|lost|stopped) partition=(\d+)|(worker started)")
 
+
+def held_in(text: str) -> set[int]:
+    """The partitions a worker's log says it holds (the last start's, for a log appended to):
+    assigned and recovered, and not revoked, lost (a zombie's) or stopped since."""
     out: set[int] = set()
-    for m in re.finditer(
-        r"partition (assigned|revoked) partition=(\d+)|(worker started)", log_path.read_text()
-    ):
+    for m in _HOLDING.finditer(text):
         if m.group(3):
             out.clear()
         else:
             (out.add if m.group(1) == "assigned" else out.discard)(int(m.group(2)))
     return out
+
+
+def held_partitions(log_path) -> set[int]:
+    """held_in on the log at ``log_path``."""
+    return held_in(log_path.read_text())
+
+
+def serving_intervals(text: str, cut: list[float] = ()) -> dict[int, list[list[float]]]:
+    """Per partition, the wall-clock intervals [start, end] a worker's log shows it serving the
+    partition: from its "partition assigned" line to its revoked, lost or stopped line, or to the
+    first time in ``cut`` after the start (when the test killed or froze the process), or to the
+    next start of the worker in the same log."""
+    import datetime
+
+    out: dict[int, list[list[float]]] = {}
+    open_: dict[int, list[float]] = {}
+
+    def end_by(at: float) -> None:  # the intervals open at ``at`` end there
+        for p in [p for p, interval in open_.items() if interval[0] <= at]:
+            open_.pop(p)[1] = at
+
+    for line in text.splitlines():
+        m = _HOLDING.search(line)
+        if m is None:
+            continue
+        when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        for c in sorted(cut):
+            if c < when:
+                end_by(c)
+        if m.group(3):
+            end_by(when)
+            continue
+        p = int(m.group(2))
+        if m.group(1) == "assigned":
+            open_[p] = [when, float("inf")]
+            out.setdefault(p, []).append(open_[p])
+        elif p in open_:
+            open_.pop(p)[1] = when
+    for c in sorted(cut):
+        end_by(c)
+    return out
+
+
+def assert_never_served_twice(intervals: list[dict[int, list[list[float]]]]) -> None:
+    """No partition served by two workers at once: per partition, the serving intervals of all
+    the workers' logs, in order of start, each begins after the one before it ended."""
+    for p in sorted(set().union(*intervals)):
+        spans = sorted(tuple(i) for log in intervals for i in log.get(p, []))
+        for (s0, e0), (s1, e1) in zip(spans, spans[1:]):
+            assert s1 >= e0, f"partition {p} served twice at once: [{s0}, {e0}] and [{s1}, {e1}]"
 
 
 def stop_processes(*procs, timeout_s: float = 60) -> list[str]:

@@ -1,9 +1,12 @@
-"""A consumer group whose membership churns while events flow, on each broker: three
-worker processes on eight partitions; one joins, one leaves with SIGTERM, one is SIGKILLed and
-restarts with the same instance id. Afterwards every context has exactly one committed action,
-the joined records (every reward in its window, applied once) and the dead letters are those of
-one worker that ran uninterrupted over the same input, and so is every partition's state, to the
-bit."""
+"""A consumer group whose membership churns while events flow, on each broker (the classic
+eager protocol on the embedded one, the incremental consumer protocol of KIP-848 on Apache
+Kafka): three worker processes on eight partitions; one joins, one leaves with SIGTERM, one is
+frozen with SIGSTOP until the group gives its partitions away and then resumed (a zombie), one is
+SIGKILLed and restarts with the same instance id. Afterwards every context has exactly one
+committed action, the joined records (every reward in its window, applied once) and the dead
+letters are those of one worker that ran uninterrupted over the same input, and so is every
+partition's state, to the bit; and by the workers' logs no partition was served by two of them
+at once."""
 
 import signal
 import threading
@@ -19,6 +22,7 @@ from streambandit.wire import Context, Reward, encode
 
 from .helpers import (
     all_input_committed,
+    assert_never_served_twice,
     caught_up,
     engine_states_equal,
     held_partitions,
@@ -27,6 +31,7 @@ from .helpers import (
     send_tracked,
     serve_config,
     serve_process,
+    serving_intervals,
     stop_processes,
     wait_for,
 )
@@ -35,8 +40,8 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 PARTITIONS = 8
 KEYS = [f"m-{i}" for i in range(64)]  # on every partition (murmur2)
-PERIODS = 240
-PACE_S = 0.125  # a period's records every PACE_S seconds: the flow lasts 30 s
+PERIODS = 320
+PACE_S = 0.125  # a period's records every PACE_S seconds: the flow lasts 40 s
 PERIOD_MS = 100  # event time: contexts in the first half of a period, their rewards 50 ms later
 WORKER = """
 idle_tick_ms = 1000000000   # no wall-clock ticks: the two runs must see the same input
@@ -109,8 +114,11 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
         cfg.write_text(serve_config(group, tmp_path / f"snaps-{group}", out_topics, worker=WORKER))
         return serve_process(broker, cfg, instance, tmp_path / f"{group}-{instance}.log")
 
+    def log_of(instance):
+        return tmp_path / f"churn-{instance}.log"
+
     def held(*instances) -> set[int]:
-        return set().union(*(held_partitions(tmp_path / f"churn-{i}.log") for i in instances))
+        return set().union(*(held_partitions(log_of(i)) for i in instances))
 
     def everything_held(*instances) -> bool:
         return held(*instances) == set(range(PARTITIONS))
@@ -120,6 +128,7 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
         return log.read_text().count("worker started") == 2 and bool(held_partitions(log))
 
     inputs = [topics.contexts, topics.rewards]
+    cuts: dict[str, list[float]] = {"a": [], "b": [], "c": []}  # when a worker was frozen or killed
     sent, done, failures = [], threading.Event(), []
     procs: dict = {}
     exits: list[str] = []
@@ -142,8 +151,24 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
             "a's partitions were not taken over"
         )
         time.sleep(1)
+        # A zombie: c frozen (maybe inside a transaction) until the group has given its
+        # partitions to b, then resumed. Its commits from before the freeze are fenced, and it
+        # learns it lost its partitions and joins again.
+        procs["c"].send_signal(signal.SIGSTOP)
+        cuts["c"].append(time.time())
+        try:
+            assert wait_for(lambda: held("b") == set(range(PARTITIONS)), timeout_s=60), (
+                "b did not take the frozen worker's partitions"
+            )
+        finally:
+            procs["c"].send_signal(signal.SIGCONT)
+        assert wait_for(lambda: everything_held("b", "c") and held("c"), timeout_s=60), (
+            "the zombie did not rejoin"
+        )
+        time.sleep(1)
         procs["b"].send_signal(signal.SIGKILL)  # no snapshot, no leave, maybe a transaction open
         procs["b"].wait(10)
+        cuts["b"].append(time.time())
         assert not done.is_set(), (
             "the flow ended before the kill: the churn did not happen while events flowed"
         )
@@ -172,6 +197,9 @@ def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_p
         done.wait(120)
         stop_processes(*procs.values())
 
+    assert_never_served_twice(
+        [serving_intervals(log_of(i).read_text(), cuts[i]) for i in ("a", "b", "c")]
+    )
     ref = serve("ref", "ref", ref_topics)
     try:
         assert wait_for(

@@ -53,3 +53,41 @@ def test_static_membership_uses_the_workers_own_instance_id():
         consumer_settings("b:9092", "g", {"consumer": {"group.instance.id": "x"}})
     with pytest.raises(ValueError, match="static_membership"):
         consumer_settings("b:9092", "g", {"group.instance.id": "x"})
+
+
+def test_the_consumer_protocol_leaves_session_and_assignor_to_the_broker():
+    from confluent_kafka import Consumer
+
+    c = consumer_settings("b:9092", "g", USER, protocol="consumer")
+    assert (c["group.protocol"], c["group.remote.assignor"]) == ("consumer", "range")
+    assert not {
+        "session.timeout.ms",
+        "heartbeat.interval.ms",
+        "partition.assignment.strategy",
+    } & set(c)
+    # librdkafka takes the settings as they are (no broker is contacted)
+    Consumer({k: v for k, v in c.items() if k != "bootstrap.servers"}).close()
+    classic = consumer_settings("b:9092", "g", USER)
+    assert classic["partition.assignment.strategy"] == "range" and "group.protocol" not in classic
+
+
+@pytest.mark.parametrize(
+    "user",
+    [
+        {"consumer": {"session.timeout.ms": 30000}},
+        {"heartbeat.interval.ms": 500},
+        {"consumer": {"partition.assignment.strategy": "cooperative-sticky"}},
+    ],
+)
+def test_a_classic_only_setting_under_the_consumer_protocol_is_one_clear_error(user):
+    key = next(iter(user.get("consumer", user)))
+    with pytest.raises(ValueError, match=rf"^\[kafka\] {key}: .*group_protocol = \"classic\""):
+        consumer_settings("b:9092", "g", user, protocol="consumer")
+    consumer_settings("b:9092", "g", user)  # the classic protocol takes it
+
+
+def test_an_assignor_that_splits_a_partitions_inputs_is_refused():
+    with pytest.raises(ValueError, match="group.remote.assignor = 'uniform'"):
+        consumer_settings("b:9092", "g", {"group.remote.assignor": "uniform"}, protocol="consumer")
+    with pytest.raises(ValueError, match="classic or consumer"):
+        consumer_settings("b:9092", "g", USER, protocol="streams")
