@@ -22,6 +22,7 @@ setting's type, range and default: config/schema.py.
     health_timeout_s = 60         # /healthz fails after this long without progress
     log_summary_s = 60            # a one-line summary this often (0: none)
     broker_wait_s = 30            # at start, how long to wait for a broker to answer
+    group_protocol = "auto"       # consumer (KIP-848, incremental) where the broker offers it, else classic
     static_membership = false     # KIP-345: group.instance.id from the transactional id
 
     [topics]                      # optional; these are the defaults

@@ -194,11 +194,13 @@ class _StatusCollector:
         )
         yield _counter(
             "rebalances",
-            "partition assignments, revocations and losses seen, by kind",
+            "partition assignments, revocations and losses seen, and joins the broker refused "
+            "(a static member's instance id still held), by kind",
             [
                 (("assign",), c.get("assigns", 0)),
                 (("revoke",), c.get("revokes", 0)),
                 (("lost",), c.get("losses", 0)),
+                (("join_refused",), c.get("join_refused", 0)),
             ],
             labels=("kind",),
         )

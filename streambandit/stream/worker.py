@@ -387,6 +387,8 @@ class Worker:
             return False, self.outage.reason()
         if self.recovering:
             return False, "recovering partitions"
+        if self._instance_held_since:
+            return False, "joining: the group still counts this instance id as a live member"
         waiting = list(self.waiting.items())
         if waiting:
             # Not ready: a partition is assigned and not served; its wait may need an operator.

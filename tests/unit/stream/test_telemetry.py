@@ -114,7 +114,7 @@ def test_every_dead_letter_reason_is_a_series_at_zero_from_the_start():
     assert dead == {r: 0 for r in reasons.ALL}
     for name, labels in (
         ("streambandit_transactions_total", ("commit", "abort")),
-        ("streambandit_rebalances_total", ("assign", "revoke", "lost")),
+        ("streambandit_rebalances_total", ("assign", "revoke", "lost", "join_refused")),
         ("streambandit_snapshots_total", ("base", "increment")),
     ):
         assert sorted(v for (n, lv), v in got.items() if n == name) == [0] * len(labels), name
