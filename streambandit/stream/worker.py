@@ -1205,17 +1205,19 @@ class Worker:
         # that the partitions left waiting are paused before anything of them is fetched.
         self._assign(consumer, tps)
         self._pause_unserved(consumer)
-        # A half assigned earlier, paused, whose other half came now: read from where the
-        # partition's recovery starts (nothing of it was fetched while paused).
+        # The inputs of the partitions taken up now are read: a pause from an earlier assignment
+        # (a lone half, a wait) can outlive the client's unassignment. A half assigned earlier,
+        # paused, whose other half came now reads from where the partition's recovery starts
+        # (nothing of it was fetched while paused).
+        gained = _keys(tps)
         for p in new:
             if p in self.partitions:
-                earlier = [tp for tp in self._inputs_of(p) if (tp.topic, p) not in _keys(tps)]
-                if earlier:
-                    part = self.partitions[p]
-                    for tp in earlier:
+                part = self.partitions[p]
+                for tp in self._inputs_of(p):
+                    if (tp.topic, p) not in gained:
                         src = self.batch.source_of[tp.topic]
                         consumer.seek(TopicPartition(tp.topic, p, part.next_offset[src]))
-                    consumer.resume(earlier)
+                consumer.resume(self._inputs_of(p))
         self._report(force=True)
 
     def _assign(self, consumer: Consumer, tps: list[TopicPartition]) -> None:

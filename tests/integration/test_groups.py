@@ -3,20 +3,31 @@
 configuration says so; and static membership on Apache Kafka, where a member restarted within
 the session gets its partitions back and the others see no rebalance."""
 
+import logging
 import re
 import signal
+import threading
 import time
 import uuid
 
+import numpy as np
 import pytest
+from confluent_kafka import Consumer
 
+from streambandit.config.kafka import consumer_settings
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.stream.kafka_checks import choose_group_protocol
+from streambandit.stream.snapshots import DirectoryStore
+from streambandit.stream.worker import Worker
+from streambandit.wire import Context, encode
 
 from .helpers import (
     held_partitions,
     is_tansu,
+    outputs,
+    producer,
+    send_tracked,
     serve_config,
     serve_process,
     stop_processes,
@@ -147,3 +158,66 @@ def test_a_static_member_restarted_within_the_session_keeps_every_assignment(
         assert all(p.poll() is None for p in procs.values()), "a worker exited"
     finally:
         stop_processes(*procs.values())
+
+
+def test_a_partition_whose_inputs_are_split_between_members_is_served_by_neither(
+    broker, topics, tmp_path
+):
+    """A client in the worker's group that subscribes to the rewards only (a misconfigured
+    application) takes some rewards partitions: the worker then holds the contexts of a
+    partition without its rewards. It serves that partition not at all (both inputs paused, a
+    WARNING) rather than decide without the partition's state, and serves it, from where its
+    recovery starts, once the other member has gone and both inputs are its own."""
+    prod = producer(broker)
+    rng = np.random.default_rng(3)
+    sent = []
+    for i in range(40):
+        ev = Context(f"e{i}", f"m-{i % 8}", 1000 + i, ("a", "b"), rng.standard_normal((2, 3)))
+        sent.append(send_tracked(prod, topics.contexts, ev.model_key.encode(), encode(ev)))
+    prod.flush()
+    partition_of = {f"e{i}": s.partition for i, s in enumerate(sent)}
+    assert set(partition_of.values()) == {0, 1}
+    cfg = _config(broker, group_id="g-split", topics=topics)
+    protocol = choose_group_protocol(cfg).name
+    other = Consumer(consumer_settings(broker.bootstrap_servers, "g-split", protocol=protocol))
+    other_holds: list = []  # by its own thread's callback: no call into a consumer another polls
+    other.subscribe([topics.rewards], on_assign=lambda c, tps: other_holds.extend(tps))
+    stop_other = threading.Event()
+
+    def poll_other() -> None:
+        while not stop_other.is_set():
+            other.poll(0.1)
+        other.close()  # leaves the group: its rewards partitions go to the worker
+
+    poller = threading.Thread(target=poll_other, daemon=True)
+    poller.start()
+    assert wait_for(lambda: other_holds, timeout_s=30), "the other member got nothing"
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: warned.append(r.getMessage())
+    logging.getLogger("streambandit").addHandler(handler)
+    w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"), instance_id="split")
+    t = threading.Thread(target=w.run, daemon=True)
+    t.start()
+    try:
+        assert wait_for(lambda: any("only one input" in m for m in warned), timeout_s=60), (
+            "no partition was split"
+        )
+        time.sleep(3)  # time enough to decide everything it may
+        whole = set(w.partitions)  # served: recovered, both inputs assigned
+        assert whole and whole != {0, 1}, whole
+        decided = [a.event_id for a in outputs(broker, topics, "g-split")["actions"]]
+        # Decided: the contexts of the partitions it holds whole, and none of the split one's.
+        assert sorted(decided) == sorted(e for e, p in partition_of.items() if p in whole)
+        stop_other.set()
+        poller.join(30)
+        assert wait_for(
+            lambda: len(outputs(broker, topics, "g-split")["actions"]) == 40, timeout_s=60
+        ), "the partition was not served once whole"
+        decided = [a.event_id for a in outputs(broker, topics, "g-split")["actions"]]
+        assert sorted(decided) == sorted(partition_of)  # each once
+    finally:
+        logging.getLogger("streambandit").removeHandler(handler)
+        stop_other.set()
+        w.stop()
+        t.join(30)
