@@ -20,6 +20,7 @@ BENCHMARKS = (
     "memory",
     "handoff",
     "join",
+    "membership",
     "recovery",
     "snapshots",
     "scaling",
