@@ -76,14 +76,20 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
         key = (msg.topic(), msg.partition())
         ends[key] = max(ends.get(key, 0), msg.offset() + 1)
 
+    def send(topic: str, key: str, value: bytes) -> None:
+        while True:
+            try:
+                p.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
+                return
+            except BufferError:  # librdkafka's queue is full: wait for deliveries
+                p.poll(0.1)
+
     n = 0
     for ctx, rew in events:
-        p.produce(t.contexts, key=ctx.model_key.encode(), value=encode(ctx), on_delivery=delivered)
+        send(t.contexts, ctx.model_key, encode(ctx))
         n += 1
         if rew is not None:
-            p.produce(
-                t.rewards, key=rew.model_key.encode(), value=encode(rew), on_delivery=delivered
-            )
+            send(t.rewards, rew.model_key, encode(rew))
             n += 1
         if n % 5000 == 0:
             p.poll(0)
