@@ -1,6 +1,6 @@
-"""Group membership on Apache Kafka: a static member restarted, a dynamic member leaving.
+"""Group membership on Apache Kafka: a static member restarted, a worker leaving.
 
-    python -m bench.membership          # 3 runs of each case, ~6 min
+    python -m bench.membership          # 3 runs of each case, ~8 min
     python -m bench.membership --quick  # 1 run of each, printed
 
 Apache Kafka (the consumer protocol, KIP-848, chosen by the workers at start), 8 partitions,
@@ -8,14 +8,23 @@ three ``streambandit serve`` workers A, B and C, probe contexts for every partit
 PROBE_RATE in all, their committed actions read back (read_committed). Each worker's partitions
 are followed from its per-partition log lines, as in bench.join.
 
-*Restart*: ``[worker] static_membership = true``. C is SIGKILLed and at once started again under
-the same instance id. The others' partitions: their probes' p99 in the STEADY_S before the kill
-against those sent from the kill until C's partitions serve again plus MARGIN_S, and every
-rebalance line A and B logged in that window. C's partitions: from the restart's process start
-until each answers its first probe sent after the kill (decided by whoever holds it then),
-against the restart time (process start to its ``worker started`` line) plus 2 s. Under the
-default protocol on Apache Kafka (the consumer protocol), and, for contrast, with
-``[worker] group_protocol = classic``.
+*Restart*: ``[worker] static_membership = true``. C is stopped and at once started again under
+the same instance id. The others' partitions: their probes' p99 in the STEADY_S before the
+signal against those sent from the signal until C's partitions serve again plus MARGIN_S, and
+every rebalance line A and B logged in that window. C's partitions: from the restart's process
+start until each answers its first probe sent after the signal (decided by whoever holds it
+then), against the restart time (process start to its ``worker started`` line) plus 2 s. Three
+cases:
+
+- SIGKILL, the consumer protocol (the default on Apache Kafka): the broker refuses the restarted
+  member the instance id ("The instance ID is still used by another member") until the killed
+  member's session ends; the worker joins again each second (its ``joining:`` line) and is in
+  once the id is released (its ``joined:`` line).
+- SIGTERM, the consumer protocol: a static member that stops cleanly keeps its assignment for
+  the session, and the restart under the same instance id gets the same partitions back with no
+  rebalance of the others.
+- SIGKILL, ``[worker] group_protocol = classic``, for contrast: the classic protocol hands the
+  instance id to the new member at once.
 
 *Leave*: C stops with SIGTERM (it commits, snapshots and leaves the group). From its leave (its
 last log line) until each of its partitions answers a probe sent after it, on the others; target
@@ -57,6 +66,9 @@ SERVE_WAIT_S = 60.0
 TARGET_EXTRA_S = 2.0  # a restart's partitions serve within the restart time plus this
 TARGET_LEAVE_S = 2.0
 _REBALANCE = re.compile(r"rebalance: |partition (assigned|revoked|lost) partition=")
+# What the restarted member logs about its join (stream/worker.py _rejoin_later) or librdkafka's
+# fatal error, one line of each kind per run.
+_RESTART_LINES = re.compile(r"joining:|joined:|FATAL")
 
 
 class Group:
@@ -149,7 +161,18 @@ class Group:
         kafka_io.stop_all(self.procs.values(), 60)
 
 
-def restart_run(broker: ApacheKafka, workdir: Path, run: int, protocol: str) -> dict:
+def _restart_lines(log: Path) -> list[str]:
+    """The first line of each kind in _RESTART_LINES, in the order they came."""
+    first: dict[str, str] = {}
+    for x in log.read_text().splitlines():
+        if m := _RESTART_LINES.search(x):
+            first.setdefault(m.group(), x[24:].strip()[:400])
+    return list(first.values())
+
+
+def restart_run(
+    broker: ApacheKafka, workdir: Path, run: int, protocol: str, stop: signal.Signals
+) -> dict:
     g = Group(broker, workdir, static=True, protocol=protocol)
     try:
         g.start()
@@ -158,8 +181,8 @@ def restart_run(broker: ApacheKafka, workdir: Path, run: int, protocol: str) -> 
         killed_at = time.time()
         own = g.held("C", killed_at)
         others = g.held("A", killed_at) | g.held("B", killed_at)
-        g.procs["C"].send_signal(signal.SIGKILL)
-        g.procs["C"].wait(30)
+        g.procs["C"].send_signal(stop)
+        g.procs["C"].wait(120)
         restarted_at = time.time()
         g.serve("C2", "C")  # the same instance id: the same group.instance.id
         line, _ = _wait_line(g.logs["C2"], r"worker started", 120)
@@ -174,11 +197,7 @@ def restart_run(broker: ApacheKafka, workdir: Path, run: int, protocol: str) -> 
         lines = g.rebalance_lines("AB", killed_at, window_end)
         c2_held = g.held("C2", now)
         owners = {p: [w for w in ("A", "B", "C2") if p in g.held(w, now)] for p in own}
-        complaints = [
-            x[24:].strip()[:300]
-            for x in g.logs["C2"].read_text().splitlines()
-            if re.match(r"\S+ \S+ (WARNING|ERROR|CRITICAL)", x)
-        ][:2]
+        restarted_lines = _restart_lines(g.logs["C2"])
         ran = protocol_of(g.logs["A"])
     finally:
         g.close()
@@ -186,11 +205,12 @@ def restart_run(broker: ApacheKafka, workdir: Path, run: int, protocol: str) -> 
     worst = None if None in serve_s.values() else max(serve_s.values())
     row = {
         "run": run,
+        "stop": stop.name,
         "own": sorted(own),
         "protocol": ran,
         "own_after": sorted(c2_held),
         "owners_after": owners,
-        "restarted_warnings": complaints,
+        "restarted_lines": restarted_lines,
         "restart_s": restart_s,
         "serve_s": serve_s,
         "serve_max_s": worst,
@@ -240,7 +260,8 @@ def leave_run(broker: ApacheKafka, workdir: Path, run: int, static: bool) -> dic
     }
 
 
-CASES = ("restart", "restart_classic", "leave", "static_leave")
+RESTARTS = ("restart", "restart_clean", "restart_classic")
+CASES = (*RESTARTS, "leave", "static_leave")
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -257,8 +278,15 @@ def measure(args: argparse.Namespace) -> dict:
         work = Path(tmp)
         for r in range(runs):
             for key, run in (
-                ("restart", lambda: restart_run(broker, work, r + 1, "auto")),
-                ("restart_classic", lambda: restart_run(broker, work, r + 1, "classic")),
+                ("restart", lambda: restart_run(broker, work, r + 1, "auto", signal.SIGKILL)),
+                (
+                    "restart_clean",
+                    lambda: restart_run(broker, work, r + 1, "auto", signal.SIGTERM),
+                ),
+                (
+                    "restart_classic",
+                    lambda: restart_run(broker, work, r + 1, "classic", signal.SIGKILL),
+                ),
                 ("leave", lambda: leave_run(broker, work, r + 1, static=False)),
                 ("static_leave", lambda: leave_run(broker, work, r + 1, static=True)),
             ):
@@ -268,7 +296,7 @@ def measure(args: argparse.Namespace) -> dict:
     for key in CASES:
         done = [r["serve_max_s"] for r in res[key] if r["serve_max_s"] is not None]
         res[f"{key}_serve_max_s"] = harness.median(done) if done else None
-    for key in ("restart", "restart_classic"):
+    for key in RESTARTS:
         res[f"{key}_p99_ratio"] = harness.median([r["p99_ratio"] for r in res[key]])
         res[f"{key}_restart_s"] = harness.median([r["restart_s"] for r in res[key]])
     return res
@@ -290,7 +318,7 @@ def _per_partition(d: dict) -> str:
     return ", ".join(f"{p}: {_s(v)}" for p, v in sorted(d.items(), key=lambda kv: int(kv[0])))
 
 
-def _restart_section(res: dict, key: str, title: str) -> list[str]:
+def _restart_section(res: dict, key: str, title: str, what: str) -> list[str]:
     rows = res[key]
     table = [
         f"| {r['run']} | {_parts(r['own'])} | "
@@ -301,10 +329,12 @@ def _restart_section(res: dict, key: str, title: str) -> list[str]:
         for r in rows
     ]
     seen = [f"- run {r['run']}: `{x}`" for r in rows for x in r["others_rebalance_lines"]]
-    warned = [f"- run {r['run']}: `{x}`" for r in rows for x in r["restarted_warnings"]]
+    logged = [f"- run {r['run']}: `{x}`" for r in rows for x in r["restarted_lines"]]
     protocols = sorted({r["protocol"] for r in rows})
     return [
         f"### {title}",
+        "",
+        what,
         "",
         "Group protocol (the workers' `group protocol=` line): "
         + "; ".join(PROTOCOLS.get(x, x) for x in protocols)
@@ -321,7 +351,17 @@ def _restart_section(res: dict, key: str, title: str) -> list[str]:
         f"before {res[f'{key}_p99_ratio']:.1f}x.",
         "",
         *(["Rebalance lines A and B logged in the window:", "", *seen, ""] if seen else []),
-        *(["Warnings the restarted C logged:", "", *warned, ""] if warned else []),
+        *(
+            [
+                "What the restarted C logged about its join (lines with `joining:`, `joined:` or "
+                "`FATAL`, the first of each kind per run):",
+                "",
+                *logged,
+                "",
+            ]
+            if logged
+            else []
+        ),
     ]
 
 
@@ -341,7 +381,7 @@ def render(res: dict) -> str:
     ]
     return "\n".join(
         [
-            "# Group membership on Apache Kafka: a static restart, a clean leave",
+            "# Group membership on Apache Kafka: a static restart, a leave",
             "",
             harness.provenance(res, "BLAS pinned to one thread."),
             "",
@@ -352,21 +392,44 @@ def render(res: dict) -> str:
             "`partition assigned` / `revoked` / `lost` lines. One broker for all runs, fresh "
             "topics and group per run.",
             "",
-            "## A static member SIGKILLed and restarted under the same instance id",
+            "## A static member restarted under the same instance id",
             "",
-            "`[worker] static_membership = true`. C is SIGKILLed and started again at once with "
-            "the same `--instance-id` (so the same `group.instance.id`). *Their owners at the "
-            "end*: who holds C's partitions once they serve again (C2: the restarted C). "
-            "*restart*: from its process start to its `worker started` line. *serving*: from its "
-            "process start until the last of C's partitions answers a probe sent after the kill "
-            "(target: restart + 2 s). The others' partitions: the p99 (ms) of their probes in "
-            f"the {res['steady_s']:.0f} s before the kill (*before*) and from the kill until C's "
-            f"partitions serve plus {res['margin_s']:.0f} s (*during*), and the rebalance lines "
-            "(`rebalance:` and per-partition) A and B logged in that window.",
+            "`[worker] static_membership = true`. C is stopped (SIGKILL or SIGTERM) and, once "
+            "it has exited, started again at once with the same `--instance-id` (so the same "
+            "`group.instance.id`). *Their owners at the end*: who holds C's partitions once they "
+            "serve again (C2: the restarted C). *restart*: from its process start to its `worker "
+            "started` line. *serving*: from its process start until the last of C's partitions "
+            "answers a probe sent after the signal (target: restart + 2 s). The others' "
+            f"partitions: the p99 (ms) of their probes in the {res['steady_s']:.0f} s before the "
+            "signal (*before*) and from the signal until C's partitions serve plus "
+            f"{res['margin_s']:.0f} s (*during*), and the rebalance lines (`rebalance:` and "
+            "per-partition) A and B logged in that window.",
             "",
-            *_restart_section(res, "restart", "The default on Apache Kafka: the consumer protocol"),
             *_restart_section(
-                res, "restart_classic", "`[worker] group_protocol = classic`, for contrast"
+                res,
+                "restart",
+                "SIGKILL, the consumer protocol (the default on Apache Kafka)",
+                "The killed member did not leave, so the group still counts its instance id as a "
+                "live member: the broker refuses the restarted C's join under that id (\"The "
+                "instance ID is still used by another member\") until the killed member's "
+                f"session ends ({res['session_timeout_ms']:,} ms). The worker joins again each "
+                "second (its `joining:` line) and is in once the id is released (its `joined:` "
+                "line); the session's end is also when the broker moves C's partitions.",
+            ),
+            *_restart_section(
+                res,
+                "restart_clean",
+                "SIGTERM, the consumer protocol",
+                "C stops cleanly (it commits, snapshots and leaves as a static member): the group "
+                "keeps its assignment for it for the session, and the restart under the same "
+                "instance id gets the same partitions back with no rebalance of the others.",
+            ),
+            *_restart_section(
+                res,
+                "restart_classic",
+                "SIGKILL, `[worker] group_protocol = classic`, for contrast",
+                "Under the classic protocol the broker gives the instance id to the new member "
+                "at once, and with it the killed member's partitions.",
             ),
             "## A worker leaving cleanly (SIGTERM)",
             "",
@@ -387,8 +450,9 @@ def render(res: dict) -> str:
             "A static member that stops cleanly leaves the group as a static member: the group "
             "keeps its partitions for it for `session.timeout.ms` "
             f"({res['session_timeout_ms']:,} ms here), so that a restart within it gets them "
-            "back with no rebalance; that is what static membership is. They move only when "
-            "the session ends. The 2 s target is the dynamic member's.",
+            "back with no rebalance (the SIGTERM restart above); that is what static "
+            "membership is. They move only when the session ends. The 2 s target is the "
+            "dynamic member's.",
             "",
             *leave_head,
             *leave_rows("static_leave"),
