@@ -414,7 +414,9 @@ def render(res: dict) -> str:
                 "instance ID is still used by another member\") until the killed member's "
                 f"session ends ({res['session_timeout_ms']:,} ms). The worker joins again each "
                 "second (its `joining:` line) and is in once the id is released (its `joined:` "
-                "line); the session's end is also when the broker moves C's partitions.",
+                "line). C's partitions serve again only then: on the restarted C if the broker "
+                "hands them to it at once, or first on A or B (their rebalance lines) and then "
+                "back to C.",
             ),
             *_restart_section(
                 res,
