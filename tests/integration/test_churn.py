@@ -11,7 +11,6 @@ at once."""
 import signal
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -20,6 +19,7 @@ from streambandit.config.worker import Topics
 from streambandit.stream.snapshots import DirectoryStore, load_latest
 from streambandit.wire import Context, Reward, encode
 
+from .faults import make_topics
 from .helpers import (
     all_input_committed,
     assert_never_served_twice,
@@ -89,25 +89,7 @@ def flow(prod, topics: Topics, sent: list, done: threading.Event, failures: list
 
 
 def test_a_churning_group_ends_exactly_as_one_uninterrupted_worker(broker, tmp_path):
-    tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        contexts=f"c-{tag}",
-        rewards=f"r-{tag}",
-        actions=f"a-{tag}",
-        joined=f"j-{tag}",
-        dead_letter=f"d-{tag}",
-    )
-    ref_topics = Topics(
-        contexts=topics.contexts,
-        rewards=topics.rewards,
-        actions=f"ref-a-{tag}",
-        joined=f"ref-j-{tag}",
-        dead_letter=f"ref-d-{tag}",
-    )
-    broker.create_topics(
-        topics.all() + [ref_topics.actions, ref_topics.joined, ref_topics.dead_letter],
-        partitions=PARTITIONS,
-    )
+    topics, ref_topics = make_topics(broker, PARTITIONS)
 
     def serve(group, instance, out_topics):
         cfg = tmp_path / f"{group}.toml"

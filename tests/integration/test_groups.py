@@ -8,7 +8,6 @@ import re
 import signal
 import threading
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -16,12 +15,13 @@ from confluent_kafka import Consumer
 
 from streambandit.config.kafka import consumer_settings
 from streambandit.config.models import parse_models_config
-from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.config.worker import WorkerConfig
 from streambandit.stream.kafka_checks import choose_group_protocol
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker
 from streambandit.wire import Context, encode
 
+from .faults import make_topics
 from .helpers import (
     held_partitions,
     is_tansu,
@@ -90,15 +90,7 @@ def test_a_static_member_restarted_within_the_session_keeps_every_assignment(
     that keeps its assignment for the session) and restarted does; one SIGKILLed is refused its
     instance id until the broker ends the old member's session, and the worker waits that out
     (joining again each second) instead of exiting."""
-    tag = uuid.uuid4().hex[:8]
-    topics = Topics(
-        contexts=f"c-{tag}",
-        rewards=f"r-{tag}",
-        actions=f"a-{tag}",
-        joined=f"j-{tag}",
-        dead_letter=f"d-{tag}",
-    )
-    broker.create_topics(topics.all(), partitions=8)
+    topics, _ = make_topics(broker, partitions=8)
     cfg = tmp_path / "static.toml"
     cfg.write_text(
         serve_config(

@@ -213,6 +213,7 @@ def test_a_worker_without_partitions_while_work_waits_says_so(broker, topics, tm
             value=encode(Context(f"s{i}", "m", 1000 + i, ("a",), np.zeros((1, 3)))),
         )
     prod.flush(10)
+    w._join_group()  # its group consumer, as start() makes it, never subscribed here
     # As after an empty assignment (more members than partitions): not a rebalance that does not
     # end, which this worker, never polled, would otherwise be reported as (tests/unit/stream/
     # test_stall.py has both).
