@@ -429,13 +429,18 @@ def held_partitions(log_path) -> set[int]:
     return held_in(log_path.read_text())
 
 
+def log_time(line: str) -> float:
+    """The wall time (epoch seconds) of a worker's text log line."""
+    import datetime
+
+    return datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+
+
 def serving_intervals(text: str, cut: list[float] = ()) -> dict[int, list[list[float]]]:
     """Per partition, the wall-clock intervals [start, end] a worker's log shows it serving the
     partition: from its "partition assigned" line to its revoked, lost or stopped line, or to the
     first time in ``cut`` after the start (when the test killed or froze the process), or to the
     next start of the worker in the same log."""
-    import datetime
-
     out: dict[int, list[list[float]]] = {}
     open_: dict[int, list[float]] = {}
 
@@ -447,7 +452,7 @@ def serving_intervals(text: str, cut: list[float] = ()) -> dict[int, list[list[f
         m = _HOLDING.search(line)
         if m is None:
             continue
-        when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+        when = log_time(line)
         for c in sorted(cut):
             if c < when:
                 end_by(c)

@@ -25,6 +25,7 @@ from .faults import make_topics
 from .helpers import (
     held_partitions,
     is_tansu,
+    log_time,
     outputs,
     producer,
     send_tracked,
@@ -69,13 +70,8 @@ def test_the_protocol_is_the_consumer_one_where_the_broker_offers_it(broker):
 
 def _lines_after(text: str, since: float, pattern: str) -> list[str]:
     """The lines of a worker's log matching ``pattern`` logged after wall time ``since``."""
-    import datetime
-
     return [
-        line
-        for line in text.splitlines()
-        if re.search(pattern, line)
-        and datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp() > since
+        line for line in text.splitlines() if re.search(pattern, line) and log_time(line) > since
     ]
 
 
