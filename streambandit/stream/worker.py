@@ -266,8 +266,8 @@ class Worker:
         return StallWatch(s, max(s, 2 * self._session_s))
 
     def _join_group(self) -> None:
-        """Choose the group protocol (one log line says which and why), make the consumer and
-        subscribe: the partitions come in _on_assign."""
+        """Choose the group protocol (one log line says which and why) and make the group
+        consumer with its settings; start() subscribes it, and the partitions come in _on_assign."""
         c = self.config
         self.protocol = choose_group_protocol(c)
         self._session_s = self.protocol.session_s
