@@ -39,6 +39,13 @@ def pytest_addoption(parser):
         help="the Apache Kafka tier must run: without java or mvn, or without its jars, its tests fail "
         "instead of being skipped (env STREAMBANDIT_REQUIRE_KAFKA=1; CI sets it)",
     )
+    group.addoption(
+        "--only-broker-tests",
+        action="store_true",
+        help="only the integration tests that run on a broker of the chosen tiers; the tests that "
+        "start their own broker or none are deselected (tests/run_tiers.py runs the Apache Kafka "
+        "tier so, beside the rest)",
+    )
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,7 @@ is never disturbed, and the comparison that says the disturbed group ended exact
 from __future__ import annotations
 
 import itertools
+import random
 import threading
 import time
 import uuid
@@ -346,24 +347,23 @@ def stop_inside_a_transaction(
 ) -> dict[TopicPartition, int] | None:
     """SIGSTOP process ``pid`` at a moment a transaction of its is open on the probed partitions,
     and return where (``TransactionProbe.held``); None if none was caught by the deadline, the
-    process then running. A stopped process cannot commit, so the look after the stop is not a
-    race; a commit it had already sent completes without it, hence the pause before the second
-    look. Each miss resumes it for a short run, which also paces a fast worker that would
-    otherwise drain its backlog between two looks."""
+    process then running. The looks are made while it is stopped: a stopped process cannot
+    commit, and a commit it had already sent completes in the pause before the look, so what is
+    open then stays open. Between looks it runs for a few milliseconds only, which paces a fast
+    worker that would otherwise drain its backlog between two looks made while it runs."""
     import os
     import signal
 
+    rng = random.Random(pid)
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        if not probe.open():
-            time.sleep(0.002)
-            continue
         os.kill(pid, signal.SIGSTOP)
-        held = probe.held()
         time.sleep(0.3)
+        held = probe.held()
         if held and not probe.ended(held):
             return held
-        os.kill(pid, signal.SIGCONT)  # it committed between the look and the stop
+        os.kill(pid, signal.SIGCONT)
+        time.sleep(rng.uniform(0.002, 0.04))
     return None
 
 

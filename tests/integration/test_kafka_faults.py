@@ -65,19 +65,19 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
         worker={"batch_max_records": 100},
         txn_timeout_ms=60_000,
     )
+    # One probe per partition, connected before the workers start: a fast worker drains its
+    # partition in about a second, hardly more than a new client takes to make its first look.
+    probes = {p: TransactionProbe(kafka_broker, topics, [p]) for p in range(parts)}
     try:
+        for probe in probes.values():
+            probe.open()
         a = g.start("a")
         g.start("b")
-        assert wait_for(lambda: len(g.held("a")) == len(g.held("b")) == 1, timeout_s=60), (
-            g.text("a")[-2000:],
-            g.text("b")[-2000:],
-        )
-        (pa,) = g.held("a")
         assert wait_for(
-            lambda: committed_offsets(kafka_broker, "zombie", topics.contexts)[pa] > 0,
-            timeout_s=60,
-        ), "no progress"
-        probe = TransactionProbe(kafka_broker, topics, [pa])
+            lambda: len(g.held("a")) == len(g.held("b")) == 1, timeout_s=60, interval_s=0.01
+        ), (g.text("a")[-2000:], g.text("b")[-2000:])
+        (pa,) = g.held("a")
+        probe = probes[pa]
         try:
             held = stop_inside_a_transaction(a.pid, probe, timeout_s=60)
             assert held, "never stopped inside a transaction"
@@ -111,7 +111,8 @@ def test_a_frozen_worker_is_fenced_and_the_group_ends_as_one_undisturbed_worker(
             # it rejoins: the wait blocks no rebalance, so which comes first is not fixed.
             assert wait_for(lambda: probe.ended(held), timeout_s=30), g.text("b")[-3000:]
         finally:
-            probe.close()
+            for probe in probes.values():
+                probe.close()
 
         def after() -> str:  # the zombie's log since it was resumed
             return "\n".join(g.text("a").splitlines()[lines_before:])
