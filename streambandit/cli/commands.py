@@ -342,6 +342,7 @@ def _cmd_api(args: argparse.Namespace) -> int:
             "give --models (decide and learn in this process) or --replica-of (decide with a replica "
             "of a learn-only group's models), not both"
         )
+    gate, ssl_context = _api_access(args)
     if args.replica_of is not None:
         from streambandit.config.app import load_worker_config
         from streambandit.serving.api import serve_replica
@@ -362,7 +363,14 @@ def _cmd_api(args: argparse.Namespace) -> int:
             max_models=args.max_models,
             max_staleness_s=args.max_staleness,
         )
-        serve_replica(replica, host=args.host, port=args.port, model_key=args.model_key)
+        serve_replica(
+            replica,
+            host=args.host,
+            port=args.port,
+            model_key=args.model_key,
+            gate=gate,
+            ssl_context=ssl_context,
+        )
         return 0
     if args.snapshot_topic or args.snapshot_dir:
         raise ValueError(
@@ -376,9 +384,46 @@ def _cmd_api(args: argparse.Namespace) -> int:
         model_key=args.model_key,
         snapshot=args.snapshot,
         save_every_s=args.save_every,
+        gate=gate,
+        ssl_context=ssl_context,
         **bound,
     )
     return 0
+
+
+def _api_access(args: argparse.Namespace) -> tuple[Any, Any]:
+    """The api's gate (its API keys, open paths and budgets; None without keys) and its TLS
+    context (None: plain HTTP); refuses a non-loopback address without keys (docs/security.md)."""
+    from streambandit.serving import auth
+    from streambandit.serving.tls import server_context
+
+    keys = auth.load_keys(args.api_keys, os.environ)
+    refusal = auth.listen_refusal(args.host, keys is not None, args.insecure)
+    if refusal is not None:
+        raise ValueError(refusal)
+    ssl_context = server_context(args.tls_cert, args.tls_key)
+    if keys is None:
+        given = [
+            o
+            for o, v in (
+                ("--open-paths", args.open_paths),
+                ("--rate-limit", args.rate_limit),
+                ("--burst", args.burst),
+            )
+            if v is not None
+        ]
+        if given:
+            raise ValueError(f"{given[0]} applies to API keys, and none is configured (--api-keys)")
+        return None, ssl_context
+    gate = auth.Gate(
+        keys,
+        open_paths=auth.parse_open_paths(args.open_paths)
+        if args.open_paths is not None
+        else auth.DEFAULT_OPEN_PATHS,
+        rate_per_s=auth.DEFAULT_RATE_PER_S if args.rate_limit is None else args.rate_limit,
+        burst=auth.DEFAULT_BURST if args.burst is None else args.burst,
+    )
+    return gate, ssl_context
 
 
 def _cmd_export(args: argparse.Namespace) -> int:
@@ -969,6 +1014,7 @@ def _log_format_option(command: argparse.ArgumentParser) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from streambandit import __version__
+    from streambandit.serving import auth
 
     parser = argparse.ArgumentParser(
         prog="streambandit", description="Streaming contextual bandits on Kafka."
@@ -1274,6 +1320,50 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="the most model keys served; a request for one more is refused (default 10,000 with "
         "--models; with --replica-of none: the learners' [worker] max_models bounds their models)",
+    )
+    api.add_argument(
+        "--api-keys",
+        default=None,
+        metavar="FILE",
+        help="the API keys, one a line: NAME SCOPES SECRET (default: $STREAMBANDIT_API_KEYS_FILE, "
+        "or the lines in $STREAMBANDIT_API_KEYS; docs/security.md)",
+    )
+    api.add_argument(
+        "--open-paths",
+        default=None,
+        metavar="PATHS",
+        help="with keys: the paths served without a key, of healthz, ready, metrics "
+        "(default healthz,ready; '' for none)",
+    )
+    api.add_argument(
+        "--rate-limit",
+        type=float,
+        default=None,
+        metavar="RPS",
+        help="with keys: the requests a second each key may make, sustained; over it, 429 "
+        f"(default {auth.DEFAULT_RATE_PER_S:g}; 0: no limit)",
+    )
+    api.add_argument(
+        "--burst",
+        type=int,
+        default=None,
+        metavar="N",
+        help=f"with keys: the requests a key may make at once above its rate (default "
+        f"{auth.DEFAULT_BURST})",
+    )
+    api.add_argument(
+        "--tls-cert", default=None, metavar="FILE", help="serve HTTPS: the PEM certificate chain"
+    )
+    api.add_argument(
+        "--tls-key",
+        default=None,
+        metavar="FILE",
+        help="serve HTTPS: the certificate's PEM private key",
+    )
+    api.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve without API keys on an address other than loopback (refused otherwise)",
     )
     api.set_defaults(func=_cmd_api)
 

@@ -10,6 +10,11 @@
                                     models, and the process's own figures
     GET  /healthz, /ready           200 while serving
 
+With a :class:`~streambandit.serving.auth.Gate` (API keys: ``--api-keys``), every request but
+the open paths (/healthz and /ready unless told otherwise) presents a key with the route's
+scope, within the key's budget: else 401 (no key, or not a key of ours), 403 (not this route's
+scope) or 429 (over its budget, with ``Retry-After``), each with the usual error body.
+
 A Personalizer client's requests map one to one: the paths and the fields ``eventId``,
 ``contextFeatures``, ``actions[].id``, ``actions[].features``, ``excludedActions``,
 ``ranking[].probability``, ``rewardActionId`` and the reward's ``value`` are Personalizer's;
@@ -40,6 +45,7 @@ import collections
 import json
 import logging
 import math
+import ssl
 import time
 from pathlib import Path
 from typing import Any
@@ -51,6 +57,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from streambandit import reasons
 from streambandit.engine.decision import action_probabilities
+from streambandit.serving import auth
 from streambandit.serving.decider import Decider, DecisionError
 from streambandit.stream.telemetry import Histogram, process_metrics
 
@@ -69,6 +76,9 @@ STATUS_OF = collections.defaultdict(
         reasons.LATE_REWARD: 409,
         "not_ready": 503,
         "stale_replica": 503,  # serving/replica.py (this module does not import the Kafka client)
+        auth.UNAUTHENTICATED: 401,
+        auth.FORBIDDEN: 403,
+        auth.RATE_LIMITED: 429,
     },
 )
 MAX_BODY_BYTES = 1 << 20
@@ -89,8 +99,12 @@ class _Metrics:
     reason from 0, so that the first one is an increase), and the Decider's models and open
     decisions."""
 
-    def __init__(self, decider: Decider) -> None:
+    def __init__(self, decider: Decider, key_names: list[str]) -> None:
         self.decider = decider
+        # Refusals of a known key (by its name, never the key), every series from 0.
+        self.key_refused: collections.Counter[tuple[str, str]] = collections.Counter(
+            {(name, r): 0 for name in key_names for r in (auth.FORBIDDEN, auth.RATE_LIMITED)}
+        )
         self.requests: collections.Counter[tuple[str, str]] = collections.Counter()
         self.seconds: dict[tuple[str, str], Histogram] = {}
         self.refused: collections.Counter[str] = collections.Counter(
@@ -130,6 +144,15 @@ class _Metrics:
         for reason, n in sorted(self.refused.items()):
             r.add_metric([reason], n)
         yield r
+        if self.key_refused:
+            k = CounterMetricFamily(
+                "streambandit_api_key_refused",
+                "Requests of a known API key refused (forbidden, rate_limited), by the key's name",
+                labels=["key", "reason"],
+            )
+            for (name, reason), n in sorted(self.key_refused.items()):
+                k.add_metric([name, reason], n)
+            yield k
         yield GaugeMetricFamily(
             "streambandit_api_models", "Models held", value=len(self.decider.models)
         )
@@ -161,10 +184,41 @@ class _Metrics:
 
 
 def make_app(
-    decider: Decider, *, model_key: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+    decider: Decider,
+    *,
+    model_key: str | None = None,
+    max_body_bytes: int = MAX_BODY_BYTES,
+    gate: auth.Gate | None = None,
 ) -> web.Application:
-    """The aiohttp application over ``decider``; ``model_key``: the model of a request that names none."""
-    metrics = _Metrics(decider)
+    """The aiohttp application over ``decider``; ``model_key``: the model of a request that names
+    none; ``gate``: the API keys every request but the open paths presents (None: no keys)."""
+    metrics = _Metrics(decider, [k.name for k in gate.keys] if gate is not None else [])
+
+    @web.middleware
+    async def guard(request: web.Request, handler) -> web.StreamResponse:
+        started = time.perf_counter()
+        route = request.match_info.route.name  # None: a path the server does not have
+        headers = request.headers
+        verdict = gate.check(
+            route, headers.get("Authorization"), headers.get("Ocp-Apim-Subscription-Key")
+        )
+        if verdict.refusal is None:
+            return await handler(request)
+        metrics.refused[verdict.refusal] += 1
+        if verdict.key is not None:
+            metrics.key_refused[(verdict.key, verdict.refusal)] += 1
+        extra = {}
+        if verdict.refusal == auth.UNAUTHENTICATED:
+            extra["WWW-Authenticate"] = 'Bearer realm="streambandit"'
+        elif verdict.refusal == auth.RATE_LIMITED:
+            extra["Retry-After"] = str(verdict.retry_after_s)
+        resp = web.json_response(
+            {"error": {"code": verdict.refusal, "message": verdict.message}},
+            status=verdict.status,
+            headers=extra,
+        )
+        metrics.observe(route or "unmatched", str(resp.status), time.perf_counter() - started)
+        return resp
 
     async def body(request: web.Request) -> dict[str, Any]:
         if request.content_length is not None and request.content_length > max_body_bytes:
@@ -296,13 +350,18 @@ def make_app(
             )
         return web.Response(text="ok\n")
 
-    app = web.Application(client_max_size=max_body_bytes)
-    app.router.add_post("/rank", answer("rank", rank))
-    app.router.add_post("/events/{event_id}/reward", answer("reward", reward))
-    app.router.add_post("/events/{event_id}/activate", answer("activate", activate))
-    app.router.add_get("/metrics", metrics_page)
-    app.router.add_get("/healthz", ok)
-    app.router.add_get("/ready", ready)
+    # The routes' names are what the gate's scopes and open paths name (serving/auth.py).
+    app = web.Application(
+        client_max_size=max_body_bytes, middlewares=[guard] if gate is not None else []
+    )
+    app.router.add_post("/rank", answer("rank", rank), name="rank")
+    app.router.add_post("/events/{event_id}/reward", answer("reward", reward), name="reward")
+    app.router.add_post(
+        "/events/{event_id}/activate", answer("activate", activate), name="activate"
+    )
+    app.router.add_get("/metrics", metrics_page, name="metrics")
+    app.router.add_get("/healthz", ok, name="healthz")
+    app.router.add_get("/ready", ready, name="ready")
     return app
 
 
@@ -367,12 +426,40 @@ async def _saver(decider: Decider, path: Path, every_s: float) -> None:
         decider.save(path)
 
 
+def _listening(
+    host: str, port: int, gate: auth.Gate | None, ssl_context: ssl.SSLContext | None
+) -> tuple[str, str]:
+    """The start-up line's address and who may call (keys by name, never a key); warns of keys
+    sent in clear text."""
+    warning = auth.plain_http_warning(host, gate is not None, ssl_context is not None)
+    if warning is not None:
+        log.warning("api: %s", warning)
+    url = f"{'https' if ssl_context is not None else 'http'}://{host}:{port}"
+    if gate is None:
+        return url, "no API keys"
+    return url, (
+        "API keys "
+        + ", ".join(f"{k.name} ({','.join(sorted(k.scopes))})" for k in gate.keys)
+        + "; open without a key: "
+        + (", ".join(f"/{p}" for p in sorted(gate.open_paths)) or "nothing")
+        + "; per key: "
+        + (f"{gate.rate_per_s:g}/s, burst {gate.burst}" if gate.rate_per_s else "no limit")
+    )
+
+
 def serve_replica(
-    replica: Any, *, host: str = "127.0.0.1", port: int = 8080, model_key: str | None = None
+    replica: Any,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    model_key: str | None = None,
+    gate: auth.Gate | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve a :class:`streambandit.serving.replica.Replica` until interrupted: it starts reading
-    the learners' log at once, and /ready answers 200 (and /rank decides) once it has caught up."""
-    app = make_app(replica, model_key=model_key)
+    the learners' log at once, and /ready answers 200 (and /rank decides) once it has caught up.
+    ``gate``: the API keys (None: none); ``ssl_context``: serve HTTPS."""
+    app = make_app(replica, model_key=model_key, gate=gate)
 
     async def start_replica(app: web.Application) -> None:
         replica.start(None)
@@ -382,13 +469,11 @@ def serve_replica(
 
     app.on_startup.append(start_replica)
     app.on_cleanup.append(close_replica)
+    url, who = _listening(host, port, gate, ssl_context)
     log.info(
-        "api: serving on http://%s:%d, a replica of group %s",
-        host,
-        port,
-        replica.worker_config.group_id,
+        "api: serving on %s, a replica of group %s; %s", url, replica.worker_config.group_id, who
     )
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    web.run_app(app, host=host, port=port, ssl_context=ssl_context, print=None, access_log=None)
 
 
 def serve_api(
@@ -400,17 +485,20 @@ def serve_api(
     snapshot: str | Path | None = None,
     save_every_s: float = 30.0,
     max_models: int = DEFAULT_MAX_MODELS,
+    gate: auth.Gate | None = None,
+    ssl_context: ssl.SSLContext | None = None,
 ) -> None:
     """Serve until interrupted (SIGINT, SIGTERM); with ``snapshot``, load it if it exists, save it
     every ``save_every_s`` seconds and on the way out. ``max_models``: the most model keys served
-    (clients name them; each costs a model's state)."""
+    (clients name them; each costs a model's state). ``gate``: the API keys (None: none);
+    ``ssl_context``: serve HTTPS."""
     path = Path(snapshot) if snapshot is not None else None
     decider = (
         Decider.load(models, path, max_models=max_models)
         if path is not None and path.exists()
         else Decider(models, max_models=max_models)
     )
-    app = make_app(decider, model_key=model_key)
+    app = make_app(decider, model_key=model_key, gate=gate)
 
     async def start_saver(app: web.Application) -> None:
         if path is not None:
@@ -424,13 +512,14 @@ def serve_api(
 
     app.on_startup.append(start_saver)
     app.on_cleanup.append(save_at_exit)
+    url, who = _listening(host, port, gate, ssl_context)
     log.info(
-        "api: serving on http://%s:%d (models %s%s)",
-        host,
-        port,
+        "api: serving on %s (models %s%s); %s",
+        url,
         models,
         f", snapshot {path}" if path is not None else "",
+        who,
     )
     started = time.monotonic()
-    web.run_app(app, host=host, port=port, print=None, access_log=None)
+    web.run_app(app, host=host, port=port, ssl_context=ssl_context, print=None, access_log=None)
     log.info("api: stopped after %.0f s", time.monotonic() - started)
