@@ -158,6 +158,46 @@ def test_api_bounds_its_own_models_and_leaves_a_replicas_to_the_learners(monkeyp
     )  # a replica holds the learners' models, bounded by their max_models
 
 
+def test_api_without_keys_listens_only_on_loopback_unless_insecure(monkeypatch, capsys, tmp_path):
+    import streambandit.serving.api
+    from streambandit.cli import commands as cli
+
+    seen = []
+    monkeypatch.setattr(streambandit.serving.api, "serve_api", lambda models, **kw: seen.append(kw))
+    # The command's log handler would write to this test's captured stderr after it ends.
+    monkeypatch.setattr("streambandit.log_format.configure_logging", lambda *a, **kw: None)
+    monkeypatch.delenv("STREAMBANDIT_API_KEYS", raising=False)
+    monkeypatch.delenv("STREAMBANDIT_API_KEYS_FILE", raising=False)
+    for host in ("0.0.0.0", "::", "192.168.1.20"):
+        assert cli.main(["api", "--models", "m.toml", "--host", host]) == 2
+        [line] = capsys.readouterr().err.splitlines()
+        assert line.startswith(f"streambandit: error: --host {host}: not a loopback address")
+    assert seen == []
+    assert cli.main(["api", "--models", "m.toml", "--host", "0.0.0.0", "--insecure"]) == 0
+    assert cli.main(["api", "--models", "m.toml"]) == 0  # 127.0.0.1
+    assert [kw["gate"] for kw in seen] == [None, None]
+    # With keys, any address; from the option, the file's variable or inline.
+    keys = tmp_path / "keys"
+    keys.write_text("app rank,reward " + "k" * 24 + "\n")
+    assert (
+        cli.main(["api", "--models", "m.toml", "--host", "0.0.0.0", "--api-keys", str(keys)]) == 0
+    )
+    monkeypatch.setenv("STREAMBANDIT_API_KEYS", "prom metrics " + "p" * 24)
+    assert cli.main(["api", "--models", "m.toml", "--host", "::", "--rate-limit", "5"]) == 0
+    gate = seen[-1]["gate"]
+    assert [k.name for k in seen[-2]["gate"].keys] == ["app"] and gate.keys[0].name == "prom"
+    assert (gate.rate_per_s, gate.burst, sorted(gate.open_paths)) == (5, 2000, ["healthz", "ready"])
+    # A bad key file: one line per bad entry, no secret, exit 2.
+    keys.write_text("app rank,nope " + "s" * 24 + "\n")
+    monkeypatch.delenv("STREAMBANDIT_API_KEYS")
+    assert cli.main(["api", "--models", "m.toml", "--api-keys", str(keys)]) == 2
+    err = capsys.readouterr().err
+    assert f"{keys}:1: unknown scope 'nope'" in err and "s" * 24 not in err
+    # Budgets and open paths without keys are a mistake, not a silent no-op.
+    assert cli.main(["api", "--models", "m.toml", "--open-paths", "metrics"]) == 2
+    assert "--open-paths applies to API keys" in capsys.readouterr().err
+
+
 def test_api_with_json_logs_writes_only_json_lines_on_stderr(tmp_path):
     import json
     import signal
