@@ -1,7 +1,9 @@
 """`streambandit api` over HTTP on loopback at offered loads, against the Kafka round trip in the same run.
 
-    python -m bench.api_http            # 1,000 and 5,000 requests/s and the Kafka round trip,
-                                        # 3 runs of 10 s each (~3 min)
+    python -m bench.api_http            # 1,000 and 5,000 requests/s, API keys on and off at
+                                        # 1,000/s, and the Kafka round trip, 3 runs of 10 s
+                                        # each (~5 min)
+    python -m bench.api_http --only auth    # API keys on and off only (~1.5 min)
     python -m bench.api_http --quick    # 2 s each, prints only
 
 The server is ``streambandit api`` as a subprocess (one core: one event loop), d = 20, K = 10,
@@ -13,6 +15,11 @@ Every request is a Rank; one in three is followed by its Reward (not timed). 2 s
 not counted. The Kafka round trip is ``bench.e2e``'s: a context produced to a ``streambandit serve``
 worker on the embedded broker until its action is read back (read_committed), at 1,000 contexts/s
 with the worker's default latency settings, measured in the same run.
+
+API keys on and off: at 1,000 requests/s, a server without keys and one with a key file of four
+keys (``--api-keys``, a budget per key far above the load so that none is refused, its bucket
+still taken from), every request carrying ``Ocp-Apim-Subscription-Key``; the runs alternate
+(off, on, off, ...) so that both meet the same machine.
 """
 
 from __future__ import annotations
@@ -34,6 +41,7 @@ from bench import harness
 from bench.e2e_latency import LATENCY_DEFAULTS, latency_run
 
 D, K, KEYS = 20, 10, 4
+KEY = "bench-key-0123456789abcdef-"  # + a suffix per client (the api's key file)
 RATES = (1_000, 5_000)
 TARGET_P99_MS = 5.0
 RUNS = 3
@@ -53,19 +61,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-async def _offer(url: str, rate: float, seconds: float, warm_s: float = 2.0) -> dict:
+async def _offer(
+    url: str, rate: float, seconds: float, warm_s: float = 2.0, key: str | None = None
+) -> dict:
     """The open-loop load. The generator's own garbage collector is off while it runs: its
     collections over the thousands of request tasks it holds stalled its event loop for tens of
     milliseconds, and each stall was counted as the server's latency of every request due then."""
     gc.collect()
     gc.disable()
     try:
-        return await _offer_load(url, rate, seconds, warm_s)
+        return await _offer_load(url, rate, seconds, warm_s, key)
     finally:
         gc.enable()
 
 
-async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> dict:
+async def _offer_load(
+    url: str, rate: float, seconds: float, warm_s: float, key: str | None
+) -> dict:
     import aiohttp
 
     rng = np.random.default_rng(int(rate))
@@ -81,7 +93,8 @@ async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> d
     total = int(rate * (warm_s + seconds))
     start = time.perf_counter()
     connector = aiohttp.TCPConnector(limit=256)
-    async with aiohttp.ClientSession(connector=connector) as session:
+    headers = {"Ocp-Apim-Subscription-Key": key} if key is not None else {}
+    async with aiohttp.ClientSession(connector=connector, headers=headers) as session:
 
         async def one(i: int) -> None:
             nonlocal errors
@@ -123,12 +136,21 @@ async def _offer_load(url: str, rate: float, seconds: float, warm_s: float) -> d
     }
 
 
-def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
+def _server(workdir: Path, with_keys: bool = False) -> tuple[subprocess.Popen, str]:
     models = workdir / "models.toml"
     models.write_text(MODELS)
     port = _free_port()
+    keys = []
+    if with_keys:
+        (workdir / "keys").write_text(
+            "".join(f"client-{i} rank,reward {KEY}{i}\n" for i in range(3))
+            + f"prometheus metrics {KEY}p\n"
+        )
+        # The bucket is taken from on every request; its budget is far above the load.
+        keys = ["--api-keys", str(workdir / "keys"), "--rate-limit", "1e6", "--burst", "1000000"]
     proc = subprocess.Popen(
-        [sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", str(port)],
+        [sys.executable, "-m", "streambandit", "api", "--models", str(models), "--port", str(port)]
+        + keys,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
         env={**os.environ, "PYTHONUNBUFFERED": "1"},
@@ -145,6 +167,40 @@ def _server(workdir: Path) -> tuple[subprocess.Popen, str]:
     raise RuntimeError("streambandit api did not start within 60 s")
 
 
+def _auth(work: Path, seconds: float, runs: int) -> dict:
+    """The same load on a server without keys and on one with them, runs alternating."""
+    rows: dict[str, list[dict]] = {"off": [], "on": []}
+    for _ in range(runs):
+        for mode in ("off", "on"):
+            proc, url = _server(work, with_keys=mode == "on")
+            try:
+                key = f"{KEY}0" if mode == "on" else None
+                rows[mode].append(asyncio.run(_offer(url, RATES[0], seconds, key=key)))
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            print(
+                f"keys {mode} {RATES[0]}/s: "
+                + ", ".join(f"{k} {v:,.2f}" for k, v in rows[mode][-1].items()),
+                flush=True,
+            )
+    out = {
+        mode: {k: harness.median([r[k] for r in rs]) for k in rs[0]} | {"each": rs}
+        for mode, rs in rows.items()
+    }
+    out["p99_ratio"] = out["on"]["p99_ms"] / out["off"]["p99_ms"]
+    return out
+
+
+def _add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--only",
+        choices=("auth",),
+        default=None,
+        help="auth: only API keys on against off (the other loads and the Kafka round trip not run)",
+    )
+
+
 def measure(args: argparse.Namespace) -> dict:
     seconds, runs = (2.0, 1) if args.quick else (10.0, RUNS)
     res: dict = {
@@ -155,9 +211,13 @@ def measure(args: argparse.Namespace) -> dict:
         "runs": runs,
         "http": [],
         "kafka": None,
+        "auth": None,
     }
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
+        res["auth"] = _auth(work, seconds, runs)
+        if args.only == "auth":
+            return res
         for rate in RATES:
             rows = []
             for _ in range(runs):
@@ -201,7 +261,42 @@ def measure(args: argparse.Namespace) -> dict:
     return res
 
 
+def _render_auth(res: dict) -> list[str]:
+    a = res.get("auth")
+    if a is None:
+        return []
+    rows = [
+        f"| {label} | {r['offered_per_s']:,} | {r['achieved_per_s']:,.0f} | {r['p50_ms']:.2f} | "
+        f"{r['p99_ms']:.2f} | {r['p999_ms']:.2f} | {r['errors']} |"
+        for label, r in (("none", a["off"]), ("4 keys, a budget per key", a["on"]))
+    ]
+    return [
+        "## API keys",
+        "",
+        f"The same load at {a['off']['offered_per_s']:,} requests/s on a server without API keys "
+        "and on one with a key file (`--api-keys`, four keys, a budget far above the load), every "
+        "request carrying its key; medians of the runs, which alternate between the two.",
+        "",
+        "| API keys | offered / s | achieved / s | p50 ms | p99 ms | p99.9 ms | errors |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+        *rows,
+        "",
+        f"p99 with keys / without, same run: {a['p99_ratio']:.2f}.",
+        "",
+    ]
+
+
 def render(res: dict) -> str:
+    if res.get("kafka") is None:  # --only auth
+        return "\n".join(
+            [
+                "# Decisions over HTTP with and without API keys",
+                "",
+                harness.provenance(res, "BLAS pinned to one thread."),
+                "",
+                *_render_auth(res),
+            ]
+        )
     k = res["kafka"]
     rows = [
         f"| HTTP `streambandit api` | {r['offered_per_s']:,} | {r['achieved_per_s']:,.0f} | {r['p50_ms']:.2f} | "
@@ -245,9 +340,10 @@ def render(res: dict) -> str:
             "",
             verdict,
             "",
+            *_render_auth(res),
         ]
     )
 
 
 if __name__ == "__main__":
-    raise SystemExit(harness.main("api_http", __doc__, measure, render))
+    raise SystemExit(harness.main("api_http", __doc__, measure, render, _add_arguments))
