@@ -101,7 +101,11 @@ class _Metrics:
 
     def __init__(self, decider: Decider, key_names: list[str]) -> None:
         self.decider = decider
-        # Refusals of a known key (by its name, never the key), every series from 0.
+        # Requests let through and refusals of a known key (by its name, never the key), every
+        # series from 0.
+        self.key_requests: collections.Counter[str] = collections.Counter(
+            dict.fromkeys(key_names, 0)
+        )
         self.key_refused: collections.Counter[tuple[str, str]] = collections.Counter(
             {(name, r): 0 for name in key_names for r in (auth.FORBIDDEN, auth.RATE_LIMITED)}
         )
@@ -153,6 +157,14 @@ class _Metrics:
             for (name, reason), n in sorted(self.key_refused.items()):
                 k.add_metric([name, reason], n)
             yield k
+            a = CounterMetricFamily(
+                "streambandit_api_key_requests",
+                "Requests of a known API key let through to their route, by the key's name",
+                labels=["key"],
+            )
+            for name, n in sorted(self.key_requests.items()):
+                a.add_metric([name], n)
+            yield a
         yield GaugeMetricFamily(
             "streambandit_api_models", "Models held", value=len(self.decider.models)
         )
@@ -203,6 +215,8 @@ def make_app(
             route, headers.get("Authorization"), headers.get("Ocp-Apim-Subscription-Key")
         )
         if verdict.refusal is None:
+            if verdict.key is not None:
+                metrics.key_requests[verdict.key] += 1
             return await handler(request)
         metrics.refused[verdict.refusal] += 1
         if verdict.key is not None:

@@ -487,6 +487,10 @@ def _budget_and_its_metrics(url, clock):
     assert got[(by_key, (("key", "ranker"), ("reason", "rate_limited")))] == 2
     assert got[(by_key, (("key", "ranker"), ("reason", "forbidden")))] == 1
     assert got[(by_key, (("key", "root"), ("reason", "rate_limited")))] == 0
+    through = "streambandit_api_key_requests_total"
+    assert got[(through, (("key", "ranker"),))] == 4  # 3 ranks and a reward
+    assert got[(through, (("key", "root"),))] == 1
+    assert got[(through, (("key", "scraper"),))] == 1  # this scrape
     assert got[("streambandit_api_requests_total", (("route", "rank"), ("status", "429")))] == 1
     assert got[("streambandit_api_requests_total", (("route", "reward"), ("status", "429")))] == 1
     assert RANKER not in text and SCRAPER not in text and ROOT not in text

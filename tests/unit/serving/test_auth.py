@@ -253,3 +253,16 @@ def test_tls_needs_a_certificate_and_its_key_that_load(tmp_path):
         server_context(str(tmp_path / "bad.pem"), str(tmp_path / "bad.pem"))
     with pytest.raises(ValueError, match="cannot load them"):
         server_context(str(tmp_path / "none.pem"), str(tmp_path / "none.pem"))
+
+
+def test_the_key_file_of_docs_security_parses_as_it_says():
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[3] / "docs" / "security.md").read_text()
+    block = text.split("```\n# name")[1].split("```")[0]
+    keys = auth.parse_keys(("# name" + block).splitlines(), "docs/security.md")
+    assert [(k.name, sorted(k.scopes)) for k in keys] == [
+        ("ad-server", ["rank", "reward"]),
+        ("prometheus", ["metrics"]),
+    ]
+    assert auth.Gate(keys).identify("Qm9vbXRvd24tY2xpZW50LWtleS0wMDAx").name == "ad-server"
