@@ -281,7 +281,7 @@ def _render_auth(res: dict) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|",
         *rows,
         "",
-        f"p99 with keys / without, same run: {a['p99_ratio']:.2f}.",
+        f"p99 with keys / without (the medians), same run: {a['p99_ratio']:.2f}.",
         "",
     ]
 

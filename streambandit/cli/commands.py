@@ -1348,7 +1348,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=int,
         default=None,
         metavar="N",
-        help=f"with keys: the requests a key may make at once above its rate (default "
+        help=f"with keys: the most requests a key may make at once, its bucket's size (default "
         f"{auth.DEFAULT_BURST})",
     )
     api.add_argument(
