@@ -609,3 +609,26 @@ def test_the_command_serves_https_with_keys_and_logs_their_names_never_the_keys(
     assert "API keys ranker (rank,reward), scraper (metrics), root (admin)" in log
     assert "open without a key: /healthz, /ready; per key: 1000/s, burst 2000" in log
     assert all(secret not in log for secret in (RANKER, SCRAPER, ROOT))
+
+
+def test_a_replica_and_a_decider_are_served_behind_the_same_gate_and_tls(monkeypatch, tmp_path):
+    import ssl
+    import types
+
+    from streambandit.serving import api
+
+    served = []
+    monkeypatch.setattr(api.web, "run_app", lambda app, **kw: served.append((app, kw)))
+    gate, ctx = _gated(Clock()), ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    replica = Decider(MODELS)
+    replica.worker_config = types.SimpleNamespace(group_id="g")
+    api.serve_replica(replica, host="0.0.0.0", port=1, gate=gate, ssl_context=ctx)
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[[models]]\nmatch = "ads"\npolicy = "oful"\ndim = 3\nreward_window_ms = 1000\n'
+        "default_reward = 0.0\n"
+    )
+    api.serve_api(models, host="0.0.0.0", port=1, gate=gate, ssl_context=ctx)
+    api.serve_api(models, port=1)
+    assert [kw["ssl_context"] for _, kw in served] == [ctx, ctx, None]
+    assert [len(app.middlewares) for app, _ in served] == [1, 1, 0]
