@@ -21,6 +21,7 @@ from streambandit.config.kafka import reader_settings
 from streambandit.config.worker import Topics
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
+from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.logs import committed_view, group_committed, read_range
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
@@ -46,8 +47,11 @@ def read_logged_decisions(
     ``from_ms``/``to_ms`` keep decisions whose event time lies in ``[from_ms, to_ms)``; a replay
     that must reproduce live models needs every joined record from the start of the log.
     """
-    reader = Consumer(reader_settings(bootstrap_servers, kafka))
-    group = Consumer({**reader_settings(bootstrap_servers, kafka), "group.id": group_id})
+    # librdkafka's lines through ours (JSON with --log-format json, credentials masked), not
+    # its own on stderr.
+    quiet = {"logger": kafka_logger()}
+    reader = Consumer(reader_settings(bootstrap_servers, kafka) | quiet)
+    group = Consumer(reader_settings(bootstrap_servers, kafka) | {"group.id": group_id} | quiet)
     try:
         if partitions is None:
             partitions = sorted(

@@ -1433,6 +1433,10 @@ def main(argv: list[str] | None = None) -> int:
         from streambandit.log_format import configure_logging
 
         configure_logging(logging.WARNING, "json")
+    else:  # a command that sets up no logging still masks credentials in a traceback
+        from streambandit.log_format import redact_uncaught
+
+        redact_uncaught()
     try:
         return args.func(args)
     except ValueError as exc:  # bad configuration or arguments

@@ -52,6 +52,7 @@ from streambandit.config.environment import apply_environment
 from streambandit.config.kafka import check_user_settings
 from streambandit.config.models import dump_models_config, parse_models_config, toml_value
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.redaction import hide, secret_values
 
 __all__ = [
     "load_worker_config",
@@ -88,7 +89,8 @@ def load_worker_config(
 ) -> tuple[WorkerConfig, SnapshotSettings]:
     """The worker configuration and where its snapshots go: the file, under the settings of the
     environment (``STREAMBANDIT_<TABLE>__<KEY>``, config/environment.py; ``os.environ`` unless
-    ``environ`` is given), under ``bootstrap_servers``."""
+    ``environ`` is given), under ``bootstrap_servers``. Its credentials are masked in every line
+    the process writes from then on (redaction.py)."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -97,6 +99,8 @@ def load_worker_config(
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p} is not valid TOML: {exc}") from exc
     raw = apply_environment(raw, os.environ if environ is None else environ)
+    # From here on, no line this process writes shows them (redaction.py).
+    hide(secret_values(raw.get("kafka")))
     return parse_worker_config(raw, source=str(p), bootstrap_servers=bootstrap_servers)
 
 
