@@ -23,18 +23,26 @@ __all__ = ["MASK", "is_secret", "masked", "secret_values", "hide", "redact"]
 
 MASK = "********"
 
-# librdkafka settings that hold a credential though their name says none of the words below.
-_SECRET_KEYS = {"sasl.oauthbearer.config"}
+# librdkafka settings that hold a credential though their name says none of the words below
+# (sasl.jaas.config: the Java clients' form, a password inside).
+_SECRET_KEYS = {"sasl.oauthbearer.config", "sasl.jaas.config"}
 _SECRET_WORDS = {"password", "passwd", "passphrase", "secret", "token", "credentials"}
+# Settings whose name has one of those words but whose value says where or who, not a secret:
+# sasl.oauthbearer.token.endpoint.url, sasl.oauthbearer.client.credentials.client.id.
+_NOT_SECRET_ENDS = {"url", "id", "location", "file"}
 
 
 def is_secret(key: str) -> bool:
     """Whether librdkafka setting ``key`` holds a credential: a password, passphrase, secret or
     token, or a private key itself (``ssl.key.pem``, not ``ssl.key.location``, a file's path, nor
-    ``ssl.certificate.pem``, public)."""
+    ``ssl.certificate.pem``, public); not an address, an id or a path whose name mentions one."""
     words = re.split(r"[._]", key.lower())
+    if key in _SECRET_KEYS:
+        return True
+    if words[-1] in _NOT_SECRET_ENDS:
+        return False
     private_key = "key" in words and words[-1] in ("pem", "key")
-    return key in _SECRET_KEYS or private_key or bool(_SECRET_WORDS & set(words))
+    return private_key or bool(_SECRET_WORDS & set(words))
 
 
 def masked(settings: Mapping[str, Any]) -> dict[str, Any]:

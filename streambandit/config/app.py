@@ -48,7 +48,7 @@ from typing import Any
 
 from streambandit.config import schema
 from streambandit.config.conflicts import snapshot_topic_conflict
-from streambandit.config.environment import apply_environment
+from streambandit.config.environment import apply_environment, read_secret_files
 from streambandit.config.kafka import check_user_settings
 from streambandit.config.models import dump_models_config, parse_models_config, toml_value
 from streambandit.config.worker import Topics, WorkerConfig
@@ -88,9 +88,10 @@ def load_worker_config(
     environ: Mapping[str, str] | None = None,
 ) -> tuple[WorkerConfig, SnapshotSettings]:
     """The worker configuration and where its snapshots go: the file, under the settings of the
-    environment (``STREAMBANDIT_<TABLE>__<KEY>``, config/environment.py; ``os.environ`` unless
-    ``environ`` is given), under ``bootstrap_servers``. Its credentials are masked in every line
-    the process writes from then on (redaction.py)."""
+    environment (``STREAMBANDIT_<TABLE>__<KEY>``, or ``..._FILE`` naming a file that holds a
+    credential: config/environment.py; ``os.environ`` unless ``environ`` is given), under
+    ``bootstrap_servers``. Its credentials are masked in every line the process writes from then
+    on (redaction.py)."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -98,7 +99,7 @@ def load_worker_config(
         raise ValueError(f"configuration file {p} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p} is not valid TOML: {exc}") from exc
-    raw = apply_environment(raw, os.environ if environ is None else environ)
+    raw = apply_environment(raw, read_secret_files(os.environ if environ is None else environ))
     # From here on, no line this process writes shows them (redaction.py).
     hide(secret_values(raw.get("kafka")))
     return parse_worker_config(raw, source=str(p), bootstrap_servers=bootstrap_servers)
