@@ -6,10 +6,12 @@ a configuration holds are registered (:func:`hide`, by config/app.py as it loads
 line the process writes passes :func:`redact` on its way out: log lines of both formats, the
 error a command ends with, uncaught tracebacks (log_format.py), and the api's error bodies.
 
-A value is masked wherever it occurs, whole. librdkafka prints no credential in its
-configuration dump (``[redacted]``) nor in its errors, with one exception: a
-``sasl.oauthbearer.config`` it cannot parse is echoed from the first word it does not
-recognise, so the rest of such a line is masked too.
+A value is masked wherever it occurs, whole, if it has at least :data:`SHORTEST` characters: a
+shorter one would mask every like piece of text (a one-letter test password, every such letter)
+and hides nothing worth hiding; ``--print-config`` and ``repr`` mask every credential.
+librdkafka prints no credential in its configuration dump (``[redacted]``) nor in its errors,
+with one exception: a ``sasl.oauthbearer.config`` it cannot parse is echoed from the first word
+it does not recognise, so the rest of such a line is masked too.
 """
 
 from __future__ import annotations
@@ -19,9 +21,11 @@ import threading
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-__all__ = ["MASK", "is_secret", "masked", "secret_values", "hide", "redact"]
+__all__ = ["MASK", "SHORTEST", "is_secret", "masked", "secret_values", "hide", "redact"]
 
 MASK = "********"
+#: The shortest value :func:`redact` masks in free text.
+SHORTEST = 4
 
 # librdkafka settings that hold a credential though their name says none of the words below
 # (sasl.jaas.config: the Java clients' form, a password inside).
@@ -80,7 +84,8 @@ def hide(values: Iterable[str]) -> None:
     """Mask ``values`` in every line :func:`redact` sees from now on (for the process's life)."""
     global _hidden
     with _lock:
-        _hidden = tuple(sorted(set(_hidden) | {v for v in values if v}, key=len, reverse=True))
+        more = {v for v in values if len(v) >= SHORTEST}
+        _hidden = tuple(sorted(set(_hidden) | more, key=len, reverse=True))
 
 
 def redact(text: str) -> str:

@@ -26,6 +26,8 @@ def test_hidden_values_are_masked_wherever_they_occur_a_longer_one_whole():
     line = 'error: Invalid value "pw-redaction-4-longer" (and pw-redaction-4 again)'
     assert redact(line) == f'error: Invalid value "{MASK}" (and {MASK} again)'
     assert redact("nothing secret here") == "nothing secret here"
+    hide(["c"])  # too short to hide anything: it would mask every c of every line
+    assert redact("nothing secret here") == "nothing secret here"
 
 
 def test_what_librdkafka_echoes_of_an_oauthbearer_configuration_is_masked():
