@@ -73,8 +73,10 @@ def secret_values(settings: Any) -> list[str]:
 
 
 # librdkafka's line for a sasl.oauthbearer.config it cannot parse ends with the configuration's
-# text from the first word it does not know, up to the end of the line or of its quoted error.
-_ECHOES = re.compile(r"(sasl\.oauthbearer\.config beginning at: )[^\"\n]*")
+# text from the first word it does not know: masked up to the end of the line or of its quoted
+# error, unless masked already (by a caller that had librdkafka's text alone, whose end is
+# known, and then said more after it).
+_ECHOES = re.compile(r"(sasl\.oauthbearer\.config beginning at: )(?!\*{8})[^\"\n]*")
 
 _lock = threading.Lock()
 _hidden: tuple[str, ...] = ()  # longest first: a value inside another is masked with it

@@ -32,6 +32,7 @@ from streambandit.config.kafka import (
 )
 from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
+from streambandit.redaction import redact
 from streambandit.stream.errors import WorkerError
 
 __all__ = [
@@ -61,8 +62,10 @@ def _silent() -> logging.Logger:
 
 
 def _kafka_message(exc: BaseException) -> str:
+    """librdkafka's text of an error, credentials masked here, where it ends: what librdkafka
+    echoes of one runs to the end of its text (redaction.py)."""
     err = exc.args[0] if exc.args else exc
-    return err.str() if hasattr(err, "str") else str(err)
+    return redact(err.str() if hasattr(err, "str") else str(err))
 
 
 def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None:
@@ -129,7 +132,7 @@ def wait_for_brokers(config: WorkerConfig) -> None:
             "bootstrap.servers": config.bootstrap_servers,
             **for_client("admin", config.kafka),
             "logger": _silent(),
-            "error_cb": lambda err: errors.append(err.str()),
+            "error_cb": lambda err: errors.append(redact(err.str())),
         }
     )
     deadline = time.monotonic() + config.broker_wait_s

@@ -379,9 +379,12 @@ def serve_config(group: str, snaps, topics, worker: str = "") -> str:
     return SERVE_CONFIG.format(group=group, snaps=snaps, worker=worker, topics=topics_toml(topics))
 
 
-def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ...] = ()):
+def serve_process(
+    broker, cfg_path, instance: str, log_path, args: tuple[str, ...] = (), env: dict | None = None
+):
     """``streambandit serve`` as one worker process with ``instance`` as its id, logging at INFO
-    to ``log_path`` (appended: a restarted instance continues its log); ``args`` added."""
+    to ``log_path`` (appended: a restarted instance continues its log); ``args`` added, ``env``
+    over the environment."""
     import os
     import subprocess
     import sys
@@ -405,7 +408,7 @@ def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ..
         ],
         stdout=subprocess.PIPE,
         stderr=open(log_path, "a"),
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 

@@ -38,6 +38,9 @@ def test_what_librdkafka_echoes_of_an_oauthbearer_configuration_is_masked():
     )
     assert "t0ken" not in redact(line)
     assert redact(line).endswith(f'beginning at: {MASK}"}}')
+    # masked where librdkafka's text ended, the words said after it are kept
+    said = redact("sasl.oauthbearer.config beginning at: t0ken x") + ". Check the address"
+    assert redact(said) == f"sasl.oauthbearer.config beginning at: {MASK}. Check the address"
 
 
 def test_the_configuration_s_repr_masks_its_credentials():
