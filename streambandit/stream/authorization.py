@@ -123,12 +123,14 @@ def refusal_line(
     *,
     topics: list[str] = (),
     writing: bool = False,
+    describing: bool = False,
     group: str | None = None,
     group_operation: str = "Read",
     transactional_id: str | None = None,
 ) -> str | None:
     """The one line for ``error`` when it is a refusal, else None. What the client was doing
-    names the resource: ``topics`` read (or written, ``writing``), ``group`` joined or committed
+    names the resource: ``topics`` read (or written, ``writing``; only looked up,
+    ``describing``: Read or Write grants Describe, and a topic without it is hidden), ``group`` joined or committed
     to (``group_operation`` the ACL it needs: Read to join and commit, Describe to find its
     coordinator only), ``transactional_id`` initialised; a transactional id's ACL is granted on its prefix, the
     text up to its last '-' (the worker's is ``<group_id>-<instance id>``)."""
@@ -142,7 +144,8 @@ def refusal_line(
         op = "Write" if writing else "Read"
         names = ", ".join(topics) or "a topic"
         which = "topic" if len(topics) == 1 else "one of the topics"
-        return not_authorized_line(code, settings, f"{op} {which} {names}", f"Topic {names}", op)
+        did = "Describe" if describing else op
+        return not_authorized_line(code, settings, f"{did} {which} {names}", f"Topic {names}", op)
     if kind == "Group":
         return not_authorized_line(
             code, settings, f"use group {group}", f"Group {group}", group_operation

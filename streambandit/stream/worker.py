@@ -33,7 +33,7 @@ from streambandit.config.kafka import consumer_settings, producer_settings, read
 from streambandit.config.worker import WorkerConfig, snapshot_due
 from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.engine.merge import CONTEXTS, REWARDS
-from streambandit.stream.authorization import denied_topic_in_log, refusal_line
+from streambandit.stream.authorization import denied_topic_in_log, refusal_code, refusal_line
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import NotAuthorized, WorkerError
 from streambandit.stream.kafka_checks import (
@@ -600,8 +600,17 @@ class Worker:
         md = self.consumer.list_topics(timeout=10)
         counts = {}
         for name in self.config.topics.all(self.config.learn_only):
-            if name in md.topics and md.topics[name].error is not None:
-                self._raise_if_refused(md.topics[name].error, topics=[name])
+            if name not in md.topics:
+                # A topic the principal may not Describe is left out of a listing of all topics;
+                # asked for by name, the broker says why.
+                alone = self.consumer.list_topics(name, timeout=10).topics.get(name)
+                if alone is not None and alone.error is not None:
+                    self._raise_if_refused(
+                        alone.error,
+                        topics=[name],
+                        writing=name in self._output_topics()[:3],
+                        describing=True,
+                    )
             if name not in md.topics or md.topics[name].error is not None:
                 raise WorkerError(f"topic {name!r} does not exist")
             counts[name] = len(md.topics[name].partitions)
@@ -679,8 +688,13 @@ class Worker:
             self._committing = time.monotonic()
             self.transaction.commit(offsets, group_metadata(self.consumer))
         except TransactionFailed as failure:
-            # The topic a refused transaction wrote is named in librdkafka's log line only.
-            denied = self._denied.pop() if self._denied else None
+            # The topic a refused transaction wrote is named in librdkafka's log line only,
+            # which the producer's poll delivers (it may not have yet).
+            if refusal_code(failure) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                deadline = time.monotonic() + 1.0
+                while not self._denied and time.monotonic() < deadline:
+                    self.transaction.producer.poll(0.1)
+            denied = self._denied[-1] if self._denied else None
             self._denied.clear()
             self._raise_if_refused(
                 failure,
@@ -732,6 +746,7 @@ class Worker:
         writing: bool = False,
         group: bool = False,
         transactional_id: str | None = None,
+        describing: bool = False,
     ) -> None:
         """NotAuthorized when ``error`` is a refused ACL or refused credentials (see
         stream/authorization.py): retrying would be refused again, so the worker stops."""
@@ -741,6 +756,7 @@ class Worker:
             self.config.bootstrap_servers,
             topics=topics,
             writing=writing,
+            describing=describing,
             group=self.config.group_id if group else None,
             transactional_id=transactional_id,
         )
