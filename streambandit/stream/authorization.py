@@ -47,9 +47,20 @@ def _error_of(error: Any) -> KafkaError | None:
     return None
 
 
+# A TLS handshake the broker ended because it does not trust the client's certificate (or the
+# client does not trust the broker's): librdkafka reports it as a failed receive or an SSL error,
+# with the TLS alert in the text.
+_TLS_REFUSED = re.compile(
+    r"alert (certificate unknown|bad certificate|unknown ca|certificate required"
+    r"|certificate expired|certificate revoked)|certificate verify failed",
+    re.I,
+)
+
+
 def refusal_code(error: Any) -> int | None:
     """The authorization or authentication code of ``error`` (a KafkaError, a KafkaException,
-    or an exception caused by one, at any depth), or None for every other error."""
+    or an exception caused by one, at any depth), or None for every other error. A TLS handshake
+    refused for a certificate counts as ``_AUTHENTICATION``."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
@@ -58,6 +69,12 @@ def refusal_code(error: Any) -> int | None:
             err.code() in AUTHORIZATION_CODES or err.code() in AUTHENTICATION_CODES
         ):
             return err.code()
+        if (
+            err is not None
+            and err.code() in (KafkaError._SSL, KafkaError._TRANSPORT)
+            and _TLS_REFUSED.search(err.str())
+        ):
+            return KafkaError._AUTHENTICATION
         error = getattr(error, "__cause__", None) or getattr(error, "__context__", None)
     return None
 

@@ -156,3 +156,45 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
         f"streambandit: error: authentication failed: the broker at {broker.bootstrap_servers} "
         f"refused User:{PRINCIPAL}: "
     ), line
+
+
+def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_one(
+    kafka_mtls, tmp_path
+):
+    broker, security = kafka_mtls, kafka_mtls.security
+    tag = uuid.uuid4().hex[:6]
+    t = Topics(
+        contexts=f"contexts-{tag}",
+        rewards=f"rewards-{tag}",
+        actions=f"actions-{tag}",
+        joined=f"joined-{tag}",
+        dead_letter=f"dead-letter-{tag}",
+    )
+    broker.create_topics(t.all(), partitions=2)
+    snaps = tmp_path / "snaps"
+
+    # A certificate of the same name, from a CA the broker does not trust.
+    unknown = tmp_path / "unknown.toml"
+    unknown.write_text(
+        serve_config(GROUP, snaps, t) + kafka_toml(security.make_foreign_cert(PRINCIPAL))
+    )
+    line = refused(broker, unknown, tmp_path / "unknown.log")
+    assert line.startswith(
+        f"streambandit: error: authentication failed: the broker at {broker.bootstrap_servers} "
+        f"refused the principal of the certificate ssl.certificate.location="
+    ), line
+
+    # Its own certificate (CN=worker: User:worker) and the same ACLs as over SASL.
+    security.grant(PRINCIPAL, minimal_grants(t, GROUP))
+    cfg = tmp_path / "worker.toml"
+    cfg.write_text(serve_config(GROUP, snaps, t) + kafka_toml(security.client_settings(PRINCIPAL)))
+    sent = contexts(producer(broker), t.contexts, "mtls", 20)
+    proc = serve(broker, cfg, tmp_path / "worker.log")
+    try:
+        assert wait_for(
+            lambda: all_input_committed(broker, GROUP, [t.contexts]), timeout_s=60, interval_s=0.5
+        ), (tmp_path / "worker.log").read_text()[-3000:]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
+    assert sorted(a.event_id for a in outputs(broker, t, GROUP)["actions"]) == sorted(sent)
