@@ -86,7 +86,7 @@ class Grant(tuple):
 
     def binding(self, principal: str) -> AclBinding:
         return AclBinding(
-            ResourceType[self.resource.upper()],
+            _resource_type(self.resource),
             self.name,
             ResourcePatternType[self.pattern.upper()],
             f"User:{principal}",
@@ -94,6 +94,11 @@ class Grant(tuple):
             AclOperation[self.operation.upper()],
             AclPermissionType.ALLOW,
         )
+
+
+def _resource_type(name: str) -> ResourceType:
+    # The Admin API calls the cluster resource (kafka-acls --cluster) BROKER.
+    return ResourceType.BROKER if name == "cluster" else ResourceType[name.upper()]
 
 
 def _openssl(*args: str, cwd: Path) -> None:
@@ -296,9 +301,12 @@ class Security:
         _until(lambda: set(grants) <= set(self.acls(principal)), f"ACLs of {principal}")
 
     def revoke(self, principal: str, grants: list[Grant]) -> None:
+        """Take ``grants`` from ``principal``, and wait until the broker applies it."""
+        if not grants:
+            return
         filters = [
             AclBindingFilter(
-                ResourceType[g.resource.upper()],
+                _resource_type(g.resource),
                 g.name,
                 ResourcePatternType[g.pattern.upper()],
                 f"User:{principal}",
@@ -326,7 +334,7 @@ class Security:
         found = self.admin().describe_acls(f).result(timeout=30)
         return [
             Grant(
-                b.restype.name.lower(),
+                "cluster" if b.restype == ResourceType.BROKER else b.restype.name.lower(),
                 b.name,
                 b.operation.name.lower(),
                 b.resource_pattern_type.name.lower(),
