@@ -716,7 +716,7 @@ class TopicStore:
             raise SnapshotStoreError(
                 f"snapshot of partition {partition} not stored in {self.topic!r}: "
                 f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}"
-            )
+            ) from (KafkaException(errors[0]) if errors else None)
 
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         raise SnapshotStoreError(

@@ -1002,15 +1002,25 @@ class Worker:
 
     def _recover(self, p: int) -> PartitionState:
         self.writer.wait(p)  # the stored chain includes what this worker handed over for p
-        return recover_partition(
-            p,
-            self.config,
-            self.writer.reads,
-            self.reader,
-            lambda: self._committed(p),
-            self.metrics,
-            open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
-        )
+        try:
+            return recover_partition(
+                p,
+                self.config,
+                self.writer.reads,
+                self.reader,
+                lambda: self._committed(p),
+                self.metrics,
+                open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
+            )
+        except NotAuthorized:
+            raise  # the log reader's, naming its topic
+        except (RuntimeError, KafkaException) as exc:  # the snapshot topic's reader
+            self._raise_if_refused(exc, topics=self._store_topic())
+            raise
+
+    def _store_topic(self) -> list[str]:
+        topic = getattr(self.store, "topic", None)  # a TopicStore's
+        return [topic] if topic else []
 
     def _inputs_of(self, p: int) -> list[TopicPartition]:
         return [TopicPartition(self.batch.topic_of(src), p) for src in (CONTEXTS, REWARDS)]
@@ -1131,6 +1141,8 @@ class Worker:
             )
         if now < self._snapshots_held_until:
             return
+        if self.writer.refused is not None:
+            self._raise_if_refused(self.writer.refused, topics=self._store_topic(), writing=True)
         for p in self.writer.take_failures():
             if p in self.partitions:
                 self.partitions[

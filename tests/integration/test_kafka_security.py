@@ -27,9 +27,10 @@ INSTANCE = "i1"
 ACCESS_LOST = 3  # NOT_AUTHORIZED_EXIT
 
 
-def minimal_grants(t: Topics, group: str) -> list[Grant]:
+def minimal_grants(t: Topics, group: str, snapshot_topic: str | None = None) -> list[Grant]:
     """The worker's ACLs, as docs/security.md lists them (Read and Write imply Describe)."""
-    return [
+    snapshots = [Grant("topic", snapshot_topic, op) for op in ("read", "write")]
+    return (snapshots if snapshot_topic else []) + [
         Grant("group", group, "read"),
         Grant("transactional_id", f"{group}-", "write", "prefixed"),
         Grant("group", "streambandit-reader", "describe"),
@@ -98,17 +99,27 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
         dead_letter=f"dead-letter-{tag}",
     )
     broker.create_topics(t.all(), partitions=2)
+    snapshot_topic = f"snapshots-{tag}"
+    broker.create_topics([snapshot_topic], partitions=2, config={"cleanup.policy": "compact"})
     security.add_user(PRINCIPAL)
-    grants = minimal_grants(t, GROUP)
+    grants = minimal_grants(t, GROUP, snapshot_topic)
     security.grant(PRINCIPAL, grants)
     prod = producer(broker)  # the admin's
     snaps = tmp_path / "snaps"
-    cfg = tmp_path / "worker.toml"
-    cfg.write_text(serve_config(GROUP, snaps, t) + kafka_toml(security.client_settings(PRINCIPAL)))
+    settings = kafka_toml(security.client_settings(PRINCIPAL))
+    cfg = tmp_path / "worker.toml"  # snapshots in a directory
+    cfg.write_text(serve_config(GROUP, snaps, t) + settings)
+    in_topic = tmp_path / "in-topic.toml"  # snapshots in the snapshot topic
+    in_topic.write_text(
+        serve_config(GROUP, snaps, t).replace(
+            f'snapshot_dir = "{snaps}"', f'snapshot_topic = "{snapshot_topic}"'
+        )
+        + settings
+    )
 
-    # With every ACL: contexts in, actions out, exactly once.
+    # With every ACL: contexts in, actions out, exactly once, snapshots in the topic.
     sent = contexts(prod, t.contexts, "full", 30)
-    proc = serve(broker, cfg, tmp_path / "full.log", verbose=True)
+    proc = serve(broker, in_topic, tmp_path / "full.log", verbose=True)
     try:
         assert wait_for(
             lambda: all_input_committed(broker, GROUP, [t.contexts]), timeout_s=60, interval_s=0.5
@@ -125,11 +136,15 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
     # write to each output.
     # Write on rewards is for the watermark ticks an idle partition with open decisions gets,
     # which this input does not leave: it is not taken away here.
+    # The snapshot topic's grants with the snapshots in it: Read first (recovery reads the
+    # snapshots the full run stored), then Write (the first snapshot after recovery).
     for i, grant in enumerate(g for g in grants if g != Grant("topic", t.rewards, "write")):
         security.revoke(PRINCIPAL, [grant])
         shutil.rmtree(snaps, ignore_errors=True)
         contexts(prod, t.contexts, f"without-{i}", 4)
-        line = refused(broker, cfg, tmp_path / f"without-{i}.log")
+        line = refused(
+            broker, in_topic if grant.name == snapshot_topic else cfg, tmp_path / f"without-{i}.log"
+        )
         security.grant(PRINCIPAL, [grant])
         op = grant.operation.capitalize()
         expected = {
