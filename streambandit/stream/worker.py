@@ -622,6 +622,8 @@ class Worker:
     def step(self) -> int:
         """Poll, process and commit one batch (transaction.py has the argument); returns the
         number of input records taken."""
+        if self.writer.refused is not None:  # a snapshot the store refused this principal
+            self._raise_if_refused(self.writer.refused, topics=self._store_topic(), writing=True)
         if self.waiting:
             self._retry_waiting()
         msgs = self._poll_batch()
@@ -1141,8 +1143,6 @@ class Worker:
             )
         if now < self._snapshots_held_until:
             return
-        if self.writer.refused is not None:
-            self._raise_if_refused(self.writer.refused, topics=self._store_topic(), writing=True)
         for p in self.writer.take_failures():
             if p in self.partitions:
                 self.partitions[

@@ -167,10 +167,19 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
         + kafka_toml(security.client_settings(PRINCIPAL, password="not-the-password"))
     )
     line = refused(broker, wrong, tmp_path / "wrong.log")
-    assert line.startswith(
+    rejected = (
         f"streambandit: error: authentication failed: the broker at {broker.bootstrap_servers} "
         f"refused User:{PRINCIPAL}: "
-    ), line
+    )
+    assert line.startswith(rejected) and "invalid credentials" in line, line
+    # The admin commands check the broker the same way first.
+    topics = subprocess.run(
+        [sys.executable, "-m", "streambandit", "topics", "describe", "--config", str(wrong),
+         "--bootstrap-servers", broker.bootstrap_servers],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert topics.returncode == ACCESS_LOST, topics.stderr
+    assert topics.stderr.splitlines()[-1].startswith(rejected), topics.stderr
 
 
 def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_one(
