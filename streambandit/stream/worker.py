@@ -243,6 +243,7 @@ class Worker:
         self._committing = 0.0  # when the batch's commit began
         # Topics librdkafka's lines say a transaction was refused (see _process_and_commit).
         self._denied: list[str] = []
+        self._refused_group = False  # the group refused this principal: no leave to wait for
         self._denied_filter = _DeniedTopics(self._denied)
         kafka_logger().filters.insert(0, self._denied_filter)  # before the repeats are held back
         self.transaction = self._new_transaction(_LoopWait(self))
@@ -575,12 +576,18 @@ class Worker:
             self.consumer.consume(100, 0)  # serves a revocation the group has already announced
         except KafkaException:
             return
-        if not self._rebalancing or self.outage.active or self.protocol.incremental:
+        if (
+            not self._rebalancing
+            or self.outage.active
+            or self.protocol.incremental
+            or self._refused_group
+        ):
             # Under the consumer protocol (KIP-848) a leave is a heartbeat the coordinator takes
             # at any moment; the wedge waited out here is the classic protocol's on the embedded
             # broker.
             # With the broker away the group cannot move on either: waiting would only delay the
-            # stop (docs/operations.md, SIGTERM while waiting).
+            # stop (docs/operations.md, SIGTERM while waiting). Nor can a group that refused this
+            # principal: it was never a member.
             return
         deadline = time.monotonic() + self._session_s
         while self._rebalancing and time.monotonic() < deadline:
@@ -763,6 +770,7 @@ class Worker:
             transactional_id=transactional_id,
         )
         if line is not None:
+            self._refused_group = refusal_code(error) == KafkaError.GROUP_AUTHORIZATION_FAILED
             raise NotAuthorized(line)
 
     def _output_topics(self) -> list[str]:
