@@ -342,9 +342,6 @@ class Security:
             for b in found
         ]
 
-    def close(self) -> None:
-        self._admin = None
-
 
 def _until(predicate: Any, what: str, timeout_s: float = 30.0) -> None:
     deadline = time.monotonic() + timeout_s
