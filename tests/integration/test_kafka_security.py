@@ -4,10 +4,12 @@ with exit code 3 and one line naming the ACL to grant; refused credentials (a wr
 certificate the broker does not trust) are one line too."""
 
 import os
+import re
 import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 
 import numpy as np
@@ -222,3 +224,87 @@ def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_o
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=60) == 0, (tmp_path / "worker.log").read_text()[-3000:]
     assert sorted(a.event_id for a in outputs(broker, t, GROUP)["actions"]) == sorted(sent)
+
+
+def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_refused(
+    kafka_sasl_ssl, tmp_path
+):
+    from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import WorkerConfig
+    from streambandit.serving.replica import Replica
+    from streambandit.stream.errors import NotAuthorized
+    from streambandit.stream.snapshots import DirectoryStore
+
+    from .helpers import read_all
+
+    broker, security = kafka_sasl_ssl, kafka_sasl_ssl.security
+    tag = uuid.uuid4().hex[:6]
+    t = Topics(
+        contexts=f"contexts-{tag}",
+        decisions=f"decisions-{tag}",
+        rewards=f"rewards-{tag}",
+        actions=f"actions-{tag}",
+        joined=f"joined-{tag}",
+        dead_letter=f"dead-letter-{tag}",
+    )
+    broker.create_topics(t.all(learn_only=True), partitions=2)
+    security.add_user("replica")
+    grants = [
+        Grant("topic", t.joined, "read"),
+        Grant("group", "g-learn", "describe"),
+        Grant("group", "streambandit-reader", "describe"),
+        Grant("topic", t.decisions, "write"),
+        Grant("topic", t.rewards, "write"),
+    ]
+    security.grant("replica", grants)
+    models = {
+        "models": [
+            {
+                "match": "m-*",
+                "policy": "oful",
+                "dim": 3,
+                "reward_window_ms": 100,
+                "default_reward": 0.0,
+            }
+        ]
+    }
+    config = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(models),
+        group_id="g-learn",
+        topics=t,
+        learn_only=True,
+        kafka=security.client_settings("replica"),
+    )
+    rng = np.random.default_rng(5)
+
+    def rank(replica, event_id: str):
+        return replica.rank(event_id, "m-1", ["a", "b"], rng.standard_normal((2, 3)))
+
+    replica = Replica(config, DirectoryStore(tmp_path / "snaps"), poll_s=0.02).start(30)
+    try:
+        for i in range(5):
+            rank(replica, f"d{i}")
+            replica.reward(f"d{i}", 1.0)
+        assert replica.flush() == 0
+        assert len(read_all(broker, t.decisions)) == 5 and len(read_all(broker, t.rewards)) == 5
+        # Write on decisions taken away: the next decision is refused at the broker, and the
+        # replica stops deciding (not ready) with the line that names the grant.
+        security.revoke("replica", [Grant("topic", t.decisions, "write")])
+        rank(replica, "lost")
+        replica.flush()
+        expected = (
+            f"not authorized: User:replica cannot Write topic {t.decisions} "
+            f"(TOPIC_AUTHORIZATION_FAILED); grant it Write on Topic {t.decisions} (docs/security.md)"
+        )
+        assert not replica.is_ready()
+        with pytest.raises(Exception, match=re.escape(expected)):
+            rank(replica, "after")
+    finally:
+        replica.close()
+    # Without Read on joined it never gets ready, and says why at once.
+    security.revoke("replica", [Grant("topic", t.joined, "read")])
+    started = time.monotonic()
+    with pytest.raises(NotAuthorized, match=f"cannot Describe topic {t.joined} .* grant it Read"):
+        Replica(config, DirectoryStore(tmp_path / "snaps")).start(30).close()
+    assert time.monotonic() - started < 10
