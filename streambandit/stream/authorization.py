@@ -141,13 +141,15 @@ def refusal_line(
     topics: list[str] = (),
     writing: bool = False,
     describing: bool = False,
+    topic_operation: str | None = None,
     group: str | None = None,
     group_operation: str = "Read",
     transactional_id: str | None = None,
 ) -> str | None:
     """The one line for ``error`` when it is a refusal, else None. What the client was doing
     names the resource: ``topics`` read (or written, ``writing``; only looked up,
-    ``describing``: Read or Write grants Describe, and a topic without it is hidden), ``group`` joined or committed
+    ``describing``: Read or Write grants Describe, and a topic without it is hidden;
+    ``topic_operation`` the one to grant when it is neither), ``group`` joined or committed
     to (``group_operation`` the ACL it needs: Read to join and commit, Describe to find its
     coordinator only), ``transactional_id`` initialised; a transactional id's ACL is granted on its prefix, the
     text up to its last '-' (the worker's is ``<group_id>-<instance id>``)."""
@@ -162,7 +164,10 @@ def refusal_line(
         names = ", ".join(topics) or "a topic"
         which = "topic" if len(topics) == 1 else "one of the topics"
         did = "Describe" if describing else op
-        return not_authorized_line(code, settings, f"{did} {which} {names}", f"Topic {names}", op)
+        grant = topic_operation or op
+        return not_authorized_line(
+            code, settings, f"{did} {which} {names}", f"Topic {names}", grant
+        )
     if kind == "Group":
         return not_authorized_line(
             code, settings, f"use group {group}", f"Group {group}", group_operation

@@ -132,6 +132,7 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
     out = outputs(broker, t, GROUP)
     assert sorted(a.event_id for a in out["actions"]) == sorted(sent)
     assert len(out["dead_letter"]) == 1
+    check_export(broker, t, out)
 
     # Without each ACL in turn. The snapshots are removed first: recovery reads the output logs
     # back (their Read, and the reader's group), as after a crash; new input makes the worker
@@ -308,3 +309,42 @@ def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_
     with pytest.raises(NotAuthorized, match=f"cannot Describe topic {t.joined} .* grant it Read"):
         Replica(config, DirectoryStore(tmp_path / "snaps")).start(30).close()
     assert time.monotonic() - started < 10
+
+
+def check_export(broker, t: Topics, out: dict) -> None:
+    """``export`` (read_logged_decisions, in this process) of the worker's group with the ACLs
+    docs/security.md lists, then without each: one line naming the grant, never an export that
+    is silently empty."""
+    from streambandit.export import read_logged_decisions
+    from streambandit.stream.errors import NotAuthorized
+
+    security = broker.security
+    security.add_user("exporter")
+    grants = [
+        Grant("topic", t.contexts, "read"),
+        Grant("topic", t.actions, "read"),
+        Grant("topic", t.joined, "read"),
+        Grant("topic", t.rewards, "describe"),
+        Grant("group", GROUP, "describe"),
+        Grant("group", "streambandit-reader", "describe"),
+    ]
+    security.grant("exporter", grants)
+    settings = security.client_settings("exporter")
+
+    def export() -> list:
+        return list(read_logged_decisions(broker.bootstrap_servers, t, GROUP, kafka=settings))
+
+    assert sorted(d.event_id for d in export()) == sorted(j.event_id for j in out["joined"])
+    for grant in grants:
+        security.revoke("exporter", [grant])
+        op = grant.operation.capitalize()
+        if grant.resource == "group":
+            expected = f"cannot use group {grant.name} (GROUP_AUTHORIZATION_FAILED); grant it {op}"
+        else:
+            # Each topic is looked up first (Read grants Describe).
+            expected = (
+                f"cannot Describe topic {grant.name} (TOPIC_AUTHORIZATION_FAILED); grant it {op}"
+            )
+        with pytest.raises(NotAuthorized, match=re.escape(expected)):
+            export()
+        security.grant("exporter", [grant])
