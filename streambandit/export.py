@@ -102,7 +102,11 @@ def _check_group(bootstrap_servers: str, kafka: dict | None, group_id: str, refu
     """The group's committed offsets need Describe on it; without, librdkafka's offset request
     waits out its whole timeout, where describing the group is refused at once."""
     admin = AdminClient(
-        {"bootstrap.servers": bootstrap_servers, **for_client("admin", kafka), "logger": kafka_logger()}
+        {
+            "bootstrap.servers": bootstrap_servers,
+            **for_client("admin", kafka),
+            "logger": kafka_logger(),
+        }
     )
     future = admin.describe_consumer_groups([group_id])[group_id]
     try:
