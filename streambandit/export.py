@@ -15,12 +15,16 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
 
-from streambandit.config.kafka import reader_settings
+from streambandit.config.kafka import for_client, reader_settings
 from streambandit.config.worker import Topics
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
+from streambandit.stream.authorization import refusal_line
+from streambandit.stream.errors import NotAuthorized
+from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.logs import committed_view, group_committed, read_range
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
@@ -46,23 +50,78 @@ def read_logged_decisions(
     ``from_ms``/``to_ms`` keep decisions whose event time lies in ``[from_ms, to_ms)``; a replay
     that must reproduce live models needs every joined record from the start of the log.
     """
-    reader = Consumer(reader_settings(bootstrap_servers, kafka))
-    group = Consumer({**reader_settings(bootstrap_servers, kafka), "group.id": group_id})
+    # librdkafka's lines through ours (JSON with --log-format json, credentials masked), not
+    # its own on stderr.
+    settings = reader_settings(bootstrap_servers, kafka) | {"logger": kafka_logger()}
+    reader = Consumer(settings)
+    group = Consumer({**settings, "group.id": group_id})
+
+    def refused(error: object, **what: object) -> None:
+        """NotAuthorized for a refused ACL: without it the export is silently empty, or waits."""
+        line = refusal_line(error, kafka or {}, bootstrap_servers, **what)
+        if line is not None:
+            raise NotAuthorized(line) from None
+
     try:
+        # A topic the principal may not Describe is never fetched from, and its read waits
+        # out its whole timeout: looked up first.
+        for name in (topics.first_input(learn_only), topics.actions, topics.joined):
+            found = reader.list_topics(name, timeout=10).topics[name]
+            if found.error is not None:
+                refused(found.error, topics=[name], describing=True)
+        joined = reader.list_topics(topics.joined, timeout=10).topics[topics.joined]
         if partitions is None:
-            partitions = sorted(
-                reader.list_topics(topics.joined, timeout=10).topics[topics.joined].partitions
-            )
+            partitions = sorted(joined.partitions)
+        _check_group(bootstrap_servers, kafka, group_id, refused)
         for p in partitions:
             first = topics.first_input(learn_only)
             got = group_committed(
                 group, [TopicPartition(first, p), TopicPartition(topics.rewards, p)]
             )
+            for tp in got:  # the group's offsets of a topic it may not Describe: none, silently
+                if tp.error is not None:
+                    needs = "Describe" if tp.topic == topics.rewards else "Read"
+                    refused(tp.error, topics=[tp.topic], describing=True, topic_operation=needs)
             committed = {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
-            yield from _partition(reader, topics, p, committed, from_ms, to_ms, learn_only)
+            try:
+                yield from _partition(reader, topics, p, committed, from_ms, to_ms, learn_only)
+            except ReadFailed as exc:
+                refused(
+                    exc.__cause__,
+                    topics=[exc.topic],
+                    group=settings["group.id"],
+                    group_operation="Describe",
+                )
+                raise
     finally:
         reader.close()
         group.close()
+
+
+def _check_group(bootstrap_servers: str, kafka: dict | None, group_id: str, refused) -> None:
+    """The group's committed offsets need Describe on it; without, librdkafka's offset request
+    waits out its whole timeout, where describing the group is refused at once."""
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            **for_client("admin", kafka),
+            "logger": kafka_logger(),
+        }
+    )
+    future = admin.describe_consumer_groups([group_id])[group_id]
+    try:
+        future.result(timeout=30)
+    except KafkaException as exc:
+        refused(exc, group=group_id, group_operation="Describe")
+        raise
+
+
+class ReadFailed(RuntimeError):
+    """A read of ``topic`` failed; its cause is librdkafka's error."""
+
+    def __init__(self, topic: str, message: str) -> None:
+        super().__init__(message)
+        self.topic = topic
 
 
 def _partition(
@@ -76,7 +135,11 @@ def _partition(
 ) -> Iterator[LoggedDecision]:
     def decoded(topic: str, end: int, kind: type) -> list:
         out = []
-        for m in read_range(reader, topic, p, 0, end):
+        try:
+            msgs = read_range(reader, topic, p, 0, end)
+        except RuntimeError as exc:
+            raise ReadFailed(topic, str(exc)) from exc.__cause__
+        for m in msgs:
             try:
                 ev = decode(m.value())
             except DecodeError:

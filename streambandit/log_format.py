@@ -5,6 +5,8 @@ per kind and interval with a count of the rest.
 With JSON lines, everything the process writes on stderr is one: its log lines, librdkafka's (each
 client's ``logger`` setting, stream/kafka_checks.py), Python's warnings, an uncaught exception's
 traceback (in the ``exception`` field) and the error a command ends with (:func:`error_line`).
+In either format each of these is written with the process's credentials masked
+(redaction.py), whatever the line quotes: a librdkafka error, an exception's message.
 """
 
 from __future__ import annotations
@@ -15,11 +17,16 @@ import re
 import sys
 import threading
 import time
+import traceback
 from typing import Any, Callable
+
+from streambandit.redaction import redact
 
 __all__ = [
     "TEXT_FORMAT",
     "JsonFormatter",
+    "TextFormatter",
+    "redact_uncaught",
     "configure_logging",
     "json_logs",
     "error_line",
@@ -39,19 +46,30 @@ class JsonFormatter(logging.Formatter):
             "time": time.strftime("%Y-%m-%dT%H:%M:%S", t) + f".{int(record.msecs):03d}Z",
             "level": record.levelname,
             "logger": record.name,
-            "message": record.getMessage(),
+            "message": redact(record.getMessage()),
         }
         if record.exc_info:
-            out["exception"] = self.formatException(record.exc_info)
+            out["exception"] = redact(self.formatException(record.exc_info))
         return json.dumps(out, ensure_ascii=False)
+
+
+class TextFormatter(logging.Formatter):
+    """:data:`TEXT_FORMAT`, credentials masked (a traceback's too)."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return redact(super().format(record))
 
 
 def configure_logging(level: int, fmt: str = "text") -> None:
     """The root logger on stderr at ``level``, in ``fmt`` ("text" or "json"), with Python's
     warnings as log lines; with "json", uncaught exceptions too (of the main thread, of other
-    threads, and those Python can only report as ignored)."""
+    threads, and those Python can only report as ignored); with "text", their tracebacks as
+    Python prints them (:func:`redact_uncaught`)."""
     handler = logging.StreamHandler()
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(TEXT_FORMAT))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
@@ -64,6 +82,30 @@ def configure_logging(level: int, fmt: str = "text") -> None:
         sys.unraisablehook = lambda u: _log_uncaught(
             u.exc_type, u.exc_value, u.exc_traceback, f" (ignored) in {u.object!r}"
         )
+    else:
+        redact_uncaught()
+
+
+def redact_uncaught() -> None:
+    """Uncaught exceptions' tracebacks on stderr as Python prints them, credentials masked (of
+    the main thread and of other threads): an exception's message may quote a setting."""
+
+    def write(text: str) -> None:
+        sys.stderr.write(redact(text))
+        sys.stderr.flush()
+
+    sys.excepthook = lambda kind, value, tb: write(
+        "".join(traceback.format_exception(kind, value, tb))
+    )
+
+    def thread_hook(a: Any) -> None:
+        if a.exc_type is not SystemExit:  # as Python's own hook: a thread's exit is no error
+            write(
+                f"Exception in thread {a.thread and a.thread.name}:\n"
+                + "".join(traceback.format_exception(a.exc_type, a.exc_value, a.exc_traceback))
+            )
+
+    threading.excepthook = thread_hook
 
 
 def _log_uncaught(kind: Any, value: Any, tb: Any, where: str = "") -> None:
@@ -83,7 +125,7 @@ def error_line(message: str) -> None:
     if json_logs():
         logging.getLogger("streambandit").error("%s", message)
     else:
-        sys.stderr.write(f"streambandit: error: {message}\n")
+        sys.stderr.write(f"streambandit: error: {redact(message)}\n")
         sys.stderr.flush()
 
 

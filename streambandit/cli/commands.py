@@ -1523,11 +1523,20 @@ def main(argv: list[str] | None = None) -> int:
         from streambandit.log_format import configure_logging
 
         configure_logging(logging.WARNING, "json")
+    else:  # a command that sets up no logging still masks credentials in a traceback
+        from streambandit.log_format import redact_uncaught
+
+        redact_uncaught()
+    from streambandit.stream.errors import NOT_AUTHORIZED_EXIT, NotAuthorized
+
     try:
         return args.func(args)
     except ValueError as exc:  # bad configuration or arguments
         error_line(str(exc))
         return 2
+    except NotAuthorized as exc:  # a missing ACL or refused credentials (docs/security.md)
+        error_line(str(exc))
+        return NOT_AUTHORIZED_EXIT
     except (
         StreambanditError
     ) as exc:  # a state the process cannot continue from (its message says why)

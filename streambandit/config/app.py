@@ -1,6 +1,7 @@
 """The worker's configuration file: one TOML document with the Kafka connection, the worker's
-settings and the models, under the environment's settings (config/environment.py). Each
-setting's type, range and default: config/schema.py.
+settings and the models, under the environment's settings (config/environment.py), each
+credential possibly read from a file (config/secret_files.py). Each setting's type, range and
+default: config/schema.py.
 
     [kafka]                       # librdkafka settings, passed through (dotted names)
     "bootstrap.servers" = "kafka-1:9092,kafka-2:9092"
@@ -51,7 +52,9 @@ from streambandit.config.conflicts import snapshot_topic_conflict
 from streambandit.config.environment import apply_environment
 from streambandit.config.kafka import check_user_settings
 from streambandit.config.models import dump_models_config, parse_models_config, toml_value
+from streambandit.config.secret_files import read_file_settings, read_secret_files
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.redaction import hide, secret_values
 
 __all__ = [
     "load_worker_config",
@@ -88,7 +91,9 @@ def load_worker_config(
 ) -> tuple[WorkerConfig, SnapshotSettings]:
     """The worker configuration and where its snapshots go: the file, under the settings of the
     environment (``STREAMBANDIT_<TABLE>__<KEY>``, config/environment.py; ``os.environ`` unless
-    ``environ`` is given), under ``bootstrap_servers``."""
+    ``environ`` is given), under ``bootstrap_servers``; a credential of either may be the name
+    of a file that holds it (config/secret_files.py). Its credentials are masked in every line
+    the process writes from then on (redaction.py)."""
     p = Path(path)
     try:
         raw = tomllib.loads(p.read_text())
@@ -96,7 +101,10 @@ def load_worker_config(
         raise ValueError(f"configuration file {p} does not exist") from None
     except tomllib.TOMLDecodeError as exc:
         raise ValueError(f"{p} is not valid TOML: {exc}") from exc
-    raw = apply_environment(raw, os.environ if environ is None else environ)
+    raw = apply_environment(raw, read_secret_files(os.environ if environ is None else environ))
+    raw = read_file_settings(raw, source=str(p))
+    # From here on, no line this process writes shows them (redaction.py).
+    hide(secret_values(raw.get("kafka")))
     return parse_worker_config(raw, source=str(p), bootstrap_servers=bootstrap_servers)
 
 

@@ -17,6 +17,8 @@ Other variables without a double underscore (``STREAMBANDIT_BOOTSTRAP_SERVERS``,
 ``--bootstrap-servers`` reads, ``STREAMBANDIT_KAFKA_CACHE``) are not settings of the file and
 are left alone; ``STREAMBANDIT_WORKER_...`` and ``STREAMBANDIT_TOPICS_...`` with one underscore
 are refused as the misspellings they are.
+
+A credential's variable may name a file instead (``..._FILE``): config/secret_files.py.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from typing import Any
 
 from streambandit.config import schema
 
-__all__ = ["PREFIX", "apply_environment", "variable_name"]
+__all__ = ["PREFIX", "apply_environment", "kafka_setting", "variable_name"]
 
 PREFIX = "STREAMBANDIT_"
 _KAFKA_CLIENTS = ("consumer", "producer")
@@ -65,10 +67,9 @@ def apply_environment(raw: dict[str, Any], environ: Mapping[str, str]) -> dict[s
                 )
             value = setting.from_text(text, f"{name}: [{parts[0]}]")
             _table(out, [parts[0]], name)[parts[1]] = value
-        elif parts[0] == "kafka" and len(parts) == 2 and parts[1]:
-            _table(out, ["kafka"], name)[parts[1].replace("_", ".")] = text
-        elif parts[0] == "kafka" and len(parts) == 3 and parts[1] in _KAFKA_CLIENTS and parts[2]:
-            _table(out, ["kafka", parts[1]], name)[parts[2].replace("_", ".")] = text
+        elif (setting := kafka_setting(name)) is not None:
+            path, key = setting
+            _table(out, path, name)[key] = text
         else:
             raise ValueError(
                 f"{name} names no setting: the variables are STREAMBANDIT_WORKER__<KEY>, "
@@ -85,3 +86,14 @@ def _table(doc: dict[str, Any], path: list[str], name: str) -> dict[str, Any]:
         if not isinstance(doc, dict):
             raise ValueError(f"{name}: the file's {'.'.join(path)} is not a table")
     return doc
+
+
+def kafka_setting(name: str) -> tuple[list[str], str] | None:
+    """Where the librdkafka setting a ``STREAMBANDIT_KAFKA__...`` variable names goes (the path
+    of its table, ``["kafka"]`` or ``["kafka", client]``) and its key; None for another."""
+    parts = [p.lower() for p in name[len(PREFIX) :].split("__")]
+    if parts[0] == "kafka" and len(parts) == 2 and parts[1]:
+        return ["kafka"], parts[1].replace("_", ".")
+    if parts[0] == "kafka" and len(parts) == 3 and parts[1] in _KAFKA_CLIENTS and parts[2]:
+        return ["kafka", parts[1]], parts[2].replace("_", ".")
+    return None

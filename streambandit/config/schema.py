@@ -7,17 +7,17 @@ parses its text with :meth:`Setting.from_text`. A setting added here is validate
 from the environment and printed by ``serve --print-config`` without another change.
 
 ``[kafka]`` holds librdkafka's own settings, which librdkafka judges (stream/kafka_checks.py);
-what this module knows of them is which ones are credentials (:func:`is_secret`).
+which of them are credentials: :func:`is_secret`, from redaction.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from typing import Any
 
 from streambandit.policies.base import POLICIES
+from streambandit.redaction import MASK, is_secret
 
 __all__ = [
     "REQUIRED",
@@ -463,22 +463,6 @@ def check_table(name: str, values: dict[str, Any], where: str | None = None) -> 
         )
     for key, value in values.items():
         settings[key].check(value, where)
-
-
-MASK = "********"
-
-# librdkafka settings that hold a credential though their name says none of the words below.
-_SECRET_KEYS = {"sasl.oauthbearer.config"}
-_SECRET_WORDS = {"password", "passwd", "passphrase", "secret", "token", "credentials"}
-
-
-def is_secret(key: str) -> bool:
-    """Whether librdkafka setting ``key`` holds a credential (``serve --print-config`` masks it):
-    a password, passphrase, secret or token, or a private key itself (``ssl.key.pem``, not
-    ``ssl.key.location``, a file's path, nor ``ssl.certificate.pem``, public)."""
-    words = re.split(r"[._]", key.lower())
-    private_key = "key" in words and words[-1] in ("pem", "key")
-    return key in _SECRET_KEYS or private_key or bool(_SECRET_WORDS & set(words))
 
 
 def markdown() -> str:

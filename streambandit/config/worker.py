@@ -8,6 +8,7 @@ from typing import Any
 from streambandit.config import schema
 from streambandit.config.conflicts import conflicts
 from streambandit.config.models import ModelsConfig
+from streambandit.redaction import masked
 
 __all__ = ["Topics", "WorkerConfig", "WORKER_FIELDS", "snapshot_due"]
 
@@ -79,6 +80,13 @@ class WorkerConfig:
     kafka: dict[str, Any] = dataclasses.field(
         default_factory=dict
     )  # librdkafka settings, dotted names; [kafka.consumer] and [kafka.producer] as dicts
+
+    def __repr__(self) -> str:
+        """As the dataclass's, the credentials of ``kafka`` masked: a configuration in a log
+        line or a traceback shows no password."""
+        shown = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        shown["kafka"] = masked(self.kafka)
+        return f"WorkerConfig({', '.join(f'{k}={v!r}' for k, v in shown.items())})"
 
     @property
     def first_input(self) -> str:

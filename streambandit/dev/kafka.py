@@ -32,6 +32,8 @@ from confluent_kafka import Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 from streambandit.dev.kafka_jars import JarLock, classpath, java_binary, read_lock
+from streambandit.dev.kafka_security import ADMIN, Security
+from streambandit.dev.kafka_security import KINDS as SECURITY_KINDS
 from streambandit.dev.tansu import BrokerError, port_in_use
 
 __all__ = [
@@ -224,9 +226,16 @@ class ApacheKafka:
         heap_mb: int = 512,
         lock: JarLock | None = None,
         cache_dir: str | Path | None = None,
+        security: str | None = None,
     ):
         if nodes < 1:
             raise ValueError(f"nodes must be >= 1, got {nodes}")
+        if security is not None and security not in SECURITY_KINDS:
+            raise ValueError(f"security {security!r}: one of {', '.join(SECURITY_KINDS)} or None")
+        if security is not None and nodes != 1:
+            raise ValueError("a secured Apache Kafka has one node")
+        self.security_kind = security
+        self.security: Security | None = None  # made with the data directory, at start()
         self.node_count = nodes
         self._lock = lock
         self._cache_dir = Path(cache_dir) if cache_dir is not None else None
@@ -279,6 +288,9 @@ class ApacheKafka:
         self._classpath = os.pathsep.join(str(p) for p in classpath(self._lock, self._cache_dir))
         if self.data_dir is None:
             self.data_dir = Path(tempfile.mkdtemp(prefix="streambandit-kafka-"))
+        if self.security_kind is not None and self.security is None:
+            self.security = Security(self.security_kind, self.data_dir / "security")
+            self.security.bootstrap_servers = self.bootstrap_servers
         try:
             self._prepare()
             for node in self._nodes.values():
@@ -307,6 +319,7 @@ class ApacheKafka:
         if self._owns_dir and self.data_dir is not None:
             shutil.rmtree(self.data_dir, ignore_errors=True)
             self.data_dir = None
+            self.security = None
             self._nodes = {}
             self.cluster_id = None
 
@@ -326,8 +339,18 @@ class ApacheKafka:
             self.stop()
             raise
 
+    def client_settings(self, principal: str | None = None) -> dict[str, str]:
+        """librdkafka settings that reach this broker as ``principal`` (the admin, a super user,
+        when None): ``bootstrap.servers`` and, on a secured broker, the principal's credentials."""
+        own = {"bootstrap.servers": self.bootstrap_servers}
+        if self.security is None:
+            if principal is not None:
+                raise BrokerError("this Apache Kafka is not secured: it has no principals")
+            return own
+        return own | self.security.client_settings(principal or ADMIN)
+
     def admin(self) -> AdminClient:
-        return AdminClient({"bootstrap.servers": self.bootstrap_servers})
+        return AdminClient(self.client_settings())
 
     def create_topics(
         self, names: list[str], partitions: int, config: dict[str, str] | None = None
@@ -371,7 +394,7 @@ class ApacheKafka:
         # Created means served here, as on a cluster whose topics were made long before.
         probe = Consumer(
             {
-                "bootstrap.servers": self.bootstrap_servers,
+                **self.client_settings(),
                 "group.id": "streambandit-dev-probe",
                 "enable.auto.commit": False,
             }
@@ -570,9 +593,10 @@ class ApacheKafka:
             node = _Node(a, homes[a.node_id])
             self._nodes[a.node_id] = node
             (node.home / "logs").mkdir(parents=True, exist_ok=True)
-            (node.home / "server.properties").write_text(
-                render_properties(server_properties(a, self._addresses, node.data))
-            )
+            props = server_properties(a, self._addresses, node.data)
+            if self.security is not None:
+                props |= self.security.server_properties(a.port, a.controller_port, HOST)
+            (node.home / "server.properties").write_text(render_properties(props))
             (node.home / "log4j2.properties").write_text(LOG4J2)
             if _cluster_id_of(node.data) is None:
                 formats.append(
@@ -586,6 +610,7 @@ class ApacheKafka:
                                 self.cluster_id,
                                 "-c",
                                 str(node.home / "server.properties"),
+                                *(self.security.format_arguments() if self.security else []),
                             ],
                             stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT,
@@ -657,7 +682,10 @@ class ApacheKafka:
                     up = [n.address.port for n in self._nodes.values() if n.running()]
                     for port in up:
                         socket.create_connection((HOST, port), timeout=1.0).close()
-                    admin = AdminClient({"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in up)})
+                    admin = AdminClient(
+                        self.client_settings()
+                        | {"bootstrap.servers": ",".join(f"{HOST}:{p}" for p in up)}
+                    )
                 brokers = set(admin.list_topics(timeout=1.0).brokers)
                 if ids <= brokers:
                     return

@@ -57,6 +57,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from streambandit import reasons
 from streambandit.engine.decision import action_probabilities
+from streambandit.redaction import redact
 from streambandit.serving import auth
 from streambandit.serving.decider import Decider, DecisionError
 from streambandit.stream.telemetry import Histogram, process_metrics
@@ -260,9 +261,9 @@ def make_app(
                 )
             except DecisionError as e:
                 metrics.refused[e.reason] += 1
-                resp = web.json_response(
-                    {"error": {"code": e.reason, "message": e.detail}}, status=STATUS_OF[e.reason]
-                )
+                # The detail may quote an error of the replica's Kafka clients.
+                body = {"error": {"code": e.reason, "message": redact(e.detail)}}
+                resp = web.json_response(body, status=STATUS_OF[e.reason])
             metrics.observe(route, str(resp.status), time.perf_counter() - started)
             return resp
 

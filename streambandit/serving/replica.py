@@ -41,6 +41,7 @@ called from many threads.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import time
@@ -67,6 +68,8 @@ from streambandit.engine.partition import PartitionEngine
 from streambandit.policies.base import Policy
 from streambandit.serving.decider import Ranking
 from streambandit.serving.staleness import Staleness
+from streambandit.stream.authorization import refusal_line
+from streambandit.stream.errors import NotAuthorized
 from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.logs import LogReader, committed_view, group_committed
 from streambandit.stream.snapshots import SnapshotStore, load_latest
@@ -135,6 +138,9 @@ class Replica:
         self._error: BaseException | None = None
         kafka = config.kafka
         quiet = {"logger": kafka_logger()}  # librdkafka's log lines through ours, repeats held back
+        # A record the broker refuses to this principal (a missing Write ACL) is a decision or a
+        # reward the learners never see: noted here, it stops the replica deciding (rank).
+        self._refusals: list[str] = []
         self._producer = Producer(
             {
                 "bootstrap.servers": config.bootstrap_servers,
@@ -143,6 +149,7 @@ class Replica:
                 "partitioner": "murmur2_random",
                 "enable.idempotence": True,
                 "acks": "all",
+                "on_delivery": functools.partial(_note_refusal, self._refusals, config),
             }
             | quiet
         )
@@ -161,10 +168,17 @@ class Replica:
         """Load the models and follow the log, in a thread; returns once ready (raises after
         ``timeout_s``), or at once with ``timeout_s`` None (``ready`` says when)."""
         self._thread.start()
-        if timeout_s is not None and not self.ready.wait(timeout_s):
-            raise TimeoutError(
-                f"replica not ready after {timeout_s:.0f} s: {self._error or 'still reading the log'}"
-            )
+        if timeout_s is None:
+            return self
+        deadline = time.monotonic() + timeout_s
+        while not self.ready.wait(0.1):
+            if isinstance(self._error, NotAuthorized):  # waiting longer would not change it
+                raise self._error
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"replica not ready after {timeout_s:.0f} s: "
+                    f"{self._error or 'still reading the log'}"
+                )
         return self
 
     def close(self) -> None:
@@ -199,11 +213,14 @@ class Replica:
     ) -> Ranking:
         """As :meth:`Decider.rank`, with the replica's copy of the model; the decision is logged on
         the decisions topic for the learners."""
+        self._check_refusals()
         if not self.ready.is_set() or self._error is not None:
             raise DecisionError(
                 NOT_READY,
                 "the replica is still reading the learners' log"
                 if self._error is None
+                else str(self._error)
+                if isinstance(self._error, NotAuthorized)
                 else f"the replica stopped following the learners' log: {self._error}",
             )
         if (
@@ -301,6 +318,14 @@ class Replica:
             ev, int(self._clock()), c.max_event_time_ahead_ms, c.max_id_bytes
         )
 
+    def _check_refusals(self) -> None:
+        """A record the broker refused to this principal stops the deciding: each decision made
+        from then on would be lost to the learners too (docs/security.md)."""
+        self._producer.poll(0)  # serves the delivery reports
+        if self._refusals and self._error is None:
+            self._error = NotAuthorized(self._refusals[0])
+            log.error("%s", self._refusals[0])
+
     def staleness_s(self) -> float:
         """How far behind the learners the copy may be: the time since it last held everything
         the joined log held (serving/staleness.py)."""
@@ -308,6 +333,7 @@ class Replica:
 
     def is_ready(self) -> bool:
         """Whether the replica decides now: caught up at start, and within ``max_staleness_s``."""
+        self._check_refusals()
         return (
             self.ready.is_set()
             and self._error is None
@@ -326,6 +352,16 @@ class Replica:
         try:
             joined = self.worker_config.topics.joined
             md = self._follow.list_topics(joined, timeout=30)
+            if joined in md.topics and md.topics[joined].error is not None:
+                line = refusal_line(
+                    md.topics[joined].error,
+                    self.worker_config.kafka or {},
+                    self.worker_config.bootstrap_servers,
+                    topics=[joined],
+                    describing=True,
+                )
+                if line is not None:
+                    raise NotAuthorized(line)
             if joined not in md.topics or md.topics[joined].error is not None:
                 raise RuntimeError(f"topic {joined!r} does not exist")
             self._starts = {p: self._load(p) for p in sorted(md.topics[joined].partitions)}
@@ -473,6 +509,17 @@ class Replica:
             )  # the local queue is full: let librdkafka send, then retry once
             self._producer.produce(topic, value, key.encode())
         self._producer.poll(0)
+
+
+def _note_refusal(into: list[str], config: Any, err: Any, msg: Any) -> None:
+    """The producer's delivery callback: the line of a record refused for lack of an ACL."""
+    if err is None:
+        return
+    line = refusal_line(
+        err, config.kafka or {}, config.bootstrap_servers, topics=[msg.topic()], writing=True
+    )
+    if line is not None:
+        into.append(line)
 
 
 def _decoded(value: bytes) -> Any:

@@ -32,7 +32,9 @@ from streambandit.config.kafka import (
 )
 from streambandit.config.worker import WorkerConfig
 from streambandit.log_format import RepeatFilter
-from streambandit.stream.errors import WorkerError
+from streambandit.redaction import redact
+from streambandit.stream.authorization import refusal_line
+from streambandit.stream.errors import NotAuthorized, WorkerError
 
 __all__ = [
     "GroupProtocol",
@@ -61,8 +63,10 @@ def _silent() -> logging.Logger:
 
 
 def _kafka_message(exc: BaseException) -> str:
+    """librdkafka's text of an error, credentials masked here, where it ends: what librdkafka
+    echoes of one runs to the end of its text (redaction.py)."""
     err = exc.args[0] if exc.args else exc
-    return err.str() if hasattr(err, "str") else str(err)
+    return redact(err.str() if hasattr(err, "str") else str(err))
 
 
 def check_client_settings(config: WorkerConfig, source: str = "[kafka]") -> None:
@@ -123,13 +127,13 @@ def _refused(make: Any, settings: dict[str, Any]) -> str | None:
 def wait_for_brokers(config: WorkerConfig) -> None:
     """Return once a broker of ``bootstrap.servers`` answers a metadata request; after
     ``broker_wait_s`` without one, WorkerError with the last connection error."""
-    errors: list[str] = []
+    errors: list[Any] = []
     admin = AdminClient(
         {
             "bootstrap.servers": config.bootstrap_servers,
             **for_client("admin", config.kafka),
             "logger": _silent(),
-            "error_cb": lambda err: errors.append(err.str()),
+            "error_cb": errors.append,
         }
     )
     deadline = time.monotonic() + config.broker_wait_s
@@ -140,8 +144,12 @@ def wait_for_brokers(config: WorkerConfig) -> None:
             return
         except KafkaException as exc:
             admin.poll(0)  # serves error_cb: why the connections failed
+            for err in errors:  # refused credentials are refused again: no wait
+                line = refusal_line(err, config.kafka or {}, config.bootstrap_servers)
+                if line is not None:
+                    raise NotAuthorized(line) from None
             if time.monotonic() >= deadline:
-                why = errors[-1] if errors else _kafka_message(exc)
+                why = redact(errors[-1].str()) if errors else _kafka_message(exc)
                 raise WorkerError(
                     f"no Kafka broker answered at {config.bootstrap_servers} (bootstrap.servers, --bootstrap-servers) "
                     f"within {config.broker_wait_s:g} s: {why}. Check the address, that the brokers run and are "

@@ -17,7 +17,7 @@ from typing import Any, Hashable, Iterable, Protocol, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from streambandit.config.kafka import RANGE_READS
-from streambandit.stream.errors import WorkerError
+from streambandit.stream.errors import NotAuthorized, WorkerError
 
 __all__ = [
     "read_range",
@@ -109,7 +109,9 @@ def read_range(
             if msg.error():
                 if msg.error().code() == KafkaError._PARTITION_EOF:
                     return out
-                raise RuntimeError(f"reading {topic}[{partition}]: {msg.error()}")
+                raise RuntimeError(f"reading {topic}[{partition}]: {msg.error()}") from (
+                    KafkaException(msg.error())
+                )
             if msg.offset() >= end:
                 return out
             out.append(msg)
@@ -190,6 +192,7 @@ class LogReader:
 
     def __init__(self, settings: dict[str, Any], open_timeout_s: float) -> None:
         settings = RANGE_READS | settings
+        self.settings = settings
         self.committed = Consumer(settings)
         self.uncommitted = Consumer(settings | {"isolation.level": "read_uncommitted"})
         self.open_timeout_s = open_timeout_s
@@ -217,6 +220,7 @@ class LogReader:
                 err = exc.args[0] if exc.args else None
                 if isinstance(err, KafkaError) and err.fatal():
                     raise
+                self._raise_if_refused(exc, topic)
                 if time.monotonic() >= read_deadline:
                     raise LogEndUnreadable(
                         f"{topic}[{partition}]: where the log ends could not be read within "
@@ -258,7 +262,27 @@ class LogReader:
 
     def read(self, topic: str, partition: int, start: int, end: int) -> list[Any]:
         """The records of ``topic[partition]`` from ``start`` to ``end`` (from :meth:`settle`)."""
-        return read_range(self.committed, topic, partition, start, end)
+        try:
+            return read_range(self.committed, topic, partition, start, end)
+        except RuntimeError as exc:
+            self._raise_if_refused(exc, topic)
+            raise
+
+    def _raise_if_refused(self, error: Exception, topic: str) -> None:
+        """NotAuthorized for a refused ACL (Read on ``topic``, or this reader's group, whose
+        coordinator librdkafka looks for although the reader commits nothing)."""
+        from streambandit.stream.authorization import refusal_line
+
+        line = refusal_line(
+            error,
+            self.settings,
+            self.settings.get("bootstrap.servers", ""),
+            topics=[topic],
+            group=self.settings.get("group.id"),
+            group_operation="Describe",
+        )
+        if line is not None:
+            raise NotAuthorized(line) from None
 
     def close(self) -> None:
         try:

@@ -39,6 +39,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from streambandit.stream.authorization import refusal_code
 from streambandit.stream.snapshots import SnapshotStore
 from streambandit.wire import Snapshot, SnapshotHeader, pack_snapshot
 
@@ -105,6 +106,7 @@ class SnapshotWriter:
         self._in_flight: collections.Counter[int] = collections.Counter()
         self._done = threading.Condition()
         self._failures: dict[int, str] = {}
+        self.refused: BaseException | None = None  # a store that refused this principal
         self._thread = threading.Thread(target=self._run, name="snapshot-writer", daemon=True)
         self._thread.start()
 
@@ -212,6 +214,8 @@ class SnapshotWriter:
                 )
                 with self._done:
                     self._failures[partition] = str(exc)
+                    if refusal_code(exc) is not None:  # a missing ACL: the worker stops on it
+                        self.refused = exc
                 self.metrics["snapshot_failures"] += 1
             else:
                 self.metrics["snapshots"] += 1

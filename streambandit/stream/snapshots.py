@@ -468,6 +468,7 @@ class TopicStore:
         try:
             admin = AdminClient(
                 {"bootstrap.servers": bootstrap_servers, **for_client("admin", user)}
+                | {"logger": kafka_logger()}
             )
             res = ConfigResource(ConfigResource.Type.TOPIC, self.topic)
             policy = (
@@ -715,7 +716,7 @@ class TopicStore:
             raise SnapshotStoreError(
                 f"snapshot of partition {partition} not stored in {self.topic!r}: "
                 f"{errors[0] if errors else f'{left} record(s) undelivered after {self.timeout_s} s'}"
-            )
+            ) from (KafkaException(errors[0]) if errors else None)
 
     def save_increment(self, partition: int, chain: int, seq: int, data: bytes) -> None:
         raise SnapshotStoreError(
@@ -792,7 +793,10 @@ def create_snapshot_topic(
     """Create the snapshot topic with ``partitions`` (= the inputs' partition count) and
     :func:`snapshot_topic_config`, ``config`` laid over it. Returns False when it already exists
     (left as it is). ``replication_factor=-1``: the cluster's default."""
-    admin = AdminClient({"bootstrap.servers": bootstrap_servers, **(kafka or {})})
+    admin = AdminClient(
+        {"bootstrap.servers": bootstrap_servers, **for_client("admin", kafka)}
+        | {"logger": kafka_logger()}
+    )
     fut = admin.create_topics(
         [
             NewTopic(

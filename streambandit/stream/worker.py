@@ -33,8 +33,9 @@ from streambandit.config.kafka import consumer_settings, producer_settings, read
 from streambandit.config.worker import WorkerConfig, snapshot_due
 from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.engine.merge import CONTEXTS, REWARDS
+from streambandit.stream.authorization import denied_topic_in_log, refusal_code, refusal_line
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
-from streambandit.stream.errors import WorkerError
+from streambandit.stream.errors import NotAuthorized, WorkerError
 from streambandit.stream.kafka_checks import (
     GroupProtocol,
     check_client_settings,
@@ -106,6 +107,21 @@ def _instance_unreleased(err: KafkaError) -> bool:
     """The consumer's error is the broker's UNRELEASED_INSTANCE_ID, fatal to the consumer
     (librdkafka delivers it as _FATAL with the broker's message, its fatal flag unset)."""
     return err.code() == KafkaError._FATAL and "instance ID is still used by another" in err.str()
+
+
+class _DeniedTopics(logging.Filter):
+    """Notes the topic of each librdkafka line that says a transaction was refused a topic (the
+    transaction's error does not name it); passes every line."""
+
+    def __init__(self, into: list[str]) -> None:
+        super().__init__()
+        self.into = into
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        topic = denied_topic_in_log(record.getMessage())
+        if topic is not None:
+            self.into.append(topic)
+        return True
 
 
 def _keys(tps: list[TopicPartition]) -> set[tuple[str, int]]:
@@ -225,6 +241,11 @@ class Worker:
         self.outage = BrokerOutage()
         self._next_probe = 0.0
         self._committing = 0.0  # when the batch's commit began
+        # Topics librdkafka's lines say a transaction was refused (see _process_and_commit).
+        self._denied: list[str] = []
+        self._refused_group = False  # the group refused this principal: no leave to wait for
+        self._denied_filter = _DeniedTopics(self._denied)
+        kafka_logger().filters.insert(0, self._denied_filter)  # before the repeats are held back
         self.transaction = self._new_transaction(_LoopWait(self))
         # Waits for open transactions on our logs at most the transaction timeout, and a little more.
         open_timeout_s = (
@@ -475,7 +496,11 @@ class Worker:
         wait_for_brokers(self.config)
         self._join_group()
         self._check_topics()
-        self.transaction.producer.init_transactions(30)
+        try:
+            self.transaction.producer.init_transactions(30)
+        except KafkaException as exc:
+            self._raise_if_refused(exc, transactional_id=self.transactional_id)
+            raise
         self._subscribe()
         from streambandit import __version__
 
@@ -504,6 +529,7 @@ class Worker:
 
     def close(self) -> None:
         self._stopping = True
+        kafka_logger().removeFilter(self._denied_filter)
         away = self.outage.active
         if away:
             # A snapshot reads where the output logs end, which an unreachable broker does not
@@ -550,12 +576,18 @@ class Worker:
             self.consumer.consume(100, 0)  # serves a revocation the group has already announced
         except KafkaException:
             return
-        if not self._rebalancing or self.outage.active or self.protocol.incremental:
+        if (
+            not self._rebalancing
+            or self.outage.active
+            or self.protocol.incremental
+            or self._refused_group
+        ):
             # Under the consumer protocol (KIP-848) a leave is a heartbeat the coordinator takes
             # at any moment; the wedge waited out here is the classic protocol's on the embedded
             # broker.
             # With the broker away the group cannot move on either: waiting would only delay the
-            # stop (docs/operations.md, SIGTERM while waiting).
+            # stop (docs/operations.md, SIGTERM while waiting). Nor can a group that refused this
+            # principal: it was never a member.
             return
         deadline = time.monotonic() + self._session_s
         while self._rebalancing and time.monotonic() < deadline:
@@ -575,6 +607,17 @@ class Worker:
         md = self.consumer.list_topics(timeout=10)
         counts = {}
         for name in self.config.topics.all(self.config.learn_only):
+            if name not in md.topics:
+                # A topic the principal may not Describe is left out of a listing of all topics;
+                # asked for by name, the broker says why.
+                alone = self.consumer.list_topics(name, timeout=10).topics.get(name)
+                if alone is not None and alone.error is not None:
+                    self._raise_if_refused(
+                        alone.error,
+                        topics=[name],
+                        writing=name in self._output_topics()[:3],
+                        describing=True,
+                    )
             if name not in md.topics or md.topics[name].error is not None:
                 raise WorkerError(f"topic {name!r} does not exist")
             counts[name] = len(md.topics[name].partitions)
@@ -586,6 +629,8 @@ class Worker:
     def step(self) -> int:
         """Poll, process and commit one batch (transaction.py has the argument); returns the
         number of input records taken."""
+        if self.writer.refused is not None:  # a snapshot the store refused this principal
+            self._raise_if_refused(self.writer.refused, topics=self._store_topic(), writing=True)
         if self.waiting:
             self._retry_waiting()
         msgs = self._poll_batch()
@@ -593,6 +638,9 @@ class Worker:
         records = []
         for msg in msgs:
             if msg.error():
+                self._raise_if_refused(
+                    msg.error(), topics=[msg.topic()] if msg.topic() else [], group=True
+                )
                 if _instance_unreleased(msg.error()) and not self.assigned:
                     self._rejoin_later()
                     return len(msgs)
@@ -649,6 +697,21 @@ class Worker:
             self._committing = time.monotonic()
             self.transaction.commit(offsets, group_metadata(self.consumer))
         except TransactionFailed as failure:
+            # The topic a refused transaction wrote is named in librdkafka's log line only,
+            # which the producer's poll delivers (it may not have yet).
+            if refusal_code(failure) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+                deadline = time.monotonic() + 1.0
+                while not self._denied and time.monotonic() < deadline:
+                    self.transaction.producer.poll(0.1)
+            denied = self._denied[-1] if self._denied else None
+            self._denied.clear()
+            self._raise_if_refused(
+                failure,
+                topics=[denied] if denied else self._output_topics(),
+                writing=True,
+                group=True,
+                transactional_id=self.transactional_id,
+            )
             self.metrics["transaction_aborts"] += 1
             self.batch.times.clear()
             self.transaction.abort(failure)  # raises when the producer cannot go on
@@ -684,6 +747,35 @@ class Worker:
         line = self.outage.waiting("a broker to connect to (every connection down)", err)
         if line:
             log.warning("%s", line)
+
+    def _raise_if_refused(
+        self,
+        error: Any,
+        topics: list[str] = (),
+        writing: bool = False,
+        group: bool = False,
+        transactional_id: str | None = None,
+        describing: bool = False,
+    ) -> None:
+        """NotAuthorized when ``error`` is a refused ACL or refused credentials (see
+        stream/authorization.py): retrying would be refused again, so the worker stops."""
+        line = refusal_line(
+            error,
+            self.config.kafka or {},
+            self.config.bootstrap_servers,
+            topics=topics,
+            writing=writing,
+            describing=describing,
+            group=self.config.group_id if group else None,
+            transactional_id=transactional_id,
+        )
+        if line is not None:
+            self._refused_group = refusal_code(error) == KafkaError.GROUP_AUTHORIZATION_FAILED
+            raise NotAuthorized(line)
+
+    def _output_topics(self) -> list[str]:
+        t = self.config.topics
+        return [t.actions, t.joined, t.dead_letter, t.rewards]
 
     def _broker_answered(self) -> None:
         line = self.outage.over()
@@ -766,6 +858,8 @@ class Worker:
         try:
             commit_offsets(self.consumer, offsets)
         except (TransactionFailed, KafkaException) as exc:
+            # A commit needs Read on each input topic.
+            self._raise_if_refused(exc, topics=sorted({tp.topic for tp in offsets}), group=True)
             # A rebalance or a lost session: the partitions' next owner reads this input again.
             self.metrics["idle_commit_failures"] += 1
             log.warning("idle partitions=%s: offsets not committed: %s", due, exc)
@@ -918,15 +1012,25 @@ class Worker:
 
     def _recover(self, p: int) -> PartitionState:
         self.writer.wait(p)  # the stored chain includes what this worker handed over for p
-        return recover_partition(
-            p,
-            self.config,
-            self.writer.reads,
-            self.reader,
-            lambda: self._committed(p),
-            self.metrics,
-            open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
-        )
+        try:
+            return recover_partition(
+                p,
+                self.config,
+                self.writer.reads,
+                self.reader,
+                lambda: self._committed(p),
+                self.metrics,
+                open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
+            )
+        except NotAuthorized:
+            raise  # the log reader's, naming its topic
+        except (RuntimeError, KafkaException) as exc:  # the snapshot topic's reader
+            self._raise_if_refused(exc, topics=self._store_topic())
+            raise
+
+    def _store_topic(self) -> list[str]:
+        topic = getattr(self.store, "topic", None)  # a TopicStore's
+        return [topic] if topic else []
 
     def _inputs_of(self, p: int) -> list[TopicPartition]:
         return [TopicPartition(self.batch.topic_of(src), p) for src in (CONTEXTS, REWARDS)]

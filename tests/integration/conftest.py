@@ -9,6 +9,7 @@ alone (give its reason beside the mark). ``--broker=tansu|kafka|both`` chooses t
 """
 
 import gc
+import shutil
 import uuid
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from streambandit.dev.tansu import BrokerError, EmbeddedBroker
 
 HERE = Path(__file__).parent
 KINDS = ("tansu", "kafka")
-_KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster", "kafka_tier"}
+_KAFKA_FIXTURES = {"kafka_broker", "kafka_cluster", "kafka_tier", "kafka_sasl_ssl", "kafka_mtls"}
 # At the session's end the brokers' state is thrown away: no clean stop is waited for (three nodes
 # stopped one by one hold the last in a controlled shutdown that no quorum can finish).
 SESSION_END_STOP_S = 2.0
@@ -174,6 +175,36 @@ def kafka_cluster(request):
         yield c
         gc.collect()
         c.stop(timeout_s=SESSION_END_STOP_S)
+
+
+def _secured_kafka_usable(config) -> None:
+    """As _kafka_usable, and openssl, which makes a secured broker's certificates."""
+    _kafka_usable(config)
+    if shutil.which("openssl") is None:
+        (pytest.fail if config.getoption("--require-kafka") else pytest.skip)(
+            "a secured Apache Kafka needs openssl for its certificates"
+        )
+
+
+@pytest.fixture(scope="module")
+def kafka_sasl_ssl(request):
+    """One combined node whose clients connect over SASL_SSL (SCRAM-SHA-512), the authorizer on
+    and no access without an ACL (dev/kafka_security.py): for the module that tests it."""
+    _secured_kafka_usable(request.config)
+    with ApacheKafka(security="sasl_ssl") as b:
+        yield b
+        gc.collect()
+        b.stop(timeout_s=SESSION_END_STOP_S)
+
+
+@pytest.fixture(scope="module")
+def kafka_mtls(request):
+    """As ``kafka_sasl_ssl``, the clients known by their certificates (mutual TLS)."""
+    _secured_kafka_usable(request.config)
+    with ApacheKafka(security="mtls") as b:
+        yield b
+        gc.collect()
+        b.stop(timeout_s=SESSION_END_STOP_S)
 
 
 @pytest.fixture(scope="session")

@@ -12,12 +12,19 @@ from streambandit.stream.logs import committed_view, group_committed, high_water
 from streambandit.wire import decode, encode
 
 
+def client_settings(broker) -> dict:
+    """The librdkafka settings that reach ``broker`` with full rights: its address, and on a
+    secured Apache Kafka (dev/kafka_security.py) the admin's credentials."""
+    settings = getattr(broker, "client_settings", None)
+    return settings() if settings else {"bootstrap.servers": broker.bootstrap_servers}
+
+
 def producer(broker) -> Producer:
     # Idempotent: a retried send must not duplicate an input record (the tests compare runs that
     # must see the same input).
     return Producer(
         {
-            "bootstrap.servers": broker.bootstrap_servers,
+            **client_settings(broker),
             "partitioner": "murmur2_random",
             "linger.ms": 5,
             "enable.idempotence": True,
@@ -48,7 +55,7 @@ def read_all(broker, topic: str, partitions: int = 2) -> list:
     Kafka that reported end is checked to hold everything read (the EOF read is only Tansu's)."""
     c = Consumer(
         {
-            "bootstrap.servers": broker.bootstrap_servers,
+            **client_settings(broker),
             "group.id": "reader",
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
@@ -77,7 +84,7 @@ def committed_offsets(
     worker's recovery does; otherwise the offsets last committed, at once."""
     c = Consumer(
         {
-            "bootstrap.servers": broker.bootstrap_servers,
+            **client_settings(broker),
             "group.id": group,
             "enable.auto.commit": False,
             "isolation.level": "read_committed" if stable else "read_uncommitted",
@@ -98,7 +105,7 @@ def end_offsets(broker, topic: str, partitions: int = 2) -> dict[int, int]:
 
     c = Consumer(
         {
-            "bootstrap.servers": broker.bootstrap_servers,
+            **client_settings(broker),
             "group.id": "reader",
             "isolation.level": "read_committed",
             "enable.partition.eof": True,
@@ -189,7 +196,7 @@ def _markers_written(broker, topics: list[str], partitions: int, timeout_s: floa
     clients = [
         Consumer(
             {
-                "bootstrap.servers": broker.bootstrap_servers,
+                **client_settings(broker),
                 "group.id": "reader",
                 "isolation.level": level,
             }
@@ -326,7 +333,7 @@ class Tail:
 
         self.c = Consumer(
             {
-                "bootstrap.servers": broker.bootstrap_servers,
+                **client_settings(broker),
                 "group.id": f"tail-{uuid.uuid4().hex[:8]}",
                 "isolation.level": "read_committed",
                 "enable.auto.commit": False,
@@ -379,9 +386,12 @@ def serve_config(group: str, snaps, topics, worker: str = "") -> str:
     return SERVE_CONFIG.format(group=group, snaps=snaps, worker=worker, topics=topics_toml(topics))
 
 
-def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ...] = ()):
+def serve_process(
+    broker, cfg_path, instance: str, log_path, args: tuple[str, ...] = (), env: dict | None = None
+):
     """``streambandit serve`` as one worker process with ``instance`` as its id, logging at INFO
-    to ``log_path`` (appended: a restarted instance continues its log); ``args`` added."""
+    to ``log_path`` (appended: a restarted instance continues its log); ``args`` added, ``env``
+    over the environment."""
     import os
     import subprocess
     import sys
@@ -405,7 +415,7 @@ def serve_process(broker, cfg_path, instance: str, log_path, args: tuple[str, ..
         ],
         stdout=subprocess.PIPE,
         stderr=open(log_path, "a"),
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
     )
 
 

@@ -202,11 +202,15 @@ def test_the_broker_command_runs_a_cluster_creates_the_topics_and_stops_on_sigin
             "  [kafka]\n",
             f'  "bootstrap.servers" = "{bootstrap}"\n',
         ]
-        md = AdminClient({"bootstrap.servers": bootstrap}).list_topics("contexts", timeout=10)
-        assert (
-            sorted(md.brokers) == [1, 2, 3]
-            and len(md.topics["contexts"].partitions[0].replicas) == 3
-        )
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+
+        def replicas() -> tuple[list[int], int]:
+            # A new topic's partitions may be missing from the first metadata a node gives.
+            md = admin.list_topics("contexts", timeout=10)
+            parts = md.topics["contexts"].partitions
+            return sorted(md.brokers), len(parts[0].replicas) if 0 in parts else 0
+
+        assert wait_for(lambda: replicas() == ([1, 2, 3], 3), timeout_s=20), replicas()
     finally:
         proc.send_signal(signal.SIGINT)
         try:

@@ -305,6 +305,7 @@ def test_recovery_reads_the_log_behind_a_dead_producers_transaction_once_fenced_
         g.procs["w"].kill()  # no snapshot, no leave: the updates are on the logs only
         g.procs["w"].wait()
         begun = g.starts("w")
+        restarted = time.time()
         g.start("w")
         assert wait_for(
             lambda: (
@@ -316,7 +317,9 @@ def test_recovery_reads_the_log_behind_a_dead_producers_transaction_once_fenced_
         ), g.text("w")[-3000:]
         time.sleep(2)
         run = lambda: g.text("w").split("worker started")[-1]  # noqa: E731
-        assert "partition assigned" not in run(), "recovered while transactions were open"
+        # Partition 1's transaction may have timed out by now on a slow machine (its recovery
+        # is checked against that moment below); partition 0's lasts until it is fenced.
+        assert "partition assigned partition=0" not in run(), "recovered while it was open"
         fenced_at = time.time()
         Producer(
             {
@@ -329,7 +332,10 @@ def test_recovery_reads_the_log_behind_a_dead_producers_transaction_once_fenced_
         p1 = _logged_at(run(), "partition assigned partition=1")
         assert fenced_at - 0.1 <= p0 < fenced_at + 10, (p0 - fenced_at, "by the fencing")
         timed_out = dead["timeout"][1] + dead_timeout_s
-        assert timed_out - 0.5 <= p1 < timed_out + 12, (p1 - timed_out, "by the timeout")
+        assert timed_out - 0.5 <= p1 < max(timed_out, restarted) + 12, (
+            p1 - timed_out,
+            "by the timeout",
+        )
         assert wait_for(lambda: caught_up(kafka_broker, topics, "open", sent, parts), 60)
         g.stop()
     finally:

@@ -36,13 +36,30 @@ def test_example_configurations_load(name, text):
 
 def test_the_manifests_credentials_come_from_a_secret_as_settings_the_worker_reads():
     from streambandit.config.environment import apply_environment
+    from streambandit.config.secret_files import read_file_settings
+    from streambandit.redaction import is_secret
 
     manifest = (DEPLOY / "k8s" / "streambandit.yaml").read_text()
     names = re.findall(r"- name: (STREAMBANDIT_\w+)\n\s+valueFrom: \{secretKeyRef", manifest)
-    assert names, "the worker's Kafka credentials come from a Secret"
-    raw = apply_environment(tomllib.loads(k8s_worker_toml()), {n: "x" for n in names})
+    assert names == ["STREAMBANDIT_KAFKA__SASL_USERNAME"]
+    mount = re.search(r"\{name: kafka-credentials, mountPath: (\S+), readOnly: true\}", manifest)
+    assert re.search(
+        r"- name: kafka-credentials\n\s+secret: \{secretName: streambandit-kafka, optional: true",
+        manifest,
+    )
+    # The ConfigMap holds no credential; its SASL lines, uncommented, read the password from the
+    # file the Secret's key (kubectl create secret ... --from-file=sasl-password=) becomes.
+    toml = k8s_worker_toml()
+    assert not [k for k in tomllib.loads(toml)["kafka"] if is_secret(k)]
+    with_sasl = re.sub(r'(?m)^# ("[\w.]+" = .*)$', r"\1", toml)
+    files = {
+        f"{mount.group(1)}/{key}": "pw" for key in re.findall(r"--from-file=([\w-]+)=", manifest)
+    }
+    raw = read_file_settings(tomllib.loads(with_sasl), read=lambda path: files[path])
+    raw = apply_environment(raw, {n: "user" for n in names})
     config, _ = parse_worker_config(raw)
-    assert config.kafka["sasl.username"] == config.kafka["sasl.password"] == "x"
+    assert config.kafka["sasl.username"] == "user" and config.kafka["sasl.password"] == "pw"
+    assert config.kafka["security.protocol"] == "SASL_SSL"
 
 
 def test_compose_creates_the_topics_of_the_configuration_its_workers_read():

@@ -18,7 +18,8 @@ ROOT = Path(__file__).resolve().parents[2] / "streambandit"
 # Floors, lowest first. A layer may import the layers of lower floors and itself; layers that
 # share a floor are siblings and import none of each other.
 FLOORS: list[dict[str, tuple[str, ...]]] = [
-    # Errors, reason codes, atomic files, log line formats, the progress line: no imports of ours.
+    # Errors, reason codes, atomic files, log line formats, credentials' masking, the progress
+    # line: no imports of ours.
     {
         "base": (
             "streambandit.errors",
@@ -26,6 +27,7 @@ FLOORS: list[dict[str, tuple[str, ...]]] = [
             "streambandit.atomic",
             "streambandit.progress",
             "streambandit.log_format",
+            "streambandit.redaction",
         )
     },
     {"numerics": ("streambandit.numerics",)},  # compiled kernels, row-wise products, linalg

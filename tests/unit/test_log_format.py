@@ -51,3 +51,32 @@ def test_text_logs_keep_python_s_own_tracebacks_and_the_error_line():
     assert out.returncode == 1
     assert "streambandit: error: the final error\n" in out.stderr
     assert "py.warnings" in out.stderr and "Traceback" in out.stderr
+
+
+REDACTED = textwrap.dedent(
+    """
+    import logging, sys, threading
+    from streambandit.log_format import configure_logging, error_line
+    from streambandit.redaction import hide
+    configure_logging(logging.INFO, sys.argv[1])
+    hide(["pw-log-format"])
+    logging.getLogger("streambandit.kafka").warning("librdkafka says pw-log-format")
+    t = threading.Thread(target=lambda: {}["pw-log-format"], name="helper")
+    t.start()
+    t.join()
+    error_line("refused pw-log-format")
+    raise RuntimeError("uncaught pw-log-format")
+    """
+)
+
+
+def test_credentials_are_masked_in_every_line_of_either_format():
+    for fmt in ("json", "text"):
+        out = subprocess.run(
+            [sys.executable, "-c", REDACTED, fmt], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 1
+        assert "pw-log-format" not in out.stderr, fmt
+        # each line still says what it said, the credential masked
+        assert out.stderr.count("********") >= 4, out.stderr
+        assert "KeyError" in out.stderr and "RuntimeError" in out.stderr
