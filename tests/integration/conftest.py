@@ -10,7 +10,6 @@ alone (give its reason beside the mark). ``--broker=tansu|kafka|both`` chooses t
 
 import gc
 import shutil
-import uuid
 from pathlib import Path
 
 import pytest
@@ -226,15 +225,6 @@ def own_broker(request):
 @pytest.fixture
 def topics(broker):
     """A fresh, co-partitioned topic set (names unique to the test), with 2 partitions."""
-    from streambandit.config.worker import Topics
+    from .helpers import fresh_topics
 
-    tag = uuid.uuid4().hex[:8]
-    t = Topics(
-        contexts=f"contexts-{tag}",
-        rewards=f"rewards-{tag}",
-        actions=f"actions-{tag}",
-        joined=f"joined-{tag}",
-        dead_letter=f"dead-letter-{tag}",
-    )
-    broker.create_topics(t.all(), partitions=2)
-    return t
+    return fresh_topics(broker)

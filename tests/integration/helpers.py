@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 
 import numpy as np
 from confluent_kafka import Consumer, Producer, TopicPartition
 
+from streambandit.config.worker import Topics
 from streambandit.stream.logs import committed_view, group_committed, high_watermark, read_range
 from streambandit.wire import decode, encode
 
@@ -74,6 +76,20 @@ def read_all(broker, topic: str, partitions: int = 2) -> list:
         return msgs
     finally:
         c.close()
+
+
+def fresh_topics(broker, partitions: int = 2, tag: str | None = None) -> Topics:
+    """A co-partitioned topic set named for this test alone (``tag``, or a random one), created."""
+    tag = tag or uuid.uuid4().hex[:8]
+    t = Topics(
+        contexts=f"contexts-{tag}",
+        rewards=f"rewards-{tag}",
+        actions=f"actions-{tag}",
+        joined=f"joined-{tag}",
+        dead_letter=f"dead-letter-{tag}",
+    )
+    broker.create_topics(t.all(), partitions=partitions)
+    return t
 
 
 def committed_offsets(

@@ -19,7 +19,15 @@ from streambandit.config.worker import Topics
 from streambandit.dev.kafka_security import Grant
 from streambandit.wire import Context
 
-from .helpers import all_input_committed, outputs, producer, send, serve_config, wait_for
+from .helpers import (
+    all_input_committed,
+    fresh_topics,
+    outputs,
+    producer,
+    send,
+    serve_config,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -93,14 +101,7 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
 ):
     broker, security = kafka_sasl_ssl, kafka_sasl_ssl.security
     tag = uuid.uuid4().hex[:6]
-    t = Topics(
-        contexts=f"contexts-{tag}",
-        rewards=f"rewards-{tag}",
-        actions=f"actions-{tag}",
-        joined=f"joined-{tag}",
-        dead_letter=f"dead-letter-{tag}",
-    )
-    broker.create_topics(t.all(), partitions=2)
+    t = fresh_topics(broker, tag=tag)
     snapshot_topic = f"snapshots-{tag}"
     broker.create_topics([snapshot_topic], partitions=2, config={"cleanup.policy": "compact"})
     security.add_user(PRINCIPAL)
@@ -190,14 +191,7 @@ def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_o
 ):
     broker, security = kafka_mtls, kafka_mtls.security
     tag = uuid.uuid4().hex[:6]
-    t = Topics(
-        contexts=f"contexts-{tag}",
-        rewards=f"rewards-{tag}",
-        actions=f"actions-{tag}",
-        joined=f"joined-{tag}",
-        dead_letter=f"dead-letter-{tag}",
-    )
-    broker.create_topics(t.all(), partitions=2)
+    t = fresh_topics(broker, tag=tag)
     snaps = tmp_path / "snaps"
 
     # A certificate of the same name, from a CA the broker does not trust.
