@@ -84,12 +84,13 @@ def refused(broker, cfg, log) -> str:
     return errors[0]
 
 
-def contexts(prod, topic: str, tag: str, n: int) -> list[str]:
-    """``n`` contexts and one record that is not one (a dead letter); their event ids."""
+def contexts(prod, topic: str, tag: str, n: int, t0_ms: int = 1_000) -> list[str]:
+    """``n`` contexts from event time ``t0_ms`` and one record that is not one (a dead letter);
+    their event ids."""
     rng = np.random.default_rng(len(tag))
     ids = [f"{tag}-{i}" for i in range(n)]
     for i, event_id in enumerate(ids):
-        ctx = Context(event_id, f"m-{i % 4}", 1_000 + i, ("a", "b"), rng.standard_normal((2, 3)))
+        ctx = Context(event_id, f"m-{i % 4}", t0_ms + i, ("a", "b"), rng.standard_normal((2, 3)))
         send(prod, topic, ctx)
     send(prod, topic, None, key=b"m-0", raw=b"not a record")
     prod.flush()
@@ -138,14 +139,17 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
     # Without each ACL in turn. The snapshots are removed first: recovery reads the output logs
     # back (their Read, and the reader's group), as after a crash; new input makes the worker
     # write to each output.
-    # Write on rewards is for the watermark ticks an idle partition with open decisions gets,
-    # which this input does not leave: it is not taken away here.
+    # Write on rewards is for the watermark ticks an idle partition with open decisions gets:
+    # its case's contexts are of the present, so their windows are open when the input stops
+    # (those of 1970 are closed at once by the watermark the earlier runs' ticks moved).
     # The snapshot topic's grants with the snapshots in it: Read first (recovery reads the
     # snapshots the full run stored), then Write (the first snapshot after recovery).
-    for i, grant in enumerate(g for g in grants if g != Grant("topic", t.rewards, "write")):
+    tick = Grant("topic", t.rewards, "write")
+    for i, grant in enumerate(grants):
         security.revoke(PRINCIPAL, [grant])
         shutil.rmtree(snaps, ignore_errors=True)
-        contexts(prod, t.contexts, f"without-{i}", 4)
+        t0_ms = int(time.time() * 1000) if grant == tick else 1_000
+        contexts(prod, t.contexts, f"without-{i}", 4, t0_ms)
         line = refused(
             broker, in_topic if grant.name == snapshot_topic else cfg, tmp_path / f"without-{i}.log"
         )
