@@ -2,7 +2,8 @@
 them (an environment variable, a ``_FILE`` variable, ``{ file = PATH }`` in the file) never
 appear in a log line (text or JSON), an error line, /metrics, a dead letter, ``--print-config``,
 ``status``, ``topics`` or ``export``, while the worker serves traffic with a bad record in it and
-a command fails on a bad security setting whose error librdkafka writes with the credential."""
+a command fails on a bad security setting whose error librdkafka writes with the credential.
+The api's keys, and the wrong keys clients present, appear in nothing the api writes either."""
 
 import json
 import os
@@ -150,6 +151,88 @@ def test_no_credential_appears_in_anything_the_commands_write(broker, topics, tm
         assert proc.returncode == NOT_AUTHORIZED_EXIT, err
         assert "sasl.oauthbearer.config beginning at: ********" in err
         written.append(out + err)
+
+    for text in written:
+        assert not [s for s in secrets if s in text], text[-3000:]
+
+
+def _call(url: str, headers: dict, body=None) -> tuple[int, str]:
+    import urllib.error
+    import urllib.request
+
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(
+        url, data=data, headers={"Content-Type": "application/json", **headers}
+    )
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode()
+
+
+def test_no_api_key_appears_in_anything_the_api_writes(tmp_path):
+    """The api's keys (one from the key file, one inline in the environment) and the wrong keys
+    clients present appear in no log line (JSON), refusal, metric or error line; a key file with
+    a bad line says where, not what."""
+    import signal
+    import time
+
+    tag = uuid.uuid4().hex[:12]
+    ranker, scraper = f"ranker-key-{tag}", f"scraper-key-{tag}"
+    wrong = [f"wrong-key-{tag}", f"{ranker}x", ranker[:-1]]
+    secrets = [ranker, scraper, *wrong]
+    models = tmp_path / "models.toml"
+    models.write_text(
+        '[[models]]\nmatch = "ads"\npolicy = "oful"\ndim = 3\nreward_window_ms = 1000\n'
+        "default_reward = 0.0\n"
+    )
+    keys = tmp_path / "keys"
+    keys.write_text(f"ad-server rank,reward {ranker}\nprometheus metrics {scraper}\n")
+    port = free_port()
+    log = tmp_path / "api.log"
+    written = []
+    cmd = [sys.executable, "-m", "streambandit", "api", "--models", str(models)]
+    cmd += ["--model-key", "ads", "--port", str(port), "--log-format", "json"]
+    env = {**os.environ, "STREAMBANDIT_API_KEYS_FILE": str(keys)}
+    with open(log, "w") as stderr:
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=stderr, env=env)
+    try:
+        assert wait_for(
+            lambda: proc.poll() is not None or "api: serving" in log.read_text(), timeout_s=60
+        ), log.read_text()
+        assert proc.poll() is None, log.read_text()
+        url = f"http://127.0.0.1:{port}"
+        rank = {"eventId": "e1", "actions": [{"id": "a", "features": [1.0, 0.0, 0.0]}]}
+        ok = {"Ocp-Apim-Subscription-Key": ranker}
+        for headers, path, body, status in [
+            (ok, "/rank", rank, 200),
+            ({"Authorization": f"Bearer {ranker}"}, "/events/e1/reward", {"value": 1.0}, 204),
+            (ok, "/metrics", None, 403),  # not its scope
+            *(({"Authorization": f"Bearer {w}"}, "/rank", rank, 401) for w in wrong),
+            ({"Ocp-Apim-Subscription-Key": wrong[0]}, "/metrics", None, 401),
+        ]:
+            got, text = _call(url + path, headers, body)
+            assert got == status, (path, got, text)
+            written.append(text)
+        got, metrics = _call(url + "/metrics", {"Authorization": f"Bearer {scraper}"})
+        assert got == 200 and 'key="ad-server"' in metrics, metrics
+        written.append(metrics)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0, log.read_text()[-3000:]
+    lines = log.read_text().splitlines()
+    assert [json.loads(line)["level"] for line in lines]
+    assert any("ad-server" in line for line in lines)  # keys are named by their names
+    written += lines
+
+    # A key file with a bad line: the error says which line, never the secret on it.
+    keys.write_text(f"ad-server rank,nosuchscope {ranker}\n")
+    started = time.monotonic()
+    bad = subprocess.run(cmd, capture_output=True, text=True, timeout=60, env=env)
+    assert bad.returncode == 2 and f"{keys}:1" in bad.stderr, bad.stderr
+    assert time.monotonic() - started < 60
+    written.append(bad.stdout + bad.stderr)
 
     for text in written:
         assert not [s for s in secrets if s in text], text[-3000:]
