@@ -23,6 +23,12 @@ from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.config.kafka import for_client
 from streambandit.config.worker import Topics
 from streambandit.errors import StreambanditError
+from streambandit.stream.authorization import (
+    AUTHORIZATION_CODES,
+    not_authorized_line,
+    refusal_code,
+)
+from streambandit.stream.errors import NotAuthorized
 from streambandit.stream.kafka_checks import kafka_logger
 from streambandit.stream.snapshots import snapshot_topic_config
 
@@ -173,6 +179,16 @@ def create_topics(
             err = exc.args[0] if exc.args else None
             if isinstance(err, KafkaError) and err.code() == KafkaError.TOPIC_ALREADY_EXISTS:
                 existing.add(topic)  # made by someone else since the metadata was read
+            elif refusal_code(exc) in AUTHORIZATION_CODES:
+                # A missing ACL: one line naming the grant, exit code 3 (docs/security.md).
+                line = not_authorized_line(
+                    refusal_code(exc),
+                    kafka,
+                    f"create topic {topic}",
+                    f"Cluster (or on Topic {topic})",
+                    "Create",
+                )
+                raise NotAuthorized(line) from None
             else:
                 # Refused as asked (e.g. more replicas than brokers): bad arguments, exit 2.
                 raise ValueError(f"could not create topic {topic!r}: {_reason(exc)}") from None

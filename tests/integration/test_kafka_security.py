@@ -189,6 +189,28 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
     assert topics.returncode == ACCESS_LOST, topics.stderr
     assert topics.stderr.splitlines()[-1].startswith(rejected), topics.stderr
 
+    # `topics create` as the worker, which may not create topics: one line naming the grant.
+    unmade = Topics(
+        **{k: f"{getattr(t, k)}-unmade" for k in ("contexts", "rewards", "actions", "joined")},
+        dead_letter=f"{t.dead_letter}-unmade",
+    )
+    creating = tmp_path / "create.toml"
+    creating.write_text(serve_config(GROUP, snaps, unmade) + settings)
+    create = subprocess.run(
+        [sys.executable, "-m", "streambandit", "topics", "create", "--config", str(creating),
+         "--partitions", "2", "--bootstrap-servers", broker.bootstrap_servers],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert create.returncode == ACCESS_LOST, create.stderr
+    line = create.stderr.splitlines()[-1]
+    topic = re.search(r"cannot create topic (\S+) ", line)
+    assert topic and topic[1] in unmade.all(), create.stderr
+    assert line == (
+        f"streambandit: error: not authorized: User:{PRINCIPAL} cannot create topic {topic[1]} "
+        f"(TOPIC_AUTHORIZATION_FAILED); grant it Create on Cluster (or on Topic {topic[1]}) "
+        "(docs/security.md)"
+    ), create.stderr
+
 
 def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_one(
     kafka_mtls, tmp_path
