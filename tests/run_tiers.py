@@ -16,6 +16,8 @@ Where this machine cannot run Apache Kafka (no java or mvn) and CI does not requ
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -43,8 +45,9 @@ def main() -> int:
     pytest = [sys.executable, "-m", "pytest", "-q"]
     if os.environ.get("STREAMBANDIT_TEST_BROKER") or not _kafka_runs_here():
         return subprocess.call(pytest, cwd=ROOT)
-    base = Path(tempfile.gettempdir()) / f"streambandit-kafka-tier-{os.getuid()}"
-    log_path = base.with_suffix(".log")
+    # A directory of this run's own: two runs at once (two checkouts) must not share one.
+    base = Path(tempfile.mkdtemp(prefix="streambandit-kafka-tier-"))
+    log_path = base / "pytest.log"
     with open(log_path, "w") as log:
         kafka = subprocess.Popen(
             [
@@ -53,7 +56,7 @@ def main() -> int:
                 "no:cacheprovider",
                 "--broker=kafka",
                 "--only-broker-tests",
-                f"--basetemp={base}",
+                f"--basetemp={base / 'tmp'}",
                 "tests/integration",
             ],
             cwd=ROOT,
@@ -69,12 +72,18 @@ def main() -> int:
             )
             kafka_rc = kafka.wait()
         except BaseException:
-            kafka.kill()
-            kafka.wait()
+            # SIGINT: pytest stops as on Ctrl-C and its fixtures stop their brokers.
+            kafka.send_signal(signal.SIGINT)
+            try:
+                kafka.wait(60)
+            except subprocess.TimeoutExpired:
+                kafka.kill()
             raise
     print(f"\n===== the Apache Kafka tier (python -m pytest ... --broker=kafka, {log_path}) =====")
     sys.stdout.flush()
     sys.stdout.write(log_path.read_text())
+    if rest == kafka_rc == 0:
+        shutil.rmtree(base, ignore_errors=True)  # kept after a failure: the tests' logs are there
     return rest or kafka_rc
 
 
