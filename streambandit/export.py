@@ -15,16 +15,15 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, TopicPartition
 
-from streambandit.config.kafka import for_client, reader_settings
+from streambandit.config.kafka import reader_settings
 from streambandit.config.worker import Topics
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.replay.logged import LoggedDecision
 from streambandit.stream.authorization import refusal_line
 from streambandit.stream.errors import NotAuthorized
-from streambandit.stream.kafka_checks import kafka_logger
+from streambandit.stream.kafka_checks import check_groups_described, kafka_logger
 from streambandit.stream.logs import committed_view, group_committed, read_range
 from streambandit.wire import Action, Context, DecodeError, Joined, ReplicaDecision, decode
 
@@ -72,7 +71,9 @@ def read_logged_decisions(
         joined = reader.list_topics(topics.joined, timeout=10).topics[topics.joined]
         if partitions is None:
             partitions = sorted(joined.partitions)
-        _check_group(bootstrap_servers, kafka, group_id, refused)
+        # The group's committed offsets are asked for next: refused at once here, where the
+        # offsets request would wait out its timeout.
+        check_groups_described(bootstrap_servers, kafka, [group_id])
         for p in partitions:
             first = topics.first_input(learn_only)
             got = group_committed(
@@ -96,24 +97,6 @@ def read_logged_decisions(
     finally:
         reader.close()
         group.close()
-
-
-def _check_group(bootstrap_servers: str, kafka: dict | None, group_id: str, refused) -> None:
-    """The group's committed offsets need Describe on it; without, librdkafka's offset request
-    waits out its whole timeout, where describing the group is refused at once."""
-    admin = AdminClient(
-        {
-            "bootstrap.servers": bootstrap_servers,
-            **for_client("admin", kafka),
-            "logger": kafka_logger(),
-        }
-    )
-    future = admin.describe_consumer_groups([group_id])[group_id]
-    try:
-        future.result(timeout=30)
-    except KafkaException as exc:
-        refused(exc, group=group_id, group_operation="Describe")
-        raise
 
 
 class ReadFailed(RuntimeError):

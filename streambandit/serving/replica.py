@@ -70,7 +70,7 @@ from streambandit.serving.decider import Ranking
 from streambandit.serving.staleness import Staleness
 from streambandit.stream.authorization import refusal_line
 from streambandit.stream.errors import NotAuthorized
-from streambandit.stream.kafka_checks import kafka_logger
+from streambandit.stream.kafka_checks import check_groups_described, kafka_logger
 from streambandit.stream.logs import LogReader, committed_view, group_committed
 from streambandit.stream.snapshots import SnapshotStore, load_latest
 from streambandit.wire import Context, DecodeError, Joined, ReplicaDecision, Reward, decode, encode
@@ -364,6 +364,15 @@ class Replica:
                     raise NotAuthorized(line)
             if joined not in md.topics or md.topics[joined].error is not None:
                 raise RuntimeError(f"topic {joined!r} does not exist")
+            # The learners' committed offsets need Describe on their group, and reading joined
+            # on the reader's: without, the offsets request waits out its timeout (the replica
+            # would only be still reading), and a reader's range read fails only once there
+            # is a record to read.
+            check_groups_described(
+                self.worker_config.bootstrap_servers,
+                self.worker_config.kafka,
+                [self.worker_config.group_id, self._reader.settings["group.id"]],
+            )
             self._starts = {p: self._load(p) for p in sorted(md.topics[joined].partitions)}
             self._follow.assign([TopicPartition(joined, p, off) for p, off in self._starts.items()])
             self._staleness = Staleness(time.monotonic())

@@ -7,6 +7,9 @@ reach the operator.
 - ``wait_for_brokers``: a metadata request, retried for ``broker_wait_s``; a cluster that does
   not answer is one error line saying what, which setting and what to do, not a traceback after
   hundreds of librdkafka lines.
+- ``check_groups_described``: whether the principal may Describe the groups whose committed
+  offsets a reader asks for (``export``, a replica); without it librdkafka's offsets request waits
+  out its whole timeout, where describing the group is refused at once, as one line.
 - ``choose_group_protocol``: the consumer group protocol, from ``[worker] group_protocol`` and,
   when that is ``auto``, from what the broker says it offers.
 - ``kafka_logger``: librdkafka's lines through Python logging (``logger`` client setting), each
@@ -39,6 +42,7 @@ from streambandit.stream.errors import NotAuthorized, WorkerError
 __all__ = [
     "GroupProtocol",
     "check_client_settings",
+    "check_groups_described",
     "choose_group_protocol",
     "wait_for_brokers",
     "kafka_logger",
@@ -234,3 +238,29 @@ def _broker_configs(config: WorkerConfig, timeout_s: float) -> tuple[dict[str, s
         return {}, f"describe configs: {_kafka_message(exc)}"
     configs = {k: v.value for k, v in described.items() if v.value is not None}
     return configs, "" if configs else "it describes no configuration"
+
+
+def check_groups_described(
+    bootstrap_servers: str, kafka: dict[str, Any] | None, groups: list[str], timeout_s: float = 30.0
+) -> None:
+    """NotAuthorized when the principal may not Describe one of ``groups``. Reading a group's
+    committed offsets (or a reader's range, whose group's coordinator librdkafka looks up) needs
+    Describe on it; without, the request waits out its whole timeout, where describing the group
+    is refused at once. Any other error is raised as it is."""
+    admin = AdminClient(
+        {
+            "bootstrap.servers": bootstrap_servers,
+            **for_client("admin", kafka),
+            "logger": kafka_logger(),
+        }
+    )
+    for group, future in admin.describe_consumer_groups(list(groups)).items():
+        try:
+            future.result(timeout=timeout_s)
+        except KafkaException as exc:
+            line = refusal_line(
+                exc, kafka or {}, bootstrap_servers, group=group, group_operation="Describe"
+            )
+            if line is not None:
+                raise NotAuthorized(line) from None
+            raise

@@ -252,7 +252,8 @@ def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_
 ):
     from streambandit.config.models import parse_models_config
     from streambandit.config.worker import WorkerConfig
-    from streambandit.serving.replica import Replica
+    from streambandit.engine.admission import DecisionError
+    from streambandit.serving.replica import NOT_READY, Replica
     from streambandit.stream.errors import NotAuthorized
     from streambandit.stream.snapshots import DirectoryStore
 
@@ -329,6 +330,27 @@ def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_
     with pytest.raises(NotAuthorized, match=f"cannot Describe topic {t.joined} .* grant it Read"):
         Replica(config, DirectoryStore(tmp_path / "snaps")).start(30).close()
     assert time.monotonic() - started < 10
+    security.grant("replica", [Grant("topic", t.joined, "read")])
+    # Without Describe on the learners' group (their committed offsets) or on the reader's: the
+    # same, where the offsets request would wait out its timeout; rank is refused with the line.
+    for group in ("g-learn", "streambandit-reader"):
+        security.revoke("replica", [Grant("group", group, "describe")])
+        expected = (
+            f"not authorized: User:replica cannot use group {group} (GROUP_AUTHORIZATION_FAILED); "
+            f"grant it Describe on Group {group} (docs/security.md)"
+        )
+        replica = Replica(config, DirectoryStore(tmp_path / "snaps"))
+        started = time.monotonic()
+        try:
+            with pytest.raises(NotAuthorized, match=re.escape(expected)):
+                replica.start(30)
+            assert time.monotonic() - started < 10
+            assert not replica.is_ready()
+            with pytest.raises(DecisionError, match=re.escape(f"{NOT_READY}: {expected}")):
+                rank(replica, f"without-{group}")
+        finally:
+            replica.close()
+        security.grant("replica", [Grant("group", group, "describe")])
 
 
 def check_export(broker, t: Topics, out: dict) -> None:
