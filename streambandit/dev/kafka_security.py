@@ -29,7 +29,7 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from confluent_kafka import KafkaException
 from confluent_kafka.admin import (
@@ -57,28 +57,14 @@ _SCRAM = "SCRAM-SHA-512"
 _DAYS = "2"
 
 
-class Grant(tuple):
-    """One ACL: (resource type, name, pattern, operation), e.g. ``("topic", "actions-x",
-    "literal", "write")``; allowed to one principal from any host."""
+class Grant(NamedTuple):
+    """One ACL, allowed to one principal from any host: e.g. ``Grant("topic", "actions-x",
+    "write")``, or a prefix, ``Grant("transactional_id", "g-", "write", "prefixed")``."""
 
-    def __new__(cls, resource: str, name: str, operation: str, pattern: str = "literal"):
-        return super().__new__(cls, (resource, name, operation, pattern))
-
-    @property
-    def resource(self) -> str:
-        return self[0]
-
-    @property
-    def name(self) -> str:
-        return self[1]
-
-    @property
-    def operation(self) -> str:
-        return self[2]
-
-    @property
-    def pattern(self) -> str:
-        return self[3]
+    resource: str
+    name: str
+    operation: str
+    pattern: str = "literal"
 
     def __repr__(self) -> str:
         prefixed = " (prefixed)" if self.pattern == "prefixed" else ""

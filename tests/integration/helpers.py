@@ -78,17 +78,21 @@ def read_all(broker, topic: str, partitions: int = 2) -> list:
         c.close()
 
 
-def fresh_topics(broker, partitions: int = 2, tag: str | None = None) -> Topics:
-    """A co-partitioned topic set named for this test alone (``tag``, or a random one), created."""
+def fresh_topics(
+    broker, partitions: int = 2, tag: str | None = None, learn_only: bool = False
+) -> Topics:
+    """A co-partitioned topic set named for this test alone (``tag``, or a random one), created:
+    a learn-only worker's (decisions for contexts) with ``learn_only``."""
     tag = tag or uuid.uuid4().hex[:8]
     t = Topics(
         contexts=f"contexts-{tag}",
+        decisions=f"decisions-{tag}",
         rewards=f"rewards-{tag}",
         actions=f"actions-{tag}",
         joined=f"joined-{tag}",
         dead_letter=f"dead-letter-{tag}",
     )
-    broker.create_topics(t.all(), partitions=partitions)
+    broker.create_topics(t.all(learn_only), partitions=partitions)
     return t
 
 

@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 
 import numpy as np
 import pytest
@@ -101,9 +100,8 @@ def test_a_worker_with_the_minimal_acls_works_and_stops_with_one_line_for_each_m
     kafka_sasl_ssl, tmp_path
 ):
     broker, security = kafka_sasl_ssl, kafka_sasl_ssl.security
-    tag = uuid.uuid4().hex[:6]
-    t = fresh_topics(broker, tag=tag)
-    snapshot_topic = f"snapshots-{tag}"
+    t = fresh_topics(broker)
+    snapshot_topic = t.contexts.replace("contexts-", "snapshots-")
     broker.create_topics([snapshot_topic], partitions=2, config={"cleanup.policy": "compact"})
     security.add_user(PRINCIPAL)
     grants = minimal_grants(t, GROUP, snapshot_topic)
@@ -216,8 +214,7 @@ def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_o
     kafka_mtls, tmp_path
 ):
     broker, security = kafka_mtls, kafka_mtls.security
-    tag = uuid.uuid4().hex[:6]
-    t = fresh_topics(broker, tag=tag)
+    t = fresh_topics(broker)
     snaps = tmp_path / "snaps"
 
     # A certificate of the same name, from a CA the broker does not trust.
@@ -260,16 +257,7 @@ def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_
     from .helpers import read_all
 
     broker, security = kafka_sasl_ssl, kafka_sasl_ssl.security
-    tag = uuid.uuid4().hex[:6]
-    t = Topics(
-        contexts=f"contexts-{tag}",
-        decisions=f"decisions-{tag}",
-        rewards=f"rewards-{tag}",
-        actions=f"actions-{tag}",
-        joined=f"joined-{tag}",
-        dead_letter=f"dead-letter-{tag}",
-    )
-    broker.create_topics(t.all(learn_only=True), partitions=2)
+    t = fresh_topics(broker, learn_only=True)
     security.add_user("replica")
     grants = [
         Grant("topic", t.joined, "read"),

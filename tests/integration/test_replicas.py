@@ -18,7 +18,6 @@ import sys
 import time
 import urllib.error
 import urllib.request
-import uuid
 
 import numpy as np
 import pytest
@@ -34,6 +33,7 @@ from streambandit.wire import InputRef, ReplicaDecision, Reward, decode, encode
 
 from .helpers import (
     committed_offsets,
+    fresh_topics,
     outputs,
     read_all,
     same_state,
@@ -64,17 +64,7 @@ KEYS = ["ads-0", "ads-1", "ads-2"]
 
 @pytest.fixture
 def learn_topics(broker):
-    tag = uuid.uuid4().hex[:8]
-    t = Topics(
-        contexts=f"contexts-{tag}",
-        decisions=f"decisions-{tag}",
-        rewards=f"rewards-{tag}",
-        actions=f"actions-{tag}",
-        joined=f"joined-{tag}",
-        dead_letter=f"dead-letter-{tag}",
-    )
-    broker.create_topics(t.all(learn_only=True), partitions=2)
-    return t
+    return fresh_topics(broker, learn_only=True)
 
 
 def _replica(broker, topics, snaps, group):
