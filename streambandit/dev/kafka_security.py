@@ -70,8 +70,10 @@ class Grant(NamedTuple):
         prefixed = " (prefixed)" if self.pattern == "prefixed" else ""
         return f"{self.operation} on {self.resource} {self.name}{prefixed}"
 
-    def binding(self, principal: str) -> AclBinding:
-        return AclBinding(
+    def binding(self, principal: str, kind: type = AclBinding) -> AclBinding:
+        """The ACL allowed to ``principal`` from any host (``kind=AclBindingFilter``: the filter
+        that matches exactly it)."""
+        return kind(
             _resource_type(self.resource),
             self.name,
             ResourcePatternType[self.pattern.upper()],
@@ -290,18 +292,7 @@ class Security:
         """Take ``grants`` from ``principal``, and wait until the broker applies it."""
         if not grants:
             return
-        filters = [
-            AclBindingFilter(
-                _resource_type(g.resource),
-                g.name,
-                ResourcePatternType[g.pattern.upper()],
-                f"User:{principal}",
-                "*",
-                AclOperation[g.operation.upper()],
-                AclPermissionType.ALLOW,
-            )
-            for g in grants
-        ]
+        filters = [g.binding(principal, AclBindingFilter) for g in grants]
         for fut in self.admin().delete_acls(filters).values():
             fut.result(timeout=30)
         _until(lambda: not set(grants) & set(self.acls(principal)), f"ACLs of {principal} gone")
