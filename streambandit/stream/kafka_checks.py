@@ -246,7 +246,9 @@ def check_groups_described(
     """NotAuthorized when the principal may not Describe one of ``groups``. Reading a group's
     committed offsets (or a reader's range, whose group's coordinator librdkafka looks up) needs
     Describe on it; without, the request waits out its whole timeout, where describing the group
-    is refused at once. Any other error is raised as it is."""
+    is refused at once. Any other error (a coordinator that moves or still loads:
+    NOT_COORDINATOR, COORDINATOR_LOAD_IN_PROGRESS; a timeout) says nothing about the grant and
+    is left to the read that follows, which waits and retries as librdkafka does."""
     admin = AdminClient(
         {
             "bootstrap.servers": bootstrap_servers,
@@ -263,4 +265,3 @@ def check_groups_described(
             )
             if line is not None:
                 raise NotAuthorized(line) from None
-            raise
