@@ -582,12 +582,21 @@ def _log_format(path, given: str | None) -> str:
     return known[suffix]
 
 
-def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
+# DSJSON's hashing dimension when only external targets read the log: their probabilities are
+# given, so the features feed only the reward model of dm and dr (a ridge of this dimension).
+EXTERNAL_HASH_DIM = 32
+
+
+def _replay_source(
+    args: argparse.Namespace, counts: dict, dim: int | None, *, configured: bool = True
+):
     """The logged decisions ``streambandit replay`` reads, and a name for them in the report.
 
     LOG is a ``.csv`` (inline features or ``--catalog``), ``.avro``, DSJSON (``.json``,
     ``.dsjson``, ``.gz``) file or an Open Bandit Dataset directory (docs/replay_formats.md).
     ``dim``: the targets' dimension, DSJSON's hashing dimension unless ``--hash-dim`` says.
+    ``configured``: whether a configured (learning or frozen) target reads the features; without
+    one DSJSON is hashed into :data:`EXTERNAL_HASH_DIM` buckets unless ``--hash-dim`` says.
     Other sources (e.g. a Kafka topic range) plug in here: return an iterable of
     LoggedDecision in log order."""
     from pathlib import Path
@@ -627,7 +636,7 @@ def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
         ), str(path)
     from streambandit.replay.dsjson import read_dsjson
 
-    hash_dim = args.hash_dim or dim
+    hash_dim = args.hash_dim or dim or (None if configured else EXTERNAL_HASH_DIM)
     if not hash_dim:
         raise ValueError(
             "a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)"
@@ -726,7 +735,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
-    decisions, source = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    decisions, source = _replay_source(
+        args, counts, dims.pop() if len(dims) == 1 else None, configured=bool(learners)
+    )
     decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer("replay")
     results = replay_targets(
@@ -935,7 +946,7 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="buckets for hashed features: a CSV context's name=value tokens; DSJSON's features "
-        "(default: the models' dimension)",
+        "(default: the models' dimension; 32 for DSJSON read by --external targets only)",
     )
     p.add_argument(
         "--user-dim",

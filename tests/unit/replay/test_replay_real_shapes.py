@@ -336,3 +336,40 @@ def test_a_bad_grid_is_one_line_naming_the_candidate(tmp_path):
         and "candidate lam=-1" in out.stderr
         and len(out.stderr.strip().splitlines()) == 1
     )
+
+
+def test_a_dsjson_log_with_external_targets_only_needs_no_hash_dim(tmp_path):
+    rng = np.random.default_rng(6)
+    actions = ["news", "sports", "music"]
+    lines, side = [], ["event_id,probs"]
+    for t in range(300):
+        chosen = int(rng.integers(3))
+        reward = float(rng.random() < 0.2 + 0.2 * chosen)
+        stamp = f"2024-01-01T00:{t // 60 % 60:02d}:{t % 60:02d}.0000000Z"
+        lines.append(dsjson_line(f"ev{t}", stamp, "young", actions, chosen, 1 / 3, -reward))
+        side.append(f"ev{t},0|0|1")  # always music
+    log = tmp_path / "personalizer.json"
+    log.write_text("\n".join(lines) + "\n")
+    (tmp_path / "music.csv").write_text("\n".join(side) + "\n")
+
+    cli("replay", log, "--external", f"music={tmp_path / 'music.csv'}", "--out", tmp_path / "r")
+    target = json.loads((tmp_path / "r" / "replay.json").read_text())["targets"][0]
+    est = {e["name"]: e for e in target["estimates"]}
+    decisions = list(read_dsjson(log, dim=32))
+    by_hand = np.mean([(d.action == 2) * 3.0 * d.reward for d in decisions])
+    assert target["kind"] == "external" and est["ips"]["value"] == pytest.approx(by_hand)
+
+    # A configured target reads the features: without a dimension it is still refused.
+    config = tmp_path / "two.toml"
+    config.write_text(
+        MODELS.format(dim=64).replace('"obd"', '"dsjson"')
+        + MODELS.format(dim=32).replace('"obd"', '"other"')
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "replay", str(log), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "a DSJSON log needs --hash-dim" in out.stderr and "Traceback" not in out.stderr
