@@ -559,8 +559,14 @@ class OffPolicyEvaluator:
         # ips of r = lo * mean(w) + (hi - lo) * ips of r'; the interval is the r' part's, moved by
         # the first term (the weights' mean is taken as it is: it is 1 in expectation).
         su, su2, sw, sw2 = (float(self._acc[i]) for i in (sums.SU, sums.SU2, sums.SW, sums.SW2))
+        swq, sw2q = float(self._acc[sums.SWQ]), float(self._acc[sums.SW2Q])
         shift = lo * sw / self.n
         k = su2 / su if su > 0 else (sw2 / sw if sw > 0 else 0.0)
+        # The successes seen are few where clicks are rare, and they mostly carry small weights
+        # when propensities are spread: the weight a success carries, as the reward model expects
+        # it from every row, is the larger one there (intervals.py).
+        if swq > 0:
+            k = max(k, sw2q / swq)
         if k > 0:
             a, b = scaled_wilson(su / self.n, k, self.n, self._z)
             ips = e["ips"] = dataclasses.replace(

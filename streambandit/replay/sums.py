@@ -38,6 +38,8 @@ __all__ = [
     "SW",
     "SW2",
     "CLIPPED",
+    "SWQ",
+    "SW2Q",
     "TWO_VALUED",
     "UNIFORM",
     "SIZE",
@@ -63,7 +65,10 @@ REPLAY, SNIPS = 0, 9  # ratios
 IPS, DM, DR, LOGGED = 18, 21, 24, 27  # means
 SU, SU2, SW, SW2 = 30, 31, 32, 33  # sums of w r', w^2 r'^2, w, w^2 (r' = r on the scale [0, 1])
 CLIPPED, TWO_VALUED, UNIFORM = 34, 35, 36
-SIZE = 37
+# sums of w q' and w^2 q' over every row (q' = the reward model's prediction of the logged arm on
+# the scale [0, 1]): the weight of a success as the model expects it, from every row's weight
+SWQ, SW2Q = 37, 38
+SIZE = 39
 
 (
     TERMS_OK,
@@ -131,6 +136,9 @@ def add_event(acc, pa, p, r, k, dm, qa, clip, lo, hi):
     acc[SU2] += w * w * rs * rs
     acc[SW] += w
     acc[SW2] += w * w
+    qs = min(max((qa - lo) / (hi - lo), 0.0), 1.0)
+    acc[SWQ] += w * qs
+    acc[SW2Q] += w * w * qs
     return w
 
 
