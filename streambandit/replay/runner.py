@@ -138,6 +138,9 @@ class ReplayResult:
     # position (0: the top slot) -> the estimates of the slate rows at that slot
     by_position: dict[int, "KeyEstimates"] = dataclasses.field(default_factory=dict)
     positions_without_estimates: int = 0  # events at positions past MAX_POSITION_ESTIMATES
+    # The range every value and bound is clamped to, and whence: "given" (--reward-range),
+    # "seen" (the least and the largest reward of the log), "default" ([0, 1] and the one value).
+    reward_range: tuple[float, float, str] = (0.0, 1.0, "default")
 
     @property
     def match_rate(self) -> float:
@@ -642,6 +645,7 @@ def replay_targets(
             warnings=warnings,
             estimates=list(ev.estimates()),
             logging_value=ev.logging_value,
+            reward_range=ev.ends,
             events=r.events,
             matched=r.matched,
             running=ev.running(),
