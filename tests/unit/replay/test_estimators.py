@@ -388,9 +388,7 @@ def test_empty_and_single_event_estimates():
     assert ev.ends == (0.0, 1.0, "default")
     for e in ev.estimates():
         assert math.isfinite(e.value)
-        assert (
-            e.interval == "none" if e.name == "dm" else (e.ci_low, e.ci_high) == (0.0, 1.0)
-        ), e
+        assert e.interval == "none" if e.name == "dm" else (e.ci_low, e.ci_high) == (0.0, 1.0), e
     one = OffPolicyEvaluator()  # one 0/1 reward: the score intervals of one trial
     one.add(
         action=0,
