@@ -35,7 +35,7 @@ from streambandit.policies.base import make_policy
 from streambandit.replay.estimators import OffPolicyEvaluator, RidgeRewardModel
 
 K, D = 10, 5
-ROWS = 10_000
+ROWS = 20_000
 LOGS, QUICK_LOGS = 200, 30
 CTRS = (0.1, 0.01)
 TARGETS = ("uniform", "fixed", "frozen")

@@ -628,28 +628,41 @@ class OffPolicyEvaluator:
             ips = e["ips"] = dataclasses.replace(
                 e["ips"], ci_low=shift + span * a, ci_high=shift + span * b, interval="score"
             )
-            e["dr"] = self._dr_scored(e["dr"], ips, su, lo, hi)
+            e["dr"] = self._dr_scored(e["dr"], ips, k, lo, hi)
         return [e[x.name] for x in out]
 
-    def _dr_scored(self, d: Estimate, ips: Estimate, su: float, lo: float, hi: float) -> Estimate:
-        """dr's interval for two-valued rewards. A dr term is ``dm + w (r - q)``; given the
-        event, its variance is ``w^2 (mu - lo)(hi - mu)`` for the reward's mean ``mu``, which the
-        reward model predicts as ``q``: the variance is ``Var(dm) + mean(w^2 (q - lo)(hi - q))``
-        over every row, where the terms' own spread misses the rare heavy-weighted success. With
-        no success of weight > 0 the model's predictions are all it has to go on, and dr takes
-        ips's score interval, moved to its value."""
+    def _dr_scored(self, d: Estimate, ips: Estimate, k: float, lo: float, hi: float) -> Estimate:
+        """dr's interval for rewards at the two ends. A dr term is ``t = u + span w r'`` with
+        ``u = dm + w (lo - q)`` and ``r'`` 0/1, so ``Var(t) = Var(u) + span^2 Var(w r') +
+        2 span Cov(u, w r')``. The terms with a success in them carry ``w^2 r'``, which the few
+        successes seen estimate badly when propensities spread (the heavy-weighted success is
+        rarely seen): there, as for ips, one ``w`` is replaced by ``k``, the mean weight of a
+        success as the reward model expects it from every row. The interval's variance is the
+        larger of that and the terms' own sample variance (which holds when successes are
+        plentiful and the reward model is off: bench/ope_coverage.py measures both regimes).
+        With no success of weight > 0 yet, dr takes ips's score interval moved to its value."""
         n, acc = self.n, self._acc
         if not math.isfinite(d.value):
             return d
-        var = 0.0
-        if n >= 2:
-            w2qq = lo * hi * float(acc[sums.SW2]) - (lo + hi) * float(acc[sums.SW2Q])
-            var = self._dm.m2 / (n - 1) - (w2qq + float(acc[sums.SW2Q2])) / n
-        if su > 0 and var > 0:
-            half = self._z * math.sqrt(var / n)
-            return dataclasses.replace(
-                d, ci_low=d.value - half, ci_high=d.value + half, interval="model"
-            )
+        span = hi - lo
+        sw, sw2, swr = (float(acc[i]) for i in (sums.SW, sums.SW2, sums.SWR))
+        v1 = (swr - lo * sw) / span / n  # mean(w r')
+        if n >= 2 and v1 > 0:
+            f = n / (n - 1)
+            eu = (float(acc[sums.SU]) + lo * sw) / n
+            euu = (float(acc[sums.SUU]) + 2 * lo * float(acc[sums.SUW]) + lo * lo * sw2) / n
+            e_dm_wr = (float(acc[sums.SDWR]) - lo * float(acc[sums.SDW])) / span / n
+            e_wr_loq = (
+                lo * swr - float(acc[sums.SWRQ]) - lo * lo * sw + lo * float(acc[sums.SWQR])
+            ) / (span * n)
+            cov = e_dm_wr + k * e_wr_loq - eu * v1
+            var_k = f * (euu - eu * eu + span * span * (k * v1 - v1 * v1) + 2 * span * cov)
+            var = max(var_k, self._dr.m2 / (n - 1))
+            if var > 0:
+                half = self._z * math.sqrt(var / n)
+                return dataclasses.replace(
+                    d, ci_low=d.value - half, ci_high=d.value + half, interval="model"
+                )
         return dataclasses.replace(
             d,
             ci_low=d.value - (ips.value - ips.ci_low),

@@ -48,6 +48,13 @@ __all__ = [
     "SW2Q",
     "SW2Q2",
     "WMAX",
+    "SU",
+    "SUU",
+    "SUW",
+    "SDWR",
+    "SDW",
+    "SWRQ",
+    "SWQR",
     "SIZE",
     "new_accumulator",
     "mean_add",
@@ -81,7 +88,11 @@ R_A, R_B, MANY, RMIN, RMAX = 36, 37, 38, 39, 40
 # the model expects it, from every row and not only the few with a success (intervals.py).
 SWQ, SW2Q, SW2Q2 = 41, 42, 43
 WMAX = 44  # the largest weight used
-SIZE = 45
+# For dr's variance with the success weight the model expects (estimators._dr_scored), on the
+# rewards' own scale: u = dm - w q (q the prediction of the logged arm, as in dr's term):
+# sum u, sum u^2, sum u w, sum dm w r, sum dm w, sum w r q, sum w q.
+SU, SUU, SUW, SDWR, SDW, SWRQ, SWQR = 45, 46, 47, 48, 49, 50, 51
+SIZE = 52
 
 (
     TERMS_OK,
@@ -160,6 +171,14 @@ def add_event(acc, pa, p, r, k, dm, qa, clip, lo, hi):
     acc[SW] += w
     acc[SW2] += w * w
     acc[WMAX] = max(acc[WMAX], w)
+    u = dm - w * qa
+    acc[SU] += u
+    acc[SUU] += u * u
+    acc[SUW] += u * w
+    acc[SDWR] += dm * w * r
+    acc[SDW] += dm * w
+    acc[SWRQ] += w * r * qa
+    acc[SWQR] += w * qa
     if np.isnan(lo):
         lo, hi = acc[RMIN], acc[RMAX]
         if not lo < hi:

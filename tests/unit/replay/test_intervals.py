@@ -148,7 +148,7 @@ def test_the_ips_score_interval_takes_the_success_weight_the_model_expects_from_
     assert (ips.ci_low, ips.ci_high) == pytest.approx((lo, hi), rel=1e-12)
 
 
-def test_dr_s_interval_has_the_variance_the_reward_model_gives_every_row():
+def test_dr_s_interval_takes_the_success_weight_the_model_expects_from_every_row():
     ev = OffPolicyEvaluator()
     target = np.array([0.5, 0.5])
     rows = _rows_with_a_model()
@@ -157,10 +157,17 @@ def test_dr_s_interval_has_the_variance_the_reward_model_gives_every_row():
     w = np.array([0.5 / p for _, p, _, _ in rows])
     r = np.array([r for _, _, r, _ in rows])
     qa = np.array([q[a] for a, _, _, q in rows])
-    dm = np.full(len(rows), 0.15)
+    n = len(rows)
+    dm = np.full(n, 0.15)
     terms = dm + w * (r - qa)
-    var = dm.var(ddof=1) + (w * w * qa * (1 - qa)).mean()  # Var(dm) + E[w^2 q (1 - q)]
-    half = Z95 * math.sqrt(var / len(rows))
+    # Var(u + w r) with u = dm - w q, where E[w^2 r] and E[w^2 r q] take one w as k, the mean
+    # weight of a success as the model expects it; the larger of that and the sample variance.
+    k = (w * w * qa).sum() / (w * qa).sum()
+    u, v1 = dm - w * qa, (w * r).mean()
+    cov = (dm * w * r).mean() - k * (w * r * qa).mean() - u.mean() * v1
+    var_k = n / (n - 1) * (u.var() + k * v1 - v1 * v1 + 2 * cov)
+    var = max(var_k, terms.var(ddof=1))
+    half = Z95 * math.sqrt(var / n)
     dr = by_name(ev)["dr"]
     assert dr.interval == "model" and dr.value == pytest.approx(terms.mean(), rel=1e-12)
     assert (dr.ci_low, dr.ci_high) == pytest.approx((terms.mean() - half, terms.mean() + half))
