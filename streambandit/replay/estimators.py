@@ -139,10 +139,20 @@ class RidgeRewardModel:
     ``theta = (lam I + sum z z')^-1 sum r z`` with ``z = [x, 1]`` when ``intercept`` (the default):
     without the constant, centred features and a non-zero mean reward leave the model predicting
     ~0 and the direct method badly biased. Kept as the inverse (Sherman-Morrison, O(d^2) per
-    update). Predictions before any update are 0.
+    update). Predictions before any update are 0; after, they are clamped to the reward range:
+    ``reward_range`` when given, else the least and the largest reward learnt (widened to [0, 1]
+    while one value has been seen), so that dm and dr, which add the predictions up, cannot be
+    pushed past the range by a linear model's extrapolation.
     """
 
-    def __init__(self, dim: int, lam: float = 1.0, *, intercept: bool = True) -> None:
+    def __init__(
+        self,
+        dim: int,
+        lam: float = 1.0,
+        *,
+        intercept: bool = True,
+        reward_range: tuple[float, float] | None = None,
+    ) -> None:
         if dim < 1 or not lam > 0:
             raise EstimatorError(f"RidgeRewardModel needs dim >= 1 and lam > 0, got {dim}, {lam}")
         self.dim = int(dim)
@@ -153,11 +163,22 @@ class RidgeRewardModel:
         self._b = np.zeros(n)
         self._theta = np.zeros(n)
         self.n = 0
+        self._given = reward_range is not None
+        # lo > hi: no clamp (no reward learnt yet)
+        self._lo, self._hi = reward_range if reward_range is not None else (math.inf, -math.inf)
+        self._seen = (math.inf, -math.inf)
 
     @property
     def theta(self) -> np.ndarray:
         """The coefficients; with an intercept, the last one is it."""
         return self._theta.copy()
+
+    def _learnt(self, reward: float) -> None:
+        if self._given:
+            return
+        lo, hi = min(self._seen[0], reward), max(self._seen[1], reward)
+        self._seen = (lo, hi)
+        self._lo, self._hi = (lo, hi) if lo < hi else (min(lo, 0.0), max(hi, 1.0))
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(K, d) -> (K,) predicted rewards."""
@@ -165,7 +186,7 @@ class RidgeRewardModel:
         if f.ndim != 2 or f.shape[1] != self.dim:
             raise EstimatorError(f"features of shape {f.shape}, expected (K, {self.dim})")
         out = np.empty(f.shape[0])
-        sums.ridge_predict(self._theta, f, self.intercept, out)
+        sums.ridge_predict(self._theta, f, self.intercept, out, self._lo, self._hi)
         return out
 
     def predict_then_learn(self, features: np.ndarray, action: int, reward: float) -> np.ndarray:
@@ -176,11 +197,12 @@ class RidgeRewardModel:
                 f"features of shape {features.shape} {features.dtype}, expected (K, {self.dim}) float64"
             )
         out = np.empty(features.shape[0])
-        sums.ridge_predict(self._theta, features, self.intercept, out)
+        sums.ridge_predict(self._theta, features, self.intercept, out, self._lo, self._hi)
         sums.ridge_update(
             self._inv, self._b, self._theta, features[action], float(reward), self.intercept
         )
         self.n += 1
+        self._learnt(float(reward))
         return out
 
     def update(self, x: np.ndarray, reward: float) -> None:
@@ -189,6 +211,7 @@ class RidgeRewardModel:
             raise EstimatorError(f"x of shape {x.shape}, expected ({self.dim},)")
         sums.ridge_update(self._inv, self._b, self._theta, x, float(reward), self.intercept)
         self.n += 1
+        self._learnt(float(reward))
 
 
 class _Mean:

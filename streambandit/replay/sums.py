@@ -239,9 +239,10 @@ def add_row(pooled, by_key, pi, q, action, p, r, clip, lo, hi):
 
 
 @njit(cache=CACHE, nogil=True)
-def ridge_predict(theta, arms, intercept, out):
+def ridge_predict(theta, arms, intercept, out, lo, hi):
     """The ridge reward model's predictions (estimators.RidgeRewardModel): ``out[k] = z_k' theta``
-    for every arm, ``z = [x, 1]`` when ``intercept``."""
+    for every arm, ``z = [x, 1]`` when ``intercept``, clamped to ``[lo, hi]`` when ``lo <= hi``
+    (a linear model's prediction past the rewards' range would push dm and dr past it too)."""
     n_arms, d = arms.shape
     for a in range(n_arms):
         s = 0.0
@@ -249,6 +250,8 @@ def ridge_predict(theta, arms, intercept, out):
             s += arms[a, j] * theta[j]
         if intercept:
             s += theta[d]
+        if lo <= hi:
+            s = min(max(s, lo), hi)
         out[a] = s
 
 
