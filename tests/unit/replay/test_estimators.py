@@ -345,6 +345,26 @@ def test_ridge_reward_model_equals_the_closed_form():
         m.predict(np.ones((2, D + 1)))
 
 
+def test_the_reward_model_predicts_inside_the_rewards_it_learnt_or_the_range_given():
+    """A line through 0/1 clicks extrapolates past [0, 1] far out; dm and dr add predictions up,
+    so the model's are kept inside the range: the rewards learnt, or the range given."""
+    x = np.array([[1.0] + [0.0] * (D - 1)])
+    m, given = RidgeRewardModel(D, lam=1e-3), RidgeRewardModel(D, lam=1e-3, reward_range=(0, 5))
+    for v, r in ((0.0, 0.0), (1.0, 1.0)) * 50:
+        m.update(x[0] * v, r)
+        given.update(x[0] * v, r)
+    far = np.array([[10.0] + [0.0] * (D - 1)])
+    zs = np.array([[10.0] + [0.0] * (D - 1) + [1.0]])
+    assert (zs @ m.theta)[0] > 9  # the line's own value
+    assert m.predict(far)[0] == 1.0 and given.predict(far)[0] == 5.0
+    assert m.predict(-far)[0] == 0.0
+    one = RidgeRewardModel(D)
+    one.update(x[0], 0.0)  # one value learnt: [0, 1] around it
+    assert (
+        one.predict(-1e6 * x)[0] == pytest.approx(0.0, abs=1e-12) and one.predict(1e6 * x)[0] <= 1.0
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
