@@ -106,6 +106,11 @@ ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")  # and "cascade", for logs o
 _NO_SUMS = np.zeros(0)  # sums.add_row's "no second evaluator"
 
 
+# dr's interval leans on its terms' own variance once the successes it rests on number about this
+# many (effectively), on the reward model's before (_dr_scored; bench/ope_coverage.py).
+DR_SUCCESSES = 30.0
+
+
 class EstimatorError(StreambanditError, ValueError):
     """An input to an estimator that is not a valid event (bad propensity, shapes, probabilities)."""
 
@@ -651,10 +656,20 @@ class OffPolicyEvaluator:
             ips = e["ips"] = dataclasses.replace(
                 e["ips"], ci_low=shift + span * a, ci_high=shift + span * b, interval="score"
             )
-            e["dr"] = self._dr_scored(e["dr"], ips, k, lo, hi)
+            e["dr"] = self._dr_scored(e["dr"], ips, k, su, su2, (a, b), lo, hi)
         return [e[x.name] for x in out]
 
-    def _dr_scored(self, d: Estimate, ips: Estimate, k: float, lo: float, hi: float) -> Estimate:
+    def _dr_scored(
+        self,
+        d: Estimate,
+        ips: Estimate,
+        k: float,
+        su: float,
+        su2: float,
+        score: tuple[float, float],
+        lo: float,
+        hi: float,
+    ) -> Estimate:
         """dr's interval for rewards at the two ends. A dr term is ``t = u + span w r'`` with
         ``u = dm + w (lo - q)`` and ``r'`` 0/1, so ``Var(t) = Var(u) + span^2 Var(w r') +
         2 span Cov(u, w r')``. The terms with a success in them carry ``w^2 r'``, which the few
@@ -680,11 +695,21 @@ class OffPolicyEvaluator:
             ) / (span * n)
             cov = e_dm_wr + k * e_wr_loq - eu * v1
             var_k = f * (euu - eu * eu + span * span * (k * v1 - v1 * v1) + 2 * span * cov)
-            var = max(var_k, self._dr.m2 / (n - 1))
-            if var > 0:
-                half = self._z * math.sqrt(var / n)
+            # The terms' own variance is trusted as far as the successes it rests on are many:
+            # their effective number, (sum w r')^2 / sum (w r')^2, against DR_SUCCESSES.
+            n_s = su * su / su2
+            trust = n_s / (n_s + DR_SUCCESSES)
+            var = trust * max(var_k, self._dr.m2 / (n - 1)) + (1.0 - trust) * var_k
+            # ips's score interval is skewed as a mean of rare heavy terms is (intervals.py); dr's
+            # rare heavy terms are the same successes, so its ends take the same proportions.
+            sd_ips = math.sqrt(max(k * v1 - v1 * v1, 0.0) / n)
+            if var > 0 and sd_ips > 0:
+                sd = math.sqrt(var / n) / sd_ips  # dr's sd per unit of ips's (r' scale)
                 return dataclasses.replace(
-                    d, ci_low=d.value - half, ci_high=d.value + half, interval="model"
+                    d,
+                    ci_low=d.value - (v1 - score[0]) * sd,
+                    ci_high=d.value + (score[1] - v1) * sd,
+                    interval="model",
                 )
         return dataclasses.replace(
             d,

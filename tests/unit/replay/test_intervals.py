@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from streambandit.replay.estimators import EstimatorError, OffPolicyEvaluator
+from streambandit.replay.estimators import DR_SUCCESSES, EstimatorError, OffPolicyEvaluator
 from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
 
 from .test_estimators import K, by_name, evaluate, simulate, true_value
@@ -166,11 +166,19 @@ def test_dr_s_interval_takes_the_success_weight_the_model_expects_from_every_row
     u, v1 = dm - w * qa, (w * r).mean()
     cov = (dm * w * r).mean() - k * (w * r * qa).mean() - u.mean() * v1
     var_k = n / (n - 1) * (u.var() + k * v1 - v1 * v1 + 2 * cov)
-    var = max(var_k, terms.var(ddof=1))
-    half = Z95 * math.sqrt(var / n)
+    # The terms' own variance weighs in as the successes' effective number n_s grows.
+    n_s = (w * r).sum() ** 2 / ((w * r) ** 2).sum()
+    trust = n_s / (n_s + DR_SUCCESSES)
+    var = trust * max(var_k, terms.var(ddof=1)) + (1 - trust) * var_k
+    # ...and the ends take the proportions of ips's score interval around its value.
+    a, b = scaled_wilson(v1, k, n, Z95)
+    per_sd = math.sqrt(var / n) / math.sqrt((k * v1 - v1 * v1) / n)
     dr = by_name(ev)["dr"]
     assert dr.interval == "model" and dr.value == pytest.approx(terms.mean(), rel=1e-12)
-    assert (dr.ci_low, dr.ci_high) == pytest.approx((terms.mean() - half, terms.mean() + half))
+    assert (dr.ci_low, dr.ci_high) == pytest.approx(
+        (terms.mean() - (v1 - a) * per_sd, terms.mean() + (b - v1) * per_sd), rel=1e-9
+    )
+    assert b - v1 > v1 - a  # skewed upward, as a mean of rare heavy terms is
 
 
 def test_two_reward_values_other_than_0_and_1_are_scored_on_the_range_they_show():
