@@ -29,9 +29,10 @@ seen), score intervals that do not collapse when few rewards are 1 (``intervals.
 for the weighted means replay, snips and the logging value over their effective sample size; its
 scaled form for ips, whose variance factor, the mean weight of a success, is taken from every
 row as the reward model expects it, not from the few successes seen, which on logs with spread
-propensities mostly carry small weights), and for dr a normal interval with the variance the
-reward model gives every row (``model``), or ips's interval moved to dr's value while no success
-of weight > 0 has been seen (``score-shifted``). ``python -m bench.ope_coverage`` measures their
+propensities mostly carry small weights), and for dr an interval with the variance of its terms
+where a success's weight is the reward model's (the terms' own variance weighing in as successes
+grow many), its ends in the proportions of ips's score interval (``model``), or ips's interval
+moved to dr's value while no success of weight > 0 has been seen (``score-shifted``). ``python -m bench.ope_coverage`` measures their
 coverage on logs whose propensities spread from 1e-3 to 0.99. Otherwise, or for rewards of more
 than two values, normal approximations:
 
@@ -124,7 +125,7 @@ class Estimate:
     weights, i.e. the matched count for a deterministic target; dm and the logging value: ``n``);
     ``clipped``: events whose importance weight was clipped (0 when clipping is off);
     ``interval``: how the interval was made: ``normal``, ``delta`` (normal, by the delta method),
-    ``wilson``, ``score`` (scaled Wilson), ``model`` (dr's, with the reward model's variance),
+    ``wilson``, ``score`` (scaled Wilson), ``model`` (dr's, with the reward model's success weight),
     ``score-shifted`` (dr on ips's score interval), ``bootstrap``, or ``none`` (NaN bounds).
     """
 
@@ -675,10 +676,12 @@ class OffPolicyEvaluator:
         2 span Cov(u, w r')``. The terms with a success in them carry ``w^2 r'``, which the few
         successes seen estimate badly when propensities spread (the heavy-weighted success is
         rarely seen): there, as for ips, one ``w`` is replaced by ``k``, the mean weight of a
-        success as the reward model expects it from every row. The interval's variance is the
-        larger of that and the terms' own sample variance (which holds when successes are
-        plentiful and the reward model is off: bench/ope_coverage.py measures both regimes).
-        With no success of weight > 0 yet, dr takes ips's score interval moved to its value."""
+        success as the reward model expects it from every row. The terms' own sample variance,
+        right when successes are plentiful however wrong the reward model, weighs in as the
+        successes' effective number grows (``DR_SUCCESSES``), and the ends are set in the
+        proportions of ips's score interval, skewed as a mean of rare heavy terms is
+        (bench/ope_coverage.py measures both regimes). With no success of weight > 0 yet, dr
+        takes ips's score interval moved to its value."""
         n, acc = self.n, self._acc
         if not math.isfinite(d.value):
             return d
