@@ -32,9 +32,9 @@ row as the reward model expects it, not from the few successes seen, which on lo
 propensities mostly carry small weights), and for dr an interval with the variance of its terms
 where a success's weight is the reward model's (the terms' own variance weighing in as successes
 grow many), its ends in the proportions of ips's score interval (``model``), or ips's interval
-moved to dr's value while no success of weight > 0 has been seen (``score-shifted``). ``python -m bench.ope_coverage`` measures their
-coverage on logs whose propensities spread from 1e-3 to 0.99. Otherwise, or for rewards of more
-than two values, normal approximations:
+moved to dr's value while no success of weight > 0 has been seen (``score-shifted``).
+``python -m bench.ope_coverage`` measures their coverage on logs whose propensities spread from
+1e-3 to 0.99. Otherwise, or for rewards of more than two values, normal approximations:
 
 - ips, dm, dr and the logging policy's value: ``mean +- z * s / sqrt(n)`` with ``s`` the sample
   standard deviation of the per-event terms (Welford's streaming update);
