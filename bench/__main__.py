@@ -14,6 +14,7 @@ BENCHMARKS = (
     "peers",
     "replay",
     "obd_vs_obp",
+    "ope_coverage",
     "decider",
     "api_http",
     "freshness",

@@ -1009,8 +1009,9 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
         nargs=2,
         metavar=("LO", "HI"),
         default=None,
-        help="the rewards' bounds: a reward outside is an error, and rewards at LO and HI only get "
-        "score intervals (0/1 rewards get them without this)",
+        help="the rewards' bounds: a reward outside is an error, every value and bound is kept "
+        "inside, and rewards at LO and HI only get score intervals (default: the log's least and "
+        "largest reward)",
     )
     p.add_argument(
         "--bootstrap",

@@ -23,12 +23,18 @@ model saw the event. With the importance weight ``w_i = pi_i[a_i] / p_i`` (optio
   learning"), ``mean(dm_i + w_i (r_i - q_i[a_i]))``: unbiased when the propensities are right,
   whatever the reward model, and low-variance when the model is good.
 
-Intervals (``confidence``, 95% by default) are, for rewards that are all 0/1 (or all at the two
-ends of a known ``reward_range``), score intervals that do not collapse when few rewards are 1
-(``intervals.py``: Wilson's for the weighted means replay, snips and the logging value over
-their effective sample size; its scaled form for ips; dr takes ips's interval, moved to dr's
-value, when its own terms have no spread, as when no reward is 1 and the reward model predicts
-0 everywhere). Otherwise, or for rewards of more than two values, normal approximations:
+Intervals (``confidence``, 95% by default) are, for rewards that are all at the two ends of the
+reward range (0/1 clicks; the range is ``reward_range``, or else the least and the largest reward
+seen), score intervals that do not collapse when few rewards are 1 (``intervals.py``: Wilson's
+for the weighted means replay, snips and the logging value over their effective sample size; its
+scaled form for ips, whose variance factor, the mean weight of a success, is taken from every
+row as the reward model expects it, not from the few successes seen, which on logs with spread
+propensities mostly carry small weights), and for dr an interval with the variance of its terms
+where a success's weight is the reward model's (the terms' own variance weighing in as successes
+grow many), its ends in the proportions of ips's score interval (``model``), or ips's interval
+moved to dr's value while no success of weight > 0 has been seen (``score-shifted``).
+``python -m bench.ope_coverage`` measures their coverage on logs whose propensities spread from
+1e-3 to 0.99. Otherwise, or for rewards of more than two values, normal approximations:
 
 - ips, dm, dr and the logging policy's value: ``mean +- z * s / sqrt(n)`` with ``s`` the sample
   standard deviation of the per-event terms (Welford's streaming update);
@@ -58,11 +64,16 @@ log; a slate id that changes, or a position that repeats, ends the slate.
 
 With ``bootstrap=B`` every interval but dm's is instead the percentile interval of B Poisson
 bootstrap replicates of the stream (``intervals.PoissonBootstrap``): O(B) memory and time per
-event. A bootstrap, like every interval here, treats the target's probabilities as given: for a
+event; where every replicate gives the same value (two-valued rewards, none of them a success
+among the matched events) the score interval is kept, not a width of 0. A bootstrap, like every
+interval here, treats the target's probabilities as given: for a
 target that learns during the replay they are one learning path's (``runner.py``).
 
-With fewer than two events (matched events for replay) an interval is ``(-inf, inf)``; with
-none the value is NaN. Memory is O(1) per estimator, plus O(log n) points of :meth:`running`.
+Every value and bound is clamped to the reward range (:attr:`OffPolicyEvaluator.ends`): a
+policy's value is a mean reward, so an ips value past the range's end, or a normal interval
+reaching past it, cannot be right. With fewer than two events (matched events for replay) an
+interval is the whole range; with none the value is NaN. Memory is O(1) per estimator, plus
+O(log n) points of :meth:`running`.
 """
 
 from __future__ import annotations
@@ -96,6 +107,11 @@ ESTIMATORS = ("replay", "ips", "snips", "dm", "dr")  # and "cascade", for logs o
 _NO_SUMS = np.zeros(0)  # sums.add_row's "no second evaluator"
 
 
+# dr's interval leans on its terms' own variance once the successes it rests on number about this
+# many (effectively), on the reward model's before (_dr_scored; bench/ope_coverage.py).
+DR_SUCCESSES = 30.0
+
+
 class EstimatorError(StreambanditError, ValueError):
     """An input to an estimator that is not a valid event (bad propensity, shapes, probabilities)."""
 
@@ -109,8 +125,8 @@ class Estimate:
     weights, i.e. the matched count for a deterministic target; dm and the logging value: ``n``);
     ``clipped``: events whose importance weight was clipped (0 when clipping is off);
     ``interval``: how the interval was made: ``normal``, ``delta`` (normal, by the delta method),
-    ``wilson``, ``score`` (scaled Wilson), ``score-shifted`` (dr on ips's score interval),
-    ``bootstrap``, or ``none`` (NaN bounds).
+    ``wilson``, ``score`` (scaled Wilson), ``model`` (dr's, with the reward model's success weight),
+    ``score-shifted`` (dr on ips's score interval), ``bootstrap``, or ``none`` (NaN bounds).
     """
 
     name: str
@@ -129,10 +145,20 @@ class RidgeRewardModel:
     ``theta = (lam I + sum z z')^-1 sum r z`` with ``z = [x, 1]`` when ``intercept`` (the default):
     without the constant, centred features and a non-zero mean reward leave the model predicting
     ~0 and the direct method badly biased. Kept as the inverse (Sherman-Morrison, O(d^2) per
-    update). Predictions before any update are 0.
+    update). Predictions before any update are 0; after, they are clamped to the reward range:
+    ``reward_range`` when given, else the least and the largest reward learnt (widened to [0, 1]
+    while one value has been seen), so that dm and dr, which add the predictions up, cannot be
+    pushed past the range by a linear model's extrapolation.
     """
 
-    def __init__(self, dim: int, lam: float = 1.0, *, intercept: bool = True) -> None:
+    def __init__(
+        self,
+        dim: int,
+        lam: float = 1.0,
+        *,
+        intercept: bool = True,
+        reward_range: tuple[float, float] | None = None,
+    ) -> None:
         if dim < 1 or not lam > 0:
             raise EstimatorError(f"RidgeRewardModel needs dim >= 1 and lam > 0, got {dim}, {lam}")
         self.dim = int(dim)
@@ -143,11 +169,22 @@ class RidgeRewardModel:
         self._b = np.zeros(n)
         self._theta = np.zeros(n)
         self.n = 0
+        self._given = reward_range is not None
+        # lo > hi: no clamp (no reward learnt yet)
+        self._lo, self._hi = reward_range if reward_range is not None else (math.inf, -math.inf)
+        self._seen = (math.inf, -math.inf)
 
     @property
     def theta(self) -> np.ndarray:
         """The coefficients; with an intercept, the last one is it."""
         return self._theta.copy()
+
+    def _learnt(self, reward: float) -> None:
+        if self._given:
+            return
+        lo, hi = min(self._seen[0], reward), max(self._seen[1], reward)
+        self._seen = (lo, hi)
+        self._lo, self._hi = (lo, hi) if lo < hi else (min(lo, 0.0), max(hi, 1.0))
 
     def predict(self, features: np.ndarray) -> np.ndarray:
         """(K, d) -> (K,) predicted rewards."""
@@ -155,7 +192,7 @@ class RidgeRewardModel:
         if f.ndim != 2 or f.shape[1] != self.dim:
             raise EstimatorError(f"features of shape {f.shape}, expected (K, {self.dim})")
         out = np.empty(f.shape[0])
-        sums.ridge_predict(self._theta, f, self.intercept, out)
+        sums.ridge_predict(self._theta, f, self.intercept, out, self._lo, self._hi)
         return out
 
     def predict_then_learn(self, features: np.ndarray, action: int, reward: float) -> np.ndarray:
@@ -166,11 +203,12 @@ class RidgeRewardModel:
                 f"features of shape {features.shape} {features.dtype}, expected (K, {self.dim}) float64"
             )
         out = np.empty(features.shape[0])
-        sums.ridge_predict(self._theta, features, self.intercept, out)
+        sums.ridge_predict(self._theta, features, self.intercept, out, self._lo, self._hi)
         sums.ridge_update(
             self._inv, self._b, self._theta, features[action], float(reward), self.intercept
         )
         self.n += 1
+        self._learnt(float(reward))
         return out
 
     def update(self, x: np.ndarray, reward: float) -> None:
@@ -179,6 +217,7 @@ class RidgeRewardModel:
             raise EstimatorError(f"x of shape {x.shape}, expected ({self.dim},)")
         sums.ridge_update(self._inv, self._b, self._theta, x, float(reward), self.intercept)
         self.n += 1
+        self._learnt(float(reward))
 
 
 class _Mean:
@@ -317,9 +356,8 @@ class OffPolicyEvaluator:
                 f"got {bootstrap!r}"
             )
         self.reward_range = reward_range
-        # Score intervals need the rewards' two values: the given range's ends, or 0 and 1 while
-        # every reward seen is one of them (click logs need no flag).
-        self._ends = reward_range or (0.0, 1.0)
+        # The range handed to the compiled sums: NaN for none (they then use the rewards seen).
+        self._given = reward_range or (math.nan, math.nan)
         self._boot = PoissonBootstrap(bootstrap, seed) if bootstrap else None
         if not 0.0 < confidence < 1.0:
             raise EstimatorError(f"confidence must be in (0, 1), got {confidence!r}")
@@ -422,7 +460,7 @@ class OffPolicyEvaluator:
     ) -> None:
         """Add an event reduced by :meth:`terms` (of this evaluator or one with the same settings)."""
         pa, p, r, k, dm, qa = terms
-        lo, hi = self._ends
+        lo, hi = self._given
         w = sums.add_event(self._acc, pa, p, r, k, dm, qa, self.clip or 0.0, lo, hi)
         self._added(slate_id, position, pa, p, r, w, dm, qa)
 
@@ -441,7 +479,7 @@ class OffPolicyEvaluator:
         that sees a subset of the events, such as one model key's; None: this one alone), checked
         once, in one compiled call: a replay's path per row. ``target_probs`` and ``predicted``
         are float64 arrays of the same length."""
-        lo, hi = self._ends
+        lo, hi = self._given
         p, r = float(propensity), float(reward)
         if self.reward_range is not None and not lo <= r <= hi:
             raise EstimatorError(f"reward {reward!r} outside the reward range [{lo:g}, {hi:g}]")
@@ -526,24 +564,61 @@ class OffPolicyEvaluator:
             ),
             self._dr.estimate("dr", z, ess=self._snips.ess, clipped=self._clipped),
         ]
-        if self._boot is not None:
-            out = [self._bootstrapped(e) for e in out]
-        elif self.scored:
+        if self.scored:
             out = self._scored(out)
+        if self._boot is not None:
+            # A percentile interval of a log whose matched rewards are all one value is that
+            # value, width 0, however few rows it rests on: the score interval is kept there.
+            out = [self._bootstrapped(e, fallback=self.scored) for e in out]
         if self._slates:
             cascade = self._cascade.copy()
             self._end_slate(into=cascade)  # the slate still open counts as it stands
             out.append(cascade.estimate("cascade", z, self.n))
-        return out
+        return [self._clamped(e) for e in out]
+
+    def _clamped(self, e: Estimate) -> Estimate:
+        """``e`` with its value and bounds inside the reward range: a policy's value is a mean
+        reward, so no estimate outside the range can be right (an ips value can overshoot it
+        with weights above 1, a normal interval reach past it near an end)."""
+        lo, hi, _ = self.ends
+        if not math.isfinite(e.value):
+            return e
+
+        def clamp(x: float) -> float:
+            return x if math.isnan(x) else min(max(x, lo), hi)
+
+        return dataclasses.replace(
+            e, value=clamp(e.value), ci_low=clamp(e.ci_low), ci_high=clamp(e.ci_high)
+        )
+
+    @property
+    def ends(self) -> tuple[float, float, str]:
+        """The reward range the intervals and the clamping use, and where it comes from: the
+        given ``reward_range`` (``given``); else the least and the largest reward seen
+        (``seen``); with one value seen, ``v``, [min(0, v), max(1, v)] (``default``)."""
+        if self.reward_range is not None:
+            return (*self.reward_range, "given")
+        lo, hi = float(self._acc[sums.RMIN]), float(self._acc[sums.RMAX])
+        if lo < hi:
+            return lo, hi, "seen"
+        if self.n == 0:
+            return 0.0, 1.0, "default"
+        return min(lo, 0.0), max(hi, 1.0), "default"
 
     @property
     def scored(self) -> bool:
-        """Whether the intervals are score intervals: every reward at one of two known values."""
-        return self.n > 0 and self._acc[sums.TWO_VALUED] == 1.0
+        """Whether the intervals are score intervals: every reward at one of the two ends."""
+        if self.n == 0 or self._acc[sums.MANY] == 1.0:
+            return False
+        lo, hi, _ = self.ends
+        return all(
+            math.isnan(v) or v == lo or v == hi
+            for v in (float(self._acc[sums.R_A]), float(self._acc[sums.R_B]))
+        )
 
     def _wilson(self, e: Estimate, n: float) -> Estimate:
         """``e``, a weighted mean of rewards at the two ends, with Wilson's interval over ``n``."""
-        lo, hi = self._ends
+        lo, hi, _ = self.ends
         a, b = wilson((e.value - lo) / (hi - lo), n, self._z)
         return dataclasses.replace(
             e, ci_low=lo + (hi - lo) * a, ci_high=lo + (hi - lo) * b, interval="wilson"
@@ -551,37 +626,102 @@ class OffPolicyEvaluator:
 
     def _scored(self, out: list[Estimate]) -> list[Estimate]:
         """Score intervals (module docstring) in place of the normal ones, on the scale of r."""
-        lo, hi = self._ends
+        lo, hi, _ = self.ends
+        span = hi - lo
         e = {x.name: x for x in out}
         for name, ratio in (("replay", self._replay), ("snips", self._snips)):
             if math.isfinite(e[name].value) and ratio.sv2 > 0:
                 e[name] = self._wilson(e[name], ratio.ess)
-        # ips of r = lo * mean(w) + (hi - lo) * ips of r'; the interval is the r' part's, moved by
-        # the first term (the weights' mean is taken as it is: it is 1 in expectation).
-        su, su2, sw, sw2 = (float(self._acc[i]) for i in (sums.SU, sums.SU2, sums.SW, sums.SW2))
-        shift = lo * sw / self.n
-        k = su2 / su if su > 0 else (sw2 / sw if sw > 0 else 0.0)
+        acc, n = self._acc, self.n
+        sw, sw2 = float(acc[sums.SW]), float(acc[sums.SW2])
+        # On the scale r' = (r - lo) / span, 0 or 1: sum w r' and sum w^2 r'^2 = sum w^2 r'.
+        su = (float(acc[sums.SWR]) - lo * sw) / span
+        su2 = (float(acc[sums.SW2R]) - lo * sw2) / span
+        # The reward model's q' = (q - lo) / span over every row: sum w q', sum w^2 q'.
+        swq = (float(acc[sums.SWQ]) - lo * sw) / span
+        sw2q = (float(acc[sums.SW2Q]) - lo * sw2) / span
+        # ips of r = lo * mean(w) + span * ips of r'; the interval is the r' part's, moved by the
+        # first term (the weights' mean is taken as it is: it is 1 in expectation).
+        shift = lo * sw / n
+        # k, the mean weight of a success (intervals.py), as the reward model expects it from
+        # every row: where successes are rare and propensities spread, the few seen mostly carry
+        # small weights and their own mean weight is far too small (bench/ope_coverage.py).
+        if swq > 0 and sw2q > 0:
+            k = sw2q / swq
+        elif su > 0:
+            k = su2 / su
+        else:
+            k = sw2 / sw if sw > 0 else 0.0
         if k > 0:
-            a, b = scaled_wilson(su / self.n, k, self.n, self._z)
+            a, b = scaled_wilson(su / n, k, n, self._z)
             ips = e["ips"] = dataclasses.replace(
-                e["ips"],
-                ci_low=shift + (hi - lo) * a,
-                ci_high=shift + (hi - lo) * b,
-                interval="score",
+                e["ips"], ci_low=shift + span * a, ci_high=shift + span * b, interval="score"
             )
-            d = e["dr"]
-            if (
-                not 0.0 < d.ci_high - d.ci_low < math.inf
-            ):  # no spread, or too few events: ips's, moved
-                e["dr"] = dataclasses.replace(
-                    d,
-                    ci_low=d.value - (ips.value - ips.ci_low),
-                    ci_high=d.value + (ips.ci_high - ips.value),
-                    interval="score-shifted",
-                )
+            e["dr"] = self._dr_scored(e["dr"], ips, k, su, su2, (a, b), lo, hi)
         return [e[x.name] for x in out]
 
-    def _bootstrapped(self, e: Estimate) -> Estimate:
+    def _dr_scored(
+        self,
+        d: Estimate,
+        ips: Estimate,
+        k: float,
+        su: float,
+        su2: float,
+        score: tuple[float, float],
+        lo: float,
+        hi: float,
+    ) -> Estimate:
+        """dr's interval for rewards at the two ends. A dr term is ``t = u + span w r'`` with
+        ``u = dm + w (lo - q)`` and ``r'`` 0/1, so ``Var(t) = Var(u) + span^2 Var(w r') +
+        2 span Cov(u, w r')``. The terms with a success in them carry ``w^2 r'``, which the few
+        successes seen estimate badly when propensities spread (the heavy-weighted success is
+        rarely seen): there, as for ips, one ``w`` is replaced by ``k``, the mean weight of a
+        success as the reward model expects it from every row. The terms' own sample variance,
+        right when successes are plentiful however wrong the reward model, weighs in as the
+        successes' effective number grows (``DR_SUCCESSES``), and the ends are set in the
+        proportions of ips's score interval, skewed as a mean of rare heavy terms is
+        (bench/ope_coverage.py measures both regimes). With no success of weight > 0 yet, dr
+        takes ips's score interval moved to its value."""
+        n, acc = self.n, self._acc
+        if not math.isfinite(d.value):
+            return d
+        span = hi - lo
+        sw, sw2, swr = (float(acc[i]) for i in (sums.SW, sums.SW2, sums.SWR))
+        v1 = (swr - lo * sw) / span / n  # mean(w r')
+        if n >= 2 and v1 > 0:
+            f = n / (n - 1)
+            eu = (float(acc[sums.SU]) + lo * sw) / n
+            euu = (float(acc[sums.SUU]) + 2 * lo * float(acc[sums.SUW]) + lo * lo * sw2) / n
+            e_dm_wr = (float(acc[sums.SDWR]) - lo * float(acc[sums.SDW])) / span / n
+            e_wr_loq = (
+                lo * swr - float(acc[sums.SWRQ]) - lo * lo * sw + lo * float(acc[sums.SWQR])
+            ) / (span * n)
+            cov = e_dm_wr + k * e_wr_loq - eu * v1
+            var_k = f * (euu - eu * eu + span * span * (k * v1 - v1 * v1) + 2 * span * cov)
+            # The terms' own variance is trusted as far as the successes it rests on are many:
+            # their effective number, (sum w r')^2 / sum (w r')^2, against DR_SUCCESSES.
+            n_s = su * su / su2
+            trust = n_s / (n_s + DR_SUCCESSES)
+            var = trust * max(var_k, self._dr.m2 / (n - 1)) + (1.0 - trust) * var_k
+            # ips's score interval is skewed as a mean of rare heavy terms is (intervals.py); dr's
+            # rare heavy terms are the same successes, so its ends take the same proportions.
+            sd_ips = math.sqrt(max(k * v1 - v1 * v1, 0.0) / n)
+            if var > 0 and sd_ips > 0:
+                sd = math.sqrt(var / n) / sd_ips  # dr's sd per unit of ips's (r' scale)
+                return dataclasses.replace(
+                    d,
+                    ci_low=d.value - (v1 - score[0]) * sd,
+                    ci_high=d.value + (score[1] - v1) * sd,
+                    interval="model",
+                )
+        return dataclasses.replace(
+            d,
+            ci_low=d.value - (ips.value - ips.ci_low),
+            ci_high=d.value + (ips.ci_high - ips.value),
+            interval="score-shifted",
+        )
+
+    def _bootstrapped(self, e: Estimate, fallback: bool = False) -> Estimate:
         b, c = self._boot, self.confidence
         assert b is not None
         if e.name == "dm" or not math.isfinite(e.value):
@@ -593,11 +733,17 @@ class OffPolicyEvaluator:
             "dr": lambda: b.mean("dr", c),
             "logging": lambda: b.mean("r", c),
         }[e.name]()
+        if fallback and not hi > lo:
+            return e
         return dataclasses.replace(e, ci_low=lo, ci_high=hi, interval="bootstrap")
 
-    def warnings(self, *, min_ess: float = 100.0, min_matched: int = 30) -> list[str]:
-        """What a reader of the estimates must know: too few effective or matched events, and
-        the replay estimator on a log that is not uniform."""
+    def warnings(
+        self, *, min_ess: float = 100.0, min_matched: int = 30, max_weight_share: float = 0.05
+    ) -> list[str]:
+        """What a reader of the estimates must know: too few effective or matched events, one
+        event with more than ``max_weight_share`` of the total weight (the interval then turns on
+        whether that one event was a success; bench/ope_coverage.py), and the replay estimator on
+        a log that is not uniform."""
         out = []
         if self.n == 0:
             return ["no events: nothing is estimated"]
@@ -606,6 +752,13 @@ class OffPolicyEvaluator:
                 f"effective sample size {self._snips.ess:.1f} (of {self.n} events) is below {min_ess:g}: "
                 "the importance-weighted estimates (ips, snips, dr) rest on few events and their "
                 "intervals are approximate"
+            )
+        share = float(self._acc[sums.WMAX]) / float(self._acc[sums.SW]) if self._acc[sums.SW] else 0
+        if share > max_weight_share:
+            out.append(
+                f"one event carries {share:.0%} of the importance weight (weight "
+                f"{self._acc[sums.WMAX]:.4g}): the importance-weighted estimates and their "
+                "intervals turn on it; a log with more such events, or --clip, gives steadier ones"
             )
         if self._replay.nonzero < min_matched:
             out.append(
@@ -635,6 +788,8 @@ class OffPolicyEvaluator:
     def logging_value(self) -> Estimate:
         """The logging policy's own value: the mean logged reward, with its interval."""
         e = self._logged.estimate("logging", self._z)
+        if self.scored:
+            e = self._wilson(e, self.n)
         if self._boot is not None:
-            return self._bootstrapped(e)
-        return self._wilson(e, self.n) if self.scored else e
+            e = self._bootstrapped(e, fallback=self.scored)
+        return self._clamped(e)

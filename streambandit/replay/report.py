@@ -32,10 +32,14 @@ _ABOUT = {
 
 
 _INTERVALS = (
-    "wilson and score: for rewards at two values only (0/1, or the ends of --reward-range), score "
-    "intervals that stay informative when few rewards are 1; delta and normal: normal approximations; "
-    "bootstrap: percentiles of Poisson bootstrap replicates (--bootstrap). Each treats the target's "
-    "choices at each event as given (docs/replay_formats.md)."
+    "wilson and score: for rewards at two values only (0/1, or the ends of the reward range), score "
+    "intervals that stay informative when few rewards are 1, ips's with the spread of the weights "
+    "a success carries as the reward model expects it over every row; model: dr's normal interval "
+    "with the variance the reward model gives every row; score-shifted: ips's score interval moved "
+    "to dr's value (no success of weight > 0); delta and normal: normal approximations; "
+    "bootstrap: percentiles of Poisson bootstrap replicates (--bootstrap; a score interval where "
+    "they all agree). Each treats the target's choices at each event as given "
+    "(docs/replay_formats.md)."
 )
 
 
@@ -84,6 +88,11 @@ def _target_json(r: ReplayResult) -> dict[str, Any]:
         # JSON keys are text: "0" is the top slot.
         "by_position": {str(p): _share_json(v) for p, v in sorted(r.by_position.items())},
         "positions_without_estimates": r.positions_without_estimates,
+        "reward_range": {
+            "low": r.reward_range[0],
+            "high": r.reward_range[1],
+            "from": r.reward_range[2],
+        },
         "warnings": list(r.warnings),
     }
 
@@ -115,6 +124,13 @@ def to_json(
         "seconds": round(first.seconds, 3),
         "events_per_s": round(first.events / first.seconds, 1) if first.seconds > 0 else None,
     }
+
+
+_RANGE_FROM = {
+    "given": "--reward-range",
+    "seen": "the least and the largest reward of the log; --reward-range sets it",
+    "default": "the log has one reward value; --reward-range sets the range",
+}
 
 
 def _fmt(x: float) -> str:
@@ -229,6 +245,12 @@ def to_markdown(
             f"{r.matched} of {r.events} events matched ({100 * r.match_rate:.1f}%)"
             f"{f', {r.off_version} decisions off their logged version' if r.off_version else ''}."
         )
+        lo, hi, whence = r.reward_range
+        lines += [
+            "",
+            f"Rewards in [{lo:g}, {hi:g}] ({_RANGE_FROM[whence]}): every value and bound is "
+            "kept inside it.",
+        ]
         lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r) + _by_position(r)
         if r.warnings:
             lines += ["", "Warnings:", *(f"- {w}" for w in r.warnings)]

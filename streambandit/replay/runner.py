@@ -138,6 +138,9 @@ class ReplayResult:
     # position (0: the top slot) -> the estimates of the slate rows at that slot
     by_position: dict[int, "KeyEstimates"] = dataclasses.field(default_factory=dict)
     positions_without_estimates: int = 0  # events at positions past MAX_POSITION_ESTIMATES
+    # The range every value and bound is clamped to, and whence: "given" (--reward-range),
+    # "seen" (the least and the largest reward of the log), "default" ([0, 1] and the one value).
+    reward_range: tuple[float, float, str] = (0.0, 1.0, "default")
 
     @property
     def match_rate(self) -> float:
@@ -271,13 +274,19 @@ class _Rec:
 class _Model:
     """The target model of one key, its reward model, and the decisions and updates held back."""
 
-    def __init__(self, key: str, spec: ModelSpec, state: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        key: str,
+        spec: ModelSpec,
+        state: dict[str, Any] | None = None,
+        reward_range: tuple[float, float] | None = None,
+    ) -> None:
         self.key = key
         self.spec = spec
         self.policy: Policy = spec.build()
         if state is not None:
             self.policy.load_state_dict(state)  # raises if the state is of another configuration
-        self.reward_model = RidgeRewardModel(spec.dim)
+        self.reward_model = RidgeRewardModel(spec.dim, reward_range=reward_range)
         self.applied = 0  # logged updates processed (applied to the target or rejected)
         self.seen = 0  # logged records seen (the next record's update index)
         self.waiting: dict[int, list[_Rec]] = {}  # version -> records to decide at that version
@@ -325,7 +334,10 @@ class _ModelReplayer:
             states = self.target.states
             try:
                 m = _Model(
-                    d.model_key, spec, states.get(d.model_key) if states is not None else None
+                    d.model_key,
+                    spec,
+                    states.get(d.model_key) if states is not None else None,
+                    self.reward_range,
                 )
             except (
                 ValueError
@@ -490,7 +502,9 @@ class _ExternalReplayer:
     def add(self, d: LoggedDecision, probs: np.ndarray) -> None:
         model = self.reward_models.get(d.model_key)
         if model is None:
-            model = self.reward_models[d.model_key] = RidgeRewardModel(d.features.shape[1])
+            model = self.reward_models[d.model_key] = RidgeRewardModel(
+                d.features.shape[1], reward_range=self.evaluators.settings["reward_range"]
+            )
         predicted = model.predict_then_learn(d.features, d.action, d.reward)
         self.events += 1
         self.matched += bool(probs[d.action] > 0.0)
@@ -642,6 +656,7 @@ def replay_targets(
             warnings=warnings,
             estimates=list(ev.estimates()),
             logging_value=ev.logging_value,
+            reward_range=ev.ends,
             events=r.events,
             matched=r.matched,
             running=ev.running(),

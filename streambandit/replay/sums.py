@@ -11,7 +11,7 @@ Layout of an evaluator's accumulator array ``acc`` (float64, counts held exactly
 - a running mean (Welford) at offset ``o``: ``n, mean, m2``;
 - a running ratio ``sum u / sum v`` with its bivariate Welford sums at ``o``:
   ``n, mean u, mean v, S_uu, S_vv, S_uv, sum v, sum v^2, count of v != 0``;
-- then the sums the score intervals read and two flags (``TWO_VALUED``, ``UNIFORM``).
+- then the sums the score intervals and the reward range read, and the flag ``UNIFORM``.
 """
 
 from __future__ import annotations
@@ -33,13 +33,28 @@ __all__ = [
     "DM",
     "DR",
     "LOGGED",
-    "SU",
-    "SU2",
+    "SWR",
+    "SW2R",
     "SW",
     "SW2",
     "CLIPPED",
-    "TWO_VALUED",
     "UNIFORM",
+    "R_A",
+    "R_B",
+    "MANY",
+    "RMIN",
+    "RMAX",
+    "SWQ",
+    "SW2Q",
+    "SW2Q2",
+    "WMAX",
+    "SU",
+    "SUU",
+    "SUW",
+    "SDWR",
+    "SDW",
+    "SWRQ",
+    "SWQR",
     "SIZE",
     "new_accumulator",
     "mean_add",
@@ -61,9 +76,23 @@ MEAN_N, MEAN_MEAN, MEAN_M2 = 0, 1, 2
 RATIO_FIELDS = ("n", "mu", "mv", "suu", "svv", "suv", "sv", "sv2", "nonzero")
 REPLAY, SNIPS = 0, 9  # ratios
 IPS, DM, DR, LOGGED = 18, 21, 24, 27  # means
-SU, SU2, SW, SW2 = 30, 31, 32, 33  # sums of w r', w^2 r'^2, w, w^2 (r' = r on the scale [0, 1])
-CLIPPED, TWO_VALUED, UNIFORM = 34, 35, 36
-SIZE = 37
+# Sums on the rewards' own scale, rescaled when read (the ends may be known only at the end):
+# sum w r, sum w^2 r, sum w, sum w^2.
+SWR, SW2R, SW, SW2 = 30, 31, 32, 33
+CLIPPED, UNIFORM = 34, 35
+# The rewards seen: the first two distinct values (NaN until seen), whether a third was seen,
+# the least and the largest, for score intervals and the inferred reward range.
+R_A, R_B, MANY, RMIN, RMAX = 36, 37, 38, 39, 40
+# sum w q, sum w^2 q, sum w^2 q^2 over every row, q the reward model's prediction of the logged
+# arm clamped to the reward range (given, or seen so far): the spread a success's weight has as
+# the model expects it, from every row and not only the few with a success (intervals.py).
+SWQ, SW2Q, SW2Q2 = 41, 42, 43
+WMAX = 44  # the largest weight used
+# For dr's variance with the success weight the model expects (estimators._dr_scored), on the
+# rewards' own scale: u = dm - w q (q the prediction of the logged arm, as in dr's term):
+# sum u, sum u^2, sum u w, sum dm w r, sum dm w, sum w r q, sum w q.
+SU, SUU, SUW, SDWR, SDW, SWRQ, SWQR = 45, 46, 47, 48, 49, 50, 51
+SIZE = 52
 
 (
     TERMS_OK,
@@ -77,7 +106,9 @@ SIZE = 37
 
 def new_accumulator() -> np.ndarray:
     acc = np.zeros(SIZE)
-    acc[TWO_VALUED] = acc[UNIFORM] = 1.0  # until an event says otherwise
+    acc[UNIFORM] = 1.0  # until an event says otherwise
+    acc[R_A] = acc[R_B] = np.nan
+    acc[RMIN], acc[RMAX] = np.inf, -np.inf
     return acc
 
 
@@ -111,7 +142,9 @@ def ratio_add(acc, o, u, v):
 @njit(cache=CACHE, nogil=True)
 def add_event(acc, pa, p, r, k, dm, qa, clip, lo, hi):
     """One event's terms into every estimator's sums (estimators.py, module docstring); returns
-    the importance weight used (clipped at ``clip`` when ``clip > 0``)."""
+    the importance weight used (clipped at ``clip`` when ``clip > 0``). ``lo``, ``hi``: the
+    given reward range, or NaN for none (the model's predictions are then clamped to the range
+    of the rewards seen so far, and to [0, 1] while fewer than two values have been seen)."""
     ratio_add(acc, REPLAY, pa * r, pa)  # Li et al. 2011, the match indicator's expectation pi[a]
     w = pa / p  # Horvitz-Thompson
     if clip > 0.0 and w > clip:
@@ -122,15 +155,38 @@ def add_event(acc, pa, p, r, k, dm, qa, clip, lo, hi):
     mean_add(acc, DM, dm)
     mean_add(acc, DR, dm + w * (r - qa))  # Dudik et al. 2011
     mean_add(acc, LOGGED, r)
-    rs = (r - lo) / (hi - lo)
-    if r != lo and r != hi:
-        acc[TWO_VALUED] = 0.0
     if abs(p * k - 1.0) > 1e-9:
         acc[UNIFORM] = 0.0
-    acc[SU] += w * rs
-    acc[SU2] += w * w * rs * rs
+    if not r == acc[R_A]:  # NaN until set
+        if np.isnan(acc[R_A]):
+            acc[R_A] = r
+        elif np.isnan(acc[R_B]):
+            acc[R_B] = r
+        elif not r == acc[R_B]:
+            acc[MANY] = 1.0
+    acc[RMIN] = min(acc[RMIN], r)
+    acc[RMAX] = max(acc[RMAX], r)
+    acc[SWR] += w * r
+    acc[SW2R] += w * w * r
     acc[SW] += w
     acc[SW2] += w * w
+    acc[WMAX] = max(acc[WMAX], w)
+    u = dm - w * qa
+    acc[SU] += u
+    acc[SUU] += u * u
+    acc[SUW] += u * w
+    acc[SDWR] += dm * w * r
+    acc[SDW] += dm * w
+    acc[SWRQ] += w * r * qa
+    acc[SWQR] += w * qa
+    if np.isnan(lo):
+        lo, hi = acc[RMIN], acc[RMAX]
+        if not lo < hi:
+            lo, hi = min(lo, 0.0), max(hi, 1.0)
+    q = min(max(qa, lo), hi)
+    acc[SWQ] += w * q
+    acc[SW2Q] += w * w * q
+    acc[SW2Q2] += w * w * q * q
     return w
 
 
@@ -183,9 +239,10 @@ def add_row(pooled, by_key, pi, q, action, p, r, clip, lo, hi):
 
 
 @njit(cache=CACHE, nogil=True)
-def ridge_predict(theta, arms, intercept, out):
+def ridge_predict(theta, arms, intercept, out, lo, hi):
     """The ridge reward model's predictions (estimators.RidgeRewardModel): ``out[k] = z_k' theta``
-    for every arm, ``z = [x, 1]`` when ``intercept``."""
+    for every arm, ``z = [x, 1]`` when ``intercept``, clamped to ``[lo, hi]`` when ``lo <= hi``
+    (a linear model's prediction past the rewards' range would push dm and dr past it too)."""
     n_arms, d = arms.shape
     for a in range(n_arms):
         s = 0.0
@@ -193,6 +250,8 @@ def ridge_predict(theta, arms, intercept, out):
             s += arms[a, j] * theta[j]
         if intercept:
             s += theta[d]
+        if lo <= hi:
+            s = min(max(s, lo), hi)
         out[a] = s
 
 

@@ -237,14 +237,16 @@ def test_dr_is_consistent_when_the_reward_model_is_misspecified():
     assert abs(est["dr"].value - v) < 0.1 * abs(est["dm"].value - v)
 
 
+_THREE_EVENTS = [  # action, propensity, reward, target_probs, predicted
+    (0, 0.5, 1.0, [1.0, 0.0], [0.2, 0.4]),
+    (1, 0.25, 2.0, [0.5, 0.5], [0.0, 1.0]),
+    (1, 0.8, 3.0, [1.0, 0.0], [1.0, 1.0]),
+]
+
+
 def test_estimators_by_hand_on_three_events():
-    ev = OffPolicyEvaluator()
-    events = [  # action, propensity, reward, target_probs, predicted
-        (0, 0.5, 1.0, [1.0, 0.0], [0.2, 0.4]),
-        (1, 0.25, 2.0, [0.5, 0.5], [0.0, 1.0]),
-        (1, 0.8, 3.0, [1.0, 0.0], [1.0, 1.0]),
-    ]
-    for a, p, r, pi, q in events:
+    ev = OffPolicyEvaluator(reward_range=(-10.0, 10.0))  # wide: nothing is clamped
+    for a, p, r, pi, q in _THREE_EVENTS:
         ev.add(action=a, propensity=p, reward=r, target_probs=np.array(pi), predicted=np.array(q))
     w = np.array([2.0, 2.0, 0.0])
     rr = np.array([1.0, 2.0, 3.0])
@@ -268,6 +270,23 @@ def test_estimators_by_hand_on_three_events():
         half = 1.959964 * (v * rr - ratio * v).std(ddof=1) / math.sqrt(3) / v.mean()
         assert est[name].ci_low == pytest.approx(ratio - half, rel=1e-6)
         assert est[name].ci_high == pytest.approx(ratio + half, rel=1e-6)
+
+
+def test_values_and_bounds_are_clamped_to_the_reward_range_the_log_shows():
+    """No range given: the rewards seen, 1 to 3, bound every value: dm's 0.567 (the model's
+    guess) and ips's upper bound 4.26 (a normal interval over three events) cannot be right."""
+    ev = OffPolicyEvaluator()
+    for a, p, r, pi, q in _THREE_EVENTS:
+        ev.add(action=a, propensity=p, reward=r, target_probs=np.array(pi), predicted=np.array(q))
+    assert ev.ends == (1.0, 3.0, "seen")
+    est = by_name(ev)
+    assert est["dm"].value == 1.0
+    assert est["ips"].value == 2.0 and est["ips"].ci_high == 3.0 and est["ips"].ci_low == 1.0
+    for e in est.values():
+        assert 1.0 <= e.value <= 3.0 and (e.name == "dm" or 1.0 <= e.ci_low <= e.ci_high <= 3.0), e
+    given = OffPolicyEvaluator(reward_range=(0.0, 5.0))
+    assert given.ends == (0.0, 5.0, "given")
+    assert OffPolicyEvaluator().ends == (0.0, 1.0, "default")
 
 
 # -- clipping ---------------------------------------------------------------------------------
@@ -326,6 +345,26 @@ def test_ridge_reward_model_equals_the_closed_form():
         m.predict(np.ones((2, D + 1)))
 
 
+def test_the_reward_model_predicts_inside_the_rewards_it_learnt_or_the_range_given():
+    """A line through 0/1 clicks extrapolates past [0, 1] far out; dm and dr add predictions up,
+    so the model's are kept inside the range: the rewards learnt, or the range given."""
+    x = np.array([[1.0] + [0.0] * (D - 1)])
+    m, given = RidgeRewardModel(D, lam=1e-3), RidgeRewardModel(D, lam=1e-3, reward_range=(0, 5))
+    for v, r in ((0.0, 0.0), (1.0, 1.0)) * 50:
+        m.update(x[0] * v, r)
+        given.update(x[0] * v, r)
+    far = np.array([[10.0] + [0.0] * (D - 1)])
+    zs = np.array([[10.0] + [0.0] * (D - 1) + [1.0]])
+    assert (zs @ m.theta)[0] > 9  # the line's own value
+    assert m.predict(far)[0] == 1.0 and given.predict(far)[0] == 5.0
+    assert m.predict(-far)[0] == 0.0
+    one = RidgeRewardModel(D)
+    one.update(x[0], 0.0)  # one value learnt: [0, 1] around it
+    assert (
+        one.predict(-1e6 * x)[0] == pytest.approx(0.0, abs=1e-12) and one.predict(1e6 * x)[0] <= 1.0
+    )
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
@@ -364,13 +403,12 @@ def test_empty_and_single_event_estimates():
         target_probs=np.array([1.0, 0.0]),
         predicted=np.zeros(2),
     )
-    for e in ev.estimates():  # one event of a reward that is not 0/1: nothing bounds the value
+    # One event of a reward that is not 0/1: no interval but the range itself, [0, 1] by default
+    # around the one value seen.
+    assert ev.ends == (0.0, 1.0, "default")
+    for e in ev.estimates():
         assert math.isfinite(e.value)
-        assert (
-            e.interval == "none"
-            if e.name == "dm"
-            else (e.ci_low, e.ci_high) == (-math.inf, math.inf)
-        ), e
+        assert e.interval == "none" if e.name == "dm" else (e.ci_low, e.ci_high) == (0.0, 1.0), e
     one = OffPolicyEvaluator()  # one 0/1 reward: the score intervals of one trial
     one.add(
         action=0,

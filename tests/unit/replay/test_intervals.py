@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from streambandit.replay.estimators import EstimatorError, OffPolicyEvaluator
+from streambandit.replay.estimators import DR_SUCCESSES, EstimatorError, OffPolicyEvaluator
 from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
 
 from .test_estimators import K, by_name, evaluate, simulate, true_value
@@ -81,6 +81,164 @@ def test_coverage_over_200_independent_logs_with_a_known_truth():
         for name in covered:
             covered[name] += est[name].ci_low <= v <= est[name].ci_high
     assert all(186 <= c <= 194 for c in covered.values()), covered
+
+
+def _spread_log(rng, n: int, ctr: float, evaluator: OffPolicyEvaluator) -> float:
+    """A log whose propensities spread from 1e-3 to 0.99 (Dirichlet(0.3) over 10 arms per
+    request, floored at 1e-3), Bernoulli rewards of mean ``ctr`` times 0.5-1.5 per arm, a uniform
+    target; the reward model is each arm's mean reward so far. The target's true value."""
+    k = 10
+    probs = np.clip(rng.dirichlet(np.full(k, 0.3), size=n), 1e-3, None)
+    probs /= probs.sum(1, keepdims=True)
+    base = rng.uniform(0.5, 1.5, k) * ctr
+    arms = (probs.cumsum(1) > rng.random((n, 1))).argmax(1)
+    rewards = (rng.random(n) < base[arms]).astype(float)
+    target = np.full(k, 1.0 / k)
+    total, count = np.zeros(k), np.zeros(k)
+    for i in range(n):
+        a = int(arms[i])
+        q = np.where(count > 0, total / np.maximum(count, 1.0), 0.0)
+        evaluator.add_also_to(None, a, float(probs[i, a]), float(rewards[i]), target, q)
+        total[a] += rewards[i]
+        count[a] += 1.0
+    return float(base.mean())
+
+
+@pytest.mark.parametrize("ctr", [0.1, 0.01])
+def test_ips_covers_on_a_log_whose_propensities_spread_from_1e3_to_099(ctr):
+    """The few successes of such a log mostly carry small weights: a variance from them alone
+    (the mean weight of a success seen) covered the truth in 60-80% of such logs. The weight a
+    success carries as the reward model expects it, from every row, restores the level
+    (bench/ope_coverage.py measures more settings)."""
+    rng = np.random.default_rng(36)
+    covered = 0
+    for _ in range(200):
+        ev = OffPolicyEvaluator(running_growth=math.inf)
+        truth = _spread_log(rng, 4_000, ctr, ev)
+        ips = by_name(ev)["ips"]
+        covered += ips.ci_low <= truth <= ips.ci_high
+    assert 182 <= covered <= 198, covered  # 95% of 200 is 190, the standard error 3
+
+
+def _rows_with_a_model():
+    """Rows (arm, propensity, reward, the model's predictions) of a two-arm log, target 50/50."""
+    rng = np.random.default_rng(3)
+    rows = []
+    for _ in range(400):
+        p = np.array([0.98, 0.02]) if rng.random() < 0.5 else np.array([0.3, 0.7])
+        a = int(rng.random() < p[1])
+        r = float(rng.random() < (0.1 if a == 0 else 0.2))
+        rows.append((a, float(p[a]), r, np.array([0.12, 0.18])))
+    return rows
+
+
+def test_the_ips_score_interval_takes_the_success_weight_the_model_expects_from_every_row():
+    ev = OffPolicyEvaluator()
+    target = np.array([0.5, 0.5])
+    rows = _rows_with_a_model()
+    for a, p, r, q in rows:
+        ev.add_also_to(None, a, p, r, target, q)
+    w = np.array([0.5 / p for _, p, _, _ in rows])
+    r = np.array([r for _, _, r, _ in rows])
+    qa = np.array([q[a] for a, _, _, q in rows])
+    k = (w * w * qa).sum() / (w * qa).sum()  # intervals.py: E[w^2 r] / E[w r] as the model sees it
+    lo, hi = scaled_wilson((w * r).mean(), k, len(rows), Z95)
+    ips = by_name(ev)["ips"]
+    assert ips.interval == "score"
+    assert (ips.ci_low, ips.ci_high) == pytest.approx((lo, hi), rel=1e-12)
+
+
+def test_dr_s_interval_takes_the_success_weight_the_model_expects_from_every_row():
+    ev = OffPolicyEvaluator()
+    target = np.array([0.5, 0.5])
+    rows = _rows_with_a_model()
+    for a, p, r, q in rows:
+        ev.add_also_to(None, a, p, r, target, q)
+    w = np.array([0.5 / p for _, p, _, _ in rows])
+    r = np.array([r for _, _, r, _ in rows])
+    qa = np.array([q[a] for a, _, _, q in rows])
+    n = len(rows)
+    dm = np.full(n, 0.15)
+    terms = dm + w * (r - qa)
+    # Var(u + w r) with u = dm - w q, where E[w^2 r] and E[w^2 r q] take one w as k, the mean
+    # weight of a success as the model expects it; the larger of that and the sample variance.
+    k = (w * w * qa).sum() / (w * qa).sum()
+    u, v1 = dm - w * qa, (w * r).mean()
+    cov = (dm * w * r).mean() - k * (w * r * qa).mean() - u.mean() * v1
+    var_k = n / (n - 1) * (u.var() + k * v1 - v1 * v1 + 2 * cov)
+    # The terms' own variance weighs in as the successes' effective number n_s grows.
+    n_s = (w * r).sum() ** 2 / ((w * r) ** 2).sum()
+    trust = n_s / (n_s + DR_SUCCESSES)
+    var = trust * max(var_k, terms.var(ddof=1)) + (1 - trust) * var_k
+    # ...and the ends take the proportions of ips's score interval around its value.
+    a, b = scaled_wilson(v1, k, n, Z95)
+    per_sd = math.sqrt(var / n) / math.sqrt((k * v1 - v1 * v1) / n)
+    dr = by_name(ev)["dr"]
+    assert dr.interval == "model" and dr.value == pytest.approx(terms.mean(), rel=1e-12)
+    assert (dr.ci_low, dr.ci_high) == pytest.approx(
+        (terms.mean() - (v1 - a) * per_sd, terms.mean() + (b - v1) * per_sd), rel=1e-9
+    )
+    assert b - v1 > v1 - a  # skewed upward, as a mean of rare heavy terms is
+
+
+def test_two_reward_values_other_than_0_and_1_are_scored_on_the_range_they_show():
+    """Revenue 0 or 5: the range [0, 5] is inferred, the intervals are score intervals on it,
+    and a target whose matched events all earned 0 still gets an interval above 0."""
+    ev = OffPolicyEvaluator()
+    for i in range(300):
+        a = i % 2
+        ev.add(
+            action=a,
+            propensity=0.5,
+            reward=5.0 if a == 1 and i % 6 == 1 else 0.0,
+            target_probs=np.array([1.0, 0.0]),  # always arm 0, which never earned
+            predicted=np.zeros(2),
+        )
+    assert ev.ends == (0.0, 5.0, "seen") and ev.scored
+    est = by_name(ev)
+    for name in ("replay", "ips", "snips"):
+        e = est[name]
+        assert e.value == 0.0 and e.ci_low == 0.0 and 0.0 < e.ci_high < 5.0, e
+    assert est["ips"].interval == "score" and est["snips"].interval == "wilson"
+    assert est["snips"].ci_high == pytest.approx(5 * wilson(0.0, 150, Z95)[1])
+
+
+def test_the_bootstrap_never_gives_a_zero_width_interval_to_a_log_with_variance():
+    """No matched event earned anything, other events did: every replicate of replay, ips and
+    snips is 0; the score interval stands in for the percentile one."""
+    ev = OffPolicyEvaluator(bootstrap=200)
+    for i in range(400):
+        a = i % 2
+        ev.add(
+            action=a,
+            propensity=0.5,
+            reward=float(a == 1 and i % 4 == 1),
+            target_probs=np.array([1.0, 0.0]),
+            predicted=np.array([0.0, 0.5]),
+        )
+    est = by_name(ev)
+    for name in ("replay", "ips", "snips"):
+        assert est[name].value == 0.0 and est[name].ci_high > 0.0, est[name]
+        assert est[name].interval in ("wilson", "score"), est[name]
+    # dr's terms are all 0 too (the model predicts 0 for arm 0): ips's score interval, moved
+    assert est["dr"].interval == "score-shifted" and est["dr"].ci_high > est["dr"].ci_low
+    assert ev.logging_value.interval == "bootstrap"
+
+
+def test_one_event_with_much_of_the_weight_is_warned_of():
+    ev = OffPolicyEvaluator()
+    for i in range(1000):
+        p = 0.001 if i == 500 else 0.5
+        ev.add(
+            action=1 if i == 500 else 0,
+            propensity=p,
+            reward=float(i % 3 == 0),
+            target_probs=np.array([0.5, 0.5]),
+            predicted=np.full(2, 0.3),
+        )
+    [heavy] = [w for w in ev.warnings() if "carries" in w]
+    assert heavy.startswith("one event carries 33% of the importance weight (weight 500)")
+    assert not any("carries" in w for w in zero_reward_log(n=2000).warnings())
 
 
 def test_dm_has_no_interval():

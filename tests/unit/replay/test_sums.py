@@ -49,10 +49,27 @@ def test_the_sums_equal_numpys_means_variances_and_ratios(clip):
         assert got["svv"] == pytest.approx(((v - v.mean()) ** 2).sum(), rel=1e-10)
         assert got["suv"] == pytest.approx(((u - u.mean()) * (v - v.mean())).sum(), rel=1e-10)
         assert (got["sv"], got["sv2"]) == pytest.approx((v.sum(), (v * v).sum()), rel=1e-12)
-    assert acc[sums.TWO_VALUED] == 1.0 and acc[sums.UNIFORM] == 0.0
-    assert (acc[sums.SW], acc[sums.SW2], acc[sums.SU]) == pytest.approx(
-        (w.sum(), (w * w).sum(), (w * r).sum())
+    assert acc[sums.MANY] == 0.0 and {acc[sums.R_A], acc[sums.R_B]} == set(r)
+    assert (acc[sums.RMIN], acc[sums.RMAX], acc[sums.UNIFORM]) == (r.min(), r.max(), 0.0)
+    assert (acc[sums.SW], acc[sums.SW2], acc[sums.SWR], acc[sums.SW2R]) == pytest.approx(
+        (w.sum(), (w * w).sum(), (w * r).sum(), (w * w * r).sum())
     )
+    qa = np.clip([q[a] for _, q, a, _, _ in rows], 0.0, 1.0)  # clamped to the range given
+    assert (acc[sums.SWQ], acc[sums.SW2Q], acc[sums.SW2Q2]) == pytest.approx(
+        ((w * qa).sum(), (w * w * qa).sum(), (w * w * qa * qa).sum())
+    )
+    assert acc[sums.WMAX] == w.max()
+
+
+def test_without_a_range_the_predictions_are_clamped_to_the_rewards_seen_so_far():
+    acc = sums.new_accumulator()
+    nan = float("nan")
+    # (reward, prediction): before two values are seen the range is [0, 1] and the value seen;
+    # then the least and the largest reward seen.
+    for r, q in ((0.0, 3.0), (5.0, 7.0), (5.0, -1.0), (2.0, 4.0)):
+        sums.add_event(acc, 1.0, 1.0, r, 1, 0.0, q, 0.0, nan, nan)
+    assert acc[sums.SWQ] == 1.0 + 5.0 + 0.0 + 4.0
+    assert acc[sums.MANY] == 1.0 and (acc[sums.RMIN], acc[sums.RMAX]) == (0.0, 5.0)
 
 
 def test_the_checks_of_an_event():
