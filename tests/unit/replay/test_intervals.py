@@ -120,44 +120,36 @@ def test_ips_covers_on_a_log_whose_propensities_spread_from_1e3_to_099(ctr):
     assert 182 <= covered <= 198, covered  # 95% of 200 is 190, the standard error 3
 
 
-def _rows_with_a_model():
-    """Rows (arm, propensity, reward, the model's predictions) of a two-arm log, target 50/50."""
+def _log_with_a_model():
+    """A two-arm log, target 50/50, the model predicting 0.12 and 0.18: the evaluator that read
+    it and the rows' weights, rewards and predictions of the logged arm."""
     rng = np.random.default_rng(3)
-    rows = []
+    ev = OffPolicyEvaluator()
+    w, r, qa = [], [], []
     for _ in range(400):
         p = np.array([0.98, 0.02]) if rng.random() < 0.5 else np.array([0.3, 0.7])
         a = int(rng.random() < p[1])
-        r = float(rng.random() < (0.1 if a == 0 else 0.2))
-        rows.append((a, float(p[a]), r, np.array([0.12, 0.18])))
-    return rows
+        reward = float(rng.random() < (0.1 if a == 0 else 0.2))
+        q = np.array([0.12, 0.18])
+        ev.add_also_to(None, a, float(p[a]), reward, np.array([0.5, 0.5]), q)
+        w.append(0.5 / p[a])
+        r.append(reward)
+        qa.append(q[a])
+    return ev, np.array(w), np.array(r), np.array(qa)
 
 
 def test_the_ips_score_interval_takes_the_success_weight_the_model_expects_from_every_row():
-    ev = OffPolicyEvaluator()
-    target = np.array([0.5, 0.5])
-    rows = _rows_with_a_model()
-    for a, p, r, q in rows:
-        ev.add_also_to(None, a, p, r, target, q)
-    w = np.array([0.5 / p for _, p, _, _ in rows])
-    r = np.array([r for _, _, r, _ in rows])
-    qa = np.array([q[a] for a, _, _, q in rows])
+    ev, w, r, qa = _log_with_a_model()
     k = (w * w * qa).sum() / (w * qa).sum()  # intervals.py: E[w^2 r] / E[w r] as the model sees it
-    lo, hi = scaled_wilson((w * r).mean(), k, len(rows), Z95)
+    lo, hi = scaled_wilson((w * r).mean(), k, len(w), Z95)
     ips = by_name(ev)["ips"]
     assert ips.interval == "score"
     assert (ips.ci_low, ips.ci_high) == pytest.approx((lo, hi), rel=1e-12)
 
 
 def test_dr_s_interval_takes_the_success_weight_the_model_expects_from_every_row():
-    ev = OffPolicyEvaluator()
-    target = np.array([0.5, 0.5])
-    rows = _rows_with_a_model()
-    for a, p, r, q in rows:
-        ev.add_also_to(None, a, p, r, target, q)
-    w = np.array([0.5 / p for _, p, _, _ in rows])
-    r = np.array([r for _, _, r, _ in rows])
-    qa = np.array([q[a] for a, _, _, q in rows])
-    n = len(rows)
+    ev, w, r, qa = _log_with_a_model()
+    n = len(w)
     dm = np.full(n, 0.15)
     terms = dm + w * (r - qa)
     # Var(u + w r) with u = dm - w q, where E[w^2 r] and E[w^2 r q] take one w as k, the mean
