@@ -20,6 +20,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 
+from streambandit.replay import avro_log
 from streambandit.replay.featurize import (
     COMBINE_RULES,
     check_hash_dim,
@@ -464,9 +465,16 @@ def read_avro(
     where = str(path)
     with open(path, "rb") as f:
         try:
-            reader = fastavro.reader(f)
+            blocks = fastavro.block_reader(f)
         except Exception as exc:  # fastavro raises ValueError, EOFError, ... on a non-Avro file
             raise LogError(f"{where}: not an Avro container file ({exc})", "file") from None
+        if avro_log.fits_schema(blocks.writer_schema, LOGGED_DECISION_SCHEMA):
+            yield from avro_log.read_blocks(
+                blocks, where, counts, lambda parse: _kept(parse, skip_bad, counts), _from_record
+            )
+            return
+        f.seek(0)
+        reader = fastavro.reader(f)
         i = 0
         while True:
             try:
