@@ -52,7 +52,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from streambandit.config.models import ModelsConfig, ModelSpec
-from streambandit.engine.decision import choose_with_probabilities
+from streambandit.engine.decision import choice_with_probabilities, choose_with_probabilities
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
@@ -288,10 +288,19 @@ class _ModelReplayer:
 
     def add(self, d: LoggedDecision, m: _Model) -> None:
         self.models[d.model_key] = m
+        v = d.decision_version
+        if v < 0 and self._next_emit == self.events and not (m.updates or m.waiting):
+            # Decided and learnt from at once, and every earlier record is with the evaluator:
+            # the path of _decide, _apply and the in-order hand-over without the bookkeeping.
+            self._next_emit = self.events = self.events + 1
+            m.seen += 1
+            choice, probs = self._choose(m, d)
+            self.decisions[d.event_id] = choice
+            self.evaluators.add(d, probs, self._learn(m, d, choice))
+            return
         self.decisions[d.event_id] = -1  # its choice is set when it is decided
         rec = _Rec(self.events, d)
         self.events += 1
-        v = d.decision_version
         if v is None or v < 0:
             if m.waiting or m.updates:
                 self._advance(m, final=True)  # everything held back first: "now" is after all of it
@@ -334,37 +343,54 @@ class _ModelReplayer:
                 for rec in m.waiting.pop(v):
                     self._decide(m, rec)
 
-    def _decide(self, m: _Model, rec: _Rec) -> None:
-        d, spec = rec.d, m.spec
+    def _choose(self, m: _Model, d: LoggedDecision) -> tuple[int, np.ndarray]:
+        """The target's choice for ``d`` and its probabilities over the arms."""
+        spec = m.spec
         try:
             scores = m.policy.scores(d.features)
         except ValueError as exc:
             raise LogError(f"{d.where}: {exc}", "features") from None
-        slot = max(d.position, 0)
+        if d.position <= 0:
+            return choice_with_probabilities(
+                scores,
+                epsilon=spec.epsilon,
+                model_key=d.model_key,
+                event_id=d.event_id,
+                seed=spec.seed,
+            )
         # The worker's rule on the same score vector the target distribution is computed from.
-        dec, rec.probs = choose_with_probabilities(
+        dec, probs = choose_with_probabilities(
             scores,
             epsilon=spec.epsilon,
             model_key=d.model_key,
             event_id=d.event_id,
             seed=spec.seed,
-            position=slot,
+            position=d.position,
         )
-        rec.choice = dec.index
-        self.decisions[d.event_id] = dec.index
+        return dec.index, probs
 
-    def _apply(self, m: _Model, rec: _Rec) -> None:
-        """The logged update of ``rec``: the target learns if it chose the logged action; the
-        reward model always learns. Then hand the record to the evaluator in log order."""
-        d = rec.d
-        if rec.choice is None:  # cannot happen: a record's version is at most its update index
-            raise AssertionError(f"event {d.event_id!r} updated before it was decided")
-        rec.predicted = m.reward_model.predict_then_learn(d.features, d.action, d.reward)
-        if rec.choice == d.action:
+    def _learn(self, m: _Model, d: LoggedDecision, choice: int) -> np.ndarray:
+        """The logged update of ``d``: the target learns if it chose the logged action; the
+        reward model always learns. Returns the reward model's predictions made before."""
+        predicted = m.reward_model.predict_then_learn(d.features, d.action, d.reward)
+        if choice == d.action:
             if self.target.learn:
                 m.policy.update(d.features[d.action], d.reward)
             self.matched += 1
         m.applied += 1
+        return predicted
+
+    def _decide(self, m: _Model, rec: _Rec) -> None:
+        rec.choice, rec.probs = self._choose(m, rec.d)
+        self.decisions[rec.d.event_id] = rec.choice
+
+    def _apply(self, m: _Model, rec: _Rec) -> None:
+        """The logged update of ``rec`` (:meth:`_learn`), then the record to the evaluator in
+        log order."""
+        d = rec.d
+        if rec.choice is None:  # cannot happen: a record's version is at most its update index
+            raise AssertionError(f"event {d.event_id!r} updated before it was decided")
+        rec.predicted = self._learn(m, d, rec.choice)
         if (
             rec.seq == self._next_emit and not self._ready
         ):  # in log order already (no versions held back)
