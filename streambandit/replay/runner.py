@@ -76,6 +76,7 @@ PROGRESS_EVERY = 1000
 # Per-key estimates cost an evaluator each; a log of millions of keys (one per user) gets them for
 # its first keys and the pooled estimate for all.
 MAX_KEY_ESTIMATES = 1000
+_SCORED_MAX = 1024  # score vectors kept per model between its updates
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -226,6 +227,20 @@ class _Model:
         self.updates: collections.deque[_Rec] = (
             collections.deque()
         )  # seen, not yet applied, log order
+        # Scores of read-only arm arrays (rows sharing one, as OBD's rows of the same user do)
+        # under the current state: a policy's scores are a function of its state and the arms.
+        self.scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+    def scores(self, arms: np.ndarray) -> np.ndarray:
+        """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
+        hit = self.scored.get(id(arms))
+        if hit is not None and hit[0] is arms:  # the entry holds arms: its id is not reused
+            return hit[1]
+        scores = self.policy.scores(arms)
+        if len(self.scored) >= _SCORED_MAX:
+            self.scored.clear()
+        self.scored[id(arms)] = (arms, scores)
+        return scores
 
 
 class _ModelReplayer:
@@ -346,8 +361,12 @@ class _ModelReplayer:
     def _choose(self, m: _Model, d: LoggedDecision) -> tuple[int, np.ndarray]:
         """The target's choice for ``d`` and its probabilities over the arms."""
         spec = m.spec
+        f = d.features
         try:
-            scores = m.policy.scores(d.features)
+            if f.flags.writeable:
+                scores = m.policy.scores(f)
+            else:
+                scores = m.scores(f)
         except ValueError as exc:
             raise LogError(f"{d.where}: {exc}", "features") from None
         if d.position <= 0:
@@ -376,6 +395,7 @@ class _ModelReplayer:
         if choice == d.action:
             if self.target.learn:
                 m.policy.update(d.features[d.action], d.reward)
+                m.scored.clear()
             self.matched += 1
         m.applied += 1
         return predicted
