@@ -200,6 +200,35 @@ class _Evaluators:
         }
 
 
+class _RewardModels:
+    """The per-key ridge reward models of the direct and doubly robust estimators, one set for all
+    targets: each target hands every used row of a key to its key's model in log order (possibly
+    later than other targets, when it holds records back), so every target's models would be the
+    same. The first target to reach a row has the model predict and learn; the others take the
+    predictions made then, kept until the last of them has."""
+
+    def __init__(self, targets: int) -> None:
+        self.targets = targets
+        self.models: dict[str, RidgeRewardModel] = {}
+        self.pending: dict[str, list] = {}  # event id -> [predictions, targets still to take them]
+
+    def predicted(self, d: LoggedDecision) -> np.ndarray:
+        """The reward model's predictions for ``d``'s arms, made before it learns ``d``."""
+        entry = self.pending.get(d.event_id) if self.pending else None
+        if entry is not None:
+            entry[1] -= 1
+            if not entry[1]:
+                del self.pending[d.event_id]
+            return entry[0]
+        model = self.models.get(d.model_key)
+        if model is None:
+            model = self.models[d.model_key] = RidgeRewardModel(d.features.shape[1])
+        predicted = model.predict_then_learn(d.features, d.action, d.reward)
+        if self.targets > 1:
+            self.pending[d.event_id] = [predicted, self.targets - 1]
+        return predicted
+
+
 class _Rec:
     __slots__ = ("seq", "d", "choice", "probs", "predicted")
 
@@ -220,7 +249,6 @@ class _Model:
         self.policy: Policy = spec.build()
         if state is not None:
             self.policy.load_state_dict(state)  # raises if the state is of another configuration
-        self.reward_model = RidgeRewardModel(spec.dim)
         self.applied = 0  # logged updates processed (applied to the target or rejected)
         self.seen = 0  # logged records seen (the next record's update index)
         self.waiting: dict[int, list[_Rec]] = {}  # version -> records to decide at that version
@@ -246,9 +274,17 @@ class _Model:
 class _ModelReplayer:
     """A streambandit configuration as the target: it decides (and learns) row by row."""
 
-    def __init__(self, target: Target, max_lag: int, evaluators: _Evaluators, reward_range) -> None:
+    def __init__(
+        self,
+        target: Target,
+        max_lag: int,
+        evaluators: _Evaluators,
+        reward_range,
+        reward_models: _RewardModels,
+    ) -> None:
         assert target.models is not None
         self.target = target
+        self.reward_models = reward_models
         self.config = target.models
         self.max_lag = max_lag
         self.evaluators = evaluators
@@ -391,7 +427,7 @@ class _ModelReplayer:
     def _learn(self, m: _Model, d: LoggedDecision, choice: int) -> np.ndarray:
         """The logged update of ``d``: the target learns if it chose the logged action; the
         reward model always learns. Returns the reward model's predictions made before."""
-        predicted = m.reward_model.predict_then_learn(d.features, d.action, d.reward)
+        predicted = self.reward_models.predicted(d)
         if choice == d.action:
             if self.target.learn:
                 m.policy.update(d.features[d.action], d.reward)
@@ -438,10 +474,13 @@ class _ExternalReplayer:
     """A policy from another system as the target: its probabilities for each row are given.
     Nothing learns but the per-key reward models of the direct and doubly robust estimators."""
 
-    def __init__(self, target: Target, evaluators: _Evaluators) -> None:
+    def __init__(
+        self, target: Target, evaluators: _Evaluators, reward_models: _RewardModels
+    ) -> None:
         self.target = target
         self.evaluators = evaluators
-        self.reward_models: dict[str, RidgeRewardModel] = {}
+        self.reward_models = reward_models
+        self.dims: dict[str, int] = {}  # model key -> the dimension of its first row
         self.events = 0
         self.matched = 0
 
@@ -466,20 +505,18 @@ class _ExternalReplayer:
                 raise LogError(
                     f"{d.where}: no probabilities of target {name!r} in this row", "target"
                 )
-        model = self.reward_models.get(d.model_key)
-        if model is not None and model.dim != d.features.shape[1]:
+        dim = self.dims.get(d.model_key)
+        if dim is not None and dim != d.features.shape[1]:
             raise LogError(
                 f"{d.where}: features have dimension {d.features.shape[1]}, earlier rows of model key "
-                f"{d.model_key!r} had {model.dim}",
+                f"{d.model_key!r} had {dim}",
                 "features",
             )
         return probs
 
     def add(self, d: LoggedDecision, probs: np.ndarray) -> None:
-        model = self.reward_models.get(d.model_key)
-        if model is None:
-            model = self.reward_models[d.model_key] = RidgeRewardModel(d.features.shape[1])
-        predicted = model.predict_then_learn(d.features, d.action, d.reward)
+        self.dims.setdefault(d.model_key, d.features.shape[1])
+        predicted = self.reward_models.predicted(d)
         self.events += 1
         self.matched += bool(probs[d.action] > 0.0)
         self.evaluators.add(d, probs, predicted)
@@ -490,7 +527,7 @@ class _ExternalReplayer:
     def result_fields(self) -> dict[str, Any]:
         return {
             "models": {},
-            "policies": {k: "external" for k in self.reward_models},
+            "policies": {k: "external" for k in self.dims},
             "decisions": {},
             "off_version": 0,
         }
@@ -566,10 +603,11 @@ def replay_targets(
         "confidence": confidence,
     }
     OffPolicyEvaluator(**settings)  # refuses bad settings before the log is read
+    reward_models = _RewardModels(len(targets))
     runs: list[_ModelReplayer | _ExternalReplayer] = [
-        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range)
+        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range, reward_models)
         if t.models is not None
-        else _ExternalReplayer(t, _Evaluators(settings))
+        else _ExternalReplayer(t, _Evaluators(settings), reward_models)
         for t in targets
     ]
     seen: set[str] = set()
