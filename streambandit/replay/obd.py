@@ -73,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 from streambandit.replay import featurize
-from streambandit.replay.files import _FIELD_LIMIT, PathLike, _kept
+from streambandit.replay.files import _FIELD_LIMIT, _SHARE_EVERY, PathLike, ReadShare, _kept
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
 __all__ = ["read_obd", "obd_dim", "OBD_COLUMNS", "ITEM_CONTEXT"]
@@ -368,11 +368,14 @@ def _stream(
     affinity: bool,
     skip_bad: bool,
     counts: dict[str, int] | None,
+    share: ReadShare | None,
 ) -> Iterator[LoggedDecision]:
     where = str(log)
     # The csv module's limit is process-wide; keep it where read_csv sets it, so readers agree.
     csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     with open(log, newline="", encoding="utf-8") as f:
+        if share is not None:
+            share.opened(f)
         reader = csv.reader(f)
         cols = _columns(_read_header(reader, where), items, affinity, where)
         shared: dict[tuple[str, ...], np.ndarray] = {}
@@ -391,6 +394,8 @@ def _stream(
             if not row:
                 continue
             i += 1
+            if share is not None and i % _SHARE_EVERY == 0:
+                share.done = f.buffer.tell()
             at = f"{where} row {i} (line {reader.line_num})"
             d = _kept(lambda: _decision(row, cols, items, opt, at, shared), skip_bad, counts)
             if d is not None:
@@ -406,16 +411,19 @@ def read_obd(
     affinity: bool = False,
     skip_bad: bool = False,
     counts: dict[str, int] | None = None,
+    share: ReadShare | None = None,
 ) -> Iterator[LoggedDecision]:
     """The decisions of an OBD log (module docstring), in file order.
 
     ``path``: a campaign directory (``<dir>/<dir name>.csv`` and ``item_context.csv``) or the log
     CSV with ``item_context.csv`` beside it. ``user_dim``: the hashed user vector's dimension;
-    ``combine``: ``outer`` or ``concat``; ``affinity``: append each arm's user-item affinity.
+    ``combine``: ``outer`` or ``concat``; ``affinity``: append each arm's user-item affinity;
+    ``share``: how much of the log CSV is read.
     """
     if not model_key:
         raise ValueError("model_key must not be empty")
     _check_args(user_dim, combine)
     log, item_path = _paths(path)
     items = _read_items(item_path)
-    return _stream(log, items, _Options(model_key, user_dim, combine), affinity, skip_bad, counts)
+    opt = _Options(model_key, user_dim, combine)
+    return _stream(log, items, opt, affinity, skip_bad, counts, share)
