@@ -249,7 +249,7 @@ def measure_obd(obd: Path, work: Path, repeats: int, quick: bool) -> dict:
     n = len(log)
     decisions = replay(log, cfg).decisions
     models = {"obd": cfg.resolve("obd").build()}
-    out: dict = {"events": n, "dir": str(obd)}
+    out: dict = {"events": n}
     rows = ["--rows", f":{n}"] if quick else []
     for r in range(repeats):
         row = {
@@ -349,7 +349,8 @@ def measure(args: argparse.Namespace) -> dict:
         res["command_fixed_seconds"] = startup
         res["large"] = measure_large(work, repeats, args.quick)
         if args.obd:
-            res["obd"] = measure_obd(Path(args.obd), work, repeats, args.quick)
+            res["obd"] = measure_obd(Path(args.obd).resolve(), work, repeats, args.quick)
+            res["obd"]["dir"] = args.obd
     return res
 
 
