@@ -90,7 +90,7 @@ def choose_with_probabilities(
     )
 
 
-_NO_DRAW = np.zeros(16, dtype=np.uint8)  # the digest when epsilon <= 0 (no draw is made)
+_NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
 
 
 def choice_with_probabilities(
@@ -100,7 +100,7 @@ def choice_with_probabilities(
     to the bit, in one compiled call (a replay's per-row path: no Decision object)."""
     digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else _NO_DRAW
     probs = np.empty(scores.shape[0])
-    return _choice_kernel(scores, float(epsilon), np.frombuffer(digest, np.uint8), probs), probs
+    return _choice_kernel(scores, float(epsilon), digest, probs), probs
 
 
 @njit(cache=CACHE, nogil=True)

@@ -77,6 +77,7 @@ PROGRESS_EVERY = 1000
 # its first keys and the pooled estimate for all.
 MAX_KEY_ESTIMATES = 1000
 _SCORED_MAX = 1024  # score vectors kept per model between its updates
+_REWARDS_OK_MAX = 256
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -258,6 +259,9 @@ class _Model:
         # Scores of read-only arm arrays (rows sharing one, as OBD's rows of the same user do)
         # under the current state: a policy's scores are a function of its state and the arms.
         self.scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Rewards the policy accepted (its rule depends on the value alone): 0/1 clicks are
+        # checked once.
+        self.rewards_ok: set[float] = set()
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
@@ -327,14 +331,17 @@ class _ModelReplayer:
                     f"target {self.target.name!r}: the state of model {d.model_key!r} does not fit "
                     f"its configuration: {exc}"
                 ) from None
-        try:
-            m.policy.validate_reward(d.reward)
-        except ValueError as exc:
-            raise LogError(
-                f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
-                f"({spec.policy}): {exc}",
-                "reward",
-            ) from None
+        if d.reward not in m.rewards_ok:
+            try:
+                m.policy.validate_reward(d.reward)
+            except ValueError as exc:
+                raise LogError(
+                    f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
+                    f"({spec.policy}): {exc}",
+                    "reward",
+                ) from None
+            if len(m.rewards_ok) < _REWARDS_OK_MAX:
+                m.rewards_ok.add(d.reward)
         return m
 
     def add(self, d: LoggedDecision, m: _Model) -> None:
