@@ -31,6 +31,7 @@ __all__ = ["fits_schema", "read_blocks"]
 
 _BATCH_RECORDS = 4096  # records parsed per compiled call: amortizes the call, bounds the memory
 _FAST, _SLOW, _BROKEN = 0, 1, 2  # per record: accepted here, per-record path, block unparsable
+_DUP_CHECK_MAX = 64  # arms compared pairwise for duplicates here; more are left to a Python set
 
 
 def _fields(schema: dict) -> list[tuple[str, str]]:
@@ -61,6 +62,31 @@ def _copy_string(buf, a, b, out, at):
 
 
 @njit(cache=CACHE, nogil=True)
+def _duplicates(arms, a, b, k, starts):
+    """Whether the ``k`` NUL-ended strings of ``arms[a:b]`` hold one twice (``starts``: room for
+    ``k + 1`` positions)."""
+    n = 0
+    starts[0] = a
+    for j in range(a, b):
+        if arms[j] == 0:
+            n += 1
+            starts[n] = j + 1
+    for i in range(k):
+        li = starts[i + 1] - starts[i]
+        for j in range(i + 1, k):
+            if starts[j + 1] - starts[j] != li:
+                continue
+            same = True
+            for q in range(li):
+                if arms[starts[i] + q] != arms[starts[j] + q]:
+                    same = False
+                    break
+            if same:
+                return True
+    return False
+
+
+@njit(cache=CACHE, nogil=True)
 def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, arms, feats_b):
     """Parse the records of blocks laid end to end in ``buf`` (block ``b`` ends at
     ``block_ends[b]`` and holds ``block_counts[b]`` records).
@@ -71,6 +97,7 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
     A fast record's event id, model key and arm ids are appended to ``ids``, ``keys`` and
     ``arms``, each followed by a NUL, and its features to ``feats_b`` (the bytes of a float64
     array). Returns (records, bytes used of ids, keys, arms, float64s used of feats_b)."""
+    starts = np.empty(_DUP_CHECK_MAX + 1, np.int64)
     r = 0
     i_at = 0
     k_at = 0
@@ -137,6 +164,11 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
                 broken = True
                 r += 1
                 continue
+            col_i[r, 8] = 0
+            if ok and k <= _DUP_CHECK_MAX:
+                ok = not _duplicates(arms, a0, a_at, k, starts)
+            elif ok:
+                col_i[r, 8] = 1  # Python checks the arm ids for duplicates
             dim, pos = _varint(buf, pos, end)
             if pos < 0:
                 broken = True
@@ -218,6 +250,19 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
     return r, i_at, k_at, a_at, f_at
 
 
+def _same_shape(feats: np.ndarray, st: np.ndarray, col_i: np.ndarray) -> np.ndarray | None:
+    """The fast records' features as one (records, K, d) array when they all have the same K and
+    d (a record's are then a view of one index, cheaper than a slice and a reshape), else None."""
+    fast = st == _FAST
+    n = int(fast.sum())
+    if not n:
+        return None
+    k, d = col_i[fast, 3], col_i[fast, 4]
+    if k.min() != k.max() or d.min() != d.max():
+        return None
+    return feats[: n * int(k[0]) * int(d[0])].reshape(n, int(k[0]), int(d[0]))
+
+
 def _split(buf: np.ndarray) -> list[str] | None:
     """The NUL-ended strings of ``buf``; None if they are not UTF-8."""
     try:
@@ -267,13 +312,12 @@ def read_blocks(
 
 
 class _Batches:
-    """The state kept from batch to batch: records done, fast decisions read, arm id tuples."""
+    """The state kept from batch to batch: records done, fast decisions read."""
 
     def __init__(self, schema: dict, where: str, kept, from_record) -> None:
         self.schema, self.where, self.kept, self.from_record = schema, where, kept, from_record
         self.done = 0  # records of the file handled (yielded, refused, or skipped)
         self.read = 0  # decisions of the compiled path yielded (the others count in kept())
-        self.arm_tuples: dict[tuple[str, ...], tuple[str, ...] | None] = {}  # None: duplicates
 
     def decisions(self, blocks: list[tuple[bytes, int]]) -> Iterator[LoggedDecision]:
         if not blocks:
@@ -286,7 +330,7 @@ class _Batches:
         n = int(n_of.sum())
         size = len(raw) + n
         st = np.empty(n, np.int8)
-        col_i = np.zeros((n, 8), np.int64)
+        col_i = np.zeros((n, 9), np.int64)
         col_f = np.zeros((n, 16), np.uint8)
         ids, keys, arms = (np.empty(size, np.uint8) for _ in range(3))
         feats = np.empty(len(raw) // 8 + 1, np.float64)
@@ -310,37 +354,38 @@ class _Batches:
             col_i[:, 7].tolist(),
             pr[:, 0].tolist(),
             pr[:, 1].tolist(),
+            col_i[:, 8].tolist(),
         )
-        arm_tuples = self.arm_tuples
+        feats3 = _same_shape(feats, st, col_i)
         fast = 0  # index of the next fast record's strings
         arm_at = 0
         base = self.done
-        for r, (s, ts, k, dim, action, version, f_at, p, rew) in enumerate(columns):
+        for r, (s, ts, k, dim, action, version, f_at, p, rew, check) in enumerate(columns):
             if s == _FAST:
                 arms_r = tuple(arm_ids[arm_at : arm_at + k])
                 arm_at += k
-                shared = arm_tuples.get(arms_r, False)
-                if shared is False:
-                    if len(arm_tuples) > 100_000:
-                        arm_tuples.clear()
-                    shared = arm_tuples[arms_r] = arms_r if len(set(arms_r)) == k else None
-                d = LoggedDecision(
-                    ts,
-                    event_ids[fast],
-                    model_keys[fast],
-                    arms_r if shared is None else shared,
-                    feats[f_at : f_at + k * dim].reshape(k, dim),
-                    action,
-                    p,
-                    rew,
-                    version,
-                    f"{where} record {base + r + 1}",
+                x = (
+                    feats3[fast]
+                    if feats3 is not None
+                    else feats[f_at : f_at + k * dim].reshape(k, dim)
                 )
+                e_id, m_key = event_ids[fast], model_keys[fast]
                 fast += 1
-                if shared is not None:
+                if not check or len(set(arms_r)) == k:
                     self.done = base + r + 1
                     self.read += 1
-                    yield d
+                    yield LoggedDecision(
+                        ts,
+                        e_id,
+                        m_key,
+                        arms_r,
+                        x,
+                        action,
+                        p,
+                        rew,
+                        version,
+                        f"{where} record {base + r + 1}",
+                    )
                     continue
                 s = _SLOW  # duplicate arm ids: validate() words the error
             self.done = base + r + 1
