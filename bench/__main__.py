@@ -13,6 +13,7 @@ BENCHMARKS = (
     "calls",
     "peers",
     "replay",
+    "obd_vs_obp",
     "decider",
     "api_http",
     "freshness",

@@ -582,12 +582,21 @@ def _log_format(path, given: str | None) -> str:
     return known[suffix]
 
 
-def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
+# DSJSON's hashing dimension when only external targets read the log: their probabilities are
+# given, so the features feed only the reward model of dm and dr (a ridge of this dimension).
+EXTERNAL_HASH_DIM = 32
+
+
+def _replay_source(
+    args: argparse.Namespace, counts: dict, dim: int | None, *, configured: bool = True
+):
     """The logged decisions ``streambandit replay`` reads, and a name for them in the report.
 
     LOG is a ``.csv`` (inline features or ``--catalog``), ``.avro``, DSJSON (``.json``,
     ``.dsjson``, ``.gz``) file or an Open Bandit Dataset directory (docs/replay_formats.md).
     ``dim``: the targets' dimension, DSJSON's hashing dimension unless ``--hash-dim`` says.
+    ``configured``: whether a configured (learning or frozen) target reads the features; without
+    one DSJSON is hashed into :data:`EXTERNAL_HASH_DIM` buckets unless ``--hash-dim`` says.
     Other sources (e.g. a Kafka topic range) plug in here: return an iterable of
     LoggedDecision in log order. The third value tells how much of the file is read (None
     for a format that does not say)."""
@@ -644,7 +653,7 @@ def _replay_source(args: argparse.Namespace, counts: dict, dim: int | None):
         )
     from streambandit.replay.dsjson import read_dsjson
 
-    hash_dim = args.hash_dim or dim
+    hash_dim = args.hash_dim or dim or (None if configured else EXTERNAL_HASH_DIM)
     if not hash_dim:
         raise ValueError(
             "a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)"
@@ -770,7 +779,9 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
-    decisions, source, share = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    decisions, source, share = _replay_source(
+        args, counts, dims.pop() if len(dims) == 1 else None, configured=bool(learners)
+    )
     decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer("replay", share, _rows_wanted(args.rows))
     results = replay_targets(
@@ -796,6 +807,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
 
 def _cmd_tune(args: argparse.Namespace) -> int:
     """Replay a log through a grid of settings; rank them; write the recommended [[models]]."""
+    import itertools
     import json
     from pathlib import Path
 
@@ -807,24 +819,37 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     base = load_models_config(args.config)
     cands = tune.candidates(base, tune.parse_grid(args.grid))
     dims = {s.dim for s in base.specs}
+    dim = dims.pop() if len(dims) == 1 else None
     counts: dict[str, int] = {}
-    decisions, source, share = _replay_source(args, counts, dims.pop() if len(dims) == 1 else None)
+    decisions, source, share = _replay_source(args, counts, dim)
     decisions = _rows(args.rows, decisions)
+    split = None
+    if args.holdout is not None:
+        # The log is read once more to count its rows: the held-out part is its last FRACTION.
+        rows = sum(1 for _ in _rows(args.rows, _replay_source(args, {}, dim)[0]))
+        split = tune.holdout_start(rows, args.holdout)
+        decisions = itertools.islice(decisions, split)
+    settings = {
+        "clip": args.clip,
+        "skip_bad": args.skip_bad,
+        "bootstrap": args.bootstrap,
+        "reward_range": tuple(args.reward_range) if args.reward_range else None,
+    }
     progress, done = _progress_printer(
-        f"tune ({len(cands)} candidates)", share, _rows_wanted(args.rows)
+        f"tune ({len(cands)} candidates)",
+        share,
+        split if split is not None else _rows_wanted(args.rows),
     )
     results = replay_targets(
-        decisions,
-        tune.targets(cands),
-        clip=args.clip,
-        progress=progress,
-        counts=counts,
-        skip_bad=args.skip_bad,
-        bootstrap=args.bootstrap,
-        reward_range=tuple(args.reward_range) if args.reward_range else None,
+        decisions, tune.targets(cands), progress=progress, counts=counts, **settings
     )
     done(next(iter(results.values())).events)
     ranking = tune.rank(cands, results, args.estimator)
+    held = None
+    if split is not None:
+        rest = itertools.islice(_rows(args.rows, _replay_source(args, {}, dim)[0]), split, None)
+        target = tune.holdout_target(ranking.best, ranking.order[0][1])
+        held = replay_targets(rest, [target], **settings)[target.name]
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows = []
@@ -867,7 +892,30 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         "",
         "Each candidate learned during the replay: its estimate is the value of its learning path "
         "through this log (docs/replay_formats.md).",
+        "",
+        tune.WINNERS_CURSE,
     ]
+    holdout = None
+    if held is not None:
+        e = held.estimate(args.estimator)
+        holdout = {
+            "fraction": args.holdout,
+            "ranked_rows": split,
+            "events": held.events,
+            "matched": held.matched,
+            "value": e.value,
+            "ci_low": e.ci_low,
+            "ci_high": e.ci_high,
+            "interval": e.interval,
+            "ess": e.ess,
+        }
+        md += [
+            "",
+            f"Held out (--holdout {args.holdout:g}): ranked on the first {split} rows; on the "
+            f"{held.events} rows after them {best.name}, continuing from the models it learned, has "
+            f"{args.estimator} {e.value:.4f} [{e.ci_low:.4f}, {e.ci_high:.4f}] "
+            f"(matched {held.matched}), an estimate the choice did not see.",
+        ]
     (out / "tune.md").write_text("\n".join(md) + "\n")
     (out / "tune.json").write_text(
         json.dumps(
@@ -879,6 +927,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
                 "best": best.name,
                 "tied_with_best": ranking.tied_with_best,
                 "candidates": rows,
+                "holdout": holdout,
             },
             indent=2,
             default=str,
@@ -888,6 +937,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     header = [
         f"# streambandit tune {source}: the best of {len(cands)} candidates by {args.estimator}: {best.name}",
         f"# {verdict}",
+        *([f"# {md[-1]}"] if held is not None else []),
         "# Replace the [[models]] tables of the worker's configuration with these.",
         "",
     ]
@@ -981,7 +1031,7 @@ def _log_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="N",
         help="buckets for hashed features: a CSV context's name=value tokens; DSJSON's features "
-        "(default: the models' dimension)",
+        "(default: the models' dimension; 32 for DSJSON read by --external targets only)",
     )
     p.add_argument(
         "--user-dim",
@@ -1539,6 +1589,15 @@ def build_parser() -> argparse.ArgumentParser:
         choices=("snips", "dr", "ips"),
         default="snips",
         help="the estimate candidates are ranked by (default snips)",
+    )
+    tun.add_argument(
+        "--holdout",
+        type=float,
+        default=None,
+        metavar="FRACTION",
+        help="rank on the log's first rows and replay the best on its last FRACTION (e.g. 0.3), "
+        "continuing from what it learned: an estimate of the chosen candidate the choice did not "
+        "see (the best of several estimates is biased upward); reads the log twice more",
     )
     tun.add_argument(
         "--out",

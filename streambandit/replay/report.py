@@ -2,8 +2,9 @@
 estimates with their final intervals and the logging policy's value.
 
 A replay of several targets reports them side by side (their snips, dr and, for slates, cascade
-estimates), then each target's full table and its estimates per model key (in the Markdown for
-the first :data:`KEYS_SHOWN` keys, in the JSON for every key that has them)."""
+estimates), then each target's full table, its estimates per model key (in the Markdown for
+the first :data:`KEYS_SHOWN` keys, in the JSON for every key that has them) and, for slates, per
+position (the slot, 0 at the top)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from streambandit.replay.estimators import Estimate
-from streambandit.replay.runner import ReplayResult
+from streambandit.replay.runner import KINDS, KeyEstimates, ReplayResult
 
 __all__ = ["to_json", "to_markdown", "plot", "write_report", "KEYS_SHOWN"]
 
@@ -56,6 +57,14 @@ def _estimate_json(e: Estimate) -> dict[str, Any]:
     }
 
 
+def _share_json(v: KeyEstimates) -> dict[str, Any]:
+    return {
+        "events": v.events,
+        "estimates": [_estimate_json(e) for e in v.estimates],
+        "logging": _estimate_json(v.logging_value),
+    }
+
+
 def _target_json(r: ReplayResult) -> dict[str, Any]:
     return {
         "name": r.target,
@@ -70,15 +79,11 @@ def _target_json(r: ReplayResult) -> dict[str, Any]:
             k: {"policy": r.policies[k], "n_updates": int(s.get("n_updates", 0))}
             for k, s in sorted(r.models.items())
         },
-        "by_key": {
-            k: {
-                "events": v.events,
-                "estimates": [_estimate_json(e) for e in v.estimates],
-                "logging": _estimate_json(v.logging_value),
-            }
-            for k, v in sorted(r.by_key.items())
-        },
+        "by_key": {k: _share_json(v) for k, v in sorted(r.by_key.items())},
         "keys_without_estimates": r.keys_without_estimates,
+        # JSON keys are text: "0" is the top slot.
+        "by_position": {str(p): _share_json(v) for p, v in sorted(r.by_position.items())},
+        "positions_without_estimates": r.positions_without_estimates,
         "warnings": list(r.warnings),
     }
 
@@ -181,6 +186,26 @@ def _by_key(r: ReplayResult) -> list[str]:
     return lines
 
 
+def _by_position(r: ReplayResult) -> list[str]:
+    if len(r.by_position) < 2:
+        return []
+    lines = [
+        "",
+        "Per position (0 is the top slot; each slot's rows alone, every slot an independent decision):",
+        "",
+        "| position | events | ips | snips | dr | logging |",
+        "|---:|---:|---|---|---|---|",
+    ]
+    for p, v in sorted(r.by_position.items()):
+        est = {e.name: e for e in v.estimates}
+        cells = [f"{_fmt(est[n].value)} {_ci(est[n])}" for n in ("ips", "snips", "dr")]
+        lines.append(
+            f"| {p} | {v.events} | {' | '.join(cells)} | {_fmt(v.logging_value.value)} "
+            f"{_ci(v.logging_value)} |"
+        )
+    return lines
+
+
 def to_markdown(
     result: ReplayResult | dict[str, ReplayResult], *, source: str = "", confidence: float = 0.95
 ) -> str:
@@ -204,10 +229,12 @@ def to_markdown(
             f"{r.matched} of {r.events} events matched ({100 * r.match_rate:.1f}%)"
             f"{f', {r.off_version} decisions off their logged version' if r.off_version else ''}."
         )
-        lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r)
+        lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r) + _by_position(r)
         if r.warnings:
             lines += ["", "Warnings:", *(f"- {w}" for w in r.warnings)]
         lines.append("")
+    kinds = sorted({r.kind for r in results}, key=list(KINDS).index)
+    lines += ["Kinds: " + "; ".join(f"{k}: {KINDS[k]}" for k in kinds) + ".", ""]
     lines += ["Intervals: " + _INTERVALS]
     return "\n".join(lines) + "\n"
 

@@ -31,7 +31,13 @@ or from ``--save-state``), or an external policy given by its probabilities for 
 column of the log, or a side file keyed by event id). A row that any target cannot use is an
 error, or with ``skip_bad`` skipped for every target, so that all targets are estimated on the
 same rows. Beside the pooled estimates each target has estimates per model key (the first
-:data:`MAX_KEY_ESTIMATES` keys).
+:data:`MAX_KEY_ESTIMATES` keys) and, for slate rows, per position (the first
+:data:`MAX_POSITION_ESTIMATES` positions), each with the pooled estimates' intervals (bootstrap
+included).
+
+A configured target whose every model has ``epsilon = 1`` chooses uniformly at random whatever
+its learner's scores: its kind is ``uniform`` (:data:`KINDS`), and its estimates are the uniform
+policy's value, the same whether it learns, is frozen or starts from a state.
 
 Slates: a row with a position is decided at that slot (:func:`~streambandit.engine.decision.choose`
 with ``position``: the k-th arm by score, epsilon-greedy) and the evaluator weighs it per slot
@@ -67,6 +73,8 @@ __all__ = [
     "PROGRESS_EVERY",
     "LEARNING_NOTE",
     "MAX_KEY_ESTIMATES",
+    "MAX_POSITION_ESTIMATES",
+    "KINDS",
 ]
 
 DEFAULT_MAX_LAG = (
@@ -76,6 +84,18 @@ PROGRESS_EVERY = 1000
 # Per-key estimates cost an evaluator each; a log of millions of keys (one per user) gets them for
 # its first keys and the pooled estimate for all.
 MAX_KEY_ESTIMATES = 1000
+# Positions are slots of a slate (at most K); a log of pages with thousands of slots gets the top ones.
+MAX_POSITION_ESTIMATES = 100
+
+# What a target's kind says about it (the report prints this beside the kinds it shows).
+KINDS = {
+    "learning": "a configuration that learns from the log as it would have live (rejection sampling)",
+    "frozen": "a configuration that decides from its starting state and never updates",
+    "uniform": "a configuration whose every model has epsilon = 1: it chooses uniformly at random "
+    "whatever its learner says, so its estimates are the uniform policy's value, the same learning "
+    "or frozen, from any state",
+    "external": "a policy from another system, given by its probabilities for each row",
+}
 _SCORED_MAX = 1024  # score vectors kept per model between its updates
 _REWARDS_OK_MAX = 256
 
@@ -110,13 +130,16 @@ class ReplayResult:
         default_factory=list
     )  # what a reader of the estimates must know
     target: str = "target"  # the target's name
-    kind: str = "learning"  # learning | frozen | external
+    kind: str = "learning"  # a key of KINDS
     by_key: dict[str, "KeyEstimates"] = dataclasses.field(
         default_factory=dict
     )  # model key -> its estimates
     keys_without_estimates: int = (
         0  # events of keys past MAX_KEY_ESTIMATES (in the pooled estimates only)
     )
+    # position (0: the top slot) -> the estimates of the slate rows at that slot
+    by_position: dict[int, "KeyEstimates"] = dataclasses.field(default_factory=dict)
+    positions_without_estimates: int = 0  # events at positions past MAX_POSITION_ESTIMATES
 
     @property
     def match_rate(self) -> float:
@@ -131,7 +154,7 @@ class ReplayResult:
 
 @dataclasses.dataclass(frozen=True)
 class KeyEstimates:
-    """One model key's share of a target's estimates."""
+    """One model key's (or one slate position's) share of a target's estimates."""
 
     estimates: list[Estimate]
     logging_value: Estimate
@@ -166,38 +189,73 @@ class Target:
 
     @property
     def kind(self) -> str:
-        return "external" if self.models is None else ("learning" if self.learn else "frozen")
+        """A key of :data:`KINDS`."""
+        if self.models is None:
+            return "external"
+        if all(spec.epsilon >= 1.0 for spec in self.models.specs):
+            return "uniform"
+        return "learning" if self.learn else "frozen"
 
 
 class _Evaluators:
-    """A target's pooled evaluator and one per model key, for the first MAX_KEY_ESTIMATES keys
-    (without a bootstrap: B replicates per key would multiply its cost by the keys)."""
+    """A target's pooled evaluator, one per model key (the first MAX_KEY_ESTIMATES keys) and one
+    per slate position (the first MAX_POSITION_ESTIMATES positions), all of the same settings:
+    a row is in one key's and at most one position's, so a bootstrap costs each row two or three
+    replicate draws whatever the number of keys."""
 
     def __init__(self, settings: dict[str, Any]) -> None:
         self.settings = settings
         self.pooled = OffPolicyEvaluator(**settings)
         self.by_key: dict[str, OffPolicyEvaluator] = {}
+        self.by_position: dict[int, OffPolicyEvaluator] = {}
         self.untracked = 0
+        self.untracked_positions = 0
+
+    def _part(self) -> OffPolicyEvaluator:
+        # No running estimates (nothing plots them) for a key's or a position's share.
+        return OffPolicyEvaluator(**self.settings, running_growth=math.inf)
 
     def add(self, d: LoggedDecision, probs: np.ndarray, predicted: np.ndarray) -> None:
         """Row ``d`` with the target's probabilities and the reward model's predictions for it:
-        checked once and added to the pooled and the key's sums in one compiled call."""
+        checked once and added to the pooled and the key's sums in one compiled call, then to
+        its position's (slate rows only)."""
         key = d.model_key
         e = self.by_key.get(key)
         if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
-            # No running estimates per key (nothing plots them), no bootstrap (its cost times the keys).
-            e = self.by_key[key] = OffPolicyEvaluator(
-                **{**self.settings, "bootstrap": 0}, running_growth=math.inf
-            )
+            e = self.by_key[key] = self._part()
         self.pooled.add_also_to(
             e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position
         )
         if e is None:
             self.untracked += 1
+        if d.position >= 0:
+            self._add_position(d, probs, predicted)
+
+    def _add_position(self, d: LoggedDecision, probs: np.ndarray, predicted: np.ndarray) -> None:
+        e = self.by_position.get(d.position)
+        if e is None:
+            if len(self.by_position) >= MAX_POSITION_ESTIMATES:
+                self.untracked_positions += 1
+                return
+            e = self.by_position[d.position] = self._part()
+        # No slate id: one position's rows are one slot of each slate, not slates (no cascade).
+        e.add(
+            action=d.action,
+            propensity=d.propensity,
+            reward=d.reward,
+            target_probs=probs,
+            predicted=predicted,
+        )
 
     def by_key_estimates(self) -> dict[str, KeyEstimates]:
         return {
             k: KeyEstimates(e.estimates(), e.logging_value, e.n) for k, e in self.by_key.items()
+        }
+
+    def by_position_estimates(self) -> dict[int, KeyEstimates]:
+        return {
+            p: KeyEstimates(e.estimates(), e.logging_value, e.n)
+            for p, e in sorted(self.by_position.items())
         }
 
 
@@ -665,6 +723,12 @@ def replay_targets(
                 f"estimates per model key for the first {MAX_KEY_ESTIMATES} keys only; "
                 f"{r.evaluators.untracked} events of later keys are in the pooled estimates alone"
             )
+        if r.evaluators.untracked_positions:
+            warnings.append(
+                f"estimates per position for the first {MAX_POSITION_ESTIMATES} positions seen only; "
+                f"{r.evaluators.untracked_positions} slate rows at later positions are in the pooled "
+                "estimates alone"
+            )
         results[t.name] = ReplayResult(
             warnings=warnings,
             estimates=list(ev.estimates()),
@@ -679,6 +743,8 @@ def replay_targets(
             kind=t.kind,
             by_key=r.evaluators.by_key_estimates(),
             keys_without_estimates=r.evaluators.untracked,
+            by_position=r.evaluators.by_position_estimates(),
+            positions_without_estimates=r.evaluators.untracked_positions,
             **r.result_fields(),
         )
     return results

@@ -12,6 +12,15 @@ rather than recommending a winner by noise.
 What the estimates are: each candidate learns during the replay (rejection sampling), so an
 estimate is the value of that candidate's learning path through this log (runner.LEARNING_NOTE).
 Candidates compared on one log share its rows, which is what a choice between them needs.
+
+The best estimate is biased upward. Each candidate's estimate is its value plus noise, and the
+largest of many noisy estimates is, on average, above the chosen candidate's value (the winner's
+curse; the more candidates and the wider their intervals, the larger the gap). Its interval is not
+a valid interval for the chosen candidate either: it was chosen for being high. A held-out part
+of the log (:func:`holdout_start`) measures the chosen candidate on rows the choice did not see:
+the candidates are ranked on the first rows, and the best, continuing from the models it learned
+there (:func:`holdout_target`), is replayed on the rest. That estimate and its interval are those
+of one candidate fixed in advance, with nothing selected on them.
 """
 
 from __future__ import annotations
@@ -33,6 +42,9 @@ __all__ = [
     "parse_grid",
     "MAX_CANDIDATES",
     "SPEC_SETTINGS",
+    "holdout_start",
+    "holdout_target",
+    "WINNERS_CURSE",
 ]
 
 # Each candidate is a learner replayed beside the others: cost and memory grow with their number.
@@ -41,6 +53,13 @@ SPEC_SETTINGS = (
     "policy",
     "epsilon",
 )  # settings that are fields of [[models]], not hyper-parameters
+
+# What tune's report says of the best estimate (module docstring).
+WINNERS_CURSE = (
+    "The best of several noisy estimates is biased upward (the winner's curse): the chosen "
+    "candidate's estimate and interval above overstate its value, the more so with more "
+    "candidates. --holdout FRACTION measures it on rows the choice did not see."
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -157,3 +176,23 @@ def rank(
         or est(c).ci_high >= best.ci_low
     ]
     return Ranking(estimator, [(c, results[c.name]) for c in order], tied)
+
+
+def holdout_start(rows: int, fraction: float) -> int:
+    """The index of the first held-out row when the last ``fraction`` of ``rows`` rows are held
+    out: the candidates are ranked on the rows before it. ValueError when either part is empty."""
+    if isinstance(fraction, bool) or not 0.0 < fraction < 1.0:
+        raise ValueError(f"--holdout must be a fraction in (0, 1), got {fraction!r}")
+    start = rows - math.floor(rows * fraction)
+    if start <= 0 or start >= rows:
+        raise ValueError(
+            f"--holdout {fraction:g} of {rows} rows leaves "
+            f"{'no row to rank on' if start <= 0 else 'no row held out'}"
+        )
+    return start
+
+
+def holdout_target(best: Candidate, ranked_on: ReplayResult) -> Target:
+    """The best candidate to replay on the held-out rows: its configuration, starting from the
+    models it learned on the rows it was ranked on, and learning on as it would live."""
+    return Target(best.name, best.models, states=ranked_on.models)

@@ -336,3 +336,124 @@ def test_a_bad_grid_is_one_line_naming_the_candidate(tmp_path):
         and "candidate lam=-1" in out.stderr
         and len(out.stderr.strip().splitlines()) == 1
     )
+
+
+def test_a_dsjson_log_with_external_targets_only_needs_no_hash_dim(tmp_path):
+    rng = np.random.default_rng(6)
+    actions = ["news", "sports", "music"]
+    lines, side = [], ["event_id,probs"]
+    for t in range(300):
+        chosen = int(rng.integers(3))
+        reward = float(rng.random() < 0.2 + 0.2 * chosen)
+        stamp = f"2024-01-01T00:{t // 60 % 60:02d}:{t % 60:02d}.0000000Z"
+        lines.append(dsjson_line(f"ev{t}", stamp, "young", actions, chosen, 1 / 3, -reward))
+        side.append(f"ev{t},0|0|1")  # always music
+    log = tmp_path / "personalizer.json"
+    log.write_text("\n".join(lines) + "\n")
+    (tmp_path / "music.csv").write_text("\n".join(side) + "\n")
+
+    cli("replay", log, "--external", f"music={tmp_path / 'music.csv'}", "--out", tmp_path / "r")
+    target = json.loads((tmp_path / "r" / "replay.json").read_text())["targets"][0]
+    est = {e["name"]: e for e in target["estimates"]}
+    decisions = list(read_dsjson(log, dim=32))
+    by_hand = np.mean([(d.action == 2) * 3.0 * d.reward for d in decisions])
+    assert target["kind"] == "external" and est["ips"]["value"] == pytest.approx(by_hand)
+
+    # A configured target reads the features: without a dimension it is still refused.
+    config = tmp_path / "two.toml"
+    config.write_text(
+        MODELS.format(dim=64).replace('"obd"', '"dsjson"')
+        + MODELS.format(dim=32).replace('"obd"', '"other"')
+    )
+    out = subprocess.run(
+        [sys.executable, "-m", "streambandit", "replay", str(log), "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode != 0
+    assert "a DSJSON log needs --hash-dim" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_tune_holdout_replays_the_best_on_the_rows_it_was_not_chosen_on(tmp_path):
+    from streambandit.replay import tune
+    from streambandit.replay.files import read_csv
+    from streambandit.replay.runner import replay_targets
+
+    log = tmp_path / "log.csv"
+    uniform_log_csv(log, 1000, seed=5)
+    base = tmp_path / "base.toml"
+    base.write_text(TUNE_BASE)
+    grid = ["lam=0.5,4", "beta_scale=0.1,1"]
+    args = [a for g in grid for a in ("--grid", g)]
+    out = cli("tune", log, "--config", base, *args, "--holdout", "0.3", "--out", tmp_path / "t")
+    result = json.loads((tmp_path / "t" / "tune.json").read_text())
+    held = result["holdout"]
+    assert (held["ranked_rows"], held["events"]) == (700, 300)
+
+    # The oracle, in process: rank on rows 0..699, replay the best from its models on 700..999.
+    cands = tune.candidates(parse_models_config(tomllib.loads(TUNE_BASE)), tune.parse_grid(grid))
+    rows = list(read_csv(log))
+    ranked = replay_targets(rows[:700], tune.targets(cands))
+    ranking = tune.rank(cands, ranked)
+    assert result["best"] == ranking.best.name
+    target = tune.holdout_target(ranking.best, ranking.order[0][1])
+    assert target.states == ranking.order[0][1].models  # continues from what it learned
+    again = replay_targets(rows[700:], [target])[target.name].estimate("snips")
+    assert (held["value"], held["ci_low"], held["ci_high"]) == pytest.approx(
+        (again.value, again.ci_low, again.ci_high), rel=1e-12
+    )
+    assert "Held out (--holdout 0.3)" in out.stdout and "winner's curse" in out.stdout
+    assert "# Held out" in (tmp_path / "t" / "recommended.toml").read_text()
+    no_holdout = cli("tune", log, "--config", base, *args, "--out", tmp_path / "u")
+    assert json.loads((tmp_path / "u" / "tune.json").read_text())["holdout"] is None
+    assert "winner's curse" in no_holdout.stdout
+
+
+def test_holdout_start_splits_off_the_last_fraction_and_refuses_an_empty_part():
+    from streambandit.replay.tune import holdout_start
+
+    assert holdout_start(1000, 0.3) == 700 and holdout_start(10, 0.25) == 8
+    for rows, fraction, why in ((10, 0.01, "no row held out"), (1, 0.5, "no row held out")):
+        with pytest.raises(ValueError, match=why):
+            holdout_start(rows, fraction)
+    for bad in (0.0, 1.0, -0.2, True):
+        with pytest.raises(ValueError, match="--holdout must be a fraction in"):
+            holdout_start(100, bad)
+
+
+def test_the_best_of_many_candidates_is_biased_upward_and_its_holdout_estimate_is_not():
+    from streambandit.replay import tune
+    from streambandit.replay.logged import LoggedDecision
+    from streambandit.replay.runner import replay_targets
+
+    # Rewards do not depend on the arm: every candidate's true value is 0.3, and any spread
+    # between their estimates is noise, which the choice of the highest picks up.
+    base = parse_models_config(tomllib.loads(TUNE_BASE))
+    cands = tune.candidates(base, tune.parse_grid(["lam=0.5,1,2,4", "beta_scale=0.1,1"]))
+    best, held = [], []
+    for seed in range(20):
+        rng = np.random.default_rng(seed)
+        log = [
+            LoggedDecision(
+                t,
+                f"e{t}",
+                "m",
+                tuple(f"a{i}" for i in range(K)),
+                rng.normal(size=(K, 4)),
+                int(rng.integers(K)),
+                1 / K,
+                float(rng.random() < 0.3),
+            )
+            for t in range(500)
+        ]
+        split = tune.holdout_start(len(log), 0.5)
+        ranking = tune.rank(cands, replay_targets(log[:split], tune.targets(cands)))
+        best.append(ranking.order[0][1].estimate("snips").value - 0.3)
+        target = tune.holdout_target(ranking.best, ranking.order[0][1])
+        held.append(
+            replay_targets(log[split:], [target])[target.name].estimate("snips").value - 0.3
+        )
+    # Measured: +0.047 for the best, -0.001 (standard error 0.014) held out.
+    assert np.mean(best) > 0.03 and np.mean(best) - np.mean(held) > 0.03
+    assert abs(np.mean(held)) < 0.03

@@ -277,6 +277,107 @@ def test_a_hashing_dimension_past_the_bound_is_one_clear_error(tmp_path):
         list(read_csv(tmp_path / "none.csv", hash_dim=huge))
 
 
+def test_estimates_per_model_key_take_the_bootstrap_of_the_pooled_ones():
+    log = uniform_log(600)
+    cfg = config()
+    result = replay(log, cfg, bootstrap=200)
+    assert {e.interval for e in result.estimates if e.name != "dm"} == {"bootstrap"}
+    for key in ("k-a", "k-b"):
+        alone = replay([d for d in log if d.model_key == key], cfg, bootstrap=200)
+        share = result.by_key[key]
+        assert {e.interval for e in share.estimates if e.name != "dm"} == {"bootstrap"}
+        # The same replicates as the key's log replayed alone: the interval is the key's own.
+        assert values(alone) == {e.name: (e.value, e.ci_low, e.ci_high) for e in share.estimates}
+        assert share.logging_value == alone.logging_value
+    without = replay(log, cfg).by_key["k-a"].estimates
+    assert "bootstrap" not in {e.interval for e in without}
+
+
+def slot_probs(rows, seed=5):
+    """An external target's probabilities for each slate row, a side file's content."""
+    rng = np.random.default_rng(seed)
+    return {d.event_id: rng.dirichlet(np.ones(K)) for d in rows}
+
+
+def test_estimates_per_position_are_each_slots_own_rows():
+    rows = slate_log(200)
+    probs = slot_probs(rows)
+    out = replay_targets(rows, [Target("x", probs=probs)], bootstrap=200)["x"]
+    assert sorted(out.by_position) == [0, 1, 2]
+    for k in range(3):
+        slot = [dataclasses.replace(d, slate_id="") for d in rows if d.position == k]
+        alone = replay_targets(slot, [Target("x", probs=probs)], bootstrap=200)["x"]
+        share = out.by_position[k]
+        assert share.events == len(slot) == 200
+        got = {e.name: e for e in share.estimates}
+        assert "cascade" not in got  # a slot's rows are not slates
+        # ips and snips read no reward model: the slot's log alone gives them, intervals and all.
+        for name in ("ips", "snips"):
+            assert got[name] == alone.estimate(name)
+        assert got["ips"].interval == "bootstrap"
+        brute = np.mean([probs[d.event_id][d.action] / d.propensity * d.reward for d in slot])
+        assert got["ips"].value == pytest.approx(brute, rel=1e-12)
+        assert share.logging_value == alone.logging_value
+    assert replay(uniform_log(50), config()).by_position == {}  # no slates, no positions
+
+
+def test_estimates_per_position_are_in_the_json_and_the_markdown(tmp_path):
+    from streambandit.replay.report import to_json, to_markdown
+
+    rows = slate_log(100)
+    out = replay_targets(rows, [Target("x", probs=slot_probs(rows))])
+    doc = to_json(out)["targets"][0]
+    assert sorted(doc["by_position"]) == ["0", "1", "2"]
+    share = out["x"].by_position[1]
+    got = {e["name"]: e for e in doc["by_position"]["1"]["estimates"]}
+    snips = next(e for e in share.estimates if e.name == "snips")
+    assert (got["snips"]["value"], got["snips"]["ci_low"]) == (snips.value, snips.ci_low)
+    assert doc["by_position"]["1"]["events"] == 100 and doc["positions_without_estimates"] == 0
+    md = to_markdown(out)
+    assert "Per position (0 is the top slot" in md
+    line = next(x for x in md.splitlines() if x.startswith("| 1 | 100 |"))
+    assert f"{snips.value:.4f} [{snips.ci_low:.4f}, {snips.ci_high:.4f}]" in line
+
+
+def test_a_target_of_epsilon_one_is_uniform_and_estimated_as_the_uniform_policy():
+    from streambandit.replay.report import to_markdown
+    from streambandit.replay.runner import LEARNING_NOTE
+
+    log = uniform_log(400)
+    uniform = {d.event_id: np.full(K, 1 / K) for d in log}
+    out = replay_targets(
+        log,
+        [
+            Target("learns", config(epsilon=1.0)),
+            Target("frozen", config(epsilon=1.0), learn=False),
+            Target("given", probs=uniform),
+            Target("greedy", config(epsilon=0.0)),
+        ],
+    )
+    assert [r.kind for r in out.values()] == ["uniform", "uniform", "external", "learning"]
+    for name in ("learns", "frozen"):
+        assert LEARNING_NOTE not in out[name].warnings
+        for est in ("ips", "snips"):  # read no reward model: exactly the uniform policy's
+            assert out[name].estimate(est) == out["given"].estimate(est)
+    assert LEARNING_NOTE in out["greedy"].warnings
+    md = to_markdown(out)
+    assert "| learns | uniform |" in md
+    assert "uniform: a configuration whose every model has epsilon = 1" in md
+    # A configuration with one model of epsilon < 1 is not uniform.
+    mixed = parse_models_config(
+        {
+            "models": [
+                {**spec, "match": m, "epsilon": e}
+                for m, e in (("k-a", 1.0), ("k-*", 0.5))
+                for spec in [
+                    {"policy": "oful", "dim": D, "reward_window_ms": 1, "default_reward": 0.0}
+                ]
+            ]
+        }
+    )
+    assert Target("m", mixed).kind == "learning"
+
+
 def _everything(r):
     """A result's numbers and choices, to the bit (not its timing)."""
     fields = dataclasses.asdict(r)
