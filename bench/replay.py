@@ -449,8 +449,9 @@ def render_targets(res: dict) -> list[str]:
     lines: list[str] = []
 
     def after(entry: dict) -> str:
+        # Within half a second of the fixed cost the difference is mostly noise.
         s = med(entry["command_seconds"]) - fixed
-        return f"{entry['events'] / s:,.0f}" if s > 0 else "n/a"
+        return f"{entry['events'] / s:,.0f}" if s >= 0.5 else "(within the fixed cost)"
 
     big = res.get("large")
     if big:
