@@ -5,7 +5,8 @@ checked by ``logged.validate`` in Python: together most of a replay's reading ti
 only splits the file into blocks (and decompresses them); the blocks of a batch are laid end to
 end and one numba pass (the worker's varint and string parsers, ``wire.batch_decode``) parses
 their records into columns and applies every check of ``validate`` that an Avro record can fail.
-Python then makes the strings (one decode per batch) and the decision objects.
+Python then makes the strings (one decode per batch) and the decision objects; a decision's
+features are a view of its batch's array, which lives as long as any decision of the batch.
 
 A record the compiled pass does not accept (any failed check, a NUL in a string) goes through
 ``fastavro.schemaless_reader`` and ``files._from_record`` itself, so that its error, reason and
@@ -35,11 +36,8 @@ _DUP_CHECK_MAX = 64  # arms compared pairwise for duplicates here; more are left
 
 
 def _fields(schema: dict) -> list[tuple[str, str]]:
-    out = []
-    for f in schema.get("fields", []):
-        t = f["type"]
-        out.append((f["name"], json.dumps(t, sort_keys=True)))
-    return out
+    """A record schema's fields as (name, type) in order; docs and defaults left out."""
+    return [(f["name"], json.dumps(f["type"], sort_keys=True)) for f in schema.get("fields", [])]
 
 
 def fits_schema(writer: dict, ours: dict) -> bool:
