@@ -17,12 +17,21 @@ decisions already in memory), the command (``python -m streambandit replay LOG.a
 in a subprocess, wall time including interpreter start, reading the file and writing the report),
 and the bare learner (the same decisions and updates, ``scores`` + ``update`` only, no evaluator).
 Median of REPEATS runs, runs of the policies interleaved.
+
+The targets of issue 36 are measured on their own logs: a 200,000-row uniform log (oful, d = 20,
+K = 10), the command against 50,000 rows/s, and the Open Bandit Dataset sample (``--obd DIR``,
+obp's ``obd/random/all``: ``pip download obp==0.5.7 --no-deps --no-binary :all:
+--ignore-requires-python`` and unpack; without it that part is skipped) against 20,000 rows/s.
+Each with its parts: the reader alone, the runner alone over decisions in memory, and references
+measured in the same run (fastavro's record dicts alone for the reader, the bare learner for the
+runner), and for the large log 1 against 3 targets in one pass.
 """
 
 from __future__ import annotations
 
 import argparse
 import heapq
+import itertools
 import subprocess
 import sys
 import tempfile
@@ -34,9 +43,9 @@ import numpy as np
 from bench import harness, traffic
 from streambandit.config.models import parse_models_config
 from streambandit.engine.decision import decide
-from streambandit.replay.files import write_avro
+from streambandit.replay.files import read_avro, write_avro
 from streambandit.replay.logged import LoggedDecision
-from streambandit.replay.runner import replay
+from streambandit.replay.runner import Target, replay, replay_targets
 from streambandit.sim.ads import AdTraffic
 
 D, K, KEYS = traffic.D, traffic.K, traffic.MODEL_KEYS
@@ -44,6 +53,17 @@ EPSILON, MAX_DELAY = 0.1, 200
 POLICIES = ("oful", "glb_omd")
 DIMS = ((20, 20_000), (300, 3_000))  # (d, events): d = 300 is ~100x the work per event
 TARGET_ROWS_PER_S = 50_000
+OBD_TARGET_ROWS_PER_S = 20_000
+LARGE_ROWS = 200_000
+OBD_USER_DIM = 4  # docs/replay_formats.md's evaluation: d = (4 + 1) * 41 = 205, K = 80
+OBD_TOML = """[[models]]
+match = "obd"
+policy = "oful"
+dim = 205
+reward_window_ms = 60000
+default_reward = 0.0
+epsilon = 0.0
+"""
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -147,9 +167,10 @@ def run_bare(
     return len(log) / (time.perf_counter() - t0)
 
 
-def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
+def run_cli(policy: str, avro: Path, work: Path, n: int, extra: list[str] | None = None) -> dict:
     cfg = work / f"{policy}.toml"
-    cfg.write_text(toml(policy))
+    if not policy.startswith("obd"):  # the OBD models' files are written by measure_obd
+        cfg.write_text(toml(policy))
     cmd = [
         sys.executable,
         "-m",
@@ -158,6 +179,7 @@ def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
         str(avro),
         "--config",
         str(cfg),
+        *(extra or []),
         "--out",
         str(work / "out"),
     ]
@@ -167,6 +189,115 @@ def run_cli(policy: str, avro: Path, work: Path, n: int) -> dict:
     if out.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed: {out.stderr}")
     return {"rows_per_s": n / s, "seconds": s}
+
+
+def rate(n: int, fn) -> float:
+    """Rows per second of ``fn()`` over ``n`` rows."""
+    t0 = time.perf_counter()
+    fn()
+    return n / (time.perf_counter() - t0)
+
+
+def count(rows) -> int:
+    return sum(1 for _ in rows)
+
+
+def fastavro_dicts(path: Path) -> int:
+    """The records of an Avro file as fastavro's dicts, nothing else: the reference for the reader."""
+    import fastavro
+
+    with open(path, "rb") as f:
+        return count(fastavro.reader(f))
+
+
+def measure_large(work: Path, repeats: int, quick: bool) -> dict:
+    """The 200,000-row uniform log: the command, the reader, the runner (1 and 3 targets) and
+    their references."""
+    n = LARGE_ROWS // 10 if quick else LARGE_ROWS
+    log = uniform_log(n, seed=2)
+    path = work / "large.avro"
+    write_avro(path, log)
+    cfg = config("oful")
+    decisions = replay(log, cfg).decisions
+    out: dict = {"events": n, "policy": "oful", "log": "uniform"}
+    three = [Target(f"t{i}", cfg) for i in range(3)]
+    for r in range(repeats):
+        cli = run_cli("oful", path, work, n)
+        row = {
+            "command": cli["rows_per_s"],
+            "command_seconds": cli["seconds"],
+            "pass": rate(n, lambda: replay(read_avro(path), cfg)),
+            "reader": rate(n, lambda: count(read_avro(path))),
+            "fastavro_dicts": rate(n, lambda: fastavro_dicts(path)),
+            "runner": rate(n, lambda: replay(log, cfg)),
+            "runner_3_targets": rate(n, lambda: replay_targets(log, three)),
+            "bare": run_bare("oful", log, decisions),
+        }
+        for k, v in row.items():
+            out.setdefault(k, []).append(v)
+        print(
+            f"large log run {r}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()), flush=True
+        )
+    return out
+
+
+def obd_toml(combine: str, dim: int) -> str:
+    return OBD_TOML.replace("dim = 205", f"dim = {dim}") if combine == "concat" else OBD_TOML
+
+
+def measure_obd(obd: Path, work: Path, repeats: int, quick: bool) -> dict:
+    """The OBD sample with docs/replay_formats.md's model (oful, d = 205 from ``--combine
+    outer``, K = 80), and the same with ``--combine concat`` (d = 45)."""
+    import tomllib
+
+    from streambandit.replay.obd import obd_dim, read_obd
+
+    out: dict = {}
+    for combine in ("outer", "concat"):
+        dim = obd_dim(obd, user_dim=OBD_USER_DIM, combine=combine)
+        text = obd_toml(combine, dim)
+        (work / f"obd-{combine}.toml").write_text(text)
+        cfg = parse_models_config(tomllib.loads(text))
+        opts = {"user_dim": OBD_USER_DIM, "combine": combine}
+        log = list(read_obd(obd, **opts))[: 1000 if quick else None]
+        n = len(log)
+        decisions = replay(log, cfg).decisions
+        entry: dict = {"events": n, "dim": dim}
+        args = ["--user-dim", str(OBD_USER_DIM), "--combine", combine, "--rows", f":{n}"]
+        for r in range(repeats):
+            cli = run_cli(f"obd-{combine}", obd, work, n, args)
+            row = {
+                "command": cli["rows_per_s"],
+                "command_seconds": cli["seconds"],
+                "pass": rate(n, lambda: replay(_first(n, read_obd(obd, **opts)), cfg)),
+                "reader": rate(n, lambda: count(_first(n, read_obd(obd, **opts)))),
+                "runner": rate(n, lambda: replay(log, cfg)),
+                "bare": _bare_with(log, decisions, cfg),
+            }
+            for k, v in row.items():
+                entry.setdefault(k, []).append(v)
+            print(
+                f"obd {combine} run {r}: " + ", ".join(f"{k} {v:,.0f}" for k, v in row.items()),
+                flush=True,
+            )
+        out[combine] = entry
+    return out
+
+
+def _first(n: int, rows):
+    return itertools.islice(rows, n)
+
+
+def _bare_with(log: list, decisions: dict, cfg) -> float:
+    """run_bare for a configuration given as an object."""
+    fresh = {k: cfg.resolve(k).build() for k in {d.model_key for d in log}}
+    t0 = time.perf_counter()
+    for d in log:
+        m = fresh[d.model_key]
+        m.scores(d.features)
+        if decisions[d.event_id] == d.action:
+            m.update(d.features[d.action], d.reward)
+    return len(log) / (time.perf_counter() - t0)
 
 
 def measure(args: argparse.Namespace) -> dict:
@@ -238,6 +369,10 @@ def measure(args: argparse.Namespace) -> dict:
                 )
         res["by_dim"] = by_dim
         res["command_fixed_seconds"] = startup
+        res["large"] = measure_large(work, repeats, args.quick)
+        if args.obd:
+            res["obd"] = measure_obd(Path(args.obd).resolve(), work, repeats, args.quick)
+            res["obd"]["dir"] = args.obd
     return res
 
 
@@ -303,8 +438,81 @@ def render(res: dict) -> str:
                 verdict += f", and cannot be: the bare learner runs {bare:,.0f} rows/s"
             verdicts.append(verdict)
         lines += ["", "; ".join(verdicts) + ".", ""]
+    lines += render_targets(res)
     return "\n".join(lines)
 
 
+def render_targets(res: dict) -> list[str]:
+    """Issue 36's targets: the large log and the OBD sample, each part against its reference."""
+    med = harness.median
+    fixed = med(res["command_fixed_seconds"])
+    lines: list[str] = []
+
+    def after(entry: dict) -> str:
+        # Within half a second of the fixed cost the difference is mostly noise.
+        s = med(entry["command_seconds"]) - fixed
+        return f"{entry['events'] / s:,.0f}" if s >= 0.5 else "(within the fixed cost)"
+
+    big = res.get("large")
+    if big:
+        m = {k: med(v) for k, v in big.items() if isinstance(v, list)}
+        lines += [
+            f"## The command on a {big['events']:,}-row Avro log (oful, d = {res['d']}, K = {res['K']}, "
+            f"uniform logging policy; the target is {TARGET_ROWS_PER_S:,} rows/s)",
+            "",
+            "| part | rows / s | against | ratio |",
+            "|---|---:|---|---:|",
+            f"| command (`python -m streambandit replay LOG.avro --config oful.toml`, wall time) "
+            f"| {m['command']:,.0f} | the target | {m['command'] / TARGET_ROWS_PER_S:.2f} |",
+            f"| the command after its fixed cost ({fixed:.2f} s, the 10-row command above) | "
+            f"{after(big)} | | |",
+            f"| one pass in process (`replay(read_avro(LOG), config)`) | {m['pass']:,.0f} | the target "
+            f"| {m['pass'] / TARGET_ROWS_PER_S:.2f} |",
+            f"| reader alone (`read_avro`, decisions) | {m['reader']:,.0f} | fastavro's record "
+            f"dicts alone, {m['fastavro_dicts']:,.0f} | {m['reader'] / m['fastavro_dicts']:.2f} |",
+            f"| runner alone (`replay()`, decisions in memory) | {m['runner']:,.0f} | bare learner, "
+            f"{m['bare']:,.0f} | {m['runner'] / m['bare']:.2f} |",
+            f"| runner, 3 targets in one pass (`replay_targets`) | {m['runner_3_targets']:,.0f} | "
+            f"the runner with 1 | {m['runner_3_targets'] / m['runner']:.2f} |",
+            "",
+            f"Median of {len(big['command'])} runs. The command "
+            f"{'meets' if m['command'] >= TARGET_ROWS_PER_S else 'does not meet'} the target.",
+            "",
+        ]
+    obd = res.get("obd")
+    if obd:
+        lines += [
+            f"## The Open Bandit Dataset sample (`random/all`, K = 80, user features hashed into "
+            f"{OBD_USER_DIM}; oful learning with epsilon 0; the target is {OBD_TARGET_ROWS_PER_S:,} "
+            "rows/s)",
+            "",
+            "*outer*: docs/replay_formats.md's model (`--combine outer`); *concat*: `--combine "
+            "concat`. *command*: `python -m streambandit replay DIR --user-dim 4 --combine RULE "
+            "--config obd.toml`, wall time. *pass*: `replay(read_obd(DIR), config)` in process, "
+            "the rate of a long log such as the full dataset, where the fixed cost vanishes.",
+            "",
+            "| model | d | rows | command rows / s | after the fixed cost | pass rows / s | pass / "
+            "target | reader rows / s | runner rows / s | bare learner rows / s | runner / bare |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for combine, e in obd.items():
+            if not isinstance(e, dict):
+                continue
+            m = {k: med(v) for k, v in e.items() if isinstance(v, list)}
+            lines.append(
+                f"| {combine} | {e['dim']} | {e['events']:,} | {m['command']:,.0f} | {after(e)} | "
+                f"{m['pass']:,.0f} | {m['pass'] / OBD_TARGET_ROWS_PER_S:.2f} | {m['reader']:,.0f} | "
+                f"{m['runner']:,.0f} | {m['bare']:,.0f} | {m['runner'] / m['bare']:.2f} |"
+            )
+        lines.append("")
+    elif "large" in res:
+        lines += ["The OBD part was not run (`--obd DIR` not given).", ""]
+    return lines
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--obd", help="obp's obd/random/all directory: also measure the OBD sample")
+
+
 if __name__ == "__main__":
-    raise SystemExit(harness.main("replay", __doc__, measure, render))
+    raise SystemExit(harness.main("replay", __doc__, measure, render, add_arguments))

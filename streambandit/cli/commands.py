@@ -598,10 +598,13 @@ def _replay_source(
     ``configured``: whether a configured (learning or frozen) target reads the features; without
     one DSJSON is hashed into :data:`EXTERNAL_HASH_DIM` buckets unless ``--hash-dim`` says.
     Other sources (e.g. a Kafka topic range) plug in here: return an iterable of
-    LoggedDecision in log order."""
+    LoggedDecision in log order. The third value tells how much of the file is read (None
+    for a format that does not say)."""
     from pathlib import Path
 
     from streambandit.replay import files
+
+    share = files.ReadShare()
 
     path = Path(args.log)
     if not path.exists():
@@ -612,28 +615,42 @@ def _replay_source(
             f"--catalog applies to CSV logs only ({fmt} logs carry their arms' features)"
         )
     if fmt == "csv":
-        return files.read_csv(
-            path,
-            args.catalog,
-            skip_bad=args.skip_bad,
-            counts=counts,
-            combine=args.combine,
-            hash_dim=args.hash_dim or 0,
-        ), str(path)
+        return (
+            files.read_csv(
+                path,
+                args.catalog,
+                skip_bad=args.skip_bad,
+                counts=counts,
+                combine=args.combine,
+                hash_dim=args.hash_dim or 0,
+                share=share,
+            ),
+            str(path),
+            share,
+        )
     if fmt == "avro":
-        return files.read_avro(path, skip_bad=args.skip_bad, counts=counts), str(path)
+        return (
+            files.read_avro(path, skip_bad=args.skip_bad, counts=counts, share=share),
+            str(path),
+            share,
+        )
     if fmt == "obd":
         from streambandit.replay.obd import read_obd
 
-        return read_obd(
-            path,
-            model_key=args.model_key or "obd",
-            user_dim=args.user_dim,
-            combine=args.combine,
-            affinity=args.affinity,
-            skip_bad=args.skip_bad,
-            counts=counts,
-        ), str(path)
+        return (
+            read_obd(
+                path,
+                model_key=args.model_key or "obd",
+                user_dim=args.user_dim,
+                combine=args.combine,
+                affinity=args.affinity,
+                skip_bad=args.skip_bad,
+                counts=counts,
+                share=share,
+            ),
+            str(path),
+            share,
+        )
     from streambandit.replay.dsjson import read_dsjson
 
     hash_dim = args.hash_dim or dim or (None if configured else EXTERNAL_HASH_DIM)
@@ -641,13 +658,17 @@ def _replay_source(
         raise ValueError(
             "a DSJSON log needs --hash-dim (or a --config whose model sets the dimension)"
         )
-    return read_dsjson(
-        path,
-        dim=hash_dim,
-        model_key=args.model_key or "dsjson",
-        skip_bad=args.skip_bad,
-        counts=counts,
-    ), str(path)
+    return (
+        read_dsjson(
+            path,
+            dim=hash_dim,
+            model_key=args.model_key or "dsjson",
+            skip_bad=args.skip_bad,
+            counts=counts,
+        ),
+        str(path),
+        None,
+    )
 
 
 def _named(value: str, what: str) -> tuple[str, str]:
@@ -685,19 +706,27 @@ def _replay_targets(args: argparse.Namespace):
     return targets
 
 
-def _progress_printer(what: str):
-    """A progress callback printing events and rate to stderr (in place on a terminal, a line
-    every 5 s otherwise), and the closing line to print when it printed anything."""
+def _progress_printer(what: str, share=None, rows: int | None = None):
+    """A progress callback printing events and rate to stderr, and the closing line to print
+    when it printed anything. On a terminal a bar redrawn in place every second, otherwise a line
+    every 5 s. The share done, for the bar and the time left, is of ``rows`` (a --rows range
+    with an end) or else of the file (``share``, a ``files.ReadShare``); without either the
+    line has no bar."""
     tty = sys.stderr.isatty()
     start = last = time.perf_counter()
     shown = False
+
+    def fraction(n: int) -> float | None:
+        if rows:
+            return min(n / rows, 1.0)
+        return share.fraction if share is not None else None
 
     def progress(n: int) -> None:
         nonlocal last, shown
         now = time.perf_counter()
         if now - last >= (1.0 if tty else 5.0):
             last, shown = now, True
-            line = f"{what}: {n} events, {n / (now - start):.0f} events/s"
+            line = _progress_line(what, n, now - start, fraction(n))
             print(
                 f"\r{line}" if tty else line, end="" if tty else "\n", file=sys.stderr, flush=True
             )
@@ -706,9 +735,24 @@ def _progress_printer(what: str):
         if shown:
             elapsed = time.perf_counter() - start
             line = f"{what}: {n} events in {elapsed:.1f} s, {n / elapsed:.0f} events/s"
-            print(f"\r{line}" if tty else line, file=sys.stderr, flush=True)
+            # Spaces over the end of a longer bar line drawn in place.
+            print(f"\r{line:<{_BAR_LINE}}" if tty else line, file=sys.stderr, flush=True)
 
     return progress, done
+
+
+_BAR_WIDTH = 30
+_BAR_LINE = 100  # characters a bar line can take
+
+
+def _progress_line(what: str, n: int, elapsed: float, frac: float | None) -> str:
+    rate = n / elapsed if elapsed > 0 else 0.0
+    if frac is None:
+        return f"{what}: {n} events, {rate:.0f} events/s"
+    filled = int(frac * _BAR_WIDTH)
+    bar = "#" * filled + "." * (_BAR_WIDTH - filled)
+    left = f"{elapsed * (1.0 - frac) / frac:.0f} s left" if frac > 0 else "? s left"
+    return f"{what}: [{bar}] {100 * frac:3.0f}% {n} events, {rate:.0f} events/s, {left}"
 
 
 def _cmd_replay(args: argparse.Namespace) -> int:
@@ -735,11 +779,11 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
-    decisions, source = _replay_source(
+    decisions, source, share = _replay_source(
         args, counts, dims.pop() if len(dims) == 1 else None, configured=bool(learners)
     )
     decisions = _rows(args.rows, decisions)
-    progress, done = _progress_printer("replay")
+    progress, done = _progress_printer("replay", share, _rows_wanted(args.rows))
     results = replay_targets(
         decisions,
         targets,
@@ -777,7 +821,7 @@ def _cmd_tune(args: argparse.Namespace) -> int:
     dims = {s.dim for s in base.specs}
     dim = dims.pop() if len(dims) == 1 else None
     counts: dict[str, int] = {}
-    decisions, source = _replay_source(args, counts, dim)
+    decisions, source, share = _replay_source(args, counts, dim)
     decisions = _rows(args.rows, decisions)
     split = None
     if args.holdout is not None:
@@ -791,7 +835,11 @@ def _cmd_tune(args: argparse.Namespace) -> int:
         "bootstrap": args.bootstrap,
         "reward_range": tuple(args.reward_range) if args.reward_range else None,
     }
-    progress, done = _progress_printer(f"tune ({len(cands)} candidates)")
+    progress, done = _progress_printer(
+        f"tune ({len(cands)} candidates)",
+        share,
+        split if split is not None else _rows_wanted(args.rows),
+    )
     results = replay_targets(
         decisions, tune.targets(cands), progress=progress, counts=counts, **settings
     )
@@ -1040,6 +1088,18 @@ def _rows(spec: str | None, decisions):
 
     if spec is None:
         return decisions
+    return itertools.islice(decisions, *_rows_range(spec))
+
+
+def _rows_wanted(spec: str | None) -> int | None:
+    """How many rows ``--rows START:STOP`` asks for; None without an end (or a range)."""
+    if spec is None:
+        return None
+    a, b = _rows_range(spec)
+    return None if b is None else b - a
+
+
+def _rows_range(spec: str) -> tuple[int, int | None]:
     start, sep, stop = spec.partition(":")
     try:
         a, b = int(start) if start.strip() else 0, int(stop) if stop.strip() else None
@@ -1047,7 +1107,7 @@ def _rows(spec: str | None, decisions):
         raise ValueError(f"--rows {spec!r}: expected START:STOP with integers") from None
     if not sep or a < 0 or (b is not None and b < a):
         raise ValueError(f"--rows {spec!r}: expected START:STOP with 0 <= START <= STOP")
-    return itertools.islice(decisions, a, b)
+    return a, b
 
 
 def _log_format_option(command: argparse.ArgumentParser) -> None:

@@ -14,8 +14,10 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from numba import njit
 
 from streambandit.numerics.event_draw import event_seed, explore_draw
+from streambandit.numerics.jit import CACHE
 from streambandit.policies.base import Policy
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "decide",
     "choose",
     "choose_with_probabilities",
+    "choice_with_probabilities",
     "action_probabilities",
 ]
 
@@ -85,6 +88,32 @@ def choose_with_probabilities(
         _choose(scores, greedy, epsilon, model_key, event_id, seed),
         _probabilities(scores.shape[0], greedy, epsilon),
     )
+
+
+_NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
+
+
+def choice_with_probabilities(
+    scores: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int
+) -> tuple[int, np.ndarray]:
+    """The index :func:`choose_with_probabilities` chooses at the top slot and its probabilities,
+    to the bit, in one compiled call (a replay's per-row path: no Decision object)."""
+    digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else _NO_DRAW
+    probs = np.empty(scores.shape[0])
+    return _choice_kernel(scores, float(epsilon), digest, probs), probs
+
+
+@njit(cache=CACHE, nogil=True)
+def _choice_kernel(scores, epsilon, digest, probs):
+    """``_choose``'s index and ``_probabilities`` into ``probs``, the same operations in order."""
+    k = scores.shape[0]
+    greedy = np.argmax(scores)
+    probs.fill(epsilon / k if epsilon > 0.0 else 0.0)
+    probs[greedy] += 1.0 - epsilon
+    if epsilon <= 0.0:
+        return greedy
+    explored, drawn = explore_draw(digest, epsilon, k)
+    return drawn if explored else greedy
 
 
 def _greedy(scores: np.ndarray, position: int) -> int:

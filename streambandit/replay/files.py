@@ -20,6 +20,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 
+from streambandit.replay import avro_log
 from streambandit.replay.featurize import (
     COMBINE_RULES,
     check_hash_dim,
@@ -40,6 +41,7 @@ __all__ = [
     "LOGGED_DECISION_SCHEMA",
     "CSV_COLUMNS",
     "PROBS_PREFIX",
+    "ReadShare",
 ]
 
 CSV_COLUMNS = ("timestamp_ms", "event_id", "model_key", "arm_ids", "action", "propensity", "reward")
@@ -50,6 +52,28 @@ _SCHEMA_PATH = SCHEMA_DIR / "logged_decision.avsc"
 LOGGED_DECISION_SCHEMA = fastavro.parse_schema(json.loads(_SCHEMA_PATH.read_text()))
 
 PathLike = str | os.PathLike
+
+
+class ReadShare:
+    """How much of its file a reader has read, for a progress bar: ``done`` of ``total`` bytes.
+    A reader given one sets ``total`` when it opens the file and ``done`` every batch of rows."""
+
+    __slots__ = ("total", "done")
+
+    def __init__(self) -> None:
+        self.total = 0
+        self.done = 0
+
+    @property
+    def fraction(self) -> float | None:
+        """The share read, None before the file is open (or when it is empty)."""
+        return min(self.done / self.total, 1.0) if self.total else None
+
+    def opened(self, f) -> None:
+        self.total, self.done = os.fstat(f.fileno()).st_size, 0
+
+
+_SHARE_EVERY = 4096  # rows between updates of a ReadShare
 
 
 def _count(counts: dict | None, key: str) -> None:
@@ -293,6 +317,7 @@ def read_csv(
     counts: dict[str, int] | None = None,
     combine: str = "outer",
     hash_dim: int = 0,
+    share: ReadShare | None = None,
 ) -> Iterator[LoggedDecision]:
     """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
 
@@ -301,7 +326,7 @@ def read_csv(
     ``name=value`` tokens hashed into ``hash_dim`` features) is combined with its arms' catalog
     features by the rule ``combine`` (``featurize``). ``position`` and ``slate_id`` make a row a
     slot of a slate; each ``probs:NAME`` column holds external target NAME's probabilities.
-    Rows are numbered from 1 after the header.
+    Rows are numbered from 1 after the header. ``share``: how much of the file is read.
     """
     if combine not in COMBINE_RULES:
         raise ValueError(f"unknown combining rule {combine!r}; known: {', '.join(COMBINE_RULES)}")
@@ -312,6 +337,8 @@ def read_csv(
     # inline features is longer. Memory is the only limit on a row.
     csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     with open(path, newline="", encoding="utf-8") as f:
+        if share is not None:
+            share.opened(f)
         reader = csv.DictReader(f, skipinitialspace=True)
         try:
             fieldnames = reader.fieldnames or []
@@ -343,6 +370,8 @@ def read_csv(
                 row = exc
             except UnicodeDecodeError as exc:
                 raise LogError(f"{where}: not UTF-8 text, near row {i} ({exc})", "file") from None
+            if share is not None and i % _SHARE_EVERY == 0:
+                share.done = f.buffer.tell()
             at = f"{where} row {i} (line {reader.line_num})"
             d = _kept(lambda: _csv_decision(row, cat, at, shape), skip_bad, counts)
             if d is not None:
@@ -457,27 +486,50 @@ def _from_record(r: dict, where: str) -> LoggedDecision:
 
 
 def read_avro(
-    path: PathLike, *, skip_bad: bool = False, counts: dict[str, int] | None = None
+    path: PathLike,
+    *,
+    skip_bad: bool = False,
+    counts: dict[str, int] | None = None,
+    share: ReadShare | None = None,
 ) -> Iterator[LoggedDecision]:
     """Logged decisions from an Avro container file written with the LoggedDecision schema (or
-    a compatible one), in file order. Records are numbered from 1."""
+    a compatible one), in file order. Records are numbered from 1. ``share``: how much of the
+    file is read."""
     where = str(path)
     with open(path, "rb") as f:
+        if share is None:
+            yield from _read_avro(f, where, skip_bad, counts)
+            return
+        share.opened(f)
+        for i, d in enumerate(_read_avro(f, where, skip_bad, counts), start=1):
+            if i % _SHARE_EVERY == 0:
+                share.done = f.tell()
+            yield d
+        share.done = share.total
+
+
+def _read_avro(f, where: str, skip_bad: bool, counts: dict | None) -> Iterator[LoggedDecision]:
+    """read_avro's decisions from the open file ``f``."""
+    try:
+        blocks = fastavro.block_reader(f)
+    except Exception as exc:  # fastavro raises ValueError, EOFError, ... on a non-Avro file
+        raise LogError(f"{where}: not an Avro container file ({exc})", "file") from None
+    if avro_log.fits_schema(blocks.writer_schema, LOGGED_DECISION_SCHEMA):
+        yield from avro_log.read_blocks(
+            blocks, where, counts, lambda parse: _kept(parse, skip_bad, counts), _from_record
+        )
+        return
+    f.seek(0)
+    reader = fastavro.reader(f)
+    i = 0
+    while True:
         try:
-            reader = fastavro.reader(f)
-        except Exception as exc:  # fastavro raises ValueError, EOFError, ... on a non-Avro file
-            raise LogError(f"{where}: not an Avro container file ({exc})", "file") from None
-        i = 0
-        while True:
-            try:
-                r = next(reader)
-            except StopIteration:
-                return
-            except Exception as exc:
-                raise LogError(
-                    f"{where}: corrupt data after record {i} ({exc!r})", "file"
-                ) from None
-            i += 1
-            d = _kept(lambda: _from_record(r, f"{where} record {i}"), skip_bad, counts)
-            if d is not None:
-                yield d
+            r = next(reader)
+        except StopIteration:
+            return
+        except Exception as exc:
+            raise LogError(f"{where}: corrupt data after record {i} ({exc!r})", "file") from None
+        i += 1
+        d = _kept(lambda: _from_record(r, f"{where} record {i}"), skip_bad, counts)
+        if d is not None:
+            yield d

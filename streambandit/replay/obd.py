@@ -57,7 +57,8 @@ reason ``malformed`` (field count, index, timestamp), ``catalog`` (an item_id no
 ``item_context.csv``), ``position``, ``propensity``, ``reward`` or ``features`` (an affinity
 value), and every decision passes :func:`~streambandit.replay.logged.validate`. With
 ``skip_bad=True`` bad rows are skipped and counted in ``counts`` (``read``, ``skipped``,
-``skipped_<reason>``). The log is read in one pass; memory is the item table's.
+``skipped_<reason>``). The log is read in one pass; memory is the item table's and up to 64 MB of arm vectors
+shared by the rows of the same user values.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ from pathlib import Path
 import numpy as np
 
 from streambandit.replay import featurize
-from streambandit.replay.files import _FIELD_LIMIT, PathLike, _kept
+from streambandit.replay.files import _FIELD_LIMIT, _SHARE_EVERY, PathLike, ReadShare, _kept
 from streambandit.replay.logged import LogError, LoggedDecision, validate
 
 __all__ = ["read_obd", "obd_dim", "OBD_COLUMNS", "ITEM_CONTEXT"]
@@ -84,6 +85,7 @@ _ITEM_PREFIX = "item_feature_"
 _AFFINITY_PREFIX = "user-item_affinity_"
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MS = timedelta(milliseconds=1)
+_SHARED_FLOATS = 8_000_000  # arm vector values kept for rows of the same user values (64 MB)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -294,8 +296,25 @@ class _Options:
     combine: str
 
 
+def _dim_of(shared: dict[tuple[str, ...], np.ndarray]) -> int:
+    return next(iter(shared.values())).shape[1] if shared else 0
+
+
+def _arms(row: list[str], cols: _Columns, items: _Items, opt: _Options) -> np.ndarray:
+    """The row's arm vectors: its hashed user features combined with the items'."""
+    user = featurize.hash_features(
+        ((f"{name}={row[j].strip()}", 1.0) for name, j in cols.user if row[j].strip()), opt.user_dim
+    )
+    return featurize.combine(user, items.features, opt.combine)
+
+
 def _decision(
-    row: list[str] | csv.Error, cols: _Columns, items: _Items, opt: _Options, where: str
+    row: list[str] | csv.Error,
+    cols: _Columns,
+    items: _Items,
+    opt: _Options,
+    where: str,
+    shared: dict[tuple[str, ...], np.ndarray],
 ) -> LoggedDecision:
     if isinstance(row, csv.Error):
         raise LogError(f"{where}: malformed row ({row})", "malformed")
@@ -313,12 +332,19 @@ def _decision(
     position = _position(field("position"), len(items.arm_ids), where)
     propensity = _propensity(field("propensity_score"), where)
     reward = _click(field("click"), where)
-    user = featurize.hash_features(
-        ((f"{name}={row[j].strip()}", 1.0) for name, j in cols.user if row[j].strip()), opt.user_dim
-    )
-    x = featurize.combine(user, items.features, opt.combine)
     if cols.affinity is not None:
-        x = np.column_stack((x, _affinities(row, cols.affinity, where)))
+        x = np.column_stack((_arms(row, cols, items, opt), _affinities(row, cols.affinity, where)))
+    else:
+        # OBD's users have few distinct feature values (240 in the 10,000-row sample): rows
+        # of the same values share one read-only matrix, which the replay also scores once per
+        # model state (runner._Model.scores).
+        user = tuple(row[j].strip() for _, j in cols.user)
+        x = shared.get(user)
+        if x is None:
+            if len(shared) * items.features.shape[0] * _dim_of(shared) >= _SHARED_FLOATS:
+                shared.clear()
+            x = shared[user] = _arms(row, cols, items, opt)
+            x.flags.writeable = False
     d = LoggedDecision(
         ts,
         event_id,
@@ -342,13 +368,17 @@ def _stream(
     affinity: bool,
     skip_bad: bool,
     counts: dict[str, int] | None,
+    share: ReadShare | None,
 ) -> Iterator[LoggedDecision]:
     where = str(log)
     # The csv module's limit is process-wide; keep it where read_csv sets it, so readers agree.
     csv.field_size_limit(max(csv.field_size_limit(), _FIELD_LIMIT))
     with open(log, newline="", encoding="utf-8") as f:
+        if share is not None:
+            share.opened(f)
         reader = csv.reader(f)
         cols = _columns(_read_header(reader, where), items, affinity, where)
+        shared: dict[tuple[str, ...], np.ndarray] = {}
         i = 0
         while True:
             try:
@@ -364,8 +394,10 @@ def _stream(
             if not row:
                 continue
             i += 1
+            if share is not None and i % _SHARE_EVERY == 0:
+                share.done = f.buffer.tell()
             at = f"{where} row {i} (line {reader.line_num})"
-            d = _kept(lambda: _decision(row, cols, items, opt, at), skip_bad, counts)
+            d = _kept(lambda: _decision(row, cols, items, opt, at, shared), skip_bad, counts)
             if d is not None:
                 yield d
 
@@ -379,16 +411,19 @@ def read_obd(
     affinity: bool = False,
     skip_bad: bool = False,
     counts: dict[str, int] | None = None,
+    share: ReadShare | None = None,
 ) -> Iterator[LoggedDecision]:
     """The decisions of an OBD log (module docstring), in file order.
 
     ``path``: a campaign directory (``<dir>/<dir name>.csv`` and ``item_context.csv``) or the log
     CSV with ``item_context.csv`` beside it. ``user_dim``: the hashed user vector's dimension;
-    ``combine``: ``outer`` or ``concat``; ``affinity``: append each arm's user-item affinity.
+    ``combine``: ``outer`` or ``concat``; ``affinity``: append each arm's user-item affinity;
+    ``share``: how much of the log CSV is read.
     """
     if not model_key:
         raise ValueError("model_key must not be empty")
     _check_args(user_dim, combine)
     log, item_path = _paths(path)
     items = _read_items(item_path)
-    return _stream(log, items, _Options(model_key, user_dim, combine), affinity, skip_bad, counts)
+    opt = _Options(model_key, user_dim, combine)
+    return _stream(log, items, opt, affinity, skip_bad, counts, share)

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from streambandit.config.models import ModelsConfig, ModelSpec
-from streambandit.engine.decision import choose_with_probabilities
+from streambandit.engine.decision import choice_with_probabilities, choose_with_probabilities
 from streambandit.policies.base import Policy
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
@@ -96,6 +96,8 @@ KINDS = {
     "or frozen, from any state",
     "external": "a policy from another system, given by its probabilities for each row",
 }
+_SCORED_MAX = 1024  # score vectors kept per model between its updates
+_REWARDS_OK_MAX = 256
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -260,6 +262,38 @@ class _Evaluators:
         }
 
 
+class _RewardModels:
+    """The per-key ridge reward models of the direct and doubly robust estimators, one set for all
+    targets: each target hands every used row of a key to its key's model in log order (possibly
+    later than other targets, when it holds records back), so every target's models would be the
+    same. The first target to reach a row has the model predict and learn; the others take the
+    predictions made then, kept until the last of them has."""
+
+    def __init__(self, targets: int, reward_range: tuple[float, float] | None = None) -> None:
+        self.targets = targets
+        self.reward_range = reward_range  # the models predict inside it (RidgeRewardModel)
+        self.models: dict[str, RidgeRewardModel] = {}
+        self.pending: dict[str, list] = {}  # event id -> [predictions, targets still to take them]
+
+    def predicted(self, d: LoggedDecision) -> np.ndarray:
+        """The reward model's predictions for ``d``'s arms, made before it learns ``d``."""
+        entry = self.pending.get(d.event_id) if self.pending else None
+        if entry is not None:
+            entry[1] -= 1
+            if not entry[1]:
+                del self.pending[d.event_id]
+            return entry[0]
+        model = self.models.get(d.model_key)
+        if model is None:
+            model = self.models[d.model_key] = RidgeRewardModel(
+                d.features.shape[1], reward_range=self.reward_range
+            )
+        predicted = model.predict_then_learn(d.features, d.action, d.reward)
+        if self.targets > 1:
+            self.pending[d.event_id] = [predicted, self.targets - 1]
+        return predicted
+
+
 class _Rec:
     __slots__ = ("seq", "d", "choice", "probs", "predicted")
 
@@ -274,33 +308,51 @@ class _Rec:
 class _Model:
     """The target model of one key, its reward model, and the decisions and updates held back."""
 
-    def __init__(
-        self,
-        key: str,
-        spec: ModelSpec,
-        state: dict[str, Any] | None = None,
-        reward_range: tuple[float, float] | None = None,
-    ) -> None:
+    def __init__(self, key: str, spec: ModelSpec, state: dict[str, Any] | None = None) -> None:
         self.key = key
         self.spec = spec
         self.policy: Policy = spec.build()
         if state is not None:
             self.policy.load_state_dict(state)  # raises if the state is of another configuration
-        self.reward_model = RidgeRewardModel(spec.dim, reward_range=reward_range)
         self.applied = 0  # logged updates processed (applied to the target or rejected)
         self.seen = 0  # logged records seen (the next record's update index)
         self.waiting: dict[int, list[_Rec]] = {}  # version -> records to decide at that version
         self.updates: collections.deque[_Rec] = (
             collections.deque()
         )  # seen, not yet applied, log order
+        # Scores of read-only arm arrays (rows sharing one, as OBD's rows of the same user do)
+        # under the current state: a policy's scores are a function of its state and the arms.
+        self.scored: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+        # Rewards the policy accepted (its rule depends on the value alone): 0/1 clicks are
+        # checked once.
+        self.rewards_ok: set[float] = set()
+
+    def scores(self, arms: np.ndarray) -> np.ndarray:
+        """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
+        hit = self.scored.get(id(arms))
+        if hit is not None and hit[0] is arms:  # the entry holds arms: its id is not reused
+            return hit[1]
+        scores = self.policy.scores(arms)
+        if len(self.scored) >= _SCORED_MAX:
+            self.scored.clear()
+        self.scored[id(arms)] = (arms, scores)
+        return scores
 
 
 class _ModelReplayer:
     """A streambandit configuration as the target: it decides (and learns) row by row."""
 
-    def __init__(self, target: Target, max_lag: int, evaluators: _Evaluators, reward_range) -> None:
+    def __init__(
+        self,
+        target: Target,
+        max_lag: int,
+        evaluators: _Evaluators,
+        reward_range,
+        reward_models: _RewardModels,
+    ) -> None:
         assert target.models is not None
         self.target = target
+        self.reward_models = reward_models
         self.config = target.models
         self.max_lag = max_lag
         self.evaluators = evaluators
@@ -334,10 +386,7 @@ class _ModelReplayer:
             states = self.target.states
             try:
                 m = _Model(
-                    d.model_key,
-                    spec,
-                    states.get(d.model_key) if states is not None else None,
-                    self.reward_range,
+                    d.model_key, spec, states.get(d.model_key) if states is not None else None
                 )
             except (
                 ValueError
@@ -346,22 +395,34 @@ class _ModelReplayer:
                     f"target {self.target.name!r}: the state of model {d.model_key!r} does not fit "
                     f"its configuration: {exc}"
                 ) from None
-        try:
-            m.policy.validate_reward(d.reward)
-        except ValueError as exc:
-            raise LogError(
-                f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
-                f"({spec.policy}): {exc}",
-                "reward",
-            ) from None
+        if d.reward not in m.rewards_ok:
+            try:
+                m.policy.validate_reward(d.reward)
+            except ValueError as exc:
+                raise LogError(
+                    f"{d.where}: reward {d.reward!r} not accepted by model {d.model_key!r} "
+                    f"({spec.policy}): {exc}",
+                    "reward",
+                ) from None
+            if len(m.rewards_ok) < _REWARDS_OK_MAX:
+                m.rewards_ok.add(d.reward)
         return m
 
     def add(self, d: LoggedDecision, m: _Model) -> None:
         self.models[d.model_key] = m
+        v = d.decision_version
+        if v < 0 and self._next_emit == self.events and not (m.updates or m.waiting):
+            # Decided and learnt from at once, and every earlier record is with the evaluator:
+            # the path of _decide, _apply and the in-order hand-over without the bookkeeping.
+            self._next_emit = self.events = self.events + 1
+            m.seen += 1
+            choice, probs = self._choose(m, d)
+            self.decisions[d.event_id] = choice
+            self.evaluators.add(d, probs, self._learn(m, d, choice))
+            return
         self.decisions[d.event_id] = -1  # its choice is set when it is decided
         rec = _Rec(self.events, d)
         self.events += 1
-        v = d.decision_version
         if v is None or v < 0:
             if m.waiting or m.updates:
                 self._advance(m, final=True)  # everything held back first: "now" is after all of it
@@ -404,37 +465,59 @@ class _ModelReplayer:
                 for rec in m.waiting.pop(v):
                     self._decide(m, rec)
 
-    def _decide(self, m: _Model, rec: _Rec) -> None:
-        d, spec = rec.d, m.spec
+    def _choose(self, m: _Model, d: LoggedDecision) -> tuple[int, np.ndarray]:
+        """The target's choice for ``d`` and its probabilities over the arms."""
+        spec = m.spec
+        f = d.features
         try:
-            scores = m.policy.scores(d.features)
+            if f.flags.writeable:
+                scores = m.policy.scores(f)
+            else:
+                scores = m.scores(f)
         except ValueError as exc:
             raise LogError(f"{d.where}: {exc}", "features") from None
-        slot = max(d.position, 0)
+        if d.position <= 0:
+            return choice_with_probabilities(
+                scores,
+                epsilon=spec.epsilon,
+                model_key=d.model_key,
+                event_id=d.event_id,
+                seed=spec.seed,
+            )
         # The worker's rule on the same score vector the target distribution is computed from.
-        dec, rec.probs = choose_with_probabilities(
+        dec, probs = choose_with_probabilities(
             scores,
             epsilon=spec.epsilon,
             model_key=d.model_key,
             event_id=d.event_id,
             seed=spec.seed,
-            position=slot,
+            position=d.position,
         )
-        rec.choice = dec.index
-        self.decisions[d.event_id] = dec.index
+        return dec.index, probs
+
+    def _learn(self, m: _Model, d: LoggedDecision, choice: int) -> np.ndarray:
+        """The logged update of ``d``: the target learns if it chose the logged action; the
+        reward model always learns. Returns the reward model's predictions made before."""
+        predicted = self.reward_models.predicted(d)
+        if choice == d.action:
+            if self.target.learn:
+                m.policy.update(d.features[d.action], d.reward)
+                m.scored.clear()
+            self.matched += 1
+        m.applied += 1
+        return predicted
+
+    def _decide(self, m: _Model, rec: _Rec) -> None:
+        rec.choice, rec.probs = self._choose(m, rec.d)
+        self.decisions[rec.d.event_id] = rec.choice
 
     def _apply(self, m: _Model, rec: _Rec) -> None:
-        """The logged update of ``rec``: the target learns if it chose the logged action; the
-        reward model always learns. Then hand the record to the evaluator in log order."""
+        """The logged update of ``rec`` (:meth:`_learn`), then the record to the evaluator in
+        log order."""
         d = rec.d
         if rec.choice is None:  # cannot happen: a record's version is at most its update index
             raise AssertionError(f"event {d.event_id!r} updated before it was decided")
-        rec.predicted = m.reward_model.predict_then_learn(d.features, d.action, d.reward)
-        if rec.choice == d.action:
-            if self.target.learn:
-                m.policy.update(d.features[d.action], d.reward)
-            self.matched += 1
-        m.applied += 1
+        rec.predicted = self._learn(m, d, rec.choice)
         if (
             rec.seq == self._next_emit and not self._ready
         ):  # in log order already (no versions held back)
@@ -462,10 +545,13 @@ class _ExternalReplayer:
     """A policy from another system as the target: its probabilities for each row are given.
     Nothing learns but the per-key reward models of the direct and doubly robust estimators."""
 
-    def __init__(self, target: Target, evaluators: _Evaluators) -> None:
+    def __init__(
+        self, target: Target, evaluators: _Evaluators, reward_models: _RewardModels
+    ) -> None:
         self.target = target
         self.evaluators = evaluators
-        self.reward_models: dict[str, RidgeRewardModel] = {}
+        self.reward_models = reward_models
+        self.dims: dict[str, int] = {}  # model key -> the dimension of its first row
         self.events = 0
         self.matched = 0
 
@@ -490,22 +576,18 @@ class _ExternalReplayer:
                 raise LogError(
                     f"{d.where}: no probabilities of target {name!r} in this row", "target"
                 )
-        model = self.reward_models.get(d.model_key)
-        if model is not None and model.dim != d.features.shape[1]:
+        dim = self.dims.get(d.model_key)
+        if dim is not None and dim != d.features.shape[1]:
             raise LogError(
                 f"{d.where}: features have dimension {d.features.shape[1]}, earlier rows of model key "
-                f"{d.model_key!r} had {model.dim}",
+                f"{d.model_key!r} had {dim}",
                 "features",
             )
         return probs
 
     def add(self, d: LoggedDecision, probs: np.ndarray) -> None:
-        model = self.reward_models.get(d.model_key)
-        if model is None:
-            model = self.reward_models[d.model_key] = RidgeRewardModel(
-                d.features.shape[1], reward_range=self.evaluators.settings["reward_range"]
-            )
-        predicted = model.predict_then_learn(d.features, d.action, d.reward)
+        self.dims.setdefault(d.model_key, d.features.shape[1])
+        predicted = self.reward_models.predicted(d)
         self.events += 1
         self.matched += bool(probs[d.action] > 0.0)
         self.evaluators.add(d, probs, predicted)
@@ -516,7 +598,7 @@ class _ExternalReplayer:
     def result_fields(self) -> dict[str, Any]:
         return {
             "models": {},
-            "policies": {k: "external" for k in self.reward_models},
+            "policies": {k: "external" for k in self.dims},
             "decisions": {},
             "off_version": 0,
         }
@@ -592,10 +674,11 @@ def replay_targets(
         "confidence": confidence,
     }
     OffPolicyEvaluator(**settings)  # refuses bad settings before the log is read
+    reward_models = _RewardModels(len(targets), reward_range)
     runs: list[_ModelReplayer | _ExternalReplayer] = [
-        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range)
+        _ModelReplayer(t, max_lag, _Evaluators(settings), reward_range, reward_models)
         if t.models is not None
-        else _ExternalReplayer(t, _Evaluators(settings))
+        else _ExternalReplayer(t, _Evaluators(settings), reward_models)
         for t in targets
     ]
     seen: set[str] = set()

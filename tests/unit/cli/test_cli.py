@@ -228,3 +228,15 @@ def test_api_with_json_logs_writes_only_json_lines_on_stderr(tmp_path):
     assert out.returncode == 2
     [line] = [json.loads(line) for line in out.stderr.splitlines()]
     assert line["level"] == "ERROR" and "give --models" in line["message"]
+
+
+def test_replay_progress_shows_a_bar_with_the_share_done_and_the_time_left():
+    from streambandit.cli.commands import _progress_line, _rows_wanted
+
+    line = _progress_line("replay", 50_000, 2.0, 0.25)
+    assert line == (
+        "replay: [#######.......................]  25% 50000 events, 25000 events/s, 6 s left"
+    )
+    assert _progress_line("replay", 10, 2.0, None) == "replay: 10 events, 5 events/s"
+    assert _rows_wanted(":5000") == 5000 and _rows_wanted("100:300") == 200
+    assert _rows_wanted("5000:") is None and _rows_wanted(None) is None

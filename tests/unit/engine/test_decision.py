@@ -46,3 +46,19 @@ def test_exploration_frequencies_match_the_logged_propensities():
         decide(p, arms, epsilon=eps, model_key="m", event_id="e5", seed=7).index for _ in range(3)
     ]
     assert len(set(again)) == 1
+
+
+def test_the_compiled_choice_is_choose_with_probabilities_to_the_bit():
+    from streambandit.engine.decision import choice_with_probabilities, choose_with_probabilities
+
+    rng = np.random.default_rng(3)
+    for i in range(3000):
+        k = int(rng.integers(1, 12))
+        scores = rng.normal(size=k)
+        if i % 5 == 0:
+            scores[rng.integers(k)] = scores.max()  # ties: the lowest index, as argmax
+        eps = [0.0, 0.1, 0.5, 1.0][i % 4]
+        kw = dict(epsilon=eps, model_key=f"m{i % 3}", event_id=f"e{i}", seed=i % 7)
+        dec, probs = choose_with_probabilities(scores, **kw)
+        index, fast = choice_with_probabilities(scores, **kw)
+        assert index == dec.index and fast.tobytes() == probs.tobytes()

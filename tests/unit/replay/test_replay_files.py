@@ -289,3 +289,25 @@ def _unreadable_rows(tmp_path, log):
     latin.write_bytes(HEADER.encode() + "1,\xe9v,m,a,a,1,0\n".encode("latin-1"))
     with pytest.raises(LogError, match="not UTF-8"):
         list(read_csv(latin, {"a": np.zeros(2)}))
+
+
+def test_a_read_share_follows_the_reading_to_the_end(tmp_path, monkeypatch):
+    from streambandit.replay import avro_log, files
+
+    monkeypatch.setattr(files, "_SHARE_EVERY", 100)
+    monkeypatch.setattr(avro_log, "_BATCH_RECORDS", 200)
+    rng = np.random.default_rng(2)
+    ds = [_decision(i, rng) for i in range(1000)]
+    path = tmp_path / "log.avro"
+    write_avro(path, ds)
+    share = files.ReadShare()
+    assert share.fraction is None
+    seen = [share.fraction for _ in files.read_avro(path, share=share)]
+    assert seen[0] == 0.0 and 0.0 < seen[500] < 1.0 and share.fraction == 1.0
+    assert seen == sorted(seen)
+    rows = "".join(f"{1000 + i},e{i},m,a|b|c,b,0.5,1.0\n" for i in range(1000))
+    log = _write(tmp_path, "log.csv", HEADER + rows)
+    share = files.ReadShare()
+    catalog = _write(tmp_path, "arms.csv", CATALOG)
+    seen = [share.fraction for _ in read_csv(log, catalog, share=share)]
+    assert seen[0] == 0.0 and 0.0 < seen[-1] <= 1.0 and seen == sorted(seen)

@@ -376,3 +376,55 @@ def test_a_target_of_epsilon_one_is_uniform_and_estimated_as_the_uniform_policy(
         }
     )
     assert Target("m", mixed).kind == "learning"
+
+
+def _everything(r):
+    """A result's numbers and choices, to the bit (not its timing)."""
+    fields = dataclasses.asdict(r)
+    fields.pop("seconds")
+    fields.pop("target")
+    return repr(sorted((k, repr(v)) for k, v in fields.items()))
+
+
+def test_targets_sharing_the_reward_models_get_each_alone_result_to_the_bit():
+    """One pass of several targets, some holding records back (decision versions), has each
+    target's whole result bit for bit as if it were replayed alone."""
+    log = [
+        dataclasses.replace(
+            d,
+            decision_version=max(0, t // 2 - 3) if t % 3 else -1,
+            external=(("ext", np.full(K, 1.0 / K)),),
+        )
+        for t, d in enumerate(uniform_log(500, seed=3))
+    ]
+    targets = [
+        Target("a", config(lam=1.0)),
+        Target("b", config(lam=5.0), learn=False),
+        Target("ext"),
+        Target("c", config(lam=2.0, epsilon=0.3), learn=True),
+    ]
+    together = replay_targets(iter(log), targets, max_lag=5)
+    for t in targets:
+        alone = replay_targets(iter(log), [t], max_lag=5)[t.name]
+        assert _everything(together[t.name]) == _everything(alone)
+
+
+def test_rows_sharing_a_read_only_arm_array_replay_as_rows_with_their_own():
+    """A reader may give rows of the same arms one read-only array (OBD's rows of the same user
+    values): the runner scores it once per model state, to the same result."""
+    rng = np.random.default_rng(4)
+    shared = [rng.normal(size=(K, D)) for _ in range(3)]
+    for x in shared:
+        x.flags.writeable = False
+    log = [
+        dataclasses.replace(d, features=shared[t % 3], position=-1)
+        for t, d in enumerate(uniform_log(400, seed=5))
+    ]
+    copies = [dataclasses.replace(d, features=d.features.copy()) for d in log]
+    for epsilon in (0.0, 0.2):
+        targets = [Target("a", config(epsilon=epsilon)), Target("b", config(), learn=False)]
+        got = replay_targets(log, targets)
+        want = replay_targets(copies, targets)
+        assert got["a"].matched > 10
+        for name in ("a", "b"):
+            assert _everything(got[name]) == _everything(want[name])
