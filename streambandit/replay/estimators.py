@@ -31,8 +31,8 @@ scaled form for ips, whose variance factor, the mean weight of a success, is tak
 row as the reward model expects it, not from the few successes seen, which on logs with spread
 propensities mostly carry small weights), and for dr an interval with the variance of its terms
 where a success's weight is the reward model's (the terms' own variance weighing in as successes
-grow many), its ends in the proportions of ips's score interval (``model``), or ips's interval
-moved to dr's value while no success of weight > 0 has been seen (``score-shifted``).
+grow many), its ends in the proportions of ips's score interval (``model``), or, while no success
+of weight > 0 has been seen, ips's interval and the same moved to dr's value (``score-shifted``).
 ``python -m bench.ope_coverage`` measures their coverage on logs whose propensities spread from
 1e-3 to 0.99. Otherwise, or for rewards of more than two values, normal approximations:
 
@@ -680,8 +680,8 @@ class OffPolicyEvaluator:
         right when successes are plentiful however wrong the reward model, weighs in as the
         successes' effective number grows (``DR_SUCCESSES``), and the ends are set in the
         proportions of ips's score interval, skewed as a mean of rare heavy terms is
-        (bench/ope_coverage.py measures both regimes). With no success of weight > 0 yet, dr
-        takes ips's score interval moved to its value."""
+        (bench/ope_coverage.py measures both regimes). With no success of weight > 0 yet, dr's
+        interval spans ips's score interval and the same moved to dr's value."""
         n, acc = self.n, self._acc
         if not math.isfinite(d.value):
             return d
@@ -714,10 +714,12 @@ class OffPolicyEvaluator:
                     ci_high=d.value + (score[1] - v1) * sd,
                     interval="model",
                 )
+        # No success of weight > 0: dr's value is the reward model's guess, which the log cannot
+        # check; the interval spans ips's score interval and the same moved to dr's value.
         return dataclasses.replace(
             d,
-            ci_low=d.value - (ips.value - ips.ci_low),
-            ci_high=d.value + (ips.ci_high - ips.value),
+            ci_low=min(ips.ci_low, d.value - (ips.value - ips.ci_low)),
+            ci_high=max(ips.ci_high, d.value + (ips.ci_high - ips.value)),
             interval="score-shifted",
         )
 

@@ -70,6 +70,28 @@ def test_a_log_with_no_reward_gets_intervals_that_are_not_a_point():
     )  # exact's ~0.018
 
 
+def test_dr_with_no_success_spans_ips_s_interval_and_the_same_at_its_own_value():
+    """No matched event earned anything (the target plays arm 0, never clicked); the reward
+    model guesses 0.02 for arm 0 on the rows where arm 1 was logged: dr's value, 0.01, is the
+    model's guess, which the log cannot check, so its interval keeps ips's [0, ...] as well as the
+    same width above the guess."""
+    ev = OffPolicyEvaluator()
+    for i in range(300):
+        a = i % 2
+        ev.add(
+            action=a,
+            propensity=0.5,
+            reward=float(a == 1 and i % 6 == 1),
+            target_probs=np.array([1.0, 0.0]),
+            predicted=np.array([0.02 if a == 1 else 0.0, 0.05]),
+        )
+    est = by_name(ev)
+    ips, dr = est["ips"], est["dr"]
+    assert ips.value == 0.0 and dr.value == pytest.approx(0.01) and dr.interval == "score-shifted"
+    assert dr.ci_low == 0.0 == ips.ci_low
+    assert dr.ci_high == pytest.approx(dr.value + ips.ci_high)
+
+
 def test_coverage_over_200_independent_logs_with_a_known_truth():
     """A fixed greedy target, Bernoulli rewards (P = sigmoid(x . theta)), softmax logging with
     known propensities, 200 logs of 1,500 events: the 95% intervals of ips, snips and dr cover
