@@ -13,6 +13,7 @@ BENCHMARKS = (
     "calls",
     "peers",
     "replay",
+    "ope_coverage_learners",
     "decider",
     "api_http",
     "freshness",

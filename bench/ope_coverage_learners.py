@@ -1,7 +1,7 @@
 """How often a learning target's replay intervals cover the value the learner has online.
 
-    python -m bench.ope_coverage_learners --raw    # full run (~30 min, 1 process), writes results/NAME.{md,json}
-    python -m bench.ope_coverage_learners --quick   # a smoke run (20 logs per setting), nothing written
+    python -m bench.ope_coverage_learners --raw    # full run (~35 min, 1 process), writes results/
+    python -m bench.ope_coverage_learners --quick  # a smoke run (20 logs per setting), writes nothing
 
 Simulator (context-linear clicks): each event has K = 10 arms with features ``x = [1, z]``,
 ``z`` uniform in [-1, 1]^4, and click probability ``ctr (1 + s'z)`` with ``s = (0.3, 0.2, 0.2,
@@ -47,7 +47,6 @@ from streambandit.replay.paths import (
 )
 from streambandit.replay.runner import Target, replay_targets
 
-NAME = "ope_coverage_learners"
 K, D = 10, 5
 SLOPES = np.array([0.3, 0.2, 0.2, 0.1])
 N_EVENTS = 2000
@@ -249,4 +248,4 @@ def add_arguments(ap) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(harness.main(NAME, __doc__, measure, render, add_arguments))
+    sys.exit(harness.main("ope_coverage_learners", __doc__, measure, render, add_arguments))
