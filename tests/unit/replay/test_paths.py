@@ -4,6 +4,7 @@ form."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -19,6 +20,11 @@ from streambandit.replay.paths import (
     resample,
 )
 from streambandit.replay.runner import Target, replay_targets
+
+from . import test_replay_runner
+from .test_replay_runner import run_cli, write_csv
+
+small_log = test_replay_runner.small_log  # a fixture: a 300-row log and a learning configuration
 
 K, D = 4, 3
 
@@ -157,3 +163,40 @@ def test_only_a_learning_target_gets_an_expected_value_interval():
 def test_fewer_than_two_replicates_are_refused():
     with pytest.raises(ValueError, match="at least 2 replicates"):
         replicate_estimates(lambda: log(5), [Target("t", config())], replicates=1)
+
+
+def test_the_command_reports_the_expected_value_beside_the_path_interval(tmp_path, small_log):
+    rows, cfg = small_log
+    log = tmp_path / "log.csv"
+    write_csv(log, rows)
+    out = run_cli(log, "--config", cfg, "--out", tmp_path / "rep", "--expected-value", "3")
+    assert out.returncode == 0, out.stderr
+    assert "expected value: replicate 3 of 3 replayed" in out.stderr
+    (target,) = json.loads((tmp_path / "rep" / "replay.json").read_text())["targets"]
+    own = {e["name"]: e["value"] for e in target["estimates"]}
+    expected = {e["name"]: e for e in target["expected_value"]}
+    assert set(expected) == {"replay", "ips", "snips", "dr"}
+    for name, e in expected.items():
+        assert e["value"] == own[name] and e["replicates"] == 3
+        assert e["ci_low"] < e["value"] < e["ci_high"] and e["spread"] > 0
+    md = (tmp_path / "rep" / "replay.md").read_text()
+    assert "Expected value over learning paths (3 replicate replays" in md
+    assert "expected-value 95% interval" in out.stdout
+
+
+def test_the_command_gives_a_frozen_target_no_expected_value(tmp_path, small_log):
+    rows, cfg = small_log
+    log = tmp_path / "log.csv"
+    write_csv(log, rows)
+    out = run_cli(log, "--config", cfg, "--frozen", "--out", tmp_path / "rep", "--expected-value")
+    assert out.returncode == 0, out.stderr
+    assert "no learning target" in out.stderr
+    (target,) = json.loads((tmp_path / "rep" / "replay.json").read_text())["targets"]
+    assert target["expected_value"] is None
+    bad = run_cli(log, "--config", cfg, "--out", tmp_path / "rep", "--expected-value", "1")
+    assert bad.returncode != 0
+    assert (
+        bad.stderr.strip()
+        .splitlines()[-1]
+        .endswith("--expected-value needs at least 2 replicates, got 1")
+    )
