@@ -15,10 +15,14 @@ Interval. ``replicates`` extra replays of the learning targets, each over a Pois
 the log kept in log order: every row (every slate, for slate rows) appears ``Poisson(1)`` times
 in place, each copy with its own event id (so the learner's exploration draws are new) and its
 decision version moved to count the copies before it, so updates still arrive as late as they
-did. The spread of an estimator over the replicates, ``s``, is the spread of the whole procedure
-(the log's noise and the learner's path); the interval is ``value +- t s`` with ``t`` Student's
-quantile at ``replicates - 1`` degrees of freedom, centred on the replay's own estimate. A frozen
-or external target has no path and gets none. It costs ``replicates`` more passes over the log.
+did. An estimator's variance over the replicates, ``s^2``, is that of the whole procedure: the
+log's noise, which the path interval already measures (``s_path``, its width over ``2 z``), and
+the spread of the learner's paths, ``s_b^2 = max(0, s^2 - s_path^2)``. The interval is the path
+interval with each side widened in quadrature, ``value -/+ sqrt(side^2 + (t s_b)^2)``, ``t``
+Student's quantile at ``replicates - 1`` degrees of freedom: it keeps what the path interval
+knows that a bootstrap does not (the score intervals' bounds for rare rewards and heavy weights)
+and adds the paths' spread. A frozen or external target has no path and gets none. It costs
+``replicates`` more passes over the log.
 """
 
 from __future__ import annotations
@@ -26,11 +30,13 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable, Iterable, Iterator
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 from scipy.stats import t as student_t
 
+from streambandit.replay.estimators import Estimate
 from streambandit.replay.logged import LoggedDecision
 from streambandit.replay.runner import ReplayResult, Target, replay_targets
 
@@ -57,7 +63,7 @@ class ExpectedValue:
     value: float  # the replay's own estimate (the path's)
     ci_low: float
     ci_high: float
-    spread: float  # standard deviation of the estimate over the replicates
+    between: float  # s_b: the standard deviation of the path's value over learning paths
     replicates: int  # replicates with a finite estimate
 
 
@@ -111,16 +117,20 @@ def resample(
 
 
 def interval_from_replicates(
-    value: float, replicates: list[float], confidence: float
+    path: Estimate, replicates: list[float], confidence: float
 ) -> tuple[float, float, float]:
-    """``(low, high, spread)``: ``value +- t s`` over the finite replicate values (module
-    docstring); unbounded with fewer than two."""
+    """``(low, high, s_b)``: the path estimate's interval widened by the paths' spread ``s_b``
+    estimated from the finite replicate values (module docstring); unbounded with fewer than two
+    replicates or an unbounded path interval."""
     xs = [x for x in replicates if math.isfinite(x)]
-    if len(xs) < 2 or not math.isfinite(value):
+    v, low, high = path.value, path.ci_low, path.ci_high
+    if len(xs) < 2 or not all(math.isfinite(x) for x in (v, low, high)):
         return -math.inf, math.inf, math.nan
-    s = float(np.std(xs, ddof=1))
-    half = float(student_t.ppf(0.5 + confidence / 2, len(xs) - 1)) * s
-    return value - half, value + half, s
+    z = NormalDist().inv_cdf(0.5 + confidence / 2)
+    s_path = (high - low) / (2 * z)
+    s_b = math.sqrt(max(0.0, float(np.var(xs, ddof=1)) - s_path**2))
+    widen = (float(student_t.ppf(0.5 + confidence / 2, len(xs) - 1)) * s_b) ** 2
+    return v - math.sqrt((v - low) ** 2 + widen), v + math.sqrt((high - v) ** 2 + widen), s_b
 
 
 def replicate_estimates(
@@ -182,7 +192,7 @@ def expected_values(
             if e.name not in _ESTIMATORS:
                 continue
             xs = by_estimator.get(e.name, [])
-            low, high, s = interval_from_replicates(e.value, xs, confidence)
+            low, high, s = interval_from_replicates(e, xs, confidence)
             n = sum(math.isfinite(x) for x in xs)
             out[name].append(ExpectedValue(e.name, e.value, low, high, s, n))
     return out

@@ -63,7 +63,7 @@ def _expected_json(e: ExpectedValue) -> dict[str, Any]:
         "value": _num(e.value),
         "ci_low": _num(e.ci_low),
         "ci_high": _num(e.ci_high),
-        "spread": _num(e.spread),
+        "between_paths_sd": _num(e.between),
         "replicates": e.replicates,
     }
 
@@ -214,17 +214,17 @@ def _expected(r: ReplayResult, expected: list[ExpectedValue], pct: str) -> list[
         "",
         f"Expected value over learning paths ({reps} replicate replays of the learner over "
         "bootstrap resamples of the log): the value a deployment of this configuration can "
-        "expect, where the path interval covers this log's one learning path "
-        "(docs/replay_formats.md).",
+        "expect, where the path interval covers this log's one learning path; the path "
+        "interval widened by the spread between paths (docs/replay_formats.md).",
         "",
         f"| estimator | value | path {pct} interval | expected-value {pct} interval | "
-        "spread over replicates |",
+        "sd between paths |",
         "|---|---:|---|---|---:|",
     ]
     for e in expected:
         lines.append(
             f"| {e.name} | {_fmt(e.value)} | {_ci(path[e.name])} | "
-            f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}] | {_fmt(e.spread)} |"
+            f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}] | {_fmt(e.between)} |"
         )
     return lines
 

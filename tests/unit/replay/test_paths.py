@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import json
 import math
+from statistics import NormalDist
 
 import numpy as np
 import pytest
 from scipy.stats import t as student_t
 
 from streambandit.config.models import parse_models_config
+from streambandit.replay.estimators import Estimate
 from streambandit.replay.logged import LoggedDecision
 from streambandit.replay.paths import (
     expected_values,
@@ -112,13 +114,20 @@ def test_a_slate_is_copied_whole_under_new_slate_ids():
     assert len(slates) * 2 == len(out)
 
 
-def test_the_interval_is_the_estimate_plus_minus_students_t_times_the_spread():
-    xs = [0.1, 0.3, 0.2, 0.25, math.nan]
-    low, high, s = interval_from_replicates(0.22, xs, 0.9)
-    sd = np.std([0.1, 0.3, 0.2, 0.25], ddof=1)
-    half = student_t.ppf(0.95, 3) * sd
-    assert (low, high, s) == pytest.approx((0.22 - half, 0.22 + half, sd))
-    assert interval_from_replicates(0.2, [0.1], 0.95)[:2] == (-math.inf, math.inf)
+def test_the_interval_widens_the_path_interval_by_the_spread_between_paths():
+    # The path interval [0.12, 0.30] around 0.22 at 90%: s_path = 0.18 / (2 z).
+    path = Estimate("snips", 0.22, 0.12, 0.30, 100, 100.0, 0)
+    xs = [0.02, 0.42, 0.12, 0.35, math.nan]
+    low, high, s_b = interval_from_replicates(path, xs, 0.9)
+    z = NormalDist().inv_cdf(0.95)
+    between = np.var([0.02, 0.42, 0.12, 0.35], ddof=1) - (0.18 / (2 * z)) ** 2
+    widen = student_t.ppf(0.95, 3) ** 2 * between
+    assert s_b == pytest.approx(math.sqrt(between))
+    assert low == pytest.approx(0.22 - math.sqrt(0.1**2 + widen))
+    assert high == pytest.approx(0.22 + math.sqrt(0.08**2 + widen))
+    # Replicates that vary less than the path interval says the log does: nothing to add.
+    assert interval_from_replicates(path, [0.21, 0.22, 0.23], 0.9) == pytest.approx((0.12, 0.30, 0))
+    assert interval_from_replicates(path, [0.1], 0.95)[:2] == (-math.inf, math.inf)
 
 
 def test_the_replicates_of_a_target_that_always_takes_one_arm_are_bootstrap_means():
@@ -178,7 +187,7 @@ def test_the_command_reports_the_expected_value_beside_the_path_interval(tmp_pat
     assert set(expected) == {"replay", "ips", "snips", "dr"}
     for name, e in expected.items():
         assert e["value"] == own[name] and e["replicates"] == 3
-        assert e["ci_low"] < e["value"] < e["ci_high"] and e["spread"] > 0
+        assert e["ci_low"] < e["value"] < e["ci_high"] and e["between_paths_sd"] >= 0
     md = (tmp_path / "rep" / "replay.md").read_text()
     assert "Expected value over learning paths (3 replicate replays" in md
     assert "expected-value 95% interval" in out.stdout
