@@ -705,7 +705,7 @@ def _progress_printer(what: str):
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay a decision log through the target policies: off-policy estimates and a report."""
     from streambandit.replay.report import to_markdown, write_report
-    from streambandit.replay.runner import replay_targets
+    from streambandit.replay.runner import LEARNING_NOTE, replay_targets
     from streambandit.replay.states import write_model_states
 
     if args.clip is not None and not args.clip > 0:
@@ -741,6 +741,12 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     )
     done(next(iter(results.values())).events)
     expected = _expected_values(args, targets, results, dim, options)
+    if expected is None:
+        for r in results.values():
+            r.warnings[:] = [
+                f"{w} (--expected-value gives an interval for that)" if w == LEARNING_NOTE else w
+                for w in r.warnings
+            ]
     config = ", ".join(args.config or [])
     written = write_report(
         results, args.out, source=source, config=config, clip=args.clip, expected=expected

@@ -191,6 +191,12 @@ def test_the_command_reports_the_expected_value_beside_the_path_interval(tmp_pat
     md = (tmp_path / "rep" / "replay.md").read_text()
     assert "Expected value over learning paths (3 replicate replays" in md
     assert "expected-value 95% interval" in out.stdout
+    assert run_cli(log, "--config", cfg, "--out", tmp_path / "plain").returncode == 0
+    (target,) = json.loads((tmp_path / "plain" / "replay.json").read_text())["targets"]
+    assert target["expected_value"] is None
+    assert any(
+        w.endswith("(--expected-value gives an interval for that)") for w in target["warnings"]
+    )
 
 
 def test_the_command_gives_a_frozen_target_no_expected_value(tmp_path, small_log):
