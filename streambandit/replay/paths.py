@@ -5,11 +5,15 @@ on the log's earlier events; its estimates are the value of the one learning pat
 it, and their intervals cover that path's value. A team deploying the learner gets another path:
 what they can expect is the learner's value averaged over paths, which varies more.
 
-Estimand. The replay gives a learner ``M`` updates, its matched events (rejection sampling), and
-values its policy at every event; when the logging policy's choice does not depend on the
-context beyond its propensities, the matched events are an online run of ``M`` steps, so the
-estimate's expectation is the learner's expected mean reward over its first ``M`` online steps
-(``bench/ope_coverage_learners.py`` measures it against a Monte Carlo of that online run).
+Estimand. The replay gives a learner its matched events as updates (rejection sampling) and
+values its policy at every event, where it has had ``N_i`` updates. When the logging policy's
+choice does not depend on the context beyond its propensities, an event matches with
+probability 1/K whatever the learner chose, and the matched events are an online run: the
+estimates' expectation is ``(1/n) sum_i E[v_{N_i}]``, ``v_t`` the learner's expected reward
+online after ``t`` updates, its expected online value over the horizon the replay gives it
+(``bench/ope_coverage_learners.py`` measures the coverage against a Monte Carlo of it). A
+logging policy that favoured arms by context feeds the learner a tilted sample of the traffic;
+nothing here corrects for that.
 
 Interval. ``replicates`` extra replays of the learning targets, each over a Poisson bootstrap of
 the log kept in log order: every row (every slate, for slate rows) appears ``Poisson(1)`` times
@@ -49,7 +53,7 @@ __all__ = [
     "replicate_estimates",
 ]
 
-DEFAULT_REPLICATES = 10
+DEFAULT_REPLICATES = 10  # each a pass over the log; the coverage study's setting
 # The estimators given an expected-value interval: dm has no interval of its own (its error is
 # its reward model's bias, which no resampling of the log measures).
 _ESTIMATORS = ("replay", "ips", "snips", "dr", "cascade")
