@@ -1,6 +1,6 @@
 """How often a learning target's replay intervals cover the value the learner has online.
 
-    python -m bench.ope_coverage_learners          # full run (~15-25 min, 1 process), writes results/
+    python -m bench.ope_coverage_learners          # full run (10-25 min, 1 process), writes results/
     python -m bench.ope_coverage_learners --quick  # a smoke run (20 logs per setting), writes nothing
 
 Simulator (context-linear clicks): each event has K = 10 arms with features ``x = [1, z]``,
