@@ -1,13 +1,15 @@
 """How often a learning target's replay intervals cover the value the learner has online.
 
-    python -m bench.ope_coverage_learners          # full run (10-25 min, 1 process), writes results/
+    python -m bench.ope_coverage_learners          # full run (20-40 min, 1 process), writes results/
     python -m bench.ope_coverage_learners --quick  # a smoke run (20 logs per setting), writes nothing
 
 Simulator (context-linear clicks): each event has K = 10 arms with features ``x = [1, z]``,
 ``z`` uniform in [-1, 1]^4, and click probability ``ctr (1 + s'z)`` with ``s = (0.3, 0.2, 0.2,
 0.1)`` (between 0.2 and 1.8 times ``ctr``). Logging: uniform (``1/K``), or spread: per event a
 Dirichlet(0.08) over the arms, clipped at 1e-3 and renormalised (propensities from 1e-3 to 0.99),
-drawn independently of the features. ``N_EVENTS`` events per log, ``LOGS`` logs per setting.
+drawn independently of the features. ``LOGS`` logs per setting of ``SETTINGS``: CTR 0.1 and
+0.01, each logging, ``N_EVENTS`` events per log; and uniform logging at CTR 0.1 with 10,000
+events per log, where the learners have five times the updates and learn more.
 
 Targets, both learning during the replay (rejection sampling), as ``[[models]]`` entries make them:
 ``oful`` (the policy's defaults, epsilon 0) and ``egreedy`` (oful with ``beta = 0``, a greedy
@@ -58,8 +60,14 @@ N_EVENTS = 2000
 LOGS = 200
 REPLICATES = DEFAULT_REPLICATES
 TRUTH_RUNS = 2000
-CTRS = (0.1, 0.01)
-LOGGINGS = ("uniform", "spread")
+# (CTR, logging, events per log); the last: a learner with 5 times the updates, learning more.
+SETTINGS = (
+    (0.1, "uniform", N_EVENTS),
+    (0.1, "spread", N_EVENTS),
+    (0.01, "uniform", N_EVENTS),
+    (0.01, "spread", N_EVENTS),
+    (0.1, "uniform", 10_000),
+)
 ESTIMATORS = ("snips", "ips", "dr")
 LEARNERS = {
     "oful": {"policy": "oful", "epsilon": 0.0, "hyper": {}},
@@ -150,70 +158,71 @@ def estimand(v: np.ndarray, n: int) -> float:
 def measure(args) -> dict:
     logs = args.logs or (20 if args.quick else LOGS)
     truth_runs = 100 if args.quick else TRUTH_RUNS
-    steps = int(N_EVENTS / K * 1.6)  # N_n exceeds it with probability < 1e-9
     targets = [Target(name, config(name)) for name in LEARNERS]
     settings = []
     start = time.perf_counter()
-    total = len(CTRS) * len(LOGGINGS) * logs
+    total = len(SETTINGS) * logs
     done = 0
-    for ctr in CTRS:
-        truth = {}
-        for i, name in enumerate(LEARNERS):
-            v = online_values(name, ctr, steps, truth_runs, seed=1000 + i)
-            truth[name] = estimand(v, N_EVENTS)
-        for logging in LOGGINGS:
-            rng = np.random.default_rng([int(ctr * 1000), len(logging)])
-            rows = {name: {e: [] for e in ESTIMATORS} for name in LEARNERS}
-            for j in range(logs):
-                decisions = log(rng, N_EVENTS, ctr, logging, f"l{j}")
-                results = replay_targets(decisions, targets)
-                reps = replicate_estimates(
-                    lambda: decisions, targets, replicates=REPLICATES, seed=j
-                )
-                for name in LEARNERS:
-                    own = {e.name: e for e in results[name].estimates}
-                    for e in ESTIMATORS:
-                        lo, hi, s_b = interval_from_replicates(own[e], reps[name][e], 0.95)
-                        s = float(np.std(reps[name][e], ddof=1))
-                        rows[name][e].append(
-                            (own[e].value, own[e].ci_low, own[e].ci_high, lo, hi, s_b, s)
-                        )
-                done += 1
-                if done % 10 == 0 or done == total:
-                    el = time.perf_counter() - start
-                    print(
-                        f"{done}/{total} logs, {el:.0f} s, about {el / done * (total - done):.0f} s "
-                        "to go",
-                        file=sys.stderr,
-                        flush=True,
-                    )
+    truths: dict[tuple[float, int], dict[str, float]] = {}
+    for ctr, logging, n in SETTINGS:
+        truth = truths.get((ctr, n))
+        if truth is None:
+            steps = int(n / K * 1.6)  # N_n exceeds it with probability < 1e-9
+            truth = truths[(ctr, n)] = {
+                name: estimand(online_values(name, ctr, steps, truth_runs, seed=1000 + i), n)
+                for i, name in enumerate(LEARNERS)
+            }
+        seed = [int(ctr * 1000), len(logging)] + ([] if n == N_EVENTS else [n])
+        rng = np.random.default_rng(seed)
+        rows = {name: {e: [] for e in ESTIMATORS} for name in LEARNERS}
+        for j in range(logs):
+            decisions = log(rng, n, ctr, logging, f"l{j}")
+            results = replay_targets(decisions, targets)
+            reps = replicate_estimates(lambda: decisions, targets, replicates=REPLICATES, seed=j)
             for name in LEARNERS:
+                own = {e.name: e for e in results[name].estimates}
                 for e in ESTIMATORS:
-                    a = np.array(rows[name][e])
-                    V = truth[name]
-                    cond = (a[:, 1] <= V) & (V <= a[:, 2])
-                    exp = (a[:, 3] <= V) & (V <= a[:, 4])
-                    half = student_t.ppf(0.975, REPLICATES - 1) * a[:, 6]
-                    boot = (a[:, 0] - half <= V) & (V <= a[:, 0] + half)
-                    settings.append(
-                        {
-                            "ctr": ctr,
-                            "logging": logging,
-                            "learner": name,
-                            "estimator": e,
-                            "truth": V,
-                            "mean_estimate": float(np.nanmean(a[:, 0])),
-                            "path_coverage": float(cond.mean()),
-                            "expected_coverage": float(exp.mean()),
-                            "bootstrap_only_coverage": float(boot.mean()),
-                            "path_width": float(np.nanmedian(a[:, 2] - a[:, 1])),
-                            "expected_width": float(np.nanmedian(a[:, 4] - a[:, 3])),
-                            "logs": len(a),
-                            "raw": a.tolist() if args.raw else None,
-                        }
+                    lo, hi, s_b = interval_from_replicates(own[e], reps[name][e], 0.95)
+                    s = float(np.std(reps[name][e], ddof=1))
+                    rows[name][e].append(
+                        (own[e].value, own[e].ci_low, own[e].ci_high, lo, hi, s_b, s)
                     )
+            done += 1
+            if done % 10 == 0 or done == total:
+                el = time.perf_counter() - start
+                print(
+                    f"{done}/{total} logs, {el:.0f} s, about {el / done * (total - done):.0f} s "
+                    "to go",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        for name in LEARNERS:
+            for e in ESTIMATORS:
+                a = np.array(rows[name][e])
+                V = truth[name]
+                cond = (a[:, 1] <= V) & (V <= a[:, 2])
+                exp = (a[:, 3] <= V) & (V <= a[:, 4])
+                half = student_t.ppf(0.975, REPLICATES - 1) * a[:, 6]
+                boot = (a[:, 0] - half <= V) & (V <= a[:, 0] + half)
+                settings.append(
+                    {
+                        "ctr": ctr,
+                        "events": n,
+                        "logging": logging,
+                        "learner": name,
+                        "estimator": e,
+                        "truth": V,
+                        "mean_estimate": float(np.nanmean(a[:, 0])),
+                        "path_coverage": float(cond.mean()),
+                        "expected_coverage": float(exp.mean()),
+                        "bootstrap_only_coverage": float(boot.mean()),
+                        "path_width": float(np.nanmedian(a[:, 2] - a[:, 1])),
+                        "expected_width": float(np.nanmedian(a[:, 4] - a[:, 3])),
+                        "logs": len(a),
+                        "raw": a.tolist() if args.raw else None,
+                    }
+                )
     return {
-        "events": N_EVENTS,
         "logs": logs,
         "replicates": REPLICATES,
         "truth_runs": truth_runs,
@@ -228,7 +237,7 @@ def render(result: dict) -> str:
         "",
         harness.provenance(result),
         "",
-        f"{result['logs']} simulated logs of {result['events']:,} events per setting (context-linear "
+        f"{result['logs']} simulated logs per setting (context-linear "
         "clicks, K = 10, d = 5); the truth is the learner's expected value online over the horizon "
         f"the replay gives it, by Monte Carlo over {result['truth_runs']:,} online runs "
         "(`bench/ope_coverage_learners.py` defines it). *path*: the replay's interval (the value "
@@ -237,13 +246,13 @@ def render(result: dict) -> str:
         "learning paths). Coverage: the share of logs whose 95% interval holds "
         f"the truth (binomial standard error about 1.5 points at 200 logs). {result['seconds']:.0f} s.",
         "",
-        "| CTR | logging | learner | estimator | truth | mean estimate | path coverage | "
+        "| events | CTR | logging | learner | estimator | truth | mean estimate | path coverage | "
         "expected coverage | bootstrap only | path width | expected width |",
-        "|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "|---:|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for s in result["settings"]:
         lines.append(
-            f"| {s['ctr']:g} | {s['logging']} | {s['learner']} | {s['estimator']} | "
+            f"| {s['events']:,} | {s['ctr']:g} | {s['logging']} | {s['learner']} | {s['estimator']} | "
             f"{s['truth']:.4f} | {s['mean_estimate']:.4f} | {100 * s['path_coverage']:.1f}% | "
             f"{100 * s['expected_coverage']:.1f}% | {100 * s['bootstrap_only_coverage']:.1f}% | "
             f"{s['path_width']:.4f} | "
