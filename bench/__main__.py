@@ -15,6 +15,7 @@ BENCHMARKS = (
     "replay",
     "obd_vs_obp",
     "ope_coverage",
+    "ope_coverage_learners",
     "decider",
     "api_http",
     "freshness",

@@ -758,7 +758,7 @@ def _progress_line(what: str, n: int, elapsed: float, frac: float | None) -> str
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay a decision log through the target policies: off-policy estimates and a report."""
     from streambandit.replay.report import to_markdown, write_report
-    from streambandit.replay.runner import replay_targets
+    from streambandit.replay.runner import LEARNING_NOTE, replay_targets
     from streambandit.replay.states import write_model_states
 
     if args.clip is not None and not args.clip > 0:
@@ -772,6 +772,7 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         raise ValueError(
             "nothing to evaluate: give a --config (the models) or an --external target"
         )
+    _replicates(args)  # a bad --expected-value before the log is read
     learners = [t for t in targets if t.models is not None]
     if args.save_state and len(learners) != 1:
         raise ValueError(
@@ -779,30 +780,80 @@ def _cmd_replay(args: argparse.Namespace) -> int:
         )
     dims = {s.dim for t in learners for s in t.models.specs}
     counts: dict[str, int] = {}
-    decisions, source, share = _replay_source(
-        args, counts, dims.pop() if len(dims) == 1 else None, configured=bool(learners)
-    )
+    dim = dims.pop() if len(dims) == 1 else None
+    decisions, source, share = _replay_source(args, counts, dim, configured=bool(learners))
     decisions = _rows(args.rows, decisions)
     progress, done = _progress_printer("replay", share, _rows_wanted(args.rows))
+    options = {
+        "clip": args.clip,
+        "skip_bad": args.skip_bad,
+        "reward_range": tuple(args.reward_range) if args.reward_range else None,
+    }
     results = replay_targets(
-        decisions,
-        targets,
-        clip=args.clip,
-        progress=progress,
-        counts=counts,
-        skip_bad=args.skip_bad,
-        bootstrap=args.bootstrap,
-        reward_range=tuple(args.reward_range) if args.reward_range else None,
+        decisions, targets, progress=progress, counts=counts, bootstrap=args.bootstrap, **options
     )
     done(next(iter(results.values())).events)
+    expected = _expected_values(args, targets, results, dim, options)
+    if expected is None:
+        for r in results.values():
+            r.warnings[:] = [
+                f"{w} (--expected-value gives an interval for that)" if w == LEARNING_NOTE else w
+                for w in r.warnings
+            ]
     config = ", ".join(args.config or [])
-    written = write_report(results, args.out, source=source, config=config, clip=args.clip)
+    written = write_report(
+        results, args.out, source=source, config=config, clip=args.clip, expected=expected
+    )
     if args.save_state:
         n = write_model_states(args.save_state, results[learners[0].name].models)
         written.append(f"{args.save_state} ({n} models)")
-    print(to_markdown(results, source=source), end="")
+    print(to_markdown(results, source=source, expected=expected), end="")
     print("wrote " + ", ".join(str(p) for p in written))
     return 0
+
+
+def _replicates(args: argparse.Namespace) -> int:
+    """The replicates ``--expected-value`` asks for (0: none)."""
+    from streambandit.replay.paths import DEFAULT_REPLICATES
+
+    if args.expected_value == 0:
+        return 0
+    replicates = DEFAULT_REPLICATES if args.expected_value is None else args.expected_value
+    if replicates < 2:
+        raise ValueError(f"--expected-value needs at least 2 replicates, got {replicates}")
+    return replicates
+
+
+def _expected_values(args, targets, results, dim, options):
+    """``--expected-value R``: the learning targets' expected-value intervals (replay/paths.py),
+    from R more replays of the log read afresh; None without the flag."""
+    from streambandit.replay.paths import expected_values
+
+    replicates = _replicates(args)
+    if not replicates:
+        return None
+    if not any(t.kind == "learning" for t in targets):
+        print(
+            "--expected-value: no learning target (frozen and external targets have no learning "
+            "path: their intervals already cover their value)",
+            file=sys.stderr,
+        )
+        return None
+    tty = sys.stderr.isatty()
+
+    def progress(n: int, total: int) -> None:
+        line = f"expected value: replicate {n} of {total} replayed"
+        print(f"\r{line}" if tty else line, end="" if tty and n < total else "\n", file=sys.stderr)
+
+    return expected_values(
+        lambda: _rows(args.rows, _replay_source(args, {}, dim)[0]),
+        targets,
+        results,
+        replicates=replicates,
+        confidence=0.95,
+        progress=progress,
+        **options,
+    )
 
 
 def _cmd_tune(args: argparse.Namespace) -> int:
@@ -1560,6 +1611,17 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="FILE",
         help="write the (one) --config target's models after the replay, for --state",
+    )
+    rep.add_argument(
+        "--expected-value",
+        type=int,
+        nargs="?",
+        const=None,  # paths.DEFAULT_REPLICATES, imported when used (the CLI starts without numpy)
+        default=0,
+        metavar="R",
+        help="also an interval for each learning target's expected value (over learning paths: "
+        "what a deployment can expect) from R more replays of the log (default 10): R + 1 times "
+        "the replay's cost",
     )
     rep.add_argument(
         "--out",

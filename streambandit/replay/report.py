@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from streambandit.replay.estimators import Estimate
+from streambandit.replay.paths import ExpectedValue
 from streambandit.replay.runner import KINDS, KeyEstimates, ReplayResult
 
 __all__ = ["to_json", "to_markdown", "plot", "write_report", "KEYS_SHOWN"]
@@ -69,7 +70,18 @@ def _share_json(v: KeyEstimates) -> dict[str, Any]:
     }
 
 
-def _target_json(r: ReplayResult) -> dict[str, Any]:
+def _expected_json(e: ExpectedValue) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "value": _num(e.value),
+        "ci_low": _num(e.ci_low),
+        "ci_high": _num(e.ci_high),
+        "between_paths_sd": _num(e.between),
+        "replicates": e.replicates,
+    }
+
+
+def _target_json(r: ReplayResult, expected: list[ExpectedValue] | None = None) -> dict[str, Any]:
     return {
         "name": r.target,
         "kind": r.kind,
@@ -93,6 +105,8 @@ def _target_json(r: ReplayResult) -> dict[str, Any]:
             "high": r.reward_range[1],
             "from": r.reward_range[2],
         },
+        # The learner's expected value over learning paths (paths.py); absent without replicates.
+        "expected_value": None if expected is None else [_expected_json(e) for e in expected],
         "warnings": list(r.warnings),
     }
 
@@ -108,8 +122,10 @@ def to_json(
     config: str = "",
     clip: float | None = None,
     confidence: float = 0.95,
+    expected: dict[str, list[ExpectedValue]] | None = None,
 ) -> dict[str, Any]:
-    """The report as JSON: what was read, then every target (``targets``, in the given order)."""
+    """The report as JSON: what was read, then every target (``targets``, in the given order);
+    ``expected``: learning target name -> its expected-value intervals (``paths.py``)."""
     results = _results(result)
     first = results[0]
     return {
@@ -120,7 +136,7 @@ def to_json(
         "events": first.events,
         "skipped": first.skipped,
         "skipped_by_reason": dict(first.skipped_by_reason),
-        "targets": [_target_json(r) for r in results],
+        "targets": [_target_json(r, (expected or {}).get(r.target)) for r in results],
         "seconds": round(first.seconds, 3),
         "events_per_s": round(first.events / first.seconds, 1) if first.seconds > 0 else None,
     }
@@ -165,17 +181,27 @@ def _ci(e: Estimate) -> str:
 _COMPARED = ("snips", "dr", "ips", "cascade")
 
 
-def _comparison(results: list[ReplayResult], pct: str) -> list[str]:
+def _comparison(
+    results: list[ReplayResult], pct: str, expected: dict[str, list[ExpectedValue]] | None
+) -> list[str]:
     names = [n for n in _COMPARED if any(e.name == n for r in results for e in r.estimates)]
+    shown = [n for n in names if n in ("snips", "dr")] if expected else []
     lines = [
-        f"| target | kind | matched | {' | '.join(f'{n} [{pct}]' for n in names)} |",
-        "|---|---|---:|" + "---|" * len(names),
+        f"| target | kind | matched | {' | '.join(f'{n} [{pct}]' for n in names)} |"
+        + "".join(f" {n} expected value [{pct}] |" for n in shown),
+        "|---|---|---:|" + "---|" * (len(names) + len(shown)),
     ]
     for r in results:
         cells = []
         for n in names:
             e = next((x for x in r.estimates if x.name == n), None)
             cells.append("n/a" if e is None else f"{_fmt(e.value)} {_ci(e)}")
+        own = {e.name: e for e in (expected or {}).get(r.target, [])}
+        for n in shown:
+            e = own.get(n)
+            cells.append(
+                "no learning path" if e is None else f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}]"
+            )
         lines.append(f"| {r.target} | {r.kind} | {r.matched} | {' | '.join(cells)} |")
     return lines
 
@@ -222,8 +248,34 @@ def _by_position(r: ReplayResult) -> list[str]:
     return lines
 
 
+def _expected(r: ReplayResult, expected: list[ExpectedValue], pct: str) -> list[str]:
+    path = {e.name: e for e in r.estimates}
+    reps = max((e.replicates for e in expected), default=0)
+    lines = [
+        "",
+        f"Expected value over learning paths ({reps} replicate replays of the learner over "
+        "bootstrap resamples of the log): the value a deployment of this configuration can "
+        "expect, where the path interval covers this log's one learning path; the path "
+        "interval widened by the spread between paths (docs/replay_formats.md).",
+        "",
+        f"| estimator | value | path {pct} interval | expected-value {pct} interval | "
+        "sd between paths |",
+        "|---|---:|---|---|---:|",
+    ]
+    for e in expected:
+        lines.append(
+            f"| {e.name} | {_fmt(e.value)} | {_ci(path[e.name])} | "
+            f"[{_fmt(e.ci_low)}, {_fmt(e.ci_high)}] | {_fmt(e.between)} |"
+        )
+    return lines
+
+
 def to_markdown(
-    result: ReplayResult | dict[str, ReplayResult], *, source: str = "", confidence: float = 0.95
+    result: ReplayResult | dict[str, ReplayResult],
+    *,
+    source: str = "",
+    confidence: float = 0.95,
+    expected: dict[str, list[ExpectedValue]] | None = None,
 ) -> str:
     results = _results(result)
     first = results[0]
@@ -237,7 +289,7 @@ def to_markdown(
             "",
         ]
     if len(results) > 1:
-        lines += _comparison(results, pct) + [""]
+        lines += _comparison(results, pct, expected) + [""]
     for r in results:
         if len(results) > 1 or r.target != "target":
             lines += [f"### {r.target} ({r.kind})", ""]
@@ -251,7 +303,10 @@ def to_markdown(
             f"Rewards in [{lo:g}, {hi:g}] ({_RANGE_FROM[whence]}): every value and bound is "
             "kept inside it.",
         ]
-        lines += [""] + _table(r.estimates, r.logging_value, pct) + _by_key(r) + _by_position(r)
+        lines += [""] + _table(r.estimates, r.logging_value, pct)
+        if expected and expected.get(r.target):
+            lines += _expected(r, expected[r.target], pct)
+        lines += _by_key(r) + _by_position(r)
         if r.warnings:
             lines += ["", "Warnings:", *(f"- {w}" for w in r.warnings)]
         lines.append("")
@@ -315,16 +370,24 @@ def write_report(
     config: str = "",
     clip: float | None = None,
     confidence: float = 0.95,
+    expected: dict[str, list[ExpectedValue]] | None = None,
 ) -> list[Path]:
     """Write ``replay.md``, ``replay.json`` and (with matplotlib) ``replay.png`` of the first
     target's running estimates and, with several targets, ``targets.png``; the paths written."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, png = out / "replay.md", out / "replay.json", out / "replay.png"
-    md.write_text(to_markdown(result, source=source, confidence=confidence))
+    md.write_text(to_markdown(result, source=source, confidence=confidence, expected=expected))
     js.write_text(
         json.dumps(
-            to_json(result, source=source, config=config, clip=clip, confidence=confidence),
+            to_json(
+                result,
+                source=source,
+                config=config,
+                clip=clip,
+                confidence=confidence,
+                expected=expected,
+            ),
             indent=2,
         )
         + "\n"
