@@ -70,21 +70,32 @@ def test_a_log_with_no_reward_gets_intervals_that_are_not_a_point():
     )  # exact's ~0.018
 
 
+def _arm_0_target(ev: OffPolicyEvaluator, n: int, reward, predicted) -> OffPolicyEvaluator:
+    """``n`` events logged 50/50 over two arms in turn, evaluated for a target that always plays
+    arm 0; ``reward(i, arm)`` and ``predicted(arm)`` give each event's reward and predictions."""
+    for i in range(n):
+        a = i % 2
+        ev.add(
+            action=a,
+            propensity=0.5,
+            reward=reward(i, a),
+            target_probs=np.array([1.0, 0.0]),
+            predicted=predicted(a),
+        )
+    return ev
+
+
 def test_dr_with_no_success_spans_ips_s_interval_and_the_same_at_its_own_value():
     """No matched event earned anything (the target plays arm 0, never clicked); the reward
     model guesses 0.02 for arm 0 on the rows where arm 1 was logged: dr's value, 0.01, is the
     model's guess, which the log cannot check, so its interval keeps ips's [0, ...] as well as the
     same width above the guess."""
-    ev = OffPolicyEvaluator()
-    for i in range(300):
-        a = i % 2
-        ev.add(
-            action=a,
-            propensity=0.5,
-            reward=float(a == 1 and i % 6 == 1),
-            target_probs=np.array([1.0, 0.0]),
-            predicted=np.array([0.02 if a == 1 else 0.0, 0.05]),
-        )
+    ev = _arm_0_target(
+        OffPolicyEvaluator(),
+        300,
+        lambda i, a: float(a == 1 and i % 6 == 1),
+        lambda a: np.array([0.02 if a == 1 else 0.0, 0.05]),
+    )
     est = by_name(ev)
     ips, dr = est["ips"], est["dr"]
     assert ips.value == 0.0 and dr.value == pytest.approx(0.01) and dr.interval == "score-shifted"
@@ -198,16 +209,12 @@ def test_dr_s_interval_takes_the_success_weight_the_model_expects_from_every_row
 def test_two_reward_values_other_than_0_and_1_are_scored_on_the_range_they_show():
     """Revenue 0 or 5: the range [0, 5] is inferred, the intervals are score intervals on it,
     and a target whose matched events all earned 0 still gets an interval above 0."""
-    ev = OffPolicyEvaluator()
-    for i in range(300):
-        a = i % 2
-        ev.add(
-            action=a,
-            propensity=0.5,
-            reward=5.0 if a == 1 and i % 6 == 1 else 0.0,
-            target_probs=np.array([1.0, 0.0]),  # always arm 0, which never earned
-            predicted=np.zeros(2),
-        )
+    ev = _arm_0_target(  # arm 0 never earned
+        OffPolicyEvaluator(),
+        300,
+        lambda i, a: 5.0 if a == 1 and i % 6 == 1 else 0.0,
+        lambda a: np.zeros(2),
+    )
     assert ev.ends == (0.0, 5.0, "seen") and ev.scored
     est = by_name(ev)
     for name in ("replay", "ips", "snips"):
@@ -220,16 +227,12 @@ def test_two_reward_values_other_than_0_and_1_are_scored_on_the_range_they_show(
 def test_the_bootstrap_never_gives_a_zero_width_interval_to_a_log_with_variance():
     """No matched event earned anything, other events did: every replicate of replay, ips and
     snips is 0; the score interval stands in for the percentile one."""
-    ev = OffPolicyEvaluator(bootstrap=200)
-    for i in range(400):
-        a = i % 2
-        ev.add(
-            action=a,
-            propensity=0.5,
-            reward=float(a == 1 and i % 4 == 1),
-            target_probs=np.array([1.0, 0.0]),
-            predicted=np.array([0.0, 0.5]),
-        )
+    ev = _arm_0_target(
+        OffPolicyEvaluator(bootstrap=200),
+        400,
+        lambda i, a: float(a == 1 and i % 4 == 1),
+        lambda a: np.array([0.0, 0.5]),
+    )
     est = by_name(ev)
     for name in ("replay", "ips", "snips"):
         assert est[name].value == 0.0 and est[name].ci_high > 0.0, est[name]
