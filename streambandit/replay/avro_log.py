@@ -26,7 +26,7 @@ from numba import njit
 
 from streambandit.numerics.jit import CACHE
 from streambandit.replay.logged import MIN_PROPENSITY, LogError, LoggedDecision
-from streambandit.wire.batch_decode import _string, _varint
+from streambandit.wire.batch_decode import _block_count, _string, _varint
 
 __all__ = ["fits_schema", "read_blocks"]
 
@@ -136,16 +136,9 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
                 ok = i_at >= 0 and k_at >= 0
             k = 0
             while True:  # arm_ids: Avro array blocks (count, [byte size if count < 0], items)
-                count, pos = _varint(buf, pos, end)
-                if pos < 0:
+                count, pos = _block_count(buf, pos, end)
+                if pos < 0 or count == 0:
                     break
-                if count == 0:
-                    break
-                if count < 0:
-                    count = -count
-                    _, pos = _varint(buf, pos, end)
-                    if pos < 0:
-                        break
                 for _ in range(count):
                     a, b = _string(buf, pos, end)
                     if b < 0:

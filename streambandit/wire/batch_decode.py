@@ -63,6 +63,18 @@ def _string(buf, pos, end):
 
 
 @njit(cache=CACHE, nogil=True)
+def _block_count(buf, pos, end):
+    """The item count of an Avro array block at ``pos`` (its byte size, written after a negative
+    count, skipped); returns (count, next pos), next pos -1 if malformed. A count of 0 ends the
+    array."""
+    count, pos = _varint(buf, pos, end)
+    if pos >= 0 and count < 0:
+        count = -count
+        _, pos = _varint(buf, pos, end)
+    return count, pos
+
+
+@njit(cache=CACHE, nogil=True)
 def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, value):
     """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
     ``arms``.
@@ -127,18 +139,12 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
         a0 = a_at
         ok = True
         while ok:
-            count, pos = _varint(buf, pos, end)
+            count, pos = _block_count(buf, pos, end)
             if pos < 0:
                 ok = False
                 break
             if count == 0:
                 break
-            if count < 0:
-                count = -count
-                _, pos = _varint(buf, pos, end)
-                if pos < 0:
-                    ok = False
-                    break
             for _ in range(count):
                 a, b = _string(buf, pos, end)
                 if b < 0:
