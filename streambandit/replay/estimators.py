@@ -249,7 +249,10 @@ class _Mean:
         if n < 2:
             lo, hi = -math.inf, math.inf
         else:
-            half = z * math.sqrt(self.m2 / (n - 1) / n)
+            var = self.m2 / (n - 1) / n
+            # Terms near the float range overflow Welford's sums to inf or NaN: no interval then
+            # (the reward range's ends, after clamping), never a crash.
+            half = z * math.sqrt(var) if var >= 0 and math.isfinite(var) else math.inf
             lo, hi = self.mean - half, self.mean + half
         return Estimate(name, self.mean, lo, hi, n, float(n) if ess is None else ess, clipped)
 

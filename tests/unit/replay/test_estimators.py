@@ -427,3 +427,21 @@ def test_empty_and_single_event_estimates():
     assert 0 < one.estimates()[0].ci_low < 1 == one.estimates()[0].ci_high
     with pytest.raises(EstimatorError):
         OffPolicyEvaluator(clip=0.0)
+
+
+def test_rewards_at_the_ends_of_the_float_range_give_estimates_not_a_crash():
+    """A hostile log: rewards of +-1e308 and a weight of 5e8 overflow the running sums; every
+    estimate is still made, each bound inside the rewards' range or undefined."""
+    ev = OffPolicyEvaluator()
+    for i, r in enumerate([1e308, -1e308, 0.0, 1e308]):
+        ev.add(
+            action=i % 2,
+            propensity=1e-9 if i == 3 else 0.5,
+            reward=r,
+            target_probs=np.array([0.5, 0.5]),
+            predicted=np.array([1e300, -1e300]),
+        )
+    for e in [*ev.estimates(), ev.logging_value]:
+        for x in (e.value, e.ci_low, e.ci_high):
+            assert math.isnan(x) or -1e308 <= x <= 1e308, e
+    assert ev.warnings()
