@@ -137,7 +137,12 @@ class PartitionEngine:
 
     # -- entry points --------------------------------------------------------------------------
 
-    def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
+    def on_context(
+        self, ev: Context, source: Any = None, *, scores: list[np.ndarray] | None = None
+    ) -> list[Action | Joined | Rejected]:
+        """Decide a context. With ``scores`` (a list), every arm's score of the decision is
+        appended to it (``decision.decide``): what an in-process caller returns with the
+        decision, scored once."""
         # The worker's hot path (once per context): the rules as stated in the module docstring.
         # bench/results/e2e.md part 3 has its cost.
         if refused := self._refuse(ev, source):
@@ -154,6 +159,7 @@ class PartitionEngine:
                 model_key=ev.model_key,
                 event_id=ev.event_id,
                 seed=spec.seed,
+                scores=scores,
             )
         except ValueError as exc:
             return out + [self._refused(admission.learner_refusal(exc, ev.features), source)]

@@ -52,6 +52,7 @@ __all__ = [
     "glb_omd_beta",
     "glb_omd_play",
     "reward_ok",
+    "features_within_bound",
     "hvt_ucb_beta",
     "hvt_ucb_update",
     "hvt_ucb_update_row",
@@ -117,6 +118,13 @@ def _feature_row_ok(x):
         if not abs(x[i]) <= MAX_ABS_FEATURE:
             return False
     return True
+
+
+@njit(cache=CACHE, nogil=True)
+def features_within_bound(a):
+    """Whether every element of ``a`` (float64, C order, any shape) is a number of magnitude at
+    most MAX_ABS_FEATURE: the learners' check of features, in one pass with no temporary."""
+    return _feature_row_ok(a.reshape(-1))
 
 
 @njit(cache=CACHE, nogil=True)
