@@ -149,7 +149,8 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
         raise DecisionError(
             reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm"
         ) from None
-    raise_if(feature_values_refusal(x))
+    if not features_ok(x):
+        raise_if(feature_values_refusal(x))
     return ids, x
 
 

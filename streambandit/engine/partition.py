@@ -193,7 +193,12 @@ class PartitionEngine:
         a new model. ``(outputs so far, spec, model)``, the model None when the context is
         refused (its refusal is then the last output)."""
         ts, key = ev.timestamp_ms, ev.model_key
-        out = self._advance(ts, trigger) if self._deadlines or ts > self.watermark_ms else []
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
+        out = (
+            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
+        )
         spec = self.spec_of(key)
         refusal = admission.context_refusal(
             key, ev.arm_ids, ev.features, spec
