@@ -57,7 +57,7 @@ def row_scalar(j: int, doc: str) -> property:
     """A float state scalar of the model: column ``j`` of its row of ``scalars``."""
 
     def get(self: "LinearUCBPolicy") -> float:
-        return float(self._chunk[SCALARS][self._i, j])
+        return self._chunk[SCALARS].item(self._i, j)
 
     def put(self: "LinearUCBPolicy", value: float) -> None:
         self._chunk[SCALARS][self._i, j] = value
@@ -144,7 +144,7 @@ class LinearUCBPolicy(Policy):
     @property
     def n_updates(self) -> int:
         """Rewards applied so far (the row's count)."""
-        return int(self._chunk[COUNT][self._i])
+        return self._chunk[COUNT].item(self._i)  # a Python int, read without a numpy scalar
 
     @n_updates.setter
     def n_updates(self, value: int) -> None:
