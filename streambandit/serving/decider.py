@@ -121,7 +121,8 @@ class Decider:
         ref = self._ref(_CONTEXT)
         scores: list[np.ndarray] = []  # the decision's scores, computed once by the engine
         out = self.engine.on_context(context, ref, scores=scores)
-        self._emit(out, ref)  # raises if the engine refused this context
+        if len(out) != 1 or type(out[0]) is not Action:  # not the action alone: more to hand on
+            self._emit(out, ref)  # raises if the engine refused this context
         for action in out:
             if type(action) is Action:
                 return Ranking(
