@@ -11,6 +11,7 @@ BENCHMARKS = (
     "bkb_stream",
     "regret_vs_oful",
     "calls",
+    "early_rewards",
     "peers",
     "replay",
     "obd_vs_obp",
