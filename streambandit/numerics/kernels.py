@@ -228,6 +228,11 @@ def _radius(kind, params, scalars, count, i):
     return hvt_ucb_beta(params[0], params[1], params[2], params[3], count[i])
 
 
+# For other compiled modules (replay/row_kernel.py): a row's radius and a context's UCB scores.
+radius = _radius
+ucb_row = _ucb_row
+
+
 @njit(cache=CACHE, nogil=True)
 def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out):
     """``ucb_scores`` for the model in row i of a chunk (``other`` is the learner's third array,
