@@ -10,6 +10,7 @@ BENCHMARKS = (
     "bkb",
     "bkb_stream",
     "regret_vs_oful",
+    "default_scale",
     "calls",
     "early_rewards",
     "peers",
