@@ -1,18 +1,18 @@
 """The evidence for oful's default ``beta_scale``: regret over a grid of scales on the peers stream
 and on the papers' experiments that oful runs in, next to River's Bayesian linear regression.
 
-    python -m bench.default_scale            # writes bench/results/default_scale.{md,json} (~3 min)
+    python -m bench.default_scale            # writes bench/results/default_scale.{md,json} (~8 min)
     python -m bench.default_scale --quick    # 2 seeds, shorter, printed only
 
 Peers stream (streambandit/benchmarks/stream.py, as ``python -m bench.peers``): d = 20, K = 10,
-noise 0.1, seeds 0-4, 20,000 events and its 2,000-event prefix. oful is built with the scale and
+noise 0.1, seeds 0-19 (``--seeds``), 20,000 events and its 2,000-event prefix. oful is built with the scale and
 nothing else (``make_policy("oful", dim=20, beta_scale=s)``: noise_sd = 1, S = 1, lam = 1) and
 runs ``play``; River is ``BayesianLinearRegression(alpha=1, beta=1)`` with UCB by hand, the peers
 benchmark's adapter.
 
 Experiments (the instances of ``streambandit simulate glb-omd-logistic``, ``glb-omd-poisson``
 and ``hvt-ucb``; bench/regret_vs_oful.py draws the same logistic and heavy-tail instances):
-seeds 0-9, each learner through ``streambandit.sim.runner.run_policy``. Two oful families per
+seeds 0-19, each learner through ``streambandit.sim.runner.run_policy``. Two oful families per
 scale: configured as the experiment configures it (its noise_sd and S; scale 1 is the oful those
 experiments run, "today's oful") and built with the dimension alone.
 
@@ -37,6 +37,9 @@ from streambandit.sim.runner import run_policy
 
 SCALES = (1.0, 0.5, 0.25, 0.15, 0.1, 0.05, 0.02, 0.0)
 PEERS_DIM, PEERS_ARMS, PEERS_N, PEERS_PREFIX = 20, 10, 20_000, 2_000
+# A default is chosen on these: enough seeds that a scale which holds a wrong arm on some
+# instances shows it in the per-seed counts, not only in a mean.
+SEEDS = 20
 
 
 def _regret_curve(stream, chosen: np.ndarray) -> np.ndarray:
@@ -112,9 +115,18 @@ def experiments(seeds: range, quick: bool) -> list[dict]:
     return rows
 
 
+def _add_arguments(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument(
+        "--seeds",
+        type=int,
+        default=SEEDS,
+        help=f"seeds of the peers stream and of each experiment (default {SEEDS})",
+    )
+
+
 def measure(args: argparse.Namespace) -> dict:
-    seeds_peers = range(2) if args.quick else range(5)
-    seeds_exp = range(2) if args.quick else range(10)
+    seeds_peers = range(2) if args.quick else range(args.seeds)
+    seeds_exp = range(2) if args.quick else range(args.seeds)
     n = 4000 if args.quick else PEERS_N
     return {
         "scales": list(SCALES),
@@ -200,4 +212,4 @@ def render(res: dict) -> str:
 
 
 if __name__ == "__main__":
-    raise SystemExit(harness.main("default_scale", __doc__, measure, render))
+    raise SystemExit(harness.main("default_scale", __doc__, measure, render, _add_arguments))
