@@ -7,11 +7,15 @@ in one call (``python -m bench.policies`` compares them with a numpy OFUL).
 
 Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled
 with fastmath (so no reassociation and no fused multiply-add), and the one-event functions are the
-same code the ``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
-worker), a batch at a time or a stream at a time (the simulator), and ``ucb_argmax_batch`` chooses
-exactly what ``ucb_argmax`` chooses for each row. Matrix-vector products run row by row over a
-symmetric matrix (``y += x_j * M[j, :]``), which the compiler can vectorise without reordering any
-sum: element i of y still adds its terms in the order j = 0, 1, ..., d - 1.
+same code the ``*_play`` loops call. So a model gives the same bits whether it is driven one call
+at a time (the worker), a batch at a time or a stream at a time (the simulator), and
+``ucb_argmax_batch`` chooses exactly what ``ucb_argmax`` chooses for each row. Matrix-vector
+products run over the rows of a symmetric matrix (``y += x_j * M[j, :]``, four rows per pass),
+which the compiler can vectorise without reordering any sum: element i of y still adds its terms in
+the order j = 0, 1, ..., d - 1. The loops are blocked (rows, arms, the dot products of several arms
+side by side) only in ways that keep every sum's order; tests/unit/numerics/test_kernel_sum_order.py
+checks them against the index-order sums written out in Python, and ``python -m bench.play_bound``
+measures what the blocking buys and the floor under it.
 
 Rows: a learner's state is row ``i`` of arrays shared by every model of its configuration
 (``streambandit.policies.rows``). The ``*_row`` entry points and the ``*_play`` loops take those
@@ -164,12 +168,12 @@ def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with
     ``work`` (K, d) scratch. Returns False if a feature is NaN or infinite.
 
-    ``work[k] = inv @ arms[k]`` is built four rows of ``inv`` at a time (j outer, arms in the
-    middle), as ``sym_matvec`` builds one product: the inner loop is a vectorisable axpy and every
+    ``work[k] = inv @ arms[k]`` is built four rows of ``inv`` at a time (j outer, two arms per
+    pass), as ``sym_matvec`` builds one product: the inner loop is a vectorisable axpy and every
     element still sums its terms in the order j = 0, 1, ..., d - 1 (the same bits as
     ``sym_matvec``). The two dot products of each arm (``x'theta`` and ``x'work[k]``) are chains
     of d dependent adds in index order, which cannot be vectorised without reordering the sum;
-    ``_score_arms`` runs four arms' chains side by side instead of one after another."""
+    ``_score_arms4`` runs four arms' chains side by side instead of one after another."""
     k_arms, d = arms.shape
     for k in range(k_arms):
         if not _feature_row_ok(arms[k]):
@@ -178,7 +182,17 @@ def _ucb_row(arms, theta, inv, beta, scores, work):
     j = 0
     while j + 4 <= d:
         r0, r1, r2, r3 = inv[j], inv[j + 1], inv[j + 2], inv[j + 3]
-        for k in range(k_arms):
+        k = 0
+        while k + 2 <= k_arms:  # two arms per pass: each loaded row of inv serves both
+            a, b = arms[k], arms[k + 1]
+            a0, a1, a2, a3 = a[j], a[j + 1], a[j + 2], a[j + 3]
+            b0, b1, b2, b3 = b[j], b[j + 1], b[j + 2], b[j + 3]
+            w, v = work[k], work[k + 1]
+            for i in range(d):
+                w[i] = (((w[i] + a0 * r0[i]) + a1 * r1[i]) + a2 * r2[i]) + a3 * r3[i]
+                v[i] = (((v[i] + b0 * r0[i]) + b1 * r1[i]) + b2 * r2[i]) + b3 * r3[i]
+            k += 2
+        if k < k_arms:
             a = arms[k]
             a0, a1, a2, a3 = a[j], a[j + 1], a[j + 2], a[j + 3]
             w = work[k]
@@ -345,10 +359,46 @@ def sherman_morrison(inv, x, weight, v):
 def oful_update(vinv, b, theta, x, reward, work):
     """One OFUL step in place; returns ``log(1 + x'V^-1 x)``, the increase of log det V."""
     sym_matvec(vinv, x, work)  # v = V_t^-1 x
-    q = sherman_morrison(vinv, x, 1.0, work)  # V_{t+1}^-1 = (V_t + x x')^-1
-    for i in range(x.shape[0]):
+    return _oful_step(vinv, b, theta, x, reward, work)
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _oful_step(vinv, b, theta, x, reward, v):
+    """``oful_update`` given ``v = V_t^-1 x`` (``sym_matvec``'s bits). The play loops pass the
+    decision's ``work[k]`` for the chosen arm, which ``_ucb_row`` built with the same sums in the
+    same order, rather than computing the product again.
+
+    ``sherman_morrison`` and ``theta = V_{t+1}^-1 b`` (``sym_matvec``) in one pass over four rows
+    of ``V^-1`` at a time: each new entry is the one ``sherman_morrison`` stores, and each element
+    of theta adds its terms in the order j = 0, 1, ..., d - 1, so the bits are those of the two
+    calls one after the other, with one pass over ``V^-1`` instead of two."""
+    d = x.shape[0]
+    q = _dot(x, v)  # x'V_t^-1 x
+    c = 1.0 / (1.0 + 1.0 * q)  # sherman_morrison's weight / (1 + weight q) with weight 1
+    for i in range(d):
         b[i] += reward * x[i]  # b_{t+1} = b_t + r x
-    sym_matvec(vinv, b, theta)  # theta_{t+1} = V_{t+1}^-1 b_{t+1}
+        theta[i] = 0.0
+    # V_{t+1}^-1 = (V_t + x x')^-1 row by row, and theta_{t+1} = V_{t+1}^-1 b_{t+1} from it.
+    j = 0
+    while j + 4 <= d:
+        m0, m1, m2, m3 = vinv[j], vinv[j + 1], vinv[j + 2], vinv[j + 3]
+        v0, v1, v2, v3 = v[j], v[j + 1], v[j + 2], v[j + 3]
+        b0, b1, b2, b3 = b[j], b[j + 1], b[j + 2], b[j + 3]
+        for i in range(d):
+            e0 = m0[i] - (v0 * v[i]) * c
+            e1 = m1[i] - (v1 * v[i]) * c
+            e2 = m2[i] - (v2 * v[i]) * c
+            e3 = m3[i] - (v3 * v[i]) * c
+            m0[i], m1[i], m2[i], m3[i] = e0, e1, e2, e3
+            theta[i] = (((theta[i] + b0 * e0) + b1 * e1) + b2 * e2) + b3 * e3
+        j += 4
+    while j < d:
+        mj, vj, bj = vinv[j], v[j], b[j]
+        for i in range(d):
+            e = mj[i] - (vj * v[i]) * c
+            mj[i] = e
+            theta[i] += bj * e
+        j += 1
     # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
     return math.log1p(q)
 
@@ -390,7 +440,6 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
         params[4],
     )
     logdet = scalars[i, 0]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -405,7 +454,7 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        logdet += oful_update(vinv, b, theta, arms[t, k], r, work)
+        logdet += _oful_step(vinv, b, theta, arms[t, k], r, arm_work[k])
     scalars[i, 0] = logdet
     count[i] += done
     return done, status
