@@ -12,6 +12,7 @@ BENCHMARKS = (
     "regret_vs_oful",
     "calls",
     "peers",
+    "play_bound",
     "replay",
     "obd_vs_obp",
     "ope_coverage",
