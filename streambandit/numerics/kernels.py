@@ -514,6 +514,14 @@ def glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates):
 def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
     """One GLB-OMD step (Algorithm 1) in place. Returns OK, or LINK_OVERFLOW with the model
     untouched. ``work`` is scratch of length d."""
+    sym_matvec(hinv, x, work)  # v = H_t^-1 X_t
+    return _glb_omd_step(theta, h, hinv, x, reward, link, s_radius, eta, g, work)
+
+
+@njit(cache=CACHE, nogil=True)
+def _glb_omd_step(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
+    """``glb_omd_update`` given ``work = H_t^-1 x`` (``sym_matvec``'s bits, read only): the play
+    loop passes the decision's work row for the chosen arm, built with the same sums."""
     d = x.shape[0]
     # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4), not at the new one.
     z = _dot(x, theta)
@@ -521,8 +529,7 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
         return LINK_OVERFLOW
     p = _mu(link, z)
     s = _dmu(link, z)
-    sym_matvec(hinv, x, work)  # v = H_t^-1 X_t
-    q = _dot(x, work)  # ||X_t||^2_{H_t^-1}
+    q = _dot(x, work)  # ||X_t||^2_{H_t^-1}, with work = v = H_t^-1 X_t
     w = eta * s / g
     # eq. (42a) in closed form: A_t = H_t + w x x', A_t^-1 by Sherman-Morrison (App. D), so
     # zeta = theta - eta (mu(z) - r)/g * A_t^-1 x = theta - eta (mu - r)/g * v / (1 + w q).
@@ -581,7 +588,6 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
     beta_scale, beta_const, beta_log_coef, beta_t_coef = params[0], params[1], params[2], params[3]
     link, s_radius, eta, g = int(params[4]), params[5], params[6], params[7]
     n_updates = count[i]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -596,7 +602,8 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        status = glb_omd_update(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, work)
+        # H_t^-1 x from the decision
+        status = _glb_omd_step(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, arm_work[k])
         if status != OK:
             done = t
             break
@@ -617,6 +624,14 @@ def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
 def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     """One Hvt-UCB step (Algorithm 1, lines 5-8) in place. ``params``: beta_scale, beta_coef,
     beta_const, p, tau0, sqrt_alpha, nu, sigma_min, alpha, huber (0/1), project (0/1), S."""
+    sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
+    _hvt_ucb_step(theta, v, vinv, x, reward, n_updates, params, work)
+
+
+@njit(cache=CACHE, nogil=True)
+def _hvt_ucb_step(theta, v, vinv, x, reward, n_updates, params, work):
+    """``hvt_ucb_update`` given ``work = V_{t-1}^-1 x`` (``sym_matvec``'s bits, read only): the
+    play loop passes the decision's work row for the chosen arm, built with the same sums."""
     beta_scale, beta_coef, beta_const, p, tau0, sqrt_alpha = (
         params[0],
         params[1],
@@ -635,8 +650,7 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     )
     d = x.shape[0]
     t = n_updates + 1
-    sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
-    q = _dot(x, work)
+    q = _dot(x, work)  # work = V_{t-1}^-1 X_t
     n = math.sqrt(q if q > 0.0 else 0.0)  # ||X_t||_{V_{t-1}^-1}
     if n == 0.0:
         # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move.
@@ -691,7 +705,6 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
     n, k_arms, d = arms.shape
     theta, vinv, v = theta_rows[i], vinv_rows[i], v_rows[i]
     n_updates = count[i]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -706,7 +719,8 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        hvt_ucb_update(theta, v, vinv, arms[t, k], r, n_updates + t, params, work)
+        # V_{t-1}^-1 x from the decision
+        _hvt_ucb_step(theta, v, vinv, arms[t, k], r, n_updates + t, params, arm_work[k])
     count[i] += done
     return done, status
 
