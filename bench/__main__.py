@@ -14,6 +14,7 @@ BENCHMARKS = (
     "calls",
     "early_rewards",
     "peers",
+    "play_bound",
     "replay",
     "obd_vs_obp",
     "ope_coverage",
