@@ -111,7 +111,7 @@ def choose_with_probabilities(
     )
 
 
-_NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
+NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
 
 
 def choice_with_probabilities(
@@ -119,14 +119,16 @@ def choice_with_probabilities(
 ) -> tuple[int, np.ndarray]:
     """The index :func:`choose_with_probabilities` chooses at the top slot and its probabilities,
     to the bit, in one compiled call (a replay's per-row path: no Decision object)."""
-    digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else _NO_DRAW
+    digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else NO_DRAW
     probs = np.empty(scores.shape[0])
-    return _choice_kernel(scores, float(epsilon), digest, probs), probs
+    return choice_kernel(scores, float(epsilon), digest, probs), probs
 
 
 @njit(cache=CACHE, nogil=True)
-def _choice_kernel(scores, epsilon, digest, probs):
-    """``_choose``'s index and ``_probabilities`` into ``probs``, the same operations in order."""
+def choice_kernel(scores, epsilon, digest, probs):
+    """``_choose``'s index and ``_probabilities`` into ``probs``, the same operations in order;
+    ``digest``: ``event_seed``'s of the event when epsilon > 0, else :data:`NO_DRAW`. Compiled
+    callers (replay/row_kernel.py) call it too."""
     k = scores.shape[0]
     greedy = np.argmax(scores)
     probs.fill(epsilon / k if epsilon > 0.0 else 0.0)

@@ -150,6 +150,14 @@ class LinearUCBPolicy(Policy):
     def n_updates(self, value: int) -> None:
         self._chunk[COUNT][self._i] = value
 
+    def kernel_row(self) -> tuple:
+        """``(theta, inv, scalars, count, i, kind, params)``: the chunk arrays, the row and the
+        radius this model's decisions use, for a compiled caller that scores contexts as
+        :meth:`scores` does (replay/row_kernel.py). Read afresh for each call: a row's arrays
+        are the store's."""
+        theta, inv, _, scalars, count = self._chunk
+        return theta, inv, scalars, count, self._i, self._radius_kind, self._store.params
+
     def _state_array(self, name: str) -> np.ndarray:
         # The row itself, not a pinned view: the callers copy it or read its shape at once.
         return self._chunk[self._columns[name]][self._i]

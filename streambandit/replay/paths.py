@@ -38,7 +38,6 @@ from statistics import NormalDist
 from typing import Any
 
 import numpy as np
-from scipy.stats import t as student_t
 
 from streambandit.replay.estimators import Estimate
 from streambandit.replay.logged import LoggedDecision
@@ -133,6 +132,10 @@ def interval_from_replicates(
     z = NormalDist().inv_cdf(0.5 + confidence / 2)
     s_path = (high - low) / (2 * z)
     s_b = math.sqrt(max(0.0, float(np.var(xs, ddof=1)) - s_path**2))
+    # Imported here: scipy.stats takes 0.3-0.7 s to import, a fixed cost of every `replay`
+    # command otherwise, though only --expected-value reaches this line (bench.replay).
+    from scipy.stats import t as student_t
+
     widen = (float(student_t.ppf(0.5 + confidence / 2, len(xs) - 1)) * s_b) ** 2
     return v - math.sqrt((v - low) ** 2 + widen), v + math.sqrt((high - v) ** 2 + widen), s_b
 

@@ -27,7 +27,6 @@ then over-estimates: ``0 <= S'S + alpha I - X'X <= alpha I`` (Lemma 4).
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 __all__ = ["FrequentDirections", "fd_shrink", "numerical_rank_cut", "svd_rows"]
 
@@ -41,6 +40,9 @@ def svd_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     try:
         _, s, vt = np.linalg.svd(rows, full_matrices=False)
     except np.linalg.LinAlgError:
+        # On use, not at the top: importing scipy.linalg adds ~0.2 s to every command.
+        import scipy.linalg
+
         _, s, vt = scipy.linalg.svd(rows, full_matrices=False, lapack_driver="gesvd")
     return s, vt
 

@@ -23,7 +23,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-from scipy.linalg import solve_triangular
 
 from streambandit.numerics import rowwise
 
@@ -167,6 +166,9 @@ class DTCPosterior:
         # Sec. 3.1: V_t = Z_t' Z_t + lam I, with Z_t' Z_t = Z_P' diag(n) Z_P (count form, Sec. 3.2).
         v = (z * counts[:, None].astype(np.float64)).T @ z
         v[np.diag_indices(r)] += self.lam
+        # On use, not at the top: importing scipy.linalg adds ~0.2 s to every command.
+        from scipy.linalg import solve_triangular
+
         chol = np.linalg.cholesky(v)  # V = L L', eigenvalues >= lam: well conditioned
         # eq. (4) mean, typo corrected: w = V^-1 Z_t(X_t)' y_t with Z_t' y_t = Z_P' r.
         y = solve_triangular(chol, z.T @ reward_sums, lower=True, check_finite=False)

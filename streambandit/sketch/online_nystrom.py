@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import numpy as np
 from numba import njit
-from scipy.linalg import cholesky, lapack, solve_triangular
 
 from streambandit.numerics import kernels
 from streambandit.numerics.jit import CACHE
@@ -159,6 +158,9 @@ def shrink(
     Every pull's embedding is projected on the smaller span: in the new basis it is ``Q z`` with
     ``Q = L_new^-1 (rows kept of L)`` (for a point in the old span, ``k_kept(x) = L[kept] z(x)``),
     so ``G -> Q G Q'`` and ``b -> Q b``; V^-1 is refactored from G. O(m^3)."""
+    # On use, not at the top: importing scipy.linalg adds ~0.2 s to every command.
+    from scipy.linalg import cholesky, solve_triangular
+
     new_chol = cholesky(k_kept, lower=True)
     q = solve_triangular(new_chol, chol[kept], lower=True)
     new_gram = q @ gram @ q.T
@@ -175,6 +177,9 @@ def shrink(
 def spd_inverse(v: np.ndarray) -> np.ndarray:
     """The inverse of a symmetric positive definite ``v`` from its Cholesky factor (LAPACK potrf,
     potri), made exactly symmetric."""
+    # On use, not at the top: importing scipy.linalg adds ~0.2 s to every command.
+    from scipy.linalg import lapack
+
     factor, info = lapack.dpotrf(v, lower=True)
     if info != 0:
         raise np.linalg.LinAlgError(f"not positive definite (potrf info {info})")

@@ -19,7 +19,6 @@ symmetrised) and grown by the bordered inverse of eq. (7) when a raw row is appe
 from __future__ import annotations
 
 import numpy as np
-import scipy.linalg
 
 from streambandit.numerics import rowwise
 from streambandit.sketch.frequent_directions import FrequentDirections, numerical_rank_cut, svd_rows
@@ -46,6 +45,9 @@ def stack_inverse(frozen: np.ndarray, active: np.ndarray, lam: float) -> np.ndar
     cross = frozen @ active.T
     gram[:r_f, r_f:] = cross
     gram[r_f:, :r_f] = cross.T
+    # On use, not at the top: importing scipy.linalg adds ~0.2 s to every command.
+    import scipy.linalg
+
     factor = scipy.linalg.cho_factor(gram, lower=True)
     m = scipy.linalg.cho_solve(factor, np.eye(gram.shape[0]))
     return 0.5 * (m + m.T)  # keep M exactly symmetric

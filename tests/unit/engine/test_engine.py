@@ -163,6 +163,38 @@ def test_bounded_early_rewards_dead_letter_the_oldest():
     assert r.reason == "unknown_event" and r.source == "s1"
 
 
+def test_early_reward_bound_holds_under_a_hostile_mix_of_rewards():
+    """Rewards for unknown ids (several per id), contexts that claim some, and time that expires
+    others: the engine's running count of held rewards equals a count of what it holds after every
+    record, and the store never holds more than its bound (the oldest is dead-lettered at the
+    bound, not before)."""
+    rng = np.random.default_rng(7)
+    bound = 5
+    e = engine(max_early_rewards=bound, window=50, aggregation="sum")
+    t, evicted = 0, 0
+    for i in range(600):
+        t += int(rng.integers(0, 4))
+        ev = f"x{int(rng.integers(0, 12))}"
+        if rng.random() < 0.7:
+            e.advance_to(t)  # what the reward's own time expires, first
+            held_before = sum(map(len, e.early.values()))
+            becomes_early = ev not in e.pending and ev not in e.recent
+            out = e.on_reward(Reward(ev, "m1", t, 1.0), f"s{i}")
+            dead = [o for o in out if isinstance(o, Rejected) and "evicted" in o.detail]
+            assert len(dead) == (1 if becomes_early and held_before >= bound else 0)
+            evicted += len(dead)
+        else:
+            arms = rng.normal(size=(2, D)) / 2
+            e.on_context(
+                Context(ev + f"-{i}" if rng.random() < 0.5 else ev, "m1", t, ["a", "b"], arms)
+            )
+        held = sum(map(len, e.early.values()))
+        assert e._n_early == held <= bound
+    assert evicted > 0 and e.counters["evicted_early"] == evicted
+    restored = PartitionEngine.restore(e.config, e.snapshot(), max_early_rewards=bound)
+    assert restored._n_early == sum(map(len, restored.early.values())) == e._n_early
+
+
 def test_engine_model_equals_a_policy_fed_the_joined_sequence_and_learns():
     """The joined records are the exact update sequence: replaying them into a fresh policy gives
     the engine's model to the bit. And on the simulated ad traffic the learner beats random."""
