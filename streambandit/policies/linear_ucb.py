@@ -33,6 +33,7 @@ _NON_FINITE_ARMS = BAD_ARMS_MESSAGE
 THETA, INV, OTHER, SCALARS, COUNT = range(5)
 _SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
 _F64 = np.dtype(np.float64)
+_OK = kernels.OK
 
 
 def _is_matrix(a: Any) -> bool:
@@ -264,7 +265,15 @@ class LinearUCBPolicy(Policy):
         return out
 
     def select(self, arms: np.ndarray) -> int:
-        a = arms if _is_matrix(arms) else self._check_arms_shape(arms)
+        # _is_matrix inlined: select is the per-event call of a Python loop.
+        a = (
+            arms
+            if type(arms) is np.ndarray
+            and arms.dtype is _F64
+            and arms.ndim == 2
+            and arms.flags.c_contiguous
+            else self._check_arms_shape(arms)
+        )
         i = kernels.ucb_select_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
         if i < 0:
             self._raise_for_arms(a, i)
@@ -308,19 +317,15 @@ class LinearUCBPolicy(Policy):
     def update(self, x: np.ndarray, reward: float) -> None:
         # One compiled call (``_update_row``) that checks x's length, the reward's range and x's
         # values before it touches the row, and counts the update only when it succeeds. Input
-        # it cannot take as it is (not a float64 C-contiguous vector, not a number), and any
-        # refusal, goes through the checks in Python, which raise the error.
-        try:
-            r = float(reward)
-        except (TypeError, ValueError):
-            r = None
+        # it cannot take as it is (not a float64 C-contiguous vector, not a float), and any
+        # refusal, goes through the checks in Python, which convert it or raise the error.
         if (
-            r is not None
+            isinstance(reward, float)  # a Python float or a numpy float64, taken as it is
             and type(x) is np.ndarray
             and x.dtype is _F64
             and x.ndim == 1
             and x.flags.c_contiguous
-            and self._update_row(*self._chunk, self._i, x, r, self._store.params) == kernels.OK
+            and self._update_row(*self._chunk, self._i, x, reward, self._store.params) == _OK
         ):
             return
         self._update(self._check_x(x), self._check_reward(reward))
