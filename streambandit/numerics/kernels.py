@@ -45,6 +45,7 @@ __all__ = [
     "ucb_scores_row",
     "ucb_best_row",
     "ucb_argmax_batch_row",
+    "ucb_select_row",
     "sherman_morrison",
     "oful_update",
     "oful_update_row",
@@ -55,6 +56,7 @@ __all__ = [
     "glb_omd_beta",
     "glb_omd_play",
     "reward_ok",
+    "features_within_bound",
     "hvt_ucb_beta",
     "hvt_ucb_update",
     "hvt_ucb_update_row",
@@ -71,6 +73,8 @@ __all__ = [
     "BAD_X",
     "BAD_REWARD",
     "LINK_OVERFLOW",
+    "BAD_SHAPE",
+    "NO_ARMS",
     "MAX_ABS_FEATURE",
     "MAX_ABS_REWARD",
 ]
@@ -89,6 +93,8 @@ BAD_ARMS = -1  # NaN, infinite or out-of-bound features among the arms
 BAD_X = -2  # NaN, infinite or out-of-bound features in the updated vector
 BAD_REWARD = -3  # non-finite, beyond MAX_ABS_REWARD, or outside the link's range
 LINK_OVERFLOW = -4  # the Poisson link's exp(x'theta) would overflow
+BAD_SHAPE = -5  # arms or x not of the model's dimension
+NO_ARMS = -6  # no arm to choose from
 
 LINK_LOGISTIC, LINK_POISSON, LINK_GAUSSIAN = 0, 1, 2
 # Which learner's confidence radius a row's decision uses (_radius). Every learner's ``params``
@@ -118,6 +124,13 @@ def _feature_row_ok(x):
     for i in range(x.shape[0]):
         bad |= not abs(x[i]) <= MAX_ABS_FEATURE
     return not bad
+
+
+@njit(cache=CACHE, nogil=True)
+def features_within_bound(a):
+    """Whether every element of ``a`` (float64, C order, any shape) is a number of magnitude at
+    most MAX_ABS_FEATURE: the learners' check of features, in one pass with no temporary."""
+    return _feature_row_ok(a.reshape(-1))
 
 
 @njit(cache=CACHE, nogil=True)
@@ -313,10 +326,25 @@ radius = _radius
 ucb_row = _ucb_row
 
 
+@njit(cache=CACHE, nogil=True, inline="always")
+def _arms_status(arms, theta):
+    """OK for a context of K >= 1 arms of the row's dimension, else BAD_SHAPE or NO_ARMS: the
+    shape checks of the Python entry points, done where the arms are read anyway."""
+    if arms.shape[1] != theta.shape[1]:
+        return BAD_SHAPE
+    if arms.shape[0] == 0:
+        return NO_ARMS
+    return OK
+
+
 @njit(cache=CACHE, nogil=True)
 def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out):
     """``ucb_scores`` for the model in row i of a chunk (``other`` is the learner's third array,
-    unused here: every row entry point takes the whole chunk)."""
+    unused here: every row entry point takes the whole chunk). OK, or BAD_SHAPE, NO_ARMS,
+    BAD_ARMS with ``out`` unwritten."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status
     work = np.empty(arms.shape)
     beta = _radius(kind, params, scalars, count, i)
     return OK if _ucb_row(arms, theta[i], inv[i], beta, out, work) else BAD_ARMS
@@ -325,13 +353,30 @@ def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out
 @njit(cache=CACHE, nogil=True)
 def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
     """``(index, score)`` of the highest UCB score among ``arms`` for the model in row i of a
-    chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_ARMS if an arm is not finite."""
+    chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_SHAPE, NO_ARMS or BAD_ARMS
+    (``ucb_scores_row``'s statuses) on bad input."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status, 0.0
     work = np.empty(arms.shape)
     scores = np.empty(arms.shape[0])
     if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
         return BAD_ARMS, 0.0
     k = _argmax_first(scores)
     return k, scores[k]
+
+
+@njit(cache=CACHE, nogil=True)
+def ucb_select_row(arms, theta, inv, other, scalars, count, i, kind, params):
+    """``ucb_best_row``'s index alone (``Policy.select``: no tuple to build and take apart)."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status
+    work = np.empty(arms.shape)
+    scores = np.empty(arms.shape[0])
+    if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
+        return BAD_ARMS
+    return _argmax_first(scores)
 
 
 @njit(cache=CACHE, nogil=True)
@@ -409,9 +454,16 @@ def _oful_step(vinv, b, theta, x, reward, v):
 
 
 @njit(cache=CACHE, nogil=True)
-def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
-    """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count: BAD_X
-    (row untouched) when x has a non-finite feature, else OK."""
+def oful_update_row(theta, vinv, b, scalars, count, i, x, reward, params):
+    """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count, and the
+    input checks in the order the Python ones make them: BAD_SHAPE (x not of the row's
+    dimension), BAD_REWARD (beyond MAX_ABS_REWARD, or NaN), BAD_X (a feature NaN, infinite or
+    beyond MAX_ABS_FEATURE), the row untouched; else OK. ``params`` is unused: every learner's
+    row update takes the same arguments."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not _reward_in_bound(reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     # Matrix determinant lemma: log det V_{t+1} = log det V_t + log(1 + x'V_t^-1 x).
@@ -564,8 +616,13 @@ def _glb_omd_step(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
 
 @njit(cache=CACHE, nogil=True)
 def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
-    """``glb_omd_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
-    non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
+    """``glb_omd_update`` of row i from Python, with its count and ``oful_update_row``'s input
+    checks (BAD_REWARD: also outside the link's range, ``reward_ok``), else the step's status.
+    ``params[4:8]``: link, S, eta, g."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not reward_ok(int(params[4]), reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     status = glb_omd_update(
@@ -695,8 +752,12 @@ def _hvt_ucb_step(theta, v, vinv, x, reward, n_updates, params, work):
 
 @njit(cache=CACHE, nogil=True)
 def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
-    """``hvt_ucb_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
-    non-finite feature, else OK."""
+    """``hvt_ucb_update`` of row i from Python, with its count and ``oful_update_row``'s input
+    checks (BAD_SHAPE, BAD_REWARD, BAD_X, the row untouched), else OK."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not _reward_in_bound(reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     hvt_ucb_update(theta[i], v[i], vinv[i], x, reward, count[i], params, np.empty(x.shape[0]))

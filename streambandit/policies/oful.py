@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from streambandit.numerics import kernels
-from streambandit.policies.base import BAD_X_MESSAGE, check_in_range, check_positive, register
+from streambandit.policies.base import check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import (
     INV,
     OTHER,
@@ -81,6 +81,8 @@ class OFUL(LinearUCBPolicy):
     _row_scalars = ("logdet",)
     _radius_kind = kernels.RADIUS_OFUL
     _play_kernel = kernels.oful_play
+    # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det.
+    _update_row = staticmethod(kernels.oful_update_row)
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
@@ -146,9 +148,3 @@ class OFUL(LinearUCBPolicy):
         """The confidence radius used by the next decision: a fixed ``beta``, or Abbasi-Yadkori
         et al. (2011), Theorem 2, times ``beta_scale``."""
         return kernels.oful_beta(*self._store.consts["_beta_args"], self.logdet)
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det
-        # (kernels.oful_update).
-        if kernels.oful_update_row(*self._chunk, self._i, x, reward) != kernels.OK:
-            raise ValueError(BAD_X_MESSAGE)
