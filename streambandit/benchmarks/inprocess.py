@@ -55,6 +55,8 @@ BLAS_THREAD_VARS = (
 TARGET_EVENTS_PER_S = 200_000
 TARGET_BATCH_PER_S = 1_000_000
 TARGET_VS_NAIVE = 10.0
+# A worker's learner at 1,000,000 events/s on one core, and the per-call path 10x the naive loop.
+TARGET_OFUL_PLAY_PER_S = 1_000_000
 TARGET_VS_VW = 50.0
 MIB = 1024.0 * 1024.0
 # Below this a memory figure is measurement noise (page granularity, allocator slack): ratios
@@ -411,6 +413,23 @@ def _targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         f">= {TARGET_VS_NAIVE:g}x",
         naive,
         None if naive is None else naive >= TARGET_VS_NAIVE,
+        "x",
+    )
+    eps = get("oful_play", "events_per_s")
+    add(
+        "oful decide + update, play(), one core",
+        f">= {TARGET_OFUL_PLAY_PER_S:,} events/s",
+        eps,
+        None if eps is None else eps >= TARGET_OFUL_PLAY_PER_S,
+        "events/s",
+    )
+    naive_us, call_us = get("naive_oful", "us_per_event"), get("oful_call", "us_per_event")
+    per_call = None if naive_us is None or not call_us else naive_us / call_us
+    add(
+        "naive numpy OFUL / oful select + update per call",
+        f">= {TARGET_VS_NAIVE:g}x",
+        per_call,
+        None if per_call is None else per_call >= TARGET_VS_NAIVE,
         "x",
     )
     # The best peer is the one oful with defaults compares worst against, each on its own prefix.
