@@ -14,6 +14,7 @@ engine's bookkeeping (windows, the exploration draw, the records).
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import numpy as np
@@ -22,7 +23,8 @@ from bench import harness
 from streambandit import Decider, make_policy
 
 D, K, KEYS = 20, 10, 4
-TARGET_P99_US = 100.0
+TARGET_P99_US = 100.0  # each call
+TARGET_RANK_P99_US = 20.0  # rank, on an idle machine
 MODELS = {
     "models": [
         {
@@ -77,11 +79,21 @@ def _run(n: int, seed: int) -> dict:
 
 def measure(args: argparse.Namespace) -> dict:
     n, repeats = (2_000, 1) if args.quick else (20_000, 3)
+    load_before = os.getloadavg()[0]
     runs = []
     for r in range(repeats):
         runs.append(_run(n, r))
         print(", ".join(f"{k} {v:,.1f}" for k, v in runs[-1].items()), flush=True)
-    return {"d": D, "K": K, "keys": KEYS, "requests": n, "repeats": repeats, "runs": runs}
+    return {
+        "d": D,
+        "K": K,
+        "keys": KEYS,
+        "requests": n,
+        "repeats": repeats,
+        "runs": runs,
+        # The tail of a microseconds call is the machine's other work as much as the call's.
+        "load_average_1min": [load_before, os.getloadavg()[0]],
+    }
 
 
 def render(res: dict) -> str:
@@ -90,6 +102,14 @@ def render(res: dict) -> str:
         "met"
         if med["rank_p99_us"] < TARGET_P99_US and med["reward_p99_us"] < TARGET_P99_US
         else "not met"
+    )
+    rank_verdict = "met" if med["rank_p99_us"] <= TARGET_RANK_P99_US else "not met"
+    load = res.get("load_average_1min")
+    load_note = (
+        f" 1-minute load average {load[0]:.2f} at the start and {load[1]:.2f} at the end, on "
+        f"{res['machine'].get('cores', '?')} cores (above 1, other work shared the machine)."
+        if load
+        else ""
     )
     return "\n".join(
         [
@@ -111,8 +131,10 @@ def render(res: dict) -> str:
             "",
             f"{med['requests_per_s']:,.0f} requests/s "
             f"({med['events_per_s']:,.0f} rank and reward calls/s) on one core. "
-            f"The target of a p99 under {TARGET_P99_US:g} us for each call is {verdict}; rank's p50 is "
-            f"{med['rank_p50_us'] / med['bare_p50_us']:.1f}x the bare learner's select + update.",
+            f"The target of a p99 under {TARGET_P99_US:g} us for each call is {verdict}; that of "
+            f"rank's p99 <= {TARGET_RANK_P99_US:g} us on an idle machine is {rank_verdict}. Rank's "
+            f"p50 is {med['rank_p50_us'] / med['bare_p50_us']:.1f}x the bare learner's select + "
+            f"update.{load_note}",
             "",
         ]
     )

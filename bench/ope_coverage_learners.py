@@ -12,8 +12,9 @@ drawn independently of the features. ``LOGS`` logs per setting of ``SETTINGS``: 
 events per log, where the learners have five times the updates and learn more.
 
 Targets, both learning during the replay (rejection sampling), as ``[[models]]`` entries make them:
-``oful`` (the policy's defaults, epsilon 0) and ``egreedy`` (oful with ``beta = 0``, a greedy
-ridge regression, and epsilon 0.1), one replay of both per log.
+``oful`` (the theory's radius, ``beta_scale = 1``, otherwise the policy's defaults; epsilon 0)
+and ``egreedy`` (oful with ``beta = 0``, a greedy ridge regression, and epsilon 0.1), one replay
+of both per log.
 
 Truth. At event i of a replay the learner has had ``N_i`` updates, its matched events before i.
 The logging policy's choice does not depend on the features, so whatever the learner chooses,
@@ -70,7 +71,7 @@ SETTINGS = (
 )
 ESTIMATORS = ("snips", "ips", "dr")
 LEARNERS = {
-    "oful": {"policy": "oful", "epsilon": 0.0, "hyper": {}},
+    "oful": {"policy": "oful", "epsilon": 0.0, "hyper": {"beta_scale": 1.0}},
     "egreedy": {"policy": "oful", "epsilon": 0.1, "hyper": {"beta": 0.0}},
 }
 Z = 1.959964

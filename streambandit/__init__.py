@@ -4,7 +4,7 @@
 >>> sorted(POLICIES)
 ['bkb', 'bkb_stream', 'cbscfd', 'dbs_linucb', 'glb_omd', 'hvt_ucb', 'oful', 'soful']
 >>> p = make_policy("oful", dim=2)
->>> p.update([1.0, 0.0], 1.0)
+>>> p.update([1.0, 0.0], 0.1)
 >>> p.select([[1.0, 0.0], [0.0, 1.0]])  # optimism: the unexplored direction has the larger bonus
 1
 """

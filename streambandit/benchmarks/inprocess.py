@@ -190,9 +190,12 @@ def _worker(conn: Any, spec: dict[str, Any]) -> None:
 
 def _streambandit_path(key: str) -> str:
     """Which code path a streambandit row really ran: the compiled one or the loop fallback."""
+    from streambandit.benchmarks import peers
     from streambandit.benchmarks.peers import has_method
 
     name, path = key.rsplit("_", 1)
+    if key == peers.DEFAULTS_KEY:
+        path = "play"
     if path == "play":
         return "play()" if has_method(name, "play") else "loop (play() not in this build)"
     if path == "batch":
@@ -246,6 +249,7 @@ def run_benchmark(
             "config": a.config,
             "kind": a.kind,
             "slow": a.slow,
+            "peer": a.module is not None,
         }
         reason = peers.missing(a.module)
         if reason:
@@ -323,6 +327,13 @@ def run_benchmark(
     ref = rows.get(REFERENCE, {})
     ref_ok = ref.get("status") == "ok"
     ref_cum = cumulative_regret(stream, ref["_chosen"]) if ref_ok else None
+    # Each peer against oful with defaults on the peer's own prefix of the stream.
+    defaults = rows.get(peers.DEFAULTS_KEY, {})
+    if defaults.get("_chosen") is not None:
+        defaults_cum = cumulative_regret(stream, defaults["_chosen"])
+        for row in rows.values():
+            if row["peer"] and row.get("regret") is not None:
+                row["defaults_regret_same_n"] = float(defaults_cum[row["n"] - 1])
     for row in rows.values():
         chosen = row.pop("_chosen", None)
         if not ref_ok or chosen is None:
@@ -400,6 +411,20 @@ def _targets(rows: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
         f">= {TARGET_VS_NAIVE:g}x",
         naive,
         None if naive is None else naive >= TARGET_VS_NAIVE,
+        "x",
+    )
+    # The best peer is the one oful with defaults compares worst against, each on its own prefix.
+    vs_peers = [
+        r["defaults_regret_same_n"] / r["regret"]
+        for r in rows.values()
+        if r.get("defaults_regret_same_n") is not None and r["regret"] > 0
+    ]
+    worst = max(vs_peers) if vs_peers else None
+    add(
+        "oful with defaults / the best peer, regret on the same events",
+        "<= 1.0x (default regret <= best peer's regret)",
+        worst,
+        None if worst is None else worst <= 1.0,
         "x",
     )
     for key in ("vw_squarecb", "vw_epsilon"):
@@ -543,7 +568,7 @@ def render_markdown(
         "|---|---|---:|---|",
     ]
     for t in result["targets"]:
-        fmt = ",.0f" if t["unit"] != "x" else ".1f"
+        fmt = ",.0f" if t["unit"] != "x" else ".2f" if (t["measured"] or 0) < 10 else ".1f"
         measured = (
             "—"
             if t["measured"] is None

@@ -30,6 +30,8 @@ from streambandit.benchmarks.stream import Stream
 __all__ = ["Adapter", "adapters", "NaiveOFUL", "missing", "oful_params", "glb_omd_params"]
 
 INSTALL_HINT = "not installed (pip install 'streambandit[bench]')"
+# The row of streambandit's oful built from the dimension alone: what a user gets untuned.
+DEFAULTS_KEY = "oful_defaults"
 
 
 def missing(module: str | None) -> str | None:
@@ -44,8 +46,8 @@ def missing(module: str | None) -> str | None:
 
 def oful_params(noise_sd: float) -> dict[str, Any]:
     """streambandit ``oful`` told what the stream is: R = noise_sd, S = ||theta*|| = 1, lam = 1,
-    the Abbasi-Yadkori theory radius (beta=None), no tuning."""
-    return {"lam": 1.0, "noise_sd": noise_sd, "S": 1.0, "delta": 0.05}
+    the Abbasi-Yadkori theory radius (beta=None, beta_scale=1), no tuning."""
+    return {"lam": 1.0, "noise_sd": noise_sd, "S": 1.0, "delta": 0.05, "beta_scale": 1.0}
 
 
 def glb_omd_params(noise_sd: float) -> dict[str, Any]:
@@ -62,7 +64,8 @@ class NaiveOFUL:
 
     Same rule as streambandit's ``oful`` (Abbasi-Yadkori et al. 2011): score = x'theta +
     beta_t ||x||_{V^-1}, theta = V^-1 b, with either a constant ``beta`` or the Theorem 2 radius
-    ``noise_sd sqrt(2 log(1/delta) + log det V - d log lam) + sqrt(lam) S``. log det V is kept
+    ``noise_sd sqrt(2 log(1/delta) + log det V - d log lam) + sqrt(lam) S`` times ``beta_scale``.
+    log det V is kept
     with the determinant lemma from the inverse the decision already computed, so the naive loop
     pays one inversion per round and no more (its cost is not inflated by an extra slogdet).
     """
@@ -76,10 +79,12 @@ class NaiveOFUL:
         noise_sd: float = 1.0,
         S: float = 1.0,
         delta: float = 0.05,
+        beta_scale: float = 1.0,
     ) -> None:
         self.v = lam * np.eye(dim)
         self.b = np.zeros(dim)
         self.beta_const = beta
+        self.beta_scale = beta_scale
         self.noise_sd = noise_sd
         self.two_log_inv_delta = 2.0 * math.log(1.0 / delta)
         self.sqrt_lam_s = math.sqrt(lam) * S
@@ -89,7 +94,8 @@ class NaiveOFUL:
     def beta(self) -> float:
         if self.beta_const is not None:
             return self.beta_const
-        return self.noise_sd * math.sqrt(self.two_log_inv_delta + self.logdet) + self.sqrt_lam_s
+        radius = self.noise_sd * math.sqrt(self.two_log_inv_delta + self.logdet) + self.sqrt_lam_s
+        return self.beta_scale * radius
 
     def select(self, arms: np.ndarray) -> int:
         vinv = np.linalg.inv(self.v)
@@ -209,6 +215,23 @@ def _streambandit(name: str, params: dict[str, Any], dim: int) -> dict[str, Adap
             train=_play,
         ),
     }
+
+
+def _streambandit_defaults(dim: int) -> Adapter:
+    from streambandit import make_policy
+
+    c = make_policy("oful", dim=dim).config()
+    return Adapter(
+        key=DEFAULTS_KEY,
+        label="streambandit oful, defaults",
+        module=None,
+        config=f'`make_policy("oful", dim={dim})` and nothing else (so beta_scale={c["beta_scale"]:g}, '
+        f"noise_sd={c['noise_sd']:g}, S={c['S']:g}, lam={c['lam']:g}); `play(arms, rewards)` over "
+        "the whole stream in one call",
+        prepare=_np_prepare,
+        new=lambda: make_policy("oful", dim=dim),
+        run=_play,
+    )
 
 
 # -- naive numpy OFUL --------------------------------------------------------------------------
@@ -417,6 +440,7 @@ def adapters(*, dim: int, n_arms: int, noise_sd: float, seed: int = 0) -> dict[s
     reference every ratio is taken against)."""
     rows: dict[str, Adapter] = {}
     rows.update(_streambandit("oful", oful_params(noise_sd), dim))
+    rows[DEFAULTS_KEY] = _streambandit_defaults(dim)
     rows.update(_streambandit("glb_omd", glb_omd_params(noise_sd), dim))
     rows["naive_oful"] = _naive(noise_sd, dim)
     for key in VW_EXPLORATIONS:

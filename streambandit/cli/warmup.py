@@ -24,6 +24,7 @@ def compile_kernels() -> None:
     row-independent products, and the batch decoder and encoders of the worker's path."""
     from streambandit import POLICIES, make_policy
     from streambandit.engine.decision import choose
+    from streambandit.policies.base import features_ok
     from streambandit.wire import Action, Context, Joined, Reward, encode
     from streambandit.wire.batch_decode import decode_batch
     from streambandit.wire.batch_encode import encode_actions, encode_joined_records
@@ -33,10 +34,12 @@ def compile_kernels() -> None:
         p = make_policy(name, dim=3)
         p.scores(arms)
         p.best(arms)
+        p.select(arms)
         p.select_batch(arms[None])
         p.update(arms[0], 1.0)  # 1.0 is in every link's range
         make_policy(name, dim=3).play(arms[None], np.ones((1, 3)))
     choose(np.zeros(3), epsilon=1.0, model_key="m", event_id="e", seed=0)  # the exploration draw
+    features_ok(arms), features_ok(arms[0])  # a call's and a record's features, a learner's x
     ctx = Context(
         event_id="e", model_key="m", timestamp_ms=1, arm_ids=("a", "b", "c"), features=arms
     )

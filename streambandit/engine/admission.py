@@ -122,7 +122,8 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
     """``(arm ids, features as float64)`` of a rank call: ``arms`` a mapping of arm id to its
     feature vector, or a sequence of arm ids with ``features`` a (K, d) matrix. The matrix's
     shape is the record's rule (:func:`arms_refusal`)."""
-    if isinstance(arms, Mapping):
+    # A tuple or list of ids (the common call) is told from a mapping without the ABC's check.
+    if type(arms) is not tuple and type(arms) is not list and isinstance(arms, Mapping):
         if features is not None:
             raise DecisionError(
                 reasons.MALFORMED,
@@ -148,7 +149,8 @@ def call_arms(arms: Any, features: Any) -> tuple[tuple[str, ...], np.ndarray]:
         raise DecisionError(
             reasons.BAD_DIMENSION, "features must be numbers, one row of the same length per arm"
         ) from None
-    raise_if(feature_values_refusal(x))
+    if not features_ok(x):
+        raise_if(feature_values_refusal(x))
     return ids, x
 
 
@@ -162,6 +164,8 @@ def call_id(what: str, value: Any) -> None:
 
 def call_time(timestamp_ms: Any, clock: Callable[[], int]) -> int:
     """A call's event time: ``timestamp_ms``, or the clock's when it is None."""
+    if type(timestamp_ms) is int and timestamp_ms >= 0:  # the common call, judged at once
+        return timestamp_ms
     if timestamp_ms is None:
         return int(clock())
     if (

@@ -69,7 +69,28 @@ def choose(
     a uniformly random permutation, chosen with probability ``epsilon``, puts each arm at slot k
     with probability 1 / K, the draw's.
     """
+    if position == 0 and epsilon > 0.0 and scores.dtype is _F64:
+        index, score, propensity, explored = _explore_kernel(
+            scores, float(epsilon), event_seed(model_key, event_id, seed)
+        )
+        return Decision(index, score, propensity, explored)
     return _choose(scores, _greedy(scores, position), epsilon, model_key, event_id, seed)
+
+
+_F64 = np.dtype(np.float64)
+
+
+@njit(cache=CACHE, nogil=True)
+def _explore_kernel(scores, epsilon, digest):
+    """``_choose`` at the top slot with ``epsilon > 0`` (the greedy arm by ``np.argmax``, as
+    ``_greedy``): ``(index, score, propensity, explored)``, the same operations in order, in one
+    compiled call (a decision's per-call path)."""
+    k = scores.shape[0]
+    greedy = np.argmax(scores)
+    explored, drawn = explore_draw(digest, epsilon, k)
+    index = drawn if explored else greedy
+    propensity = (1.0 - epsilon) * (index == greedy) + epsilon / k
+    return index, scores[index], propensity, explored
 
 
 def choose_with_probabilities(
@@ -90,7 +111,7 @@ def choose_with_probabilities(
     )
 
 
-_NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
+NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
 
 
 def choice_with_probabilities(
@@ -98,14 +119,16 @@ def choice_with_probabilities(
 ) -> tuple[int, np.ndarray]:
     """The index :func:`choose_with_probabilities` chooses at the top slot and its probabilities,
     to the bit, in one compiled call (a replay's per-row path: no Decision object)."""
-    digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else _NO_DRAW
+    digest = event_seed(model_key, event_id, seed) if epsilon > 0.0 else NO_DRAW
     probs = np.empty(scores.shape[0])
-    return _choice_kernel(scores, float(epsilon), digest, probs), probs
+    return choice_kernel(scores, float(epsilon), digest, probs), probs
 
 
 @njit(cache=CACHE, nogil=True)
-def _choice_kernel(scores, epsilon, digest, probs):
-    """``_choose``'s index and ``_probabilities`` into ``probs``, the same operations in order."""
+def choice_kernel(scores, epsilon, digest, probs):
+    """``_choose``'s index and ``_probabilities`` into ``probs``, the same operations in order;
+    ``digest``: ``event_seed``'s of the event when epsilon > 0, else :data:`NO_DRAW`. Compiled
+    callers (replay/row_kernel.py) call it too."""
     k = scores.shape[0]
     greedy = np.argmax(scores)
     probs.fill(epsilon / k if epsilon > 0.0 else 0.0)
@@ -141,17 +164,29 @@ def _ranked(scores: np.ndarray, position: int) -> int:
 
 
 def decide(
-    policy: Policy, arms: np.ndarray, *, epsilon: float, model_key: str, event_id: str, seed: int
+    policy: Policy,
+    arms: np.ndarray,
+    *,
+    epsilon: float,
+    model_key: str,
+    event_id: str,
+    seed: int,
+    scores: list[np.ndarray] | None = None,
 ) -> Decision:
     """:func:`choose` over the policy's scores of ``arms``. Without exploration the policy scores
     the arms once for the choice and its score (``Policy.best``: the same index and bits as the
-    argmax of ``scores``)."""
+    argmax of ``scores``). With ``scores`` (a list), every arm's score is appended to it, the
+    scores the choice was made from when it explores (a caller that returns them with the
+    decision scores the arms once)."""
     if epsilon <= 0.0:
         greedy, score = policy.best(arms)
+        if scores is not None:
+            scores.append(policy.scores(arms))
         return Decision(greedy, score, 1.0, False)
-    return choose(
-        policy.scores(arms), epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed
-    )
+    s = policy.scores(arms)
+    if scores is not None:
+        scores.append(s)
+    return choose(s, epsilon=epsilon, model_key=model_key, event_id=event_id, seed=seed)
 
 
 def action_probabilities(scores: np.ndarray, epsilon: float, position: int = 0) -> np.ndarray:

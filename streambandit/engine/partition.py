@@ -141,7 +141,12 @@ class PartitionEngine:
 
     # -- entry points --------------------------------------------------------------------------
 
-    def on_context(self, ev: Context, source: Any = None) -> list[Action | Joined | Rejected]:
+    def on_context(
+        self, ev: Context, source: Any = None, *, scores: list[np.ndarray] | None = None
+    ) -> list[Action | Joined | Rejected]:
+        """Decide a context. With ``scores`` (a list), every arm's score of the decision is
+        appended to it (``decision.decide``): what an in-process caller returns with the
+        decision, scored once."""
         # The worker's hot path (once per context): the rules as stated in the module docstring.
         # bench/results/e2e.md part 3 has its cost.
         if refused := self._refuse(ev, source):
@@ -158,6 +163,7 @@ class PartitionEngine:
                 model_key=ev.model_key,
                 event_id=ev.event_id,
                 seed=spec.seed,
+                scores=scores,
             )
         except ValueError as exc:
             return out + [self._refused(admission.learner_refusal(exc, ev.features), source)]
@@ -191,7 +197,12 @@ class PartitionEngine:
         a new model. ``(outputs so far, spec, model)``, the model None when the context is
         refused (its refusal is then the last output)."""
         ts, key = ev.timestamp_ms, ev.model_key
-        out = self._advance(ts, trigger) if self._deadlines or ts > self.watermark_ms else []
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
+        out = (
+            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
+        )
         spec = self.spec_of(key)
         refusal = admission.context_refusal(
             key, ev.arm_ids, ev.features, spec

@@ -54,9 +54,9 @@ _PCG_M_LO = np.uint64(4865540595714422341)
 def event_seed(model_key: str, event_id: str, seed: int) -> bytes:
     """The event's 128-bit seed: blake2b of key, id and seed (not ``hash()``, which Python salts
     per process), 16 bytes, the integer's little-endian bytes (numba reads them as they are)."""
+    # Encoded as one string: the same bytes as the parts encoded and joined by a zero byte.
     return hashlib.blake2b(
-        b"\x00".join((model_key.encode(), event_id.encode(), str(int(seed)).encode())),
-        digest_size=16,
+        f"{model_key}\x00{event_id}\x00{int(seed)}".encode(), digest_size=16
     ).digest()
 
 

@@ -7,11 +7,15 @@ in one call (``python -m bench.policies`` compares them with a numpy OFUL).
 
 Determinism (docs/design.md, determinism): every loop sums in a fixed order, nothing is compiled
 with fastmath (so no reassociation and no fused multiply-add), and the one-event functions are the
-same code the ``*_play`` loops call. So a model gives the same bits whether it is driven one call at a time (the
-worker), a batch at a time or a stream at a time (the simulator), and ``ucb_argmax_batch`` chooses
-exactly what ``ucb_argmax`` chooses for each row. Matrix-vector products run row by row over a
-symmetric matrix (``y += x_j * M[j, :]``), which the compiler can vectorise without reordering any
-sum: element i of y still adds its terms in the order j = 0, 1, ..., d - 1.
+same code the ``*_play`` loops call. So a model gives the same bits whether it is driven one call
+at a time (the worker), a batch at a time or a stream at a time (the simulator), and
+``ucb_argmax_batch`` chooses exactly what ``ucb_argmax`` chooses for each row. Matrix-vector
+products run over the rows of a symmetric matrix (``y += x_j * M[j, :]``, four rows per pass),
+which the compiler can vectorise without reordering any sum: element i of y still adds its terms in
+the order j = 0, 1, ..., d - 1. The loops are blocked (rows, arms, the dot products of several arms
+side by side) only in ways that keep every sum's order; tests/unit/numerics/test_kernel_sum_order.py
+checks them against the index-order sums written out in Python, and ``python -m bench.play_bound``
+measures what the blocking buys and the floor under it.
 
 Rows: a learner's state is row ``i`` of arrays shared by every model of its configuration
 (``streambandit.policies.rows``). The ``*_row`` entry points and the ``*_play`` loops take those
@@ -41,6 +45,7 @@ __all__ = [
     "ucb_scores_row",
     "ucb_best_row",
     "ucb_argmax_batch_row",
+    "ucb_select_row",
     "sherman_morrison",
     "oful_update",
     "oful_update_row",
@@ -51,6 +56,7 @@ __all__ = [
     "glb_omd_beta",
     "glb_omd_play",
     "reward_ok",
+    "features_within_bound",
     "hvt_ucb_beta",
     "hvt_ucb_update",
     "hvt_ucb_update_row",
@@ -67,6 +73,8 @@ __all__ = [
     "BAD_X",
     "BAD_REWARD",
     "LINK_OVERFLOW",
+    "BAD_SHAPE",
+    "NO_ARMS",
     "MAX_ABS_FEATURE",
     "MAX_ABS_REWARD",
 ]
@@ -85,6 +93,8 @@ BAD_ARMS = -1  # NaN, infinite or out-of-bound features among the arms
 BAD_X = -2  # NaN, infinite or out-of-bound features in the updated vector
 BAD_REWARD = -3  # non-finite, beyond MAX_ABS_REWARD, or outside the link's range
 LINK_OVERFLOW = -4  # the Poisson link's exp(x'theta) would overflow
+BAD_SHAPE = -5  # arms or x not of the model's dimension
+NO_ARMS = -6  # no arm to choose from
 
 LINK_LOGISTIC, LINK_POISSON, LINK_GAUSSIAN = 0, 1, 2
 # Which learner's confidence radius a row's decision uses (_radius). Every learner's ``params``
@@ -107,11 +117,20 @@ _PROJECTION_STEPS = 60
 
 @njit(cache=CACHE, nogil=True)
 def _feature_row_ok(x):
-    # abs(nan) <= bound is False: one comparison refuses NaN, infinities and huge values.
+    # abs(nan) <= bound is False: one comparison refuses NaN, infinities and huge values. No
+    # early exit: the flags' OR is a loop the compiler vectorises, several times faster than a
+    # branch per feature (play checks K d features per event).
+    bad = False
     for i in range(x.shape[0]):
-        if not abs(x[i]) <= MAX_ABS_FEATURE:
-            return False
-    return True
+        bad |= not abs(x[i]) <= MAX_ABS_FEATURE
+    return not bad
+
+
+@njit(cache=CACHE, nogil=True)
+def features_within_bound(a):
+    """Whether every element of ``a`` (float64, C order, any shape) is a number of magnitude at
+    most MAX_ABS_FEATURE: the learners' check of features, in one pass with no temporary."""
+    return _feature_row_ok(a.reshape(-1))
 
 
 @njit(cache=CACHE, nogil=True)
@@ -121,14 +140,26 @@ def _reward_in_bound(r):
 
 @njit(cache=CACHE, nogil=True)
 def sym_matvec(m, x, out):
-    """``out = m @ x`` for a symmetric ``m``, summed over j in order for every element."""
+    """``out = m @ x`` for a symmetric ``m``, summed over j in order for every element.
+
+    Four rows of ``m`` per pass: element i adds its four terms one after another in a register,
+    the same additions in the same order as one pass per row, with a quarter of the stores and
+    reloads of ``out`` (each a store-to-load round trip on element i's chain of d adds)."""
     d = x.shape[0]
     for i in range(d):
         out[i] = 0.0
-    for j in range(d):
-        xj = x[j]
+    j = 0
+    while j + 4 <= d:
+        x0, x1, x2, x3 = x[j], x[j + 1], x[j + 2], x[j + 3]
+        m0, m1, m2, m3 = m[j], m[j + 1], m[j + 2], m[j + 3]
         for i in range(d):
-            out[i] += xj * m[j, i]
+            out[i] = (((out[i] + x0 * m0[i]) + x1 * m1[i]) + x2 * m2[i]) + x3 * m3[i]
+        j += 4
+    while j < d:
+        xj, mj = x[j], m[j]
+        for i in range(d):
+            out[i] += xj * mj[i]
+        j += 1
 
 
 @njit(cache=CACHE, nogil=True)
@@ -150,28 +181,90 @@ def _ucb_row(arms, theta, inv, beta, scores, work):
     """Scores of one context's arms (K, d) into ``scores``: ``x'theta + beta ||x||_inv``, with
     ``work`` (K, d) scratch. Returns False if a feature is NaN or infinite.
 
-    ``work[k] = inv @ arms[k]`` is built row of ``inv`` by row (j outer, arms in the middle), so
-    each row is loaded once for all K arms and the inner loop is a vectorisable axpy; every
+    ``work[k] = inv @ arms[k]`` is built four rows of ``inv`` at a time (j outer, two arms per
+    pass), as ``sym_matvec`` builds one product: the inner loop is a vectorisable axpy and every
     element still sums its terms in the order j = 0, 1, ..., d - 1 (the same bits as
-    ``sym_matvec``'s order)."""
+    ``sym_matvec``). The two dot products of each arm (``x'theta`` and ``x'work[k]``) are chains
+    of d dependent adds in index order, which cannot be vectorised without reordering the sum;
+    ``_score_arms4`` runs four arms' chains side by side instead of one after another."""
     k_arms, d = arms.shape
     for k in range(k_arms):
         if not _feature_row_ok(arms[k]):
             return False
     work[:, :] = 0.0
-    for j in range(d):
+    j = 0
+    while j + 4 <= d:
+        r0, r1, r2, r3 = inv[j], inv[j + 1], inv[j + 2], inv[j + 3]
+        k = 0
+        while k + 2 <= k_arms:  # two arms per pass: each loaded row of inv serves both
+            a, b = arms[k], arms[k + 1]
+            a0, a1, a2, a3 = a[j], a[j + 1], a[j + 2], a[j + 3]
+            b0, b1, b2, b3 = b[j], b[j + 1], b[j + 2], b[j + 3]
+            w, v = work[k], work[k + 1]
+            for i in range(d):
+                w[i] = (((w[i] + a0 * r0[i]) + a1 * r1[i]) + a2 * r2[i]) + a3 * r3[i]
+                v[i] = (((v[i] + b0 * r0[i]) + b1 * r1[i]) + b2 * r2[i]) + b3 * r3[i]
+            k += 2
+        if k < k_arms:
+            a = arms[k]
+            a0, a1, a2, a3 = a[j], a[j + 1], a[j + 2], a[j + 3]
+            w = work[k]
+            for i in range(d):
+                w[i] = (((w[i] + a0 * r0[i]) + a1 * r1[i]) + a2 * r2[i]) + a3 * r3[i]
+        j += 4
+    while j < d:
         row = inv[j]
         for k in range(k_arms):
             akj = arms[k, j]
-            wk = work[k]
+            w = work[k]
             for i in range(d):
-                wk[i] += akj * row[i]
-    for k in range(k_arms):
-        x = arms[k]
-        q = _dot(x, work[k])
-        # quad forms are >= 0 in exact arithmetic; clip the rounding below zero.
-        scores[k] = _dot(x, theta) + beta * math.sqrt(q if q > 0.0 else 0.0)
+                w[i] += akj * row[i]
+        j += 1
+    k = 0
+    while k + 4 <= k_arms:
+        _score_arms4(arms, theta, beta, scores, work, k)
+        k += 4
+    while k < k_arms:
+        x, w = arms[k], work[k]
+        q = 0.0
+        t = 0.0
+        for i in range(d):
+            q += x[i] * w[i]
+            t += x[i] * theta[i]
+        scores[k] = _score(t, q, beta)
+        k += 1
     return True
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _score(x_theta, quad, beta):
+    # quad forms are >= 0 in exact arithmetic; clip the rounding below zero.
+    return x_theta + beta * math.sqrt(quad if quad > 0.0 else 0.0)
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _score_arms4(arms, theta, beta, scores, work, k):
+    """Scores of arms k, ..., k + 3: their eight dot products, each summed in index order from
+    0.0 as ``_dot`` does, run as eight independent chains in one loop (one add's latency per
+    step for all eight, where chains run one after another wait d adds each)."""
+    x0, x1, x2, x3 = arms[k], arms[k + 1], arms[k + 2], arms[k + 3]
+    w0, w1, w2, w3 = work[k], work[k + 1], work[k + 2], work[k + 3]
+    q0 = q1 = q2 = q3 = 0.0
+    t0 = t1 = t2 = t3 = 0.0
+    for i in range(arms.shape[1]):
+        th = theta[i]
+        q0 += x0[i] * w0[i]
+        q1 += x1[i] * w1[i]
+        q2 += x2[i] * w2[i]
+        q3 += x3[i] * w3[i]
+        t0 += x0[i] * th
+        t1 += x1[i] * th
+        t2 += x2[i] * th
+        t3 += x3[i] * th
+    scores[k] = _score(t0, q0, beta)
+    scores[k + 1] = _score(t1, q1, beta)
+    scores[k + 2] = _score(t2, q2, beta)
+    scores[k + 3] = _score(t3, q3, beta)
 
 
 @njit(cache=CACHE, nogil=True)
@@ -228,10 +321,30 @@ def _radius(kind, params, scalars, count, i):
     return hvt_ucb_beta(params[0], params[1], params[2], params[3], count[i])
 
 
+# For other compiled modules (replay/row_kernel.py): a row's radius and a context's UCB scores.
+radius = _radius
+ucb_row = _ucb_row
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _arms_status(arms, theta):
+    """OK for a context of K >= 1 arms of the row's dimension, else BAD_SHAPE or NO_ARMS: the
+    shape checks of the Python entry points, done where the arms are read anyway."""
+    if arms.shape[1] != theta.shape[1]:
+        return BAD_SHAPE
+    if arms.shape[0] == 0:
+        return NO_ARMS
+    return OK
+
+
 @njit(cache=CACHE, nogil=True)
 def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out):
     """``ucb_scores`` for the model in row i of a chunk (``other`` is the learner's third array,
-    unused here: every row entry point takes the whole chunk)."""
+    unused here: every row entry point takes the whole chunk). OK, or BAD_SHAPE, NO_ARMS,
+    BAD_ARMS with ``out`` unwritten."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status
     work = np.empty(arms.shape)
     beta = _radius(kind, params, scalars, count, i)
     return OK if _ucb_row(arms, theta[i], inv[i], beta, out, work) else BAD_ARMS
@@ -240,13 +353,30 @@ def ucb_scores_row(arms, theta, inv, other, scalars, count, i, kind, params, out
 @njit(cache=CACHE, nogil=True)
 def ucb_best_row(arms, theta, inv, other, scalars, count, i, kind, params):
     """``(index, score)`` of the highest UCB score among ``arms`` for the model in row i of a
-    chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_ARMS if an arm is not finite."""
+    chunk (the score is ``ucb_scores_row``'s to the bit); index BAD_SHAPE, NO_ARMS or BAD_ARMS
+    (``ucb_scores_row``'s statuses) on bad input."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status, 0.0
     work = np.empty(arms.shape)
     scores = np.empty(arms.shape[0])
     if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
         return BAD_ARMS, 0.0
     k = _argmax_first(scores)
     return k, scores[k]
+
+
+@njit(cache=CACHE, nogil=True)
+def ucb_select_row(arms, theta, inv, other, scalars, count, i, kind, params):
+    """``ucb_best_row``'s index alone (``Policy.select``: no tuple to build and take apart)."""
+    status = _arms_status(arms, theta)
+    if status != OK:
+        return status
+    work = np.empty(arms.shape)
+    scores = np.empty(arms.shape[0])
+    if not _ucb_row(arms, theta[i], inv[i], _radius(kind, params, scalars, count, i), scores, work):
+        return BAD_ARMS
+    return _argmax_first(scores)
 
 
 @njit(cache=CACHE, nogil=True)
@@ -279,18 +409,61 @@ def sherman_morrison(inv, x, weight, v):
 def oful_update(vinv, b, theta, x, reward, work):
     """One OFUL step in place; returns ``log(1 + x'V^-1 x)``, the increase of log det V."""
     sym_matvec(vinv, x, work)  # v = V_t^-1 x
-    q = sherman_morrison(vinv, x, 1.0, work)  # V_{t+1}^-1 = (V_t + x x')^-1
-    for i in range(x.shape[0]):
+    return _oful_step(vinv, b, theta, x, reward, work)
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _oful_step(vinv, b, theta, x, reward, v):
+    """``oful_update`` given ``v = V_t^-1 x`` (``sym_matvec``'s bits). The play loops pass the
+    decision's ``work[k]`` for the chosen arm, which ``_ucb_row`` built with the same sums in the
+    same order, rather than computing the product again.
+
+    ``sherman_morrison`` and ``theta = V_{t+1}^-1 b`` (``sym_matvec``) in one pass over four rows
+    of ``V^-1`` at a time: each new entry is the one ``sherman_morrison`` stores, and each element
+    of theta adds its terms in the order j = 0, 1, ..., d - 1, so the bits are those of the two
+    calls one after the other, with one pass over ``V^-1`` instead of two."""
+    d = x.shape[0]
+    q = _dot(x, v)  # x'V_t^-1 x
+    c = 1.0 / (1.0 + 1.0 * q)  # sherman_morrison's weight / (1 + weight q) with weight 1
+    for i in range(d):
         b[i] += reward * x[i]  # b_{t+1} = b_t + r x
-    sym_matvec(vinv, b, theta)  # theta_{t+1} = V_{t+1}^-1 b_{t+1}
+        theta[i] = 0.0
+    # V_{t+1}^-1 = (V_t + x x')^-1 row by row, and theta_{t+1} = V_{t+1}^-1 b_{t+1} from it.
+    j = 0
+    while j + 4 <= d:
+        m0, m1, m2, m3 = vinv[j], vinv[j + 1], vinv[j + 2], vinv[j + 3]
+        v0, v1, v2, v3 = v[j], v[j + 1], v[j + 2], v[j + 3]
+        b0, b1, b2, b3 = b[j], b[j + 1], b[j + 2], b[j + 3]
+        for i in range(d):
+            e0 = m0[i] - (v0 * v[i]) * c
+            e1 = m1[i] - (v1 * v[i]) * c
+            e2 = m2[i] - (v2 * v[i]) * c
+            e3 = m3[i] - (v3 * v[i]) * c
+            m0[i], m1[i], m2[i], m3[i] = e0, e1, e2, e3
+            theta[i] = (((theta[i] + b0 * e0) + b1 * e1) + b2 * e2) + b3 * e3
+        j += 4
+    while j < d:
+        mj, vj, bj = vinv[j], v[j], b[j]
+        for i in range(d):
+            e = mj[i] - (vj * v[i]) * c
+            mj[i] = e
+            theta[i] += bj * e
+        j += 1
     # Matrix determinant lemma: det(V + x x') = det(V) (1 + x'V^-1 x).
     return math.log1p(q)
 
 
 @njit(cache=CACHE, nogil=True)
-def oful_update_row(theta, vinv, b, scalars, count, i, x, reward):
-    """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count: BAD_X
-    (row untouched) when x has a non-finite feature, else OK."""
+def oful_update_row(theta, vinv, b, scalars, count, i, x, reward, params):
+    """``oful_update`` of row i from Python, with its log det (scalars[i, 0]) and count, and the
+    input checks in the order the Python ones make them: BAD_SHAPE (x not of the row's
+    dimension), BAD_REWARD (beyond MAX_ABS_REWARD, or NaN), BAD_X (a feature NaN, infinite or
+    beyond MAX_ABS_FEATURE), the row untouched; else OK. ``params`` is unused: every learner's
+    row update takes the same arguments."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not _reward_in_bound(reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     # Matrix determinant lemma: log det V_{t+1} = log det V_t + log(1 + x'V_t^-1 x).
@@ -324,7 +497,6 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
         params[4],
     )
     logdet = scalars[i, 0]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -339,7 +511,7 @@ def oful_play(arms, rewards, theta_rows, vinv_rows, b_rows, scalars, count, i, p
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        logdet += oful_update(vinv, b, theta, arms[t, k], r, work)
+        logdet += _oful_step(vinv, b, theta, arms[t, k], r, arm_work[k])
     scalars[i, 0] = logdet
     count[i] += done
     return done, status
@@ -399,6 +571,14 @@ def glb_omd_beta(beta_scale, beta_const, beta_log_coef, beta_t_coef, n_updates):
 def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
     """One GLB-OMD step (Algorithm 1) in place. Returns OK, or LINK_OVERFLOW with the model
     untouched. ``work`` is scratch of length d."""
+    sym_matvec(hinv, x, work)  # v = H_t^-1 X_t
+    return _glb_omd_step(theta, h, hinv, x, reward, link, s_radius, eta, g, work)
+
+
+@njit(cache=CACHE, nogil=True)
+def _glb_omd_step(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
+    """``glb_omd_update`` given ``work = H_t^-1 x`` (``sym_matvec``'s bits, read only): the play
+    loop passes the decision's work row for the chosen arm, built with the same sums."""
     d = x.shape[0]
     # Gradient and quadratic-model Hessian at the OLD theta_t (eq. 4), not at the new one.
     z = _dot(x, theta)
@@ -406,8 +586,7 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
         return LINK_OVERFLOW
     p = _mu(link, z)
     s = _dmu(link, z)
-    sym_matvec(hinv, x, work)  # v = H_t^-1 X_t
-    q = _dot(x, work)  # ||X_t||^2_{H_t^-1}
+    q = _dot(x, work)  # ||X_t||^2_{H_t^-1}, with work = v = H_t^-1 X_t
     w = eta * s / g
     # eq. (42a) in closed form: A_t = H_t + w x x', A_t^-1 by Sherman-Morrison (App. D), so
     # zeta = theta - eta (mu(z) - r)/g * A_t^-1 x = theta - eta (mu - r)/g * v / (1 + w q).
@@ -437,8 +616,13 @@ def glb_omd_update(theta, h, hinv, x, reward, link, s_radius, eta, g, work):
 
 @njit(cache=CACHE, nogil=True)
 def glb_omd_update_row(theta, hinv, h, scalars, count, i, x, reward, params):
-    """``glb_omd_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
-    non-finite feature, else the step's status. ``params[4:8]``: link, S, eta, g."""
+    """``glb_omd_update`` of row i from Python, with its count and ``oful_update_row``'s input
+    checks (BAD_REWARD: also outside the link's range, ``reward_ok``), else the step's status.
+    ``params[4:8]``: link, S, eta, g."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not reward_ok(int(params[4]), reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     status = glb_omd_update(
@@ -466,7 +650,6 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
     beta_scale, beta_const, beta_log_coef, beta_t_coef = params[0], params[1], params[2], params[3]
     link, s_radius, eta, g = int(params[4]), params[5], params[6], params[7]
     n_updates = count[i]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -481,7 +664,8 @@ def glb_omd_play(arms, rewards, theta_rows, hinv_rows, h_rows, scalars, count, i
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        status = glb_omd_update(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, work)
+        # H_t^-1 x from the decision
+        status = _glb_omd_step(theta, h, hinv, arms[t, k], r, link, s_radius, eta, g, arm_work[k])
         if status != OK:
             done = t
             break
@@ -502,6 +686,14 @@ def hvt_ucb_beta(beta_scale, beta_coef, beta_const, p, t):
 def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     """One Hvt-UCB step (Algorithm 1, lines 5-8) in place. ``params``: beta_scale, beta_coef,
     beta_const, p, tau0, sqrt_alpha, nu, sigma_min, alpha, huber (0/1), project (0/1), S."""
+    sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
+    _hvt_ucb_step(theta, v, vinv, x, reward, n_updates, params, work)
+
+
+@njit(cache=CACHE, nogil=True)
+def _hvt_ucb_step(theta, v, vinv, x, reward, n_updates, params, work):
+    """``hvt_ucb_update`` given ``work = V_{t-1}^-1 x`` (``sym_matvec``'s bits, read only): the
+    play loop passes the decision's work row for the chosen arm, built with the same sums."""
     beta_scale, beta_coef, beta_const, p, tau0, sqrt_alpha = (
         params[0],
         params[1],
@@ -520,8 +712,7 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
     )
     d = x.shape[0]
     t = n_updates + 1
-    sym_matvec(vinv, x, work)  # V_{t-1}^-1 X_t
-    q = _dot(x, work)
+    q = _dot(x, work)  # work = V_{t-1}^-1 X_t
     n = math.sqrt(q if q > 0.0 else 0.0)  # ||X_t||_{V_{t-1}^-1}
     if n == 0.0:
         # X_t = 0: w_t = 0, tau_t = inf and the gradient is zero; V does not move.
@@ -561,8 +752,12 @@ def hvt_ucb_update(theta, v, vinv, x, reward, n_updates, params, work):
 
 @njit(cache=CACHE, nogil=True)
 def hvt_ucb_update_row(theta, vinv, v, scalars, count, i, x, reward, params):
-    """``hvt_ucb_update`` of row i from Python, with its count: BAD_X (row untouched) when x has a
-    non-finite feature, else OK."""
+    """``hvt_ucb_update`` of row i from Python, with its count and ``oful_update_row``'s input
+    checks (BAD_SHAPE, BAD_REWARD, BAD_X, the row untouched), else OK."""
+    if x.shape[0] != theta.shape[1]:
+        return BAD_SHAPE
+    if not _reward_in_bound(reward):
+        return BAD_REWARD
     if not _feature_row_ok(x):
         return BAD_X
     hvt_ucb_update(theta[i], v[i], vinv[i], x, reward, count[i], params, np.empty(x.shape[0]))
@@ -576,7 +771,6 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
     n, k_arms, d = arms.shape
     theta, vinv, v = theta_rows[i], vinv_rows[i], v_rows[i]
     n_updates = count[i]
-    work = np.empty(d)
     arm_work = np.empty((k_arms, d))
     scores = np.empty(k_arms)
     done, status = n, OK
@@ -591,7 +785,8 @@ def hvt_ucb_play(arms, rewards, theta_rows, vinv_rows, v_rows, scalars, count, i
             done, status = t, BAD_REWARD
             break
         chosen[t] = k
-        hvt_ucb_update(theta, v, vinv, arms[t, k], r, n_updates + t, params, work)
+        # V_{t-1}^-1 x from the decision
+        _hvt_ucb_step(theta, v, vinv, arms[t, k], r, n_updates + t, params, arm_work[k])
     count[i] += done
     return done, status
 

@@ -85,6 +85,8 @@ class GLBOMD(LinearUCBPolicy):
     _columns = {"theta": THETA, "hinv": INV, "h": OTHER}
     _radius_kind = kernels.RADIUS_GLB_OMD
     _play_kernel = kernels.glb_omd_play
+    # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
+    _update_row = staticmethod(kernels.glb_omd_update_row)
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,), in the ball ||theta|| <= S.")
@@ -181,12 +183,6 @@ class GLBOMD(LinearUCBPolicy):
         if link == "poisson" and r < 0.0:
             raise ValueError(f"poisson link needs a reward >= 0, got {r!r}")
         return r
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
-        self._raise_for(
-            kernels.glb_omd_update_row(*self._chunk, self._i, x, reward, self._store.params)
-        )
 
     def _status_message(self, status: int) -> str:
         try:

@@ -28,7 +28,6 @@ import numpy as np
 from streambandit.numerics import kernels
 from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies.base import (
-    BAD_X_MESSAGE,
     Policy,
     check_in_range,
     check_positive,
@@ -88,6 +87,8 @@ class HvtUCB(LinearUCBPolicy):
     _columns = {"theta": THETA, "vinv": INV, "v": OTHER}
     _radius_kind = kernels.RADIUS_HVT_UCB
     _play_kernel = kernels.hvt_ucb_play
+    # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
+    _update_row = staticmethod(kernels.hvt_ucb_update_row)
     _bad_reward_message = f"reward must be finite and within +-{MAX_ABS_REWARD:g}"
     __slots__ = ()
 
@@ -226,11 +227,3 @@ class HvtUCB(LinearUCBPolicy):
         t = self.n_updates + 1
         floor = math.sqrt(2.0 * self.beta(t - 1) / (self.tau0 * self._sqrt_alpha * t**self._p)) * n
         return max(c["nu"], c["sigma_min"], floor, 2.0 * math.sqrt(2.0) * n)
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
-        if (
-            kernels.hvt_ucb_update_row(*self._chunk, self._i, x, reward, self._store.params)
-            != kernels.OK
-        ):
-            raise ValueError(BAD_X_MESSAGE)

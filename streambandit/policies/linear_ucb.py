@@ -23,7 +23,7 @@ import numpy as np
 from streambandit.numerics import kernels
 from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies import rows
-from streambandit.policies.base import BAD_ARMS_MESSAGE, Policy
+from streambandit.policies.base import BAD_ARMS_MESSAGE, BAD_X_MESSAGE, Policy
 from streambandit.policies.state_blocks import StateBlock
 
 __all__ = ["LinearUCBPolicy", "row_array", "row_scalar"]
@@ -32,6 +32,14 @@ _NON_FINITE_ARMS = BAD_ARMS_MESSAGE
 # Chunk columns (rows.RowStore): the kernels take them in this order.
 THETA, INV, OTHER, SCALARS, COUNT = range(5)
 _SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
+_F64 = np.dtype(np.float64)
+_OK = kernels.OK
+
+
+def _is_matrix(a: Any) -> bool:
+    """Whether ``a`` is what the compiled decisions take as it is: a float64 C-contiguous
+    matrix (anything else goes through ``_check_arms_shape`` first)."""
+    return type(a) is np.ndarray and a.dtype is _F64 and a.ndim == 2 and a.flags.c_contiguous
 
 
 def row_array(column: int, doc: str) -> property:
@@ -50,7 +58,7 @@ def row_scalar(j: int, doc: str) -> property:
     """A float state scalar of the model: column ``j`` of its row of ``scalars``."""
 
     def get(self: "LinearUCBPolicy") -> float:
-        return float(self._chunk[SCALARS][self._i, j])
+        return self._chunk[SCALARS].item(self._i, j)
 
     def put(self: "LinearUCBPolicy", value: float) -> None:
         self._chunk[SCALARS][self._i, j] = value
@@ -81,6 +89,9 @@ class LinearUCBPolicy(Policy):
     ] = ()  # the float state scalars, by column of the row's ``scalars``
     _radius_kind: ClassVar[int]
     _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
+    # The compiled update of a row with its input checks, (chunk..., i, x, reward, params) ->
+    # status (a staticmethod: a numba dispatcher would otherwise bind as a method).
+    _update_row: ClassVar[Any]
     _bad_reward_message: ClassVar[str] = (
         f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
     )
@@ -134,11 +145,19 @@ class LinearUCBPolicy(Policy):
     @property
     def n_updates(self) -> int:
         """Rewards applied so far (the row's count)."""
-        return int(self._chunk[COUNT][self._i])
+        return self._chunk[COUNT].item(self._i)  # a Python int, read without a numpy scalar
 
     @n_updates.setter
     def n_updates(self, value: int) -> None:
         self._chunk[COUNT][self._i] = value
+
+    def kernel_row(self) -> tuple:
+        """``(theta, inv, scalars, count, i, kind, params)``: the chunk arrays, the row and the
+        radius this model's decisions use, for a compiled caller that scores contexts as
+        :meth:`scores` does (replay/row_kernel.py). Read afresh for each call: a row's arrays
+        are the store's."""
+        theta, inv, _, scalars, count = self._chunk
+        return theta, inv, scalars, count, self._i, self._radius_kind, self._store.params
 
     def _state_array(self, name: str) -> np.ndarray:
         # The row itself, not a pinned view: the callers copy it or read its shape at once.
@@ -225,6 +244,10 @@ class LinearUCBPolicy(Policy):
         return out
 
     # -- decisions ----------------------------------------------------------------------------
+    #
+    # The per-call path is one compiled call: the kernels check the shape and the values as they
+    # read the arms and return a status, and Python looks at the arms only for what decides
+    # which compiled code runs (a float64, C-contiguous matrix), and to word an error.
 
     def _check_x(self, x: np.ndarray) -> np.ndarray:
         # The compiled updates check the values themselves and change nothing when one is not
@@ -232,28 +255,45 @@ class LinearUCBPolicy(Policy):
         return self._check_x_shape(x)
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
-        a = self._check_arms_shape(arms)
+        a = arms if _is_matrix(arms) else self._check_arms_shape(arms)
         out = np.empty(a.shape[0])
-        if (
-            kernels.ucb_scores_row(
-                a, *self._chunk, self._i, self._radius_kind, self._store.params, out
-            )
-            != kernels.OK
-        ):
-            raise ValueError(_NON_FINITE_ARMS)
+        status = kernels.ucb_scores_row(
+            a, *self._chunk, self._i, self._radius_kind, self._store.params, out
+        )
+        if status != kernels.OK:
+            self._raise_for_arms(a, status)
         return out
 
     def select(self, arms: np.ndarray) -> int:
-        return self.best(arms)[0]
+        # _is_matrix inlined: select is the per-event call of a Python loop.
+        a = (
+            arms
+            if type(arms) is np.ndarray
+            and arms.dtype is _F64
+            and arms.ndim == 2
+            and arms.flags.c_contiguous
+            else self._check_arms_shape(arms)
+        )
+        i = kernels.ucb_select_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
+        if i < 0:
+            self._raise_for_arms(a, i)
+        return i
 
     def best(self, arms: np.ndarray) -> tuple[int, float]:
-        a = self._check_arms_shape(arms)
+        a = arms if _is_matrix(arms) else self._check_arms_shape(arms)
         i, score = kernels.ucb_best_row(
             a, *self._chunk, self._i, self._radius_kind, self._store.params
         )
         if i < 0:
-            raise ValueError(_NON_FINITE_ARMS)
+            self._raise_for_arms(a, i)
         return i, score
+
+    def _raise_for_arms(self, arms: np.ndarray, status: int) -> None:
+        """The error of a kernel's arms status: the shape checks' own, or the values'."""
+        if status == kernels.BAD_ARMS:
+            raise ValueError(_NON_FINITE_ARMS)
+        self._check_arms_shape(arms)
+        raise AssertionError(f"status {status} for arms of shape {arms.shape}")
 
     def _batch(self, arms: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         a = self._check_arms_batch(arms)
@@ -275,8 +315,25 @@ class LinearUCBPolicy(Policy):
     # -- updates ------------------------------------------------------------------------------
 
     def update(self, x: np.ndarray, reward: float) -> None:
-        # The compiled step counts the update itself (the row's count), only when it succeeds.
+        # One compiled call (``_update_row``) that checks x's length, the reward's range and x's
+        # values before it touches the row, and counts the update only when it succeeds. Input
+        # it cannot take as it is (not a float64 C-contiguous vector, not a float), and any
+        # refusal, goes through the checks in Python, which convert it or raise the error.
+        if (
+            isinstance(reward, float)  # a Python float or a numpy float64, taken as it is
+            and type(x) is np.ndarray
+            and x.dtype is _F64
+            and x.ndim == 1
+            and x.flags.c_contiguous
+            and self._update_row(*self._chunk, self._i, x, reward, self._store.params) == _OK
+        ):
+            return
         self._update(self._check_x(x), self._check_reward(reward))
+
+    def _update(self, x: np.ndarray, reward: float) -> None:
+        status = self._update_row(*self._chunk, self._i, x, reward, self._store.params)
+        if status != kernels.OK:
+            raise ValueError(self._status_message(status))
 
     def play(self, arms: np.ndarray, rewards: np.ndarray) -> np.ndarray:
         # The learner's compiled loop (``_play_kernel``) on this row; bad input at round t is
@@ -292,4 +349,6 @@ class LinearUCBPolicy(Policy):
 
     def _status_message(self, status: int) -> str:
         """What a kernel's bad-input status means, in the words the learner's errors use."""
+        if status == kernels.BAD_X:
+            return BAD_X_MESSAGE
         return _NON_FINITE_ARMS if status == kernels.BAD_ARMS else self._bad_reward_message

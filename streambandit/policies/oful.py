@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 
 from streambandit.numerics import kernels
-from streambandit.policies.base import BAD_X_MESSAGE, check_in_range, check_positive, register
+from streambandit.policies.base import check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import (
     INV,
     OTHER,
@@ -40,7 +40,16 @@ class OFUL(LinearUCBPolicy):
       noise_sd: R, the sub-Gaussian scale of the reward noise (default 1.0).
       S: bound on ||theta*||_2 (default 1.0).
       delta: confidence level of the radius (default 0.05).
-      beta_scale: multiplier on the theory radius (default 1.0: the theory radius itself).
+      beta_scale: multiplier on the theory radius (default 0.1). ``beta_scale=1`` is the theory's
+        radius itself, valid with probability 1 - delta and far wider than learning needs: built
+        with the dimension alone, on the stream of ``python -m bench.peers`` (d = 20, K = 10,
+        noise 0.1) its median regret over 20 seeds is 3.3x what River's Bayesian linear
+        regression does, 0.1's 0.98x (larger scales explore longer, smaller ones commit early).
+        On the papers' experiments with fixed arms (logistic, Poisson, heavy-tailed rewards) 0.1
+        has a lower median regret than the theory radius in all eight settings, but on 1 to 9
+        seeds of 20 it holds a wrong arm for long and regrets more (a higher mean in four
+        settings): where missing the best arm costs more than exploring, set ``beta_scale=1``.
+        Figures: ``python -m bench.default_scale`` (bench/results/default_scale.md).
 
     An example: rewards from a linear model with Gaussian noise; the estimate finds theta*, and
     a saved state restores the same scores (values rounded, so the example reads the same on any
@@ -72,6 +81,8 @@ class OFUL(LinearUCBPolicy):
     _row_scalars = ("logdet",)
     _radius_kind = kernels.RADIUS_OFUL
     _play_kernel = kernels.oful_play
+    # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det.
+    _update_row = staticmethod(kernels.oful_update_row)
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
@@ -88,7 +99,7 @@ class OFUL(LinearUCBPolicy):
         noise_sd: float = 1.0,
         S: float = 1.0,
         delta: float = 0.05,
-        beta_scale: float = 1.0,
+        beta_scale: float = 0.1,
         seed: int = 0,
     ) -> None:
         super().__init__(dim, seed=seed)
@@ -137,9 +148,3 @@ class OFUL(LinearUCBPolicy):
         """The confidence radius used by the next decision: a fixed ``beta``, or Abbasi-Yadkori
         et al. (2011), Theorem 2, times ``beta_scale``."""
         return kernels.oful_beta(*self._store.consts["_beta_args"], self.logdet)
-
-    def _update(self, x: np.ndarray, reward: float) -> None:
-        # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det
-        # (kernels.oful_update).
-        if kernels.oful_update_row(*self._chunk, self._i, x, reward) != kernels.OK:
-            raise ValueError(BAD_X_MESSAGE)

@@ -211,6 +211,17 @@ class RidgeRewardModel:
         self._learnt(float(reward))
         return out
 
+    def kernel_state(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, bool, float, float]:
+        """What a compiled caller needs to predict then learn as :meth:`predict_then_learn`
+        does (replay/row_kernel.py): ``(inv, b, theta, intercept, lo, hi)``; it calls
+        :meth:`learnt` after."""
+        return self._inv, self._b, self._theta, self.intercept, self._lo, self._hi
+
+    def learnt(self, reward: float) -> None:
+        """The bookkeeping of :meth:`predict_then_learn` after a compiled caller's update."""
+        self.n += 1
+        self._learnt(reward)
+
     def update(self, x: np.ndarray, reward: float) -> None:
         x = np.asarray(x, dtype=np.float64)
         if x.shape != (self.dim,):
@@ -488,7 +499,7 @@ class OffPolicyEvaluator:
             raise EstimatorError(f"reward {reward!r} outside the reward range [{lo:g}, {hi:g}]")
         status, w, pa, dm, qa = sums.add_row(
             self._acc,
-            _NO_SUMS if other is None else other._acc,
+            self.key_sums(other),
             target_probs,
             predicted,
             int(action),
@@ -498,6 +509,49 @@ class OffPolicyEvaluator:
             lo,
             hi,
         )
+        self.row_added(
+            other,
+            (status, w, pa, dm, qa),
+            action,
+            p,
+            r,
+            target_probs,
+            predicted,
+            slate_id,
+            position,
+        )
+
+    @property
+    def sums(self) -> np.ndarray:
+        """The running sums (sums.py's layout), which sums.add_row adds a row to."""
+        return self._acc
+
+    @property
+    def given(self) -> tuple[float, float]:
+        """The reward range given (NaN, NaN when none), as sums.add_row takes it."""
+        return self._given
+
+    @staticmethod
+    def key_sums(other: OffPolicyEvaluator | None) -> np.ndarray:
+        """The sums array sums.add_row adds a row to besides the pooled one (none: empty)."""
+        return _NO_SUMS if other is None else other._acc
+
+    def row_added(
+        self,
+        other: OffPolicyEvaluator | None,
+        added: tuple[int, float, float, float, float],
+        action: int,
+        p: float,
+        r: float,
+        target_probs: np.ndarray,
+        predicted: np.ndarray,
+        slate_id: str = "",
+        position: int = -1,
+    ) -> None:
+        """What follows sums.add_row's ``added = (status, w, pi[a], sum pi q, q[a])`` for this
+        evaluator and ``other``: the error of a refused row, else each one's slate, bootstrap and
+        running estimates (:meth:`add_also_to`, and the replay's row kernel)."""
+        status, w, pa, dm, qa = added
         raise_for_terms(status, action, p, r, target_probs, predicted)
         self._added(slate_id, position, pa, p, r, w, dm, qa)
         if other is not None:

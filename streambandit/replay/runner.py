@@ -58,8 +58,15 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 from streambandit.config.models import ModelsConfig, ModelSpec
-from streambandit.engine.decision import choice_with_probabilities, choose_with_probabilities
+from streambandit.engine.decision import (
+    NO_DRAW,
+    choice_with_probabilities,
+    choose_with_probabilities,
+)
+from streambandit.numerics.event_draw import event_seed
 from streambandit.policies.base import Policy
+from streambandit.policies.linear_ucb import LinearUCBPolicy
+from streambandit.replay import row_kernel
 from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
 from streambandit.replay.logged import LogError, LoggedDecision
 
@@ -98,6 +105,8 @@ KINDS = {
 }
 _SCORED_MAX = 1024  # score vectors kept per model between its updates
 _REWARDS_OK_MAX = 256
+# The row kernel's reward-model arrays when the predictions were made by another target.
+_NO_MATRIX, _NO_VECTOR = np.zeros((0, 0)), np.zeros(0)
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -222,17 +231,23 @@ class _Evaluators:
         """Row ``d`` with the target's probabilities and the reward model's predictions for it:
         checked once and added to the pooled and the key's sums in one compiled call, then to
         its position's (slate rows only)."""
-        key = d.model_key
-        e = self.by_key.get(key)
-        if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
-            e = self.by_key[key] = self._part()
+        e = self.key_part(d.model_key)
         self.pooled.add_also_to(
             e, d.action, d.propensity, d.reward, probs, predicted, d.slate_id, d.position
         )
-        if e is None:
-            self.untracked += 1
         if d.position >= 0:
             self._add_position(d, probs, predicted)
+
+    def key_part(self, key: str) -> OffPolicyEvaluator | None:
+        """The evaluator of ``key``'s share of the rows (made for a new key; None past
+        MAX_KEY_ESTIMATES keys, the row counted as untracked)."""
+        e = self.by_key.get(key)
+        if e is None:
+            if len(self.by_key) < MAX_KEY_ESTIMATES:
+                e = self.by_key[key] = self._part()
+            else:
+                self.untracked += 1
+        return e
 
     def _add_position(self, d: LoggedDecision, probs: np.ndarray, predicted: np.ndarray) -> None:
         e = self.by_position.get(d.position)
@@ -277,21 +292,36 @@ class _RewardModels:
 
     def predicted(self, d: LoggedDecision) -> np.ndarray:
         """The reward model's predictions for ``d``'s arms, made before it learns ``d``."""
+        made = self.made(d)
+        if made is not None:
+            return made
+        predicted = self.model(d).predict_then_learn(d.features, d.action, d.reward)
+        self.keep(d, predicted)
+        return predicted
+
+    def made(self, d: LoggedDecision) -> np.ndarray | None:
+        """The predictions another target had made for ``d`` (None: ``d``'s model is to predict
+        and learn now)."""
         entry = self.pending.get(d.event_id) if self.pending else None
-        if entry is not None:
-            entry[1] -= 1
-            if not entry[1]:
-                del self.pending[d.event_id]
-            return entry[0]
+        if entry is None:
+            return None
+        entry[1] -= 1
+        if not entry[1]:
+            del self.pending[d.event_id]
+        return entry[0]
+
+    def model(self, d: LoggedDecision) -> RidgeRewardModel:
         model = self.models.get(d.model_key)
         if model is None:
             model = self.models[d.model_key] = RidgeRewardModel(
                 d.features.shape[1], reward_range=self.reward_range
             )
-        predicted = model.predict_then_learn(d.features, d.action, d.reward)
+        return model
+
+    def keep(self, d: LoggedDecision, predicted: np.ndarray) -> None:
+        """Hold ``d``'s fresh predictions for the other targets."""
         if self.targets > 1:
             self.pending[d.event_id] = [predicted, self.targets - 1]
-        return predicted
 
 
 class _Rec:
@@ -326,6 +356,8 @@ class _Model:
         # Rewards the policy accepted (its rule depends on the value alone): 0/1 clicks are
         # checked once.
         self.rewards_ok: set[float] = set()
+        # A linear UCB learner: a row is decided, learnt from and summed in one compiled call.
+        self.row_kernel = isinstance(self.policy, LinearUCBPolicy)
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
@@ -416,6 +448,10 @@ class _ModelReplayer:
             # the path of _decide, _apply and the in-order hand-over without the bookkeeping.
             self._next_emit = self.events = self.events + 1
             m.seen += 1
+            f = d.features
+            if m.row_kernel and d.position < 0 and f.flags.writeable and f.dtype == np.float64:
+                self._decide_learn_and_sum(m, d)
+                return
             choice, probs = self._choose(m, d)
             self.decisions[d.event_id] = choice
             self.evaluators.add(d, probs, self._learn(m, d, choice))
@@ -506,6 +542,52 @@ class _ModelReplayer:
             self.matched += 1
         m.applied += 1
         return predicted
+
+    def _decide_learn_and_sum(self, m: _Model, d: LoggedDecision) -> None:
+        """``_choose``, ``_learn`` and ``evaluators.add`` of a row in one compiled call
+        (replay/row_kernel.py: the same compiled steps in the same order, so the same bits),
+        then the target's own update. Rows on slates, rows whose arms are shared read-only arrays
+        (scored once per state by ``_Model.scores``) and targets other than linear UCB learners
+        take the path of those calls."""
+        spec, f = m.spec, d.features
+        k = f.shape[0]
+        probs = np.empty(k)
+        digest = event_seed(d.model_key, d.event_id, spec.seed) if spec.epsilon > 0.0 else NO_DRAW
+        models = self.reward_models
+        predicted = models.made(d)
+        fresh = predicted is None
+        reward_model = models.model(d) if fresh else None
+        if fresh:
+            predicted = np.empty(k)
+            inv, b, r_theta, intercept, r_lo, r_hi = reward_model.kernel_state()
+        else:
+            inv, b, r_theta = _NO_MATRIX, _NO_VECTOR, _NO_VECTOR
+            intercept, r_lo, r_hi = False, 0.0, 0.0
+        evaluators = self.evaluators
+        pooled, key_part = evaluators.pooled, evaluators.key_part(d.model_key)
+        lo, hi = pooled.given
+        theta, vinv, scalars, count, i, kind, params = m.policy.kernel_row()
+        action, p, r = d.action, float(d.propensity), float(d.reward)
+        choice, *added = row_kernel.decide_and_sum_row(
+            f, theta, vinv, scalars, count, i, kind, params,
+            float(spec.epsilon), digest, probs,
+            fresh, inv, b, r_theta, intercept, r_lo, r_hi, predicted,
+            pooled.sums, pooled.key_sums(key_part), action, p, r, pooled.clip or 0.0, lo, hi,
+        )  # fmt: skip
+        if choice < 0:
+            self._choose(m, d)  # raises the refusal of these features, as the other path does
+            raise AssertionError(f"{d.where}: features refused by one scoring and not the other")
+        if fresh:
+            reward_model.learnt(r)
+            models.keep(d, predicted)
+        self.decisions[d.event_id] = choice
+        if choice == action:
+            if self.target.learn:
+                m.policy.update(f[action], r)
+                m.scored.clear()
+            self.matched += 1
+        m.applied += 1
+        pooled.row_added(key_part, tuple(added), action, p, r, probs, predicted)
 
     def _decide(self, m: _Model, rec: _Rec) -> None:
         rec.choice, rec.probs = self._choose(m, rec.d)

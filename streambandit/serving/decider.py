@@ -119,20 +119,23 @@ class Decider:
         sequence of arm ids with ``features`` a (K, d) matrix, row k the features of arm k."""
         context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
         ref = self._ref(_CONTEXT)
-        out = self.engine.on_context(context, ref)
-        self._emit(out, ref)  # raises if the engine refused this context
-        action = next(o for o in out if isinstance(o, Action))
-        model = self.engine.models[model_key]
-        return Ranking(
-            event_id,
-            model_key,
-            action.arm_id,
-            action.arm_index,
-            action.propensity,
-            action.score,
-            model.scores(context.features),
-            action.model_version,
-        )
+        scores: list[np.ndarray] = []  # the decision's scores, computed once by the engine
+        out = self.engine.on_context(context, ref, scores=scores)
+        if len(out) != 1 or type(out[0]) is not Action:  # not the action alone: more to hand on
+            self._emit(out, ref)  # raises if the engine refused this context
+        for action in out:
+            if type(action) is Action:
+                return Ranking(
+                    event_id,
+                    model_key,
+                    action.arm_id,
+                    action.arm_index,
+                    action.propensity,
+                    action.score,
+                    scores[0],
+                    action.model_version,
+                )
+        raise AssertionError("the engine accepted a context and made no action")
 
     def reward(
         self,

@@ -243,6 +243,7 @@ class Replica:
             if model is None:
                 raise_if(admission.model_room_refusal(model_key, self.models, self.max_models))
                 model = spec.build()  # version 0, as the learners' is until its first update
+            scored: list = []  # the decision's scores, computed once
             try:
                 d = decide(
                     model,
@@ -251,6 +252,7 @@ class Replica:
                     model_key=model_key,
                     event_id=event_id,
                     seed=spec.seed,
+                    scores=scored,
                 )
             except ValueError as exc:
                 refused = admission.learner_refusal(exc, x)
@@ -260,7 +262,7 @@ class Replica:
                     "chosen arm's id", arm_ids[d.index], self.worker_config.max_id_bytes
                 )
             )
-            version, scores = model.n_updates, model.scores(x)
+            version, scores = model.n_updates, scored[0]
             self.models.setdefault(model_key, model)
             self._recent[event_id] = model_key
             if len(self._recent) > self.max_recent:

@@ -50,9 +50,12 @@ def _learner(name: str, link: str, radius: float):
         return make_policy("glb_omd", dim=DIM, link=link, S=radius)
     if name == "glm_ucb_refit":
         return GLMUCBRefit(DIM, link=link, S=radius)
+    # OFUL at the theory's radius (beta_scale = 1), as the papers' comparisons state it.
     if link == "logistic":
-        return make_policy("oful", dim=DIM, noise_sd=0.5, S=radius)
-    return make_policy("oful", dim=DIM, noise_sd=math.exp(radius / 2.0), S=math.exp(radius))
+        return make_policy("oful", dim=DIM, noise_sd=0.5, S=radius, beta_scale=1.0)
+    return make_policy(
+        "oful", dim=DIM, noise_sd=math.exp(radius / 2.0), S=math.exp(radius), beta_scale=1.0
+    )
 
 
 CHOICES_COMMON = [

@@ -46,7 +46,7 @@ def _learner(name: str, eps: float, nu: float, rounds: int):
         return make_policy("hvt_ucb", dim=DIM, epsilon=eps, nu=nu, horizon=rounds)
     if name == "huber_refit":
         return HuberRefit(DIM, epsilon=eps, nu=nu, horizon=rounds)
-    return make_policy("oful", dim=DIM, noise_sd=1.0, S=1.0)
+    return make_policy("oful", dim=DIM, noise_sd=1.0, S=1.0, beta_scale=1.0)  # theory radius
 
 
 def run(*, size: str, seeds: int | None, progress: Callable[[int], None]):

@@ -246,3 +246,34 @@ def test_tiny_run_end_to_end(tmp_path):
 def test_bad_options_exit_nonzero():
     assert inprocess.main(["--n", "0"]) == 2
     assert inprocess.main(["--only", "no_such_row"]) == 2
+
+
+def test_defaults_row_is_compared_with_each_peer_on_the_peers_own_events(tmp_path):
+    """oful built from the dimension alone, against River on River's prefix: the target's figure
+    is that ratio, recomputed here from the same stream."""
+    pytest.importorskip("river")
+    import json
+
+    js = tmp_path / "r.json"
+    argv = ["--n", "300", "--n-slow", "100", "--d", "4", "--K", "3", "--repeats", "1"]
+    argv += [
+        "--only",
+        "oful_defaults,river_shared",
+        "--json",
+        str(js),
+        "--md",
+        str(tmp_path / "r.md"),
+    ]
+    assert inprocess.main(argv) == 0
+    result = json.loads(js.read_text())
+    rows = {r["key"]: r for r in result["rows"]}
+    stream = make_stream(300, 4, 3, noise_sd=0.1, seed=0)
+    chosen = make_policy("oful", dim=4).play(stream.arms, stream.rewards)
+    expected = float(cumulative_regret(stream, chosen)[99])
+    river = rows["river_shared"]
+    assert river["n"] == 100 and river["defaults_regret_same_n"] == pytest.approx(expected)
+    target = next(t for t in result["targets"] if t["target"].startswith("oful with defaults"))
+    assert target["measured"] == pytest.approx(expected / river["regret"])
+    assert target["met"] == (expected <= river["regret"])
+    default_scale = make_policy("oful", dim=4).config()["beta_scale"]
+    assert f"beta_scale={default_scale:g}" in rows["oful_defaults"]["config"]

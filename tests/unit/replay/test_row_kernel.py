@@ -1,0 +1,107 @@
+"""The replay's row kernel (replay/row_kernel.py) gives the same bits as the per-call path it
+replaces: the same estimates, intervals, running estimates, choices and learnt states, for each
+linear UCB learner, with and without exploration, one or several targets, lagged logs, frozen
+targets and per-key estimates; and it refuses bad features with the same error."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from streambandit.replay import runner
+from streambandit.replay.logged import LogError
+from streambandit.replay.runner import Target, replay_targets
+from tests.unit.replay.test_replay_runner import models_config, worker_log
+
+
+class _NotALearner:
+    """Stands in for LinearUCBPolicy so that no model takes the row kernel."""
+
+
+def _both_paths(monkeypatch, log, targets, **options):
+    calls = {"n": 0}
+    real = runner.row_kernel.decide_and_sum_row
+
+    def counted(*args):
+        calls["n"] += 1
+        return real(*args)
+
+    monkeypatch.setattr(runner.row_kernel, "decide_and_sum_row", counted)
+    fused = replay_targets(log, targets, **options)
+    kernel_rows, calls["n"] = calls["n"], 0
+    with monkeypatch.context() as m:
+        m.setattr(runner, "LinearUCBPolicy", _NotALearner)
+        plain = replay_targets(log, targets, **options)
+    assert calls["n"] == 0  # the reference took the per-call path throughout
+    return fused, plain, kernel_rows
+
+
+def _assert_same(a, b):
+    for name in a:
+        ra, rb = a[name], b[name]
+        for f in dataclasses.fields(ra):
+            if f.name == "seconds":
+                continue
+            va, vb = getattr(ra, f.name), getattr(rb, f.name)
+            if f.name == "models":
+                assert va.keys() == vb.keys()
+                for key in va:
+                    for k, x in va[key].items():
+                        assert np.array_equal(x, vb[key][k]), (name, key, k)
+            else:
+                assert repr(va) == repr(vb), (name, f.name)  # floats to the bit, nan == nan
+
+
+@pytest.mark.parametrize(
+    "policy,hyper",
+    [
+        ("oful", {}),
+        ("oful", {"beta": 0.3}),
+        ("glb_omd", {"link": "gaussian", "dispersion": 0.01}),
+        ("hvt_ucb", {}),
+    ],
+)
+@pytest.mark.parametrize("epsilon", [0.0, 0.2])
+def test_the_row_kernel_gives_the_per_call_paths_bits(monkeypatch, policy, hyper, epsilon):
+    config = models_config(policy=policy, epsilon=epsilon, **hyper)
+    log, _, _ = worker_log(config, 400, keys=("m-a", "m-b", "m-c"), max_delay=3)
+    # Undated rows (decision version -1) take the fast path; the rest of the log keeps its
+    # versions, so held-back decisions interleave with fast ones.
+    log = [dataclasses.replace(d, decision_version=-1) if i % 3 else d for i, d in enumerate(log)]
+    fused, plain, kernel_rows = _both_paths(monkeypatch, log, [Target("t", config)], clip=50.0)
+    _assert_same(fused, plain)
+    assert fused["t"].matched > 0 and kernel_rows > 0
+
+
+def test_several_targets_frozen_and_learning_share_the_reward_model_alike(monkeypatch):
+    config = models_config(epsilon=0.1)
+    log, _, states = worker_log(config, 300)
+    log = [dataclasses.replace(d, decision_version=-1) for d in log]
+    targets = [
+        Target("learning", config),
+        Target("frozen", config, learn=False, states=states),
+        Target("other", models_config(epsilon=0.0, lam=3.0)),
+    ]
+    fused, plain, kernel_rows = _both_paths(monkeypatch, log, targets, bootstrap=20)
+    _assert_same(fused, plain)
+    assert kernel_rows == len(targets) * len(log)  # every row of every target
+
+
+def test_bad_features_are_refused_alike(monkeypatch):
+    config = models_config()
+    log, _, _ = worker_log(config, 20)
+    bad = log[7].features.copy()
+    bad[1, 2] = np.inf
+    log = [dataclasses.replace(d, decision_version=-1) for d in log]
+    log[7] = dataclasses.replace(log[7], features=bad)
+    errors = []
+    for patch in (False, True):
+        with monkeypatch.context() as m:
+            if patch:
+                m.setattr(runner, "LinearUCBPolicy", _NotALearner)
+            with pytest.raises(LogError) as err:
+                replay_targets(log, [Target("t", config)])
+            errors.append(str(err.value))
+    assert errors[0] == errors[1] and "features" in errors[0]
