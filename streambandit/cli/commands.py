@@ -757,6 +757,7 @@ def _progress_line(what: str, n: int, elapsed: float, frac: float | None) -> str
 
 def _cmd_replay(args: argparse.Namespace) -> int:
     """Replay a decision log through the target policies: off-policy estimates and a report."""
+    from streambandit.replay.figure_process import FigureProcess
     from streambandit.replay.report import to_markdown, write_report
     from streambandit.replay.runner import LEARNING_NOTE, replay_targets
     from streambandit.replay.states import write_model_states
@@ -783,33 +784,49 @@ def _cmd_replay(args: argparse.Namespace) -> int:
     dim = dims.pop() if len(dims) == 1 else None
     decisions, source, share = _replay_source(args, counts, dim, configured=bool(learners))
     decisions = _rows(args.rows, decisions)
-    progress, done = _progress_printer("replay", share, _rows_wanted(args.rows))
-    options = {
-        "clip": args.clip,
-        "skip_bad": args.skip_bad,
-        "reward_range": tuple(args.reward_range) if args.reward_range else None,
-    }
-    results = replay_targets(
-        decisions, targets, progress=progress, counts=counts, bootstrap=args.bootstrap, **options
-    )
-    done(next(iter(results.values())).events)
-    expected = _expected_values(args, targets, results, dim, options)
-    if expected is None:
-        for r in results.values():
-            r.warnings[:] = [
-                f"{w} (--expected-value gives an interval for that)" if w == LEARNING_NOTE else w
-                for w in r.warnings
-            ]
-    config = ", ".join(args.config or [])
-    written = write_report(
-        results, args.out, source=source, config=config, clip=args.clip, expected=expected
-    )
-    if args.save_state:
-        n = write_model_states(args.save_state, results[learners[0].name].models)
-        written.append(f"{args.save_state} ({n} models)")
-    print(to_markdown(results, source=source, expected=expected), end="")
-    print("wrote " + ", ".join(str(p) for p in written))
-    return 0
+    # The figures are drawn by a child forked now: matplotlib loads on the other core while
+    # this one replays (replay/figure_process.py).
+    with FigureProcess() as figures:
+        progress, done = _progress_printer("replay", share, _rows_wanted(args.rows))
+        options = {
+            "clip": args.clip,
+            "skip_bad": args.skip_bad,
+            "reward_range": tuple(args.reward_range) if args.reward_range else None,
+        }
+        results = replay_targets(
+            decisions,
+            targets,
+            progress=progress,
+            counts=counts,
+            bootstrap=args.bootstrap,
+            **options,
+        )
+        done(next(iter(results.values())).events)
+        expected = _expected_values(args, targets, results, dim, options)
+        if expected is None:
+            for r in results.values():
+                r.warnings[:] = [
+                    f"{w} (--expected-value gives an interval for that)"
+                    if w == LEARNING_NOTE
+                    else w
+                    for w in r.warnings
+                ]
+        config = ", ".join(args.config or [])
+        written = write_report(
+            results,
+            args.out,
+            source=source,
+            config=config,
+            clip=args.clip,
+            expected=expected,
+            figures=figures,
+        )
+        if args.save_state:
+            n = write_model_states(args.save_state, results[learners[0].name].models)
+            written.append(f"{args.save_state} ({n} models)")
+        print(to_markdown(results, source=source, expected=expected), end="")
+        print("wrote " + ", ".join(str(p) for p in written))
+        return 0
 
 
 def _replicates(args: argparse.Namespace) -> int:

@@ -8,12 +8,14 @@ position (the slot, 0 at the top)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
 from typing import Any
 
 from streambandit.replay.estimators import Estimate
+from streambandit.replay.figure_process import FigureProcess
 from streambandit.replay.paths import ExpectedValue
 from streambandit.replay.runner import KINDS, KeyEstimates, ReplayResult
 
@@ -371,9 +373,11 @@ def write_report(
     clip: float | None = None,
     confidence: float = 0.95,
     expected: dict[str, list[ExpectedValue]] | None = None,
+    figures: FigureProcess | None = None,
 ) -> list[Path]:
     """Write ``replay.md``, ``replay.json`` and (with matplotlib) ``replay.png`` of the first
-    target's running estimates and, with several targets, ``targets.png``; the paths written."""
+    target's running estimates and, with several targets, ``targets.png``; the paths written.
+    ``figures``: the child process that draws the figures (started before the replay), if any."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, png = out / "replay.md", out / "replay.json", out / "replay.png"
@@ -393,11 +397,18 @@ def write_report(
         + "\n"
     )
     written = [md, js]
-    results = _results(result)
-    if plot(results[0], png, title=f"replay of {Path(source).name}" if source else ""):
-        written.append(png)
-    if len(results) > 1 and plot_targets(results, out / "targets.png"):
-        written.append(out / "targets.png")
+    # What the figures read, without the per-event decisions and the models' states (a large
+    # log's decisions would be pickled to the figure process for nothing).
+    results = [dataclasses.replace(r, decisions={}, models={}) for r in _results(result)]
+    calls: list = [
+        (plot, (results[0], png), {"title": f"replay of {Path(source).name}" if source else ""})
+    ]
+    paths = [png]
+    if len(results) > 1:
+        calls.append((plot_targets, (results, out / "targets.png"), {}))
+        paths.append(out / "targets.png")
+    drawn = figures.draw(calls) if figures is not None else [f(*a, **k) for f, a, k in calls]
+    written += [path for path, ok in zip(paths, drawn) if ok]
     return written
 
 
