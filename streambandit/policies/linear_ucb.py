@@ -154,8 +154,8 @@ class LinearUCBPolicy(Policy):
     def kernel_row(self) -> tuple:
         """``(theta, inv, scalars, count, i, kind, params)``: the chunk arrays, the row and the
         radius this model's decisions use, for a compiled caller that scores contexts as
-        :meth:`scores` does (replay/row_kernel.py). Read afresh for each call: a row's arrays
-        are the store's."""
+        :meth:`scores` does (replay/row_kernel.py). A model keeps its row for its life, so a
+        caller may keep these for as long as it keeps the model."""
         theta, inv, _, scalars, count = self._chunk
         return theta, inv, scalars, count, self._i, self._radius_kind, self._store.params
 

@@ -332,6 +332,7 @@ def _decision(
     position = _position(field("position"), len(items.arm_ids), where)
     propensity = _propensity(field("propensity_score"), where)
     reward = _click(field("click"), where)
+    arms_checked, user = False, None
     if cols.affinity is not None:
         x = np.column_stack((_arms(row, cols, items, opt), _affinities(row, cols.affinity, where)))
     else:
@@ -341,10 +342,12 @@ def _decision(
         user = tuple(row[j].strip() for _, j in cols.user)
         x = shared.get(user)
         if x is None:
-            if len(shared) * items.features.shape[0] * _dim_of(shared) >= _SHARED_FLOATS:
-                shared.clear()
-            x = shared[user] = _arms(row, cols, items, opt)
+            x = _arms(row, cols, items, opt)
             x.flags.writeable = False
+        else:
+            # A matrix shared with an earlier row that passed, and the catalog's arm ids: the
+            # validation's scans of them (1.6 and 1.2 us a row at K = 80) are not repeated.
+            arms_checked = True
     d = LoggedDecision(
         ts,
         event_id,
@@ -358,7 +361,12 @@ def _decision(
         where,
         position=position,
     )
-    return validate(d, where)
+    validate(d, where, arms_checked=arms_checked)
+    if user is not None and not arms_checked:  # shared only once it has passed
+        if len(shared) * items.features.shape[0] * _dim_of(shared) >= _SHARED_FLOATS:
+            shared.clear()
+        shared[user] = x
+    return d
 
 
 def _stream(

@@ -105,8 +105,9 @@ KINDS = {
 }
 _SCORED_MAX = 1024  # score vectors kept per model between its updates
 _REWARDS_OK_MAX = 256
-# The row kernel's reward-model arrays when the predictions were made by another target.
-_NO_MATRIX, _NO_VECTOR = np.zeros((0, 0)), np.zeros(0)
+# The row kernel's reward-model arguments when the predictions were made by another target.
+_NO_REWARD_MODEL = (np.zeros((0, 0)), np.zeros(0), np.zeros(0), False, 0.0, 0.0)
+_UNTRACKED = object()  # a _Model.key_evaluator: the key is past MAX_KEY_ESTIMATES
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -356,8 +357,16 @@ class _Model:
         # Rewards the policy accepted (its rule depends on the value alone): 0/1 clicks are
         # checked once.
         self.rewards_ok: set[float] = set()
-        # A linear UCB learner: a row is decided, learnt from and summed in one compiled call.
+        # A linear UCB learner: a row is decided, learnt from and summed in one compiled call
+        # (_ModelReplayer._decide_learn_and_sum), with the arguments that are the same for every
+        # row of this model kept here: its exploration, seed and row of the learners' store.
         self.row_kernel = isinstance(self.policy, LinearUCBPolicy)
+        self.kernel_args = (
+            (float(spec.epsilon), spec.seed, self.policy.kernel_row()) if self.row_kernel else None
+        )
+        self.reward_model: RidgeRewardModel | None = None  # this key's, once the kernel uses it
+        # This key's evaluator (_Evaluators.key_part), _UNTRACKED past MAX_KEY_ESTIMATES keys.
+        self.key_evaluator: OffPolicyEvaluator | object | None = None
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
@@ -549,28 +558,35 @@ class _ModelReplayer:
         then the target's own update. Rows on slates, rows whose arms are shared read-only arrays
         (scored once per state by ``_Model.scores``) and targets other than linear UCB learners
         take the path of those calls."""
-        spec, f = m.spec, d.features
+        f, key = d.features, d.model_key
         k = f.shape[0]
         probs = np.empty(k)
-        digest = event_seed(d.model_key, d.event_id, spec.seed) if spec.epsilon > 0.0 else NO_DRAW
+        epsilon, seed, row = m.kernel_args
+        digest = event_seed(key, d.event_id, seed) if epsilon > 0.0 else NO_DRAW
         models = self.reward_models
         predicted = models.made(d)
         fresh = predicted is None
-        reward_model = models.model(d) if fresh else None
         if fresh:
+            reward_model = m.reward_model
+            if reward_model is None:
+                reward_model = m.reward_model = models.model(d)
             predicted = np.empty(k)
             inv, b, r_theta, intercept, r_lo, r_hi = reward_model.kernel_state()
         else:
-            inv, b, r_theta = _NO_MATRIX, _NO_VECTOR, _NO_VECTOR
-            intercept, r_lo, r_hi = False, 0.0, 0.0
+            inv, b, r_theta, intercept, r_lo, r_hi = _NO_REWARD_MODEL
         evaluators = self.evaluators
-        pooled, key_part = evaluators.pooled, evaluators.key_part(d.model_key)
+        pooled = evaluators.pooled
+        key_part = m.key_evaluator
+        if key_part is None:
+            key_part = evaluators.key_part(key)  # counts an untracked row itself
+            m.key_evaluator = _UNTRACKED if key_part is None else key_part
+        elif key_part is _UNTRACKED:
+            key_part = None
+            evaluators.untracked += 1
         lo, hi = pooled.given
-        theta, vinv, scalars, count, i, kind, params = m.policy.kernel_row()
         action, p, r = d.action, float(d.propensity), float(d.reward)
         choice, *added = row_kernel.decide_and_sum_row(
-            f, theta, vinv, scalars, count, i, kind, params,
-            float(spec.epsilon), digest, probs,
+            f, *row, epsilon, digest, probs,
             fresh, inv, b, r_theta, intercept, r_lo, r_hi, predicted,
             pooled.sums, pooled.key_sums(key_part), action, p, r, pooled.clip or 0.0, lo, hi,
         )  # fmt: skip

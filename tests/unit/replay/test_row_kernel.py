@@ -105,3 +105,13 @@ def test_bad_features_are_refused_alike(monkeypatch):
                 replay_targets(log, [Target("t", config)])
             errors.append(str(err.value))
     assert errors[0] == errors[1] and "features" in errors[0]
+
+
+def test_keys_past_the_per_key_bound_are_counted_alike(monkeypatch):
+    monkeypatch.setattr(runner, "MAX_KEY_ESTIMATES", 1)
+    config = models_config(epsilon=0.1)
+    log, _, _ = worker_log(config, 200, keys=("m-a", "m-b", "m-c"))
+    log = [dataclasses.replace(d, decision_version=-1) for d in log]
+    fused, plain, kernel_rows = _both_paths(monkeypatch, log, [Target("t", config)])
+    _assert_same(fused, plain)
+    assert kernel_rows == len(log) and fused["t"].keys_without_estimates > 100
