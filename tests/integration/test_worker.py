@@ -85,18 +85,24 @@ def test_what_lives_as_long_as_the_worker_is_out_of_the_collectors_walks(broker,
 
     import streambandit.numerics.kernels
 
-    w, t = start_worker(broker, topics, tmp_path, "g-freeze")
-    try:
-        assert wait_for(lambda: len(w.partitions) == 2, timeout_s=60)
+    def engines_frozen() -> bool:
+        # A partition is held (in w.partitions) a moment before the freeze that follows its
+        # recovery: wait for the freeze rather than look in between.
         walked = {id(o) for o in gc.get_objects()}
-        assert gc.get_freeze_count() > 0
-        assert (
-            id(streambandit.numerics.kernels.oful_update) not in walked
-        )  # a module-level object, alive since import
-        assert all(
+        return all(
             id(part.engine) not in walked and id(part.engine.models) not in walked
             for part in list(w.partitions.values())
         )
+
+    w, t = start_worker(broker, topics, tmp_path, "g-freeze")
+    try:
+        assert wait_for(lambda: len(w.partitions) == 2, timeout_s=60)
+        assert gc.get_freeze_count() > 0
+        walked = {id(o) for o in gc.get_objects()}
+        assert (
+            id(streambandit.numerics.kernels.oful_update) not in walked
+        )  # a module-level object, alive since import
+        assert wait_for(engines_frozen, timeout_s=10)
     finally:
         w.stop()
         t.join(30)
