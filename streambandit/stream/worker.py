@@ -236,6 +236,7 @@ class Worker:
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
         self._session_s = self.protocol.session_s
         self._polled = time.monotonic()  # when the last consume() returned
+        self._wake_after_callback = False  # see _wake_fetchers
         self._snapshots_held_until = 0.0
         # A broker the loop waits for (stream/outage.py): a state it reports, not a hang.
         self.outage = BrokerOutage()
@@ -976,8 +977,38 @@ class Worker:
             msgs = self.consumer.consume(1, timeout_ms / 1000)
             if msgs:
                 msgs += self.consumer.consume(n - 1, 0)
+        if self._wake_after_callback:  # a rebalance callback ran inside these consume() calls
+            self._wake_fetchers()
         self._polled = time.monotonic()
         return msgs
+
+    def _wake_fetchers(self) -> None:
+        """Send one request to each broker that leads an input this member kept through an
+        incremental rebalance: its end offset, asked of the leader.
+
+        librdkafka pauses every assigned partition while a rebalance callback runs. A broker's
+        fetcher thread that looks at its partitions during that pause drops them from its fetch
+        list and then sleeps until its next periodic wake-up, up to a second, before it sees them
+        resumed; a request to that broker wakes it at once. The worker's revoke callback (its
+        final snapshot and transaction) outlasts a fetch round trip, so without this the
+        partitions a member keeps stop for about a second at each rebalance it gives partitions
+        up in (``python -m bench.join``). A request that fails only leaves that wait in place."""
+        self._wake_after_callback = False
+        kept = sorted(self.assigned)
+        woken: set[int] = set()
+        try:
+            for topic in sorted({t for t, _ in kept}):
+                md = self.consumer.list_topics(topic, timeout=1).topics.get(topic)
+                for t, p in kept:
+                    leader = md.partitions[p].leader if md and p in md.partitions else -1
+                    if t == topic and leader >= 0 and leader not in woken:
+                        woken.add(leader)
+                        self.consumer.get_watermark_offsets(
+                            TopicPartition(t, p), timeout=1, cached=False
+                        )
+        except KafkaException as exc:
+            log.debug("rebalance: waking the fetchers of kept partitions failed: %s", exc)
+        self.metrics["fetcher_wakes"] += len(woken)
 
     def _inputs_behind(self) -> dict[int, tuple[bool, bool]]:
         """Per partition and input: does the broker hold records not yet delivered to us? The high
@@ -1360,6 +1391,7 @@ class Worker:
         # next owner reads them again. What did commit is snapshotted for a fast handoff. No
         # transaction is open here: callbacks run inside consume(), between committed batches.
         self.metrics["revokes"] += 1
+        self._wake_after_callback = self.protocol.incremental
         if not self.protocol.incremental:
             self._rebalancing = True
         log.info("rebalance: revoked partitions=%s", sorted({tp.partition for tp in tps}))
@@ -1376,6 +1408,7 @@ class Worker:
         # new owner may already have used, and later recoveries would miss the new owner's
         # updates. What this worker committed is in the logs and the snapshots already stored.
         self.metrics["losses"] += 1
+        self._wake_after_callback = self.protocol.incremental
         if not self.protocol.incremental:
             self._rebalancing = True
         log.warning(

@@ -212,3 +212,67 @@ def test_a_partition_whose_inputs_are_split_between_members_is_served_by_neither
         stop_other.set()
         w.stop()
         t.join(30)
+
+
+def test_a_member_that_gives_partitions_up_wakes_the_fetchers_of_those_it_keeps(
+    broker, topics, tmp_path
+):
+    """Under the consumer protocol a member keeps what it does not give up, but librdkafka pauses
+    its whole assignment while the revoke callback runs, and a fetcher that saw the pause sleeps
+    up to a second before it fetches the kept partitions again (``Worker._wake_fetchers``). A
+    worker that gives a partition up to a joining one sends one request to the leader of what it
+    keeps (one broker here), and goes on deciding the kept partition's contexts. Under the eager
+    protocol (the embedded broker) it keeps nothing through the rebalance and sends none."""
+    prod = producer(broker)
+    rng = np.random.default_rng(5)
+
+    def send_contexts(tag: str, n: int) -> dict[str, int]:
+        sent = {}
+        for i in range(n):
+            ev = Context(
+                f"{tag}{i}", f"m-{i % 8}", 1000 + i, ("a", "b"), rng.standard_normal((2, 3))
+            )
+            sent[ev.event_id] = send_tracked(
+                prod, topics.contexts, ev.model_key.encode(), encode(ev)
+            )
+        prod.flush()
+        return {e: s.partition for e, s in sent.items()}
+
+    def decided() -> set[str]:
+        return {a.event_id for a in outputs(broker, topics, "g-wake")["actions"]}
+
+    first = send_contexts("e", 20)
+    assert set(first.values()) == {0, 1}
+    a = Worker(
+        _config(broker, group_id="g-wake", topics=topics),
+        DirectoryStore(tmp_path / "s"),
+        instance_id="a",
+    )
+    ta = threading.Thread(target=a.run, daemon=True)
+    ta.start()
+    b = tb = None
+    try:
+        assert wait_for(lambda: decided() == set(first), timeout_s=60), "A did not serve both"
+        assert a.metrics["fetcher_wakes"] == 0  # no rebalance has taken anything from A yet
+        b = Worker(
+            _config(broker, group_id="g-wake", topics=topics),
+            DirectoryStore(tmp_path / "s"),
+            instance_id="b",
+        )
+        tb = threading.Thread(target=b.run, daemon=True)
+        tb.start()
+        assert wait_for(lambda: len(a.partitions) == 1 and len(b.partitions) == 1, timeout_s=60), (
+            a.partitions.keys(),
+        )
+        later = send_contexts("f", 20)
+        assert wait_for(lambda: set(later) <= decided(), timeout_s=60), "not every context decided"
+        if is_tansu(broker):
+            assert a.metrics["fetcher_wakes"] == 0  # eager: every partition was revoked
+        else:
+            assert a.metrics["revokes"] >= 1
+            assert a.metrics["fetcher_wakes"] >= 1  # the one broker leading what A kept
+    finally:
+        for w, t in ((b, tb), (a, ta)):
+            if w is not None:
+                w.stop()
+                t.join(30)
