@@ -22,13 +22,13 @@ class _NotALearner:
 
 def _both_paths(monkeypatch, log, targets, **options):
     calls = {"n": 0}
-    real = runner.row_kernel.decide_and_sum_row
+    real = runner.row_kernel.decide_and_sum_targets
 
     def counted(*args):
-        calls["n"] += 1
+        calls["n"] += len(args[1])  # a row of each of its targets
         return real(*args)
 
-    monkeypatch.setattr(runner.row_kernel, "decide_and_sum_row", counted)
+    monkeypatch.setattr(runner.row_kernel, "decide_and_sum_targets", counted)
     fused = replay_targets(log, targets, **options)
     kernel_rows, calls["n"] = calls["n"], 0
     with monkeypatch.context() as m:
