@@ -348,6 +348,19 @@ class _Rec:
 class _Model:
     """The target model of one key, its reward model, and the decisions and updates held back."""
 
+    __slots__ = (
+        "key",
+        "spec",
+        "policy",
+        "applied",
+        "seen",
+        "waiting",
+        "updates",
+        "scored",
+        "rewards_ok",
+        "row_kernel",
+    )
+
     def __init__(self, key: str, spec: ModelSpec, state: dict[str, Any] | None = None) -> None:
         self.key = key
         self.spec = spec
@@ -698,7 +711,8 @@ class _KeyTargets:
         self.reward_models = reward_models
         self.reward_model: RidgeRewardModel | None = None
         self.args: tuple | None = None  # the compiled call's targets, made at the first row taken
-        self.book: list[tuple] = []  # (run, model, pooled evaluator, key evaluator) per member
+        # Per member: its decisions, run, model, update (None: frozen), pooled and key evaluators.
+        self.book: list[tuple] = []
         self.given = (0.0, 0.0, 0.0)  # the evaluators' clip (0: none) and reward range
 
     def takes(self, d: LoggedDecision, clean: bool) -> bool:
@@ -740,9 +754,10 @@ class _KeyTargets:
                 (theta, inv, scalars, count, int(i), int(kind), params, epsilon, slot)
                 + (pooled.sums, pooled.key_sums(part))
             )
-            book.append((r, m, pooled, part))
+            update = m.policy.update if r.target.learn else None
+            book.append((r.decisions, r, m, update, pooled, part))
         self.args, self.book = tuple(targets), book
-        pooled = book[0][2]
+        pooled = book[0][4]
         self.given = (pooled.clip or 0.0, *pooled.given)
         self.reward_model = self.reward_models.model(d)
 
@@ -770,12 +785,14 @@ class _KeyTargets:
             raise_for_terms(status, action, p, r, probs[j], predicted)
         model.learnt(r)
         self.reward_models.keep(d, predicted, taken=n)
-        for (run, m, pooled, part), (choice, w, pa, dm, qa) in zip(self.book, out.tolist()):
+        for (decisions, run, m, update, pooled, part), (choice, w, pa, dm, qa) in zip(
+            self.book, out.tolist()
+        ):
             choice = int(choice)
-            run.decisions[eid] = choice
+            decisions[eid] = choice
             if choice == action:
-                if run.target.learn:
-                    m.policy.update(f[action], r)
+                if update is not None:
+                    update(f[action], r)
                     m.scored.clear()
                 run.matched += 1
             m.seen += 1
@@ -915,6 +932,7 @@ def replay_targets(
             progress(events)
     for r in runs:
         r.finish()
+    assert not reward_models.pending  # every prediction kept for other targets was taken
     if progress is not None:
         progress(events)
     skipped = counts.get("skipped", 0)
