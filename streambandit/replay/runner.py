@@ -684,6 +684,8 @@ class _KeyTargets:
         "args",
         "book",
         "given",
+        "probs",
+        "out",
     )
 
     def __init__(
@@ -714,6 +716,8 @@ class _KeyTargets:
         # Per member: its decisions, run, model, update (None: frozen), pooled and key evaluators.
         self.book: list[tuple] = []
         self.given = (0.0, 0.0, 0.0)  # the evaluators' clip (0: none) and reward range
+        # The compiled call's outputs that are read before the next row: reused.
+        self.probs = self.out = np.empty((0, 0))
 
     def takes(self, d: LoggedDecision, clean: bool) -> bool:
         """Whether ``d`` takes this path (class docstring); ``clean``: no record of the log has
@@ -757,6 +761,7 @@ class _KeyTargets:
             update = m.policy.update if r.target.learn else None
             book.append((r.decisions, r, m, update, pooled, part))
         self.args, self.book = tuple(targets), book
+        self.out = np.empty((len(book), 5))
         pooled = book[0][4]
         self.given = (pooled.clip or 0.0, *pooled.given)
         self.reward_model = self.reward_models.model(d)
@@ -767,7 +772,9 @@ class _KeyTargets:
             self._prepare(d)
         f, key, eid = d.features, self.key, d.event_id
         k, n = f.shape[0], len(self.book)
-        probs, predicted, out = np.empty((n, k)), np.empty(k), np.empty((n, 5))
+        probs, out, predicted = self.probs, self.out, np.empty(k)
+        if probs.shape[1] != k:
+            probs = self.probs = np.empty((n, k))
         digests = (NO_DRAW, *[event_seed(key, eid, seed) for seed in self.seeds])
         action, p, r = d.action, float(d.propensity), float(d.reward)
         model = self.reward_model
