@@ -135,7 +135,8 @@ def _several_targets():
 
 def _together_and_alone(monkeypatch, log, targets, **options):
     """Each target's result of one pass over ``log`` with all of ``targets`` against its result
-    alone; returns the most targets one compiled call took."""
+    alone, and all of them against the per-call path's; returns the most targets one compiled
+    call took."""
     widest = {"n": 0}
     real = runner.row_kernel.decide_and_sum_targets
 
@@ -149,6 +150,9 @@ def _together_and_alone(monkeypatch, log, targets, **options):
     for t in targets:
         alone = replay_targets(iter(log), [t], counts={}, **options)
         _assert_same({t.name: together[t.name]}, alone)
+    with monkeypatch.context() as m:
+        m.setattr(runner, "LinearUCBPolicy", _NotALearner)
+        _assert_same(together, replay_targets(iter(log), targets, counts={}, **options))
     return widest["n"], together, counts
 
 
