@@ -557,6 +557,16 @@ class OffPolicyEvaluator:
         if other is not None:
             other._added(slate_id, position, pa, p, r, w, dm, qa)
 
+    def sums_added(
+        self, other: OffPolicyEvaluator | None, w: float, pa: float, p: float, r: float, dm: float,
+        qa: float,
+    ) -> None:  # fmt: skip
+        """:meth:`row_added` of a row outside slates that sums.add_row accepted (its ``w``,
+        ``pi[a]``, ``sum pi q`` and ``q[a]``, propensity ``p`` and reward ``r``)."""
+        self._added("", -1, pa, p, r, w, dm, qa)
+        if other is not None:
+            other._added("", -1, pa, p, r, w, dm, qa)
+
     def _added(
         self,
         slate_id: str,

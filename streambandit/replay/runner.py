@@ -67,7 +67,12 @@ from streambandit.numerics.event_draw import event_seed
 from streambandit.policies.base import Policy
 from streambandit.policies.linear_ucb import LinearUCBPolicy
 from streambandit.replay import row_kernel
-from streambandit.replay.estimators import Estimate, OffPolicyEvaluator, RidgeRewardModel
+from streambandit.replay.estimators import (
+    Estimate,
+    OffPolicyEvaluator,
+    RidgeRewardModel,
+    raise_for_terms,
+)
 from streambandit.replay.logged import LogError, LoggedDecision
 
 __all__ = [
@@ -105,9 +110,7 @@ KINDS = {
 }
 _SCORED_MAX = 1024  # score vectors kept per model between its updates
 _REWARDS_OK_MAX = 256
-# The row kernel's reward-model arguments when the predictions were made by another target.
-_NO_REWARD_MODEL = (np.zeros((0, 0)), np.zeros(0), np.zeros(0), False, 0.0, 0.0)
-_UNTRACKED = object()  # a _Model.key_evaluator: the key is past MAX_KEY_ESTIMATES
+_F64 = np.dtype(np.float64)
 
 # The intervals treat the target's probabilities at each event as given. A target that learns
 # during the replay has probabilities that depend on this log's earlier events: what is estimated
@@ -240,14 +243,19 @@ class _Evaluators:
             self._add_position(d, probs, predicted)
 
     def key_part(self, key: str) -> OffPolicyEvaluator | None:
-        """The evaluator of ``key``'s share of the rows (made for a new key; None past
-        MAX_KEY_ESTIMATES keys, the row counted as untracked)."""
-        e = self.by_key.get(key)
+        """The evaluator of ``key``'s share of a row (:meth:`resolve`; None: the row is counted
+        as untracked)."""
+        e = self.resolve(key)
         if e is None:
-            if len(self.by_key) < MAX_KEY_ESTIMATES:
-                e = self.by_key[key] = self._part()
-            else:
-                self.untracked += 1
+            self.untracked += 1
+        return e
+
+    def resolve(self, key: str) -> OffPolicyEvaluator | None:
+        """The evaluator of ``key``'s share of the rows, made for a new key (None past
+        MAX_KEY_ESTIMATES keys: the same for every later row of the key)."""
+        e = self.by_key.get(key)
+        if e is None and len(self.by_key) < MAX_KEY_ESTIMATES:
+            e = self.by_key[key] = self._part()
         return e
 
     def _add_position(self, d: LoggedDecision, probs: np.ndarray, predicted: np.ndarray) -> None:
@@ -319,10 +327,11 @@ class _RewardModels:
             )
         return model
 
-    def keep(self, d: LoggedDecision, predicted: np.ndarray) -> None:
-        """Hold ``d``'s fresh predictions for the other targets."""
-        if self.targets > 1:
-            self.pending[d.event_id] = [predicted, self.targets - 1]
+    def keep(self, d: LoggedDecision, predicted: np.ndarray, taken: int = 1) -> None:
+        """Hold ``d``'s fresh predictions for the targets other than the ``taken`` that have
+        them."""
+        if self.targets > taken:
+            self.pending[d.event_id] = [predicted, self.targets - taken]
 
 
 class _Rec:
@@ -338,6 +347,19 @@ class _Rec:
 
 class _Model:
     """The target model of one key, its reward model, and the decisions and updates held back."""
+
+    __slots__ = (
+        "key",
+        "spec",
+        "policy",
+        "applied",
+        "seen",
+        "waiting",
+        "updates",
+        "scored",
+        "rewards_ok",
+        "row_kernel",
+    )
 
     def __init__(self, key: str, spec: ModelSpec, state: dict[str, Any] | None = None) -> None:
         self.key = key
@@ -357,16 +379,9 @@ class _Model:
         # Rewards the policy accepted (its rule depends on the value alone): 0/1 clicks are
         # checked once.
         self.rewards_ok: set[float] = set()
-        # A linear UCB learner: a row is decided, learnt from and summed in one compiled call
-        # (_ModelReplayer._decide_learn_and_sum), with the arguments that are the same for every
-        # row of this model kept here: its exploration, seed and row of the learners' store.
+        # A linear UCB learner: its rows are decided, learnt from and summed in one compiled call
+        # with the other targets' of the key (_KeyTargets).
         self.row_kernel = isinstance(self.policy, LinearUCBPolicy)
-        self.kernel_args = (
-            (float(spec.epsilon), spec.seed, self.policy.kernel_row()) if self.row_kernel else None
-        )
-        self.reward_model: RidgeRewardModel | None = None  # this key's, once the kernel uses it
-        # This key's evaluator (_Evaluators.key_part), _UNTRACKED past MAX_KEY_ESTIMATES keys.
-        self.key_evaluator: OffPolicyEvaluator | object | None = None
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
         """``policy.scores(arms)`` for a read-only ``arms``, computed once per state."""
@@ -457,10 +472,6 @@ class _ModelReplayer:
             # the path of _decide, _apply and the in-order hand-over without the bookkeeping.
             self._next_emit = self.events = self.events + 1
             m.seen += 1
-            f = d.features
-            if m.row_kernel and d.position < 0 and f.flags.writeable and f.dtype == np.float64:
-                self._decide_learn_and_sum(m, d)
-                return
             choice, probs = self._choose(m, d)
             self.decisions[d.event_id] = choice
             self.evaluators.add(d, probs, self._learn(m, d, choice))
@@ -551,59 +562,6 @@ class _ModelReplayer:
             self.matched += 1
         m.applied += 1
         return predicted
-
-    def _decide_learn_and_sum(self, m: _Model, d: LoggedDecision) -> None:
-        """``_choose``, ``_learn`` and ``evaluators.add`` of a row in one compiled call
-        (replay/row_kernel.py: the same compiled steps in the same order, so the same bits),
-        then the target's own update. Rows on slates, rows whose arms are shared read-only arrays
-        (scored once per state by ``_Model.scores``) and targets other than linear UCB learners
-        take the path of those calls."""
-        f, key = d.features, d.model_key
-        k = f.shape[0]
-        probs = np.empty(k)
-        epsilon, seed, row = m.kernel_args
-        digest = event_seed(key, d.event_id, seed) if epsilon > 0.0 else NO_DRAW
-        models = self.reward_models
-        predicted = models.made(d)
-        fresh = predicted is None
-        if fresh:
-            reward_model = m.reward_model
-            if reward_model is None:
-                reward_model = m.reward_model = models.model(d)
-            predicted = np.empty(k)
-            inv, b, r_theta, intercept, r_lo, r_hi = reward_model.kernel_state()
-        else:
-            inv, b, r_theta, intercept, r_lo, r_hi = _NO_REWARD_MODEL
-        evaluators = self.evaluators
-        pooled = evaluators.pooled
-        key_part = m.key_evaluator
-        if key_part is None:
-            key_part = evaluators.key_part(key)  # counts an untracked row itself
-            m.key_evaluator = _UNTRACKED if key_part is None else key_part
-        elif key_part is _UNTRACKED:
-            key_part = None
-            evaluators.untracked += 1
-        lo, hi = pooled.given
-        action, p, r = d.action, float(d.propensity), float(d.reward)
-        choice, *added = row_kernel.decide_and_sum_row(
-            f, *row, epsilon, digest, probs,
-            fresh, inv, b, r_theta, intercept, r_lo, r_hi, predicted,
-            pooled.sums, pooled.key_sums(key_part), action, p, r, pooled.clip or 0.0, lo, hi,
-        )  # fmt: skip
-        if choice < 0:
-            self._choose(m, d)  # raises the refusal of these features, as the other path does
-            raise AssertionError(f"{d.where}: features refused by one scoring and not the other")
-        if fresh:
-            reward_model.learnt(r)
-            models.keep(d, predicted)
-        self.decisions[d.event_id] = choice
-        if choice == action:
-            if self.target.learn:
-                m.policy.update(f[action], r)
-                m.scored.clear()
-            self.matched += 1
-        m.applied += 1
-        pooled.row_added(key_part, tuple(added), action, p, r, probs, predicted)
 
     def _decide(self, m: _Model, rec: _Rec) -> None:
         rec.choice, rec.probs = self._choose(m, rec.d)
@@ -702,6 +660,156 @@ class _ExternalReplayer:
         }
 
 
+class _KeyTargets:
+    """The linear UCB models of one model key, one per target that has one: a row of the key is
+    decided, learnt from and summed for all of them in one compiled call
+    (``row_kernel.decide_and_sum_targets``: the compiled steps of the per-call path on the same
+    arrays, so the same bits), then each target's own update. The other targets of the row
+    (external ones, other learners) take their own path.
+
+    A row takes this path when it is next in every member's log order with nothing held back
+    (no decision version, and every earlier record applied), at no slate position, with arms of
+    its own (a writeable float64 array; rows sharing a read-only one are scored once per model
+    state by ``_Model.scores``). Other rows take the per-call path."""
+
+    __slots__ = (
+        "key",
+        "members",
+        "rest",
+        "dim",
+        "rewards_ok",
+        "seeds",
+        "reward_models",
+        "reward_model",
+        "args",
+        "book",
+        "given",
+        "probs",
+        "out",
+    )
+
+    def __init__(
+        self,
+        key: str,
+        runs: list[_ModelReplayer | _ExternalReplayer],
+        fits: list,
+        reward_models: _RewardModels,
+    ) -> None:
+        """From the first row of ``key`` that every target accepted (``fits``: their checks'
+        results): its models are the targets' models of the key from now on."""
+        self.key = key
+        self.members: list[tuple[_ModelReplayer, _Model]] = []
+        self.rest: list[tuple[int, _ModelReplayer | _ExternalReplayer]] = []  # (index in runs, run)
+        for j, (r, fit) in enumerate(zip(runs, fits)):
+            if isinstance(r, _ModelReplayer):
+                r.models[key] = fit
+                if fit.row_kernel:
+                    self.members.append((r, fit))
+                    continue
+            self.rest.append((j, r))
+        self.dim = self.members[0][1].spec.dim if self.members else 0
+        self.rewards_ok: set[float] = set()  # rewards every member accepted
+        self.seeds = sorted({m.spec.seed for _, m in self.members if m.spec.epsilon > 0.0})
+        self.reward_models = reward_models
+        self.reward_model: RidgeRewardModel | None = None
+        self.args: tuple | None = None  # the compiled call's targets, made at the first row taken
+        # Per member: its decisions, run, model, update (None: frozen), pooled and key evaluators.
+        self.book: list[tuple] = []
+        self.given = (0.0, 0.0, 0.0)  # the evaluators' clip (0: none) and reward range
+        # The compiled call's outputs that are read before the next row: reused.
+        self.probs = self.out = np.empty((0, 0))
+
+    def takes(self, d: LoggedDecision, clean: bool) -> bool:
+        """Whether ``d`` takes this path (class docstring); ``clean``: no record of the log has
+        been held back yet, so every target is ready for it."""
+        f = d.features
+        return (
+            bool(self.members)
+            and d.decision_version < 0
+            and d.position < 0
+            and f.flags.writeable
+            and f.dtype is _F64
+            and (
+                clean
+                or all(
+                    r._next_emit == r.events and not (m.updates or m.waiting)
+                    for r, m in self.members
+                )
+            )
+        )
+
+    def check(self, d: LoggedDecision) -> None:
+        """The members' ``check``: done once per dimension and reward value."""
+        if d.features.shape[1] != self.dim or d.reward not in self.rewards_ok:
+            for r, _ in self.members:
+                r.check(d)
+            if len(self.rewards_ok) < _REWARDS_OK_MAX:
+                self.rewards_ok.add(d.reward)
+
+    def _prepare(self, d: LoggedDecision) -> None:
+        targets, book = [], []
+        for r, m in self.members:
+            pooled, part = r.evaluators.pooled, r.evaluators.resolve(self.key)
+            spec = m.spec
+            epsilon = float(spec.epsilon)
+            slot = 1 + self.seeds.index(spec.seed) if epsilon > 0.0 else 0
+            theta, inv, scalars, count, i, kind, params = m.policy.kernel_row()
+            targets.append(
+                (theta, inv, scalars, count, int(i), int(kind), params, epsilon, slot)
+                + (pooled.sums, pooled.key_sums(part))
+            )
+            update = m.policy.update if r.target.learn else None
+            book.append((r.decisions, r, m, update, pooled, part))
+        self.args, self.book = tuple(targets), book
+        self.out = np.empty((len(book), 5))
+        pooled = book[0][4]
+        self.given = (pooled.clip or 0.0, *pooled.given)
+        self.reward_model = self.reward_models.model(d)
+
+    def add(self, d: LoggedDecision) -> None:
+        """Row ``d`` (:meth:`takes` it, every target accepted it) for every member."""
+        if self.args is None:
+            self._prepare(d)
+        f, key, eid = d.features, self.key, d.event_id
+        k, n = f.shape[0], len(self.book)
+        probs, out, predicted = self.probs, self.out, np.empty(k)
+        if probs.shape[1] != k:
+            probs = self.probs = np.empty((n, k))
+        digests = (NO_DRAW, *[event_seed(key, eid, seed) for seed in self.seeds])
+        action, p, r = d.action, float(d.propensity), float(d.reward)
+        model = self.reward_model
+        status, j = row_kernel.decide_and_sum_targets(
+            f, self.args, digests, probs, *model.kernel_state(), predicted, action, p, r,
+            *self.given, out,
+        )  # fmt: skip
+        if status != row_kernel.ROW_OK:
+            run, m = self.members[j]
+            if status == row_kernel.ARMS_REFUSED:
+                run._choose(m, d)  # raises the refusal of these features, as the other path does
+                raise AssertionError(
+                    f"{d.where}: features refused by one scoring and not the other"
+                )
+            raise_for_terms(status, action, p, r, probs[j], predicted)
+        model.learnt(r)
+        self.reward_models.keep(d, predicted, taken=n)
+        for (decisions, run, m, update, pooled, part), (choice, w, pa, dm, qa) in zip(
+            self.book, out.tolist()
+        ):
+            choice = int(choice)
+            decisions[eid] = choice
+            if choice == action:
+                if update is not None:
+                    update(f[action], r)
+                    m.scored.clear()
+                run.matched += 1
+            m.seen += 1
+            m.applied += 1
+            run._next_emit = run.events = run.events + 1
+            pooled.sums_added(part, w, pa, p, r, dm, qa)
+            if part is None:
+                run.evaluators.untracked += 1
+
+
 def replay(
     decisions: Iterable[LoggedDecision],
     models: ModelsConfig,
@@ -782,7 +890,11 @@ def replay_targets(
     seen: set[str] = set()
     events = 0
     counts = {} if counts is None else counts
+    by_key: dict[str, _KeyTargets] = {}
+    clean = True  # no record held back yet (none had a decision version)
     for d in decisions:
+        group = by_key.get(d.model_key)
+        fused = group is not None and group.takes(d, clean)
         try:
             if d.event_id in seen:
                 raise LogError(
@@ -796,7 +908,12 @@ def replay_targets(
                     f"[{reward_range[0]:g}, {reward_range[1]:g}]",
                     "reward",
                 )
-            fits = [r.check(d) for r in runs]  # every target first: a row is used by all or by none
+            # Every target first: a row is used by all or by none.
+            if fused:
+                group.check(d)
+                fits = [r.check(d) for _, r in group.rest]
+            else:
+                fits = [r.check(d) for r in runs]
         except LogError as err:
             if not skip_bad:
                 raise
@@ -804,13 +921,25 @@ def replay_targets(
             counts[f"skipped_{err.reason}"] = counts.get(f"skipped_{err.reason}", 0) + 1
             continue
         seen.add(d.event_id)
-        for r, fit in zip(runs, fits):
-            r.add(d, fit)
+        if group is None:  # the key's first row
+            group = by_key[d.model_key] = _KeyTargets(d.model_key, runs, fits, reward_models)
+            fused = group.takes(d, clean)
+            if fused:
+                fits = [fits[j] for j, _ in group.rest]
+        if fused:
+            group.add(d)
+            for (_, r), fit in zip(group.rest, fits):
+                r.add(d, fit)
+        else:
+            for r, fit in zip(runs, fits):
+                r.add(d, fit)
+            clean = clean and d.decision_version < 0
         events += 1
         if progress is not None and events % PROGRESS_EVERY == 0:
             progress(events)
     for r in runs:
         r.finish()
+    assert not reward_models.pending  # every prediction kept for other targets was taken
     if progress is not None:
         progress(events)
     skipped = counts.get("skipped", 0)
