@@ -31,6 +31,7 @@ class FigureProcess:
     def __init__(self) -> None:
         self._pid: int | None = None
         self._to_child = self._from_child = -1
+        self._calls: list[Call] = []  # handed over by send(), answered by results()
         if not hasattr(os, "fork"):
             return
         down_r, down_w = os.pipe()
@@ -54,11 +55,27 @@ class FigureProcess:
     def draw(self, calls: list[Call]) -> list[bool]:
         """Each call's result (True: its figure was written), in order. In the child if there is
         one; in process if not, or if the child failed."""
+        self.send(calls)
+        return self.results()
+
+    def send(self, calls: list[Call]) -> None:
+        """Hand ``calls`` to the child, which starts on them while the caller goes on (writing
+        the report's other files); :meth:`results` waits for them."""
+        self._calls = calls
         if self._pid is not None:
             try:
                 _write_all(self._to_child, pickle.dumps(calls, protocol=pickle.HIGHEST_PROTOCOL))
                 os.close(self._to_child)
                 self._to_child = -1
+            except (OSError, pickle.PickleError):
+                self.close()
+
+    def results(self) -> list[bool]:
+        """The results of the calls :meth:`send` handed over, from the child; the calls run in
+        process when there is no child or it failed."""
+        calls, self._calls = self._calls, []
+        if self._pid is not None:
+            try:
                 answer = _read_all(self._from_child)
                 if answer:
                     return pickle.loads(answer)

@@ -381,6 +381,20 @@ def write_report(
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     md, js, png = out / "replay.md", out / "replay.json", out / "replay.png"
+    # What the figures read, without the per-event decisions and the models' states (a large
+    # log's decisions would be pickled to the figure process for nothing).
+    results = [dataclasses.replace(r, decisions={}, models={}) for r in _results(result)]
+    calls: list = [
+        (plot, (results[0], png), {"title": f"replay of {Path(source).name}" if source else ""})
+    ]
+    paths = [png]
+    if len(results) > 1:
+        calls.append((plot_targets, (results, out / "targets.png"), {}))
+        paths.append(out / "targets.png")
+    # Handed over first: the figure process draws while this one writes the other files (a
+    # large log's replay.json, with every decision, takes as long as the figures).
+    if figures is not None:
+        figures.send(calls)
     md.write_text(to_markdown(result, source=source, confidence=confidence, expected=expected))
     js.write_text(
         json.dumps(
@@ -397,17 +411,7 @@ def write_report(
         + "\n"
     )
     written = [md, js]
-    # What the figures read, without the per-event decisions and the models' states (a large
-    # log's decisions would be pickled to the figure process for nothing).
-    results = [dataclasses.replace(r, decisions={}, models={}) for r in _results(result)]
-    calls: list = [
-        (plot, (results[0], png), {"title": f"replay of {Path(source).name}" if source else ""})
-    ]
-    paths = [png]
-    if len(results) > 1:
-        calls.append((plot_targets, (results, out / "targets.png"), {}))
-        paths.append(out / "targets.png")
-    drawn = figures.draw(calls) if figures is not None else [f(*a, **k) for f, a, k in calls]
+    drawn = figures.results() if figures is not None else [f(*a, **k) for f, a, k in calls]
     written += [path for path, ok in zip(paths, drawn) if ok]
     return written
 

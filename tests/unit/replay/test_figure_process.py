@@ -30,6 +30,15 @@ def test_the_calls_run_in_the_child_and_their_results_come_back():
     assert pid == pid2 != os.getpid()
 
 
+def test_sent_calls_run_in_the_child_while_the_parent_goes_on(tmp_path):
+    marker = tmp_path / "parent went on"
+    with FigureProcess() as figures:
+        figures.send([(_pid_and_value, (21,), {})])
+        marker.write_text("written after send, before results")
+        [(pid, value)] = figures.results()
+    assert value == 42 and pid != os.getpid()
+
+
 def test_a_child_that_fails_leaves_the_calls_to_the_parent():
     with FigureProcess() as figures:
         with pytest.raises(RuntimeError, match="cannot be drawn"):
