@@ -85,12 +85,7 @@ def producer_rate(
             p.commit_transaction(30)
     else:
         for i, (v, k) in enumerate(zip(records, keys)):
-            while True:
-                try:
-                    p.produce(topic, value=v, key=k)
-                    break
-                except BufferError:
-                    p.poll(0.01)
+            kafka_io.produce_waiting(p, topic, k, v)
             if i % 1000 == 0:
                 p.poll(0)
         p.flush(60)

@@ -57,18 +57,6 @@ def fetch_wait(knobs: dict) -> dict:
     return {} if knobs["fetch_wait"] is None else {"fetch.wait.max.ms": knobs["fetch_wait"]}
 
 
-def _produce(prod, topic: str, key: bytes, value: bytes) -> None:
-    """``prod.produce``, waiting for room when librdkafka's queue is full: offered above what
-    the broker takes (a probe of the live maximum), the generator then offers what it can send
-    instead of failing."""
-    while True:
-        try:
-            prod.produce(topic, key=key, value=value)
-            return
-        except BufferError:
-            prod.poll(0.005)
-
-
 def _event_id(action: bytes) -> str:
     """The event id of an action record without a full decode: the first field after the header."""
     start, end = event_id_span(action)
@@ -210,7 +198,7 @@ def _offer(
             ts = int(time.time() * 1000)
             value = encode(Context(eid, key, ts, c.arm_ids, c.features))
             sent[eid] = time.perf_counter()
-            _produce(prod, t.contexts, key.encode(), value)
+            kafka_io.produce_waiting(prod, t.contexts, key.encode(), value)
             if i % 3 == 0:
                 rewards.append(
                     (sent[eid] + 0.005, key.encode(), encode(Reward(eid, key, ts + 5, 1.0)))
@@ -218,7 +206,7 @@ def _offer(
             i += 1
         while rewards and rewards[0][0] <= now:
             _, k, v = rewards.pop(0)
-            _produce(prod, t.rewards, k, v)
+            kafka_io.produce_waiting(prod, t.rewards, k, v)
         prod.poll(0)
         for msg in cons.consume(5000, 0.001):
             if msg.error():

@@ -56,6 +56,17 @@ def fresh_topics(broker: EmbeddedBroker, partitions: int = traffic.PARTITIONS) -
     return t
 
 
+def produce_waiting(p: Producer, topic: str, key: bytes | None, value: bytes, **kwargs) -> None:
+    """``p.produce``, waiting for deliveries while librdkafka's queue is full (a loop that offers
+    more than the broker takes then offers what it can send instead of failing)."""
+    while True:
+        try:
+            p.produce(topic, key=key, value=value, **kwargs)
+            return
+        except BufferError:
+            p.poll(0.01)
+
+
 def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Reward | None]]) -> dict:
     """Produce the events; returns per (topic, partition) the offset after the last record, from
     the delivery reports (the embedded broker reports too low a high watermark for batched,
@@ -77,12 +88,7 @@ def produce(broker: EmbeddedBroker, t: Topics, events: list[tuple[Context, Rewar
         ends[key] = max(ends.get(key, 0), msg.offset() + 1)
 
     def send(topic: str, key: str, value: bytes) -> None:
-        while True:
-            try:
-                p.produce(topic, key=key.encode(), value=value, on_delivery=delivered)
-                return
-            except BufferError:  # librdkafka's queue is full: wait for deliveries
-                p.poll(0.1)
+        produce_waiting(p, topic, key.encode(), value, on_delivery=delivered)
 
     n = 0
     for ctx, rew in events:

@@ -243,24 +243,23 @@ def test_a_member_that_gives_partitions_up_wakes_the_fetchers_of_those_it_keeps(
 
     first = send_contexts("e", 20)
     assert set(first.values()) == {0, 1}
-    a = Worker(
-        _config(broker, group_id="g-wake", topics=topics),
-        DirectoryStore(tmp_path / "s"),
-        instance_id="a",
-    )
-    ta = threading.Thread(target=a.run, daemon=True)
-    ta.start()
+
+    def start(instance: str) -> tuple[Worker, threading.Thread]:
+        w = Worker(
+            _config(broker, group_id="g-wake", topics=topics),
+            DirectoryStore(tmp_path / "s"),
+            instance_id=instance,
+        )
+        t = threading.Thread(target=w.run, daemon=True)
+        t.start()
+        return w, t
+
+    a, ta = start("a")
     b = tb = None
     try:
         assert wait_for(lambda: decided() == set(first), timeout_s=60), "A did not serve both"
         assert a.metrics["fetcher_wakes"] == 0  # no rebalance has taken anything from A yet
-        b = Worker(
-            _config(broker, group_id="g-wake", topics=topics),
-            DirectoryStore(tmp_path / "s"),
-            instance_id="b",
-        )
-        tb = threading.Thread(target=b.run, daemon=True)
-        tb.start()
+        b, tb = start("b")
         assert wait_for(lambda: len(a.partitions) == 1 and len(b.partitions) == 1, timeout_s=60), (
             a.partitions.keys(),
         )
