@@ -26,6 +26,7 @@ BENCHMARKS = (
     "memory",
     "handoff",
     "join",
+    "fetch_pause",
     "membership",
     "recovery",
     "snapshots",
