@@ -1241,9 +1241,20 @@ class Worker:
         # from here. Settled first: our transaction is closed, but another producer's may be open.
         try:
             out_next = {
-                topic: self.reader.settle(topic, p, unreadable_s=STEP_S)
+                topic: self.reader.settle(topic, p, wait_s=0, unreadable_s=STEP_S)
                 for topic in (t.actions, t.joined, t.dead_letter)
             }
+        except TransactionOpen as held:
+            # Another producer's transaction is open on one of our output logs (a predecessor
+            # killed inside one, a zombie's, any client's): where the log ends is not known until
+            # it ends, commits or is aborted at its transaction timeout, and waiting for that here
+            # would stop the loop past the poll interval. This snapshot waits for the next
+            # trigger, after a step; a recovery meanwhile reads more of the logs after the older
+            # snapshot, and waits for the transaction itself.
+            self.metrics["snapshots_skipped"] += 1
+            self._snapshots_held_until = time.monotonic() + STEP_S
+            log.warning("snapshot of partition=%d held back: %s", p, held)
+            return
         except LogEndUnreadable as exc:
             # The broker (or the partition's leader) does not answer: this snapshot waits for the
             # next trigger, after a step, and nothing of the partition's state is lost meanwhile;

@@ -3,6 +3,8 @@ progress has no output of its own (a reward summed into an open window) starts a
 reward is applied exactly once; a recovery while a dead producer's transaction is open on the
 logs waits for it instead of reading too little, and the partition that waits waits alone."""
 
+import dataclasses
+import logging
 import re
 import threading
 import time
@@ -644,3 +646,58 @@ def test_a_worker_killed_inside_a_transaction_while_another_takes_over(broker, t
         {"models": models_got, "pending": [], "watermark_ms": 0},
         {"models": models_want, "pending": [], "watermark_ms": 0},
     )
+
+
+def test_another_producers_open_transaction_holds_back_snapshots_not_the_loop(
+    broker, topics, tmp_path
+):
+    """A producer's transaction is left open on partition p's actions log while a worker serves
+    p (a predecessor killed inside one, a zombie's). Where that log ends is unknown until the
+    transaction ends, so the worker's snapshots of p wait, with a WARNING, but its loop does not:
+    every context is decided meanwhile, far sooner than the transaction's timeout. Once the
+    dead producer's restart aborts the transaction, p is snapshotted again."""
+    snaps, prod = tmp_path / "snaps", producer(broker)
+    cfg = dataclasses.replace(
+        config(broker, topics, "g-held"), snapshot_interval_s=1.0, snapshot_every_updates=5
+    )
+    w = Worker(cfg, DirectoryStore(snaps))
+    t, failure = run_in_thread(w)
+    assert wait_for(lambda: failure or len(w.partitions) == 2, timeout_s=60), "no assignment"
+    warned: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda r: warned.append(r.getMessage())
+    logging.getLogger("streambandit").addHandler(handler)
+    dead = {"bootstrap.servers": broker.bootstrap_servers, "transactional.id": "dead-holder"}
+    zombie = Producer(dead | {"transaction.timeout.ms": 120_000})
+    zombie.init_transactions(10)
+    zombie.begin_transaction()
+    zombie.produce(topics.actions, b"never committed", partition=0)
+    zombie.flush(10)
+    try:
+        rng = np.random.default_rng(2)
+        for i in range(60):
+            key = f"m{i % 4}"
+            send(
+                prod,
+                topics.contexts,
+                Context(f"h{i}", key, 1_000 + i, ("a", "b"), rng.random((2, 3))),
+            )
+        prod.flush()
+        # Well inside the transaction's 120 s: the loop goes on while the snapshot waits.
+        assert wait_for(lambda: failure or w.metrics["actions"] == 60, timeout_s=60), w.metrics[
+            "actions"
+        ]
+        assert not failure, failure
+        assert wait_for(
+            lambda: any("snapshot of partition=0 held back" in m for m in warned), timeout_s=30
+        ), warned[-5:]
+        assert w.metrics["snapshots_skipped"] >= 1
+        Producer(dead).init_transactions(10)  # fences the open transaction: the broker aborts it
+        fenced = time.monotonic()
+        assert wait_for(lambda: w.partitions[0].snapshot_wall > fenced, timeout_s=30), (
+            "partition 0 not snapshotted once the transaction ended"
+        )
+    finally:
+        logging.getLogger("streambandit").removeHandler(handler)
+        stop(w, t)
+    assert not failure, failure
