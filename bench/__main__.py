@@ -16,6 +16,7 @@ BENCHMARKS = (
     "peers",
     "play_bound",
     "replay",
+    "replay_csv",
     "obd_vs_obp",
     "ope_coverage",
     "ope_coverage_learners",

@@ -456,6 +456,9 @@ def render_targets(res: dict) -> list[str]:
     big = res.get("large")
     if big:
         m = {k: med(v) for k, v in big.items() if isinstance(v, list)}
+        # Each extra target must still score every row and learn its matched ones: the bare
+        # learner's work. One pass over 3 targets cannot beat 1 runner + 2 bare learners.
+        floor = 1.0 / (1.0 / m["runner"] + 2.0 / m["bare"])
         lines += [
             f"## The command on a {big['events']:,}-row Avro log (oful, d = {res['d']}, K = {res['K']}, "
             f"uniform logging policy; the target is {TARGET_ROWS_PER_S:,} rows/s)",
@@ -474,9 +477,14 @@ def render_targets(res: dict) -> list[str]:
             f"{m['bare']:,.0f} | {m['runner'] / m['bare']:.2f} |",
             f"| runner, 3 targets in one pass (`replay_targets`) | {m['runner_3_targets']:,.0f} | "
             f"the runner with 1 | {m['runner_3_targets'] / m['runner']:.2f} |",
+            f"| runner, 3 targets in one pass | {m['runner_3_targets']:,.0f} | the floor: the "
+            f"runner with 1 plus 2 bare learners' time per row, {floor:,.0f} | "
+            f"{m['runner_3_targets'] / floor:.2f} |",
             "",
             f"Median of {len(big['command'])} runs. The command "
-            f"{'meets' if m['command'] >= TARGET_ROWS_PER_S else 'does not meet'} the target.",
+            f"{'meets' if m['command'] >= TARGET_ROWS_PER_S else 'does not meet'} the target. "
+            "The bare learner's time per row is the target's own decision and learning, which "
+            "every extra target adds whatever the pass shares.",
             "",
         ]
     obd = res.get("obd")

@@ -615,6 +615,15 @@ def _replay_source(
             f"--catalog applies to CSV logs only ({fmt} logs carry their arms' features)"
         )
     if fmt == "csv":
+        from streambandit.replay import csv_columnar
+
+        if not csv_columnar.AVAILABLE:
+            print(
+                "reading the CSV with Python's csv module; with pyarrow installed "
+                "(pip install 'streambandit[arrow]') it is read column by column, several times "
+                "faster (python -m bench.replay_csv)",
+                file=sys.stderr,
+            )
         return (
             files.read_csv(
                 path,

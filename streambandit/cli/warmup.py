@@ -77,6 +77,22 @@ def compile_kernels() -> None:
         ]
     )
 
+    from streambandit.replay import csv_columnar
+
+    if csv_columnar.AVAILABLE:  # the scan of a CSV log's inline features (streambandit replay)
+        text = np.frombuffer(b"1 2|3 4", dtype=np.uint8)
+        one = np.empty(1, np.int64)
+        csv_columnar.scan_inline(
+            text,
+            np.array([0, text.size], np.int32),
+            csv_columnar._CLASS,
+            np.empty(text.size, np.uint8),
+            np.empty(text.size + 2, np.int32),
+            one,
+            one.copy(),
+            np.empty(1, np.uint8),
+        )
+
 
 def main() -> int:
     print(

@@ -20,7 +20,7 @@ from pathlib import Path
 import fastavro
 import numpy as np
 
-from streambandit.replay import avro_log
+from streambandit.replay import avro_log, csv_columnar
 from streambandit.replay.featurize import (
     COMBINE_RULES,
     check_hash_dim,
@@ -208,8 +208,14 @@ class _Shape:
 
 
 def _parse_row(
-    row: dict, catalog: dict[str, np.ndarray] | None, where: str, shape: _Shape
+    row: dict,
+    catalog: dict[str, np.ndarray] | None,
+    where: str,
+    shape: _Shape,
+    inline_features: np.ndarray | None = None,
 ) -> LoggedDecision:
+    """``inline_features``: the row's inline features already parsed (the columnar reader's),
+    of as many arms as ``arm_ids`` has; ``row["features"]`` is then not read."""
     if None in row or any(v is None for v in row.values()):
         raise LogError(f"{where}: malformed row: wrong number of fields", "malformed")
     try:
@@ -242,15 +248,19 @@ def _parse_row(
         reward = float(row["reward"].strip())
     except ValueError:
         raise LogError(f"{where}: reward {row['reward']!r} is not a number", "reward") from None
-    inline = (row.get("features") or "").strip()
+    inline = "" if inline_features is not None else (row.get("features") or "").strip()
     context = (row.get("context") or "").strip()
-    if inline:
+    if inline or inline_features is not None:
         if context:
             raise LogError(
                 f"{where}: both inline features and a context (a context goes with a catalog)",
                 "features",
             )
-        features = _parse_inline(inline, len(arm_ids), where)
+        features = (
+            inline_features
+            if inline_features is not None
+            else _parse_inline(inline, len(arm_ids), where)
+        )
     elif catalog is not None:
         missing = [a for a in arm_ids if a not in catalog]
         if missing:
@@ -309,6 +319,14 @@ def _csv_decision(
     return _parse_row(row, cat, at, shape)
 
 
+def _columnar_decision(
+    r: csv_columnar.Row, cat: dict[str, np.ndarray] | None, at: str, shape: _Shape
+) -> LoggedDecision:
+    if r.features_text is not None:
+        r.fields["features"] = r.features_text
+    return _parse_row(r.fields, cat, at, shape, r.features)
+
+
 def read_csv(
     path: PathLike,
     catalog: PathLike | dict[str, np.ndarray] | None = None,
@@ -318,6 +336,7 @@ def read_csv(
     combine: str = "outer",
     hash_dim: int = 0,
     share: ReadShare | None = None,
+    columnar: bool | None = None,
 ) -> Iterator[LoggedDecision]:
     """Logged decisions from a CSV file (docs/replay_formats.md), in file order.
 
@@ -327,6 +346,10 @@ def read_csv(
     features by the rule ``combine`` (``featurize``). ``position`` and ``slate_id`` make a row a
     slot of a slate; each ``probs:NAME`` column holds external target NAME's probabilities.
     Rows are numbered from 1 after the header. ``share``: how much of the file is read.
+
+    ``columnar``: read the rows with Arrow's CSV reader and parse inline features in bulk
+    (:mod:`streambandit.replay.csv_columnar`; the same decisions and errors, several times
+    faster); None (the default) does when pyarrow is installed, False never does.
     """
     if combine not in COMBINE_RULES:
         raise ValueError(f"unknown combining rule {combine!r}; known: {', '.join(COMBINE_RULES)}")
@@ -360,6 +383,29 @@ def read_csv(
             )
         shape = _Shape(combine, hash_dim, targets)
         i = 0
+        if columnar is None:
+            columnar = csv_columnar.AVAILABLE
+        elif columnar and not csv_columnar.AVAILABLE:
+            raise ValueError("columnar=True needs pyarrow: pip install 'streambandit[arrow]'")
+        # The columnar reader numbers lines as rows + 1: a header of one line, unique names.
+        if columnar and reader.line_num == 1 and len(set(header)) == len(header):
+            rows = csv_columnar.read_rows(path, header, _FIELD_LIMIT, share, _SHARE_EVERY)
+            while True:
+                try:
+                    r = next(rows)
+                except StopIteration as done:
+                    given = done.value
+                    break
+                i += 1
+                at = f"{where} row {i} (line {i + 1})"
+                d = _kept(lambda: _columnar_decision(r, cat, at, shape), skip_bad, counts)
+                if d is not None:
+                    yield d
+            if given is None:
+                return
+            # What the columnar reader handed over, the csv module reads from the next row.
+            for _ in range(given):
+                next(reader)
         while True:
             i += 1
             try:
