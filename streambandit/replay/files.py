@@ -216,7 +216,7 @@ def _parse_row(
 ) -> LoggedDecision:
     """``inline_features``: the row's inline features already parsed (the columnar reader's),
     of as many arms as ``arm_ids`` has; ``row["features"]`` is then not read."""
-    if None in row or any(v is None for v in row.values()):
+    if None in row or None in row.values():
         raise LogError(f"{where}: malformed row: wrong number of fields", "malformed")
     try:
         ts = int(row["timestamp_ms"].strip())
@@ -227,8 +227,8 @@ def _parse_row(
     event_id = row["event_id"].strip()
     if not event_id:
         raise LogError(f"{where}: malformed row: empty event_id", "malformed")
-    arm_ids = tuple(a.strip() for a in row["arm_ids"].split("|"))
-    if not row["arm_ids"].strip() or any(not a for a in arm_ids):
+    arm_ids = tuple(map(str.strip, row["arm_ids"].split("|")))
+    if "" in arm_ids:
         raise LogError(f"{where}: empty arm id in arm_ids {row['arm_ids']!r}", "arms")
     action_id = row["action"].strip()
     try:
