@@ -236,7 +236,8 @@ def decode_batch(values: list) -> list:
     if n_ctx:
         k0, d0 = shape[is_ctx][0]
         if (shape[is_ctx] == (k0, d0)).all():
-            per_ctx = feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0)
+            # Every context's (K, d) view made in one C loop (indexing per record costs more).
+            per_ctx = list(feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0))
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
     next_id = next_arm = next_ctx = 0
