@@ -236,8 +236,10 @@ def decode_batch(values: list) -> list:
     if n_ctx:
         k0, d0 = shape[is_ctx][0]
         if (shape[is_ctx] == (k0, d0)).all():
-            # Every context's (K, d) view made in one C loop (indexing per record costs more).
+            # Every context's (K, d) view, and its tuple of K arm ids, made in one C loop each
+            # (a slice and a tuple, or an index, per record cost more).
             per_ctx = list(feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0))
+            arm_tuples = list(zip(*[iter(all_arms)] * int(k0)))  # the last, empty, string left
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
     next_id = next_arm = next_ctx = 0
@@ -258,11 +260,12 @@ def decode_batch(values: list) -> list:
         event_id = all_ids[next_id]
         next_id += 1
         if st == _CONTEXT:
-            arm_ids = tuple(all_arms[next_arm : next_arm + k])
-            next_arm += k
             if per_ctx is not None:
+                arm_ids = arm_tuples[next_ctx]
                 features = per_ctx[next_ctx]
             else:
+                arm_ids = tuple(all_arms[next_arm : next_arm + k])
+                next_arm += k
                 a, b = spans[i, 6], spans[i, 7]
                 features = feats[a:b].reshape(k, (b - a) // k)
             next_ctx += 1
