@@ -197,8 +197,9 @@ def decode_batch(values: list) -> list:
     clean = [v if isinstance(v, bytes) else b"" for v in values]
     raw = b"".join(clean)
     buf = np.frombuffer(raw, dtype=np.uint8)
-    ends = np.cumsum(np.fromiter(map(len, clean), dtype=np.int64, count=n))
-    starts = ends - np.fromiter(map(len, clean), dtype=np.int64, count=n)
+    sizes = np.fromiter(map(len, clean), dtype=np.int64, count=n)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
     status = np.zeros(n, np.int8)
     ts = np.zeros(n, np.int64)
     spans = np.zeros((n, 8), np.int64)
