@@ -147,29 +147,56 @@ class PartitionEngine:
         """Decide a context. With ``scores`` (a list), every arm's score of the decision is
         appended to it (``decision.decide``): what an in-process caller returns with the
         decision, scored once."""
-        # The worker's hot path (once per context): the rules as stated in the module docstring.
-        # bench/results/e2e.md part 3 has its cost.
-        if refused := self._refuse(ev, source):
-            return refused
-        trigger = _trigger_of(source)
-        out, spec, model = self._admit(ev, source, trigger)
-        if model is None:
+        # The worker's hot path (once per context): the rules as stated in the module docstring,
+        # in as few Python frames as they allow (each costs about as much as a check:
+        # bench/results/worker_path.md has the engine's cost per event).
+        if type(source) is InputRef:
+            record_ms, trigger = source.timestamp_ms, (source.source, source.offset)
+        else:
+            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
+        refusal = admission.record_refusal(
+            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
+        )
+        if refusal is not None:
+            return [self._refused(refusal, source)]
+        # _admit, with the model's spec from spec_of's cache when it has one.
+        ts, key = ev.timestamp_ms, ev.model_key
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
+        out = (
+            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
+        )
+        spec = self._specs.get(key)
+        model = self.models.get(key)
+        if spec is None or model is None:
+            out, spec, model = self._admit_model(ev, source, out)
+            if model is None:
+                return out
+        elif refusal := admission.context_refusal(
+            key, ev.arm_ids, ev.features, spec
+        ) or admission.decided_before(ev.event_id, self.pending, self.recent):
+            out.append(self._refused(refusal, source))
             return out
         try:
-            d = decide(
-                model,
-                ev.features,
-                epsilon=spec.epsilon,
-                model_key=ev.model_key,
-                event_id=ev.event_id,
-                seed=spec.seed,
-                scores=scores,
-            )
+            if spec.epsilon <= 0.0 and scores is None:  # decide's choice without exploration
+                index, score = model.best(ev.features)
+                propensity = 1.0
+            else:
+                d = decide(
+                    model,
+                    ev.features,
+                    epsilon=spec.epsilon,
+                    model_key=key,
+                    event_id=ev.event_id,
+                    seed=spec.seed,
+                    scores=scores,
+                )
+                index, score, propensity = d.index, d.score, d.propensity
         except ValueError as exc:
-            return out + [self._refused(admission.learner_refusal(exc, ev.features), source)]
-        return self._open(
-            ev, spec, d.index, d.score, d.propensity, model.n_updates, out, source, trigger
-        )
+            out.append(self._refused(admission.learner_refusal(exc, ev.features), source))
+            return out
+        return self._open(ev, spec, index, score, propensity, model.n_updates, out, source, trigger)
 
     def on_decision(
         self, ev: ReplicaDecision, source: Any = None
@@ -196,13 +223,21 @@ class PartitionEngine:
         a configured model key, distinct arm ids, the model's dimension, a new event id, room for
         a new model. ``(outputs so far, spec, model)``, the model None when the context is
         refused (its refusal is then the last output)."""
-        ts, key = ev.timestamp_ms, ev.model_key
+        ts = ev.timestamp_ms
         if ts > self.watermark_ms:
             self.watermark_ms = ts
         deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
         out = (
             self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
         )
+        return self._admit_model(ev, source, out)
+
+    def _admit_model(
+        self, ev: Context | ReplicaDecision, source: Any, out: list
+    ) -> tuple[list, ModelSpec | None, Policy | None]:
+        """:meth:`_admit`'s checks of the model, after event time moved (``out``: what that
+        closed)."""
+        key = ev.model_key
         spec = self.spec_of(key)
         refusal = admission.context_refusal(
             key, ev.arm_ids, ev.features, spec
@@ -277,12 +312,25 @@ class PartitionEngine:
         return out
 
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
-        if refused := self._refuse(ev, source):
-            return refused
-        trigger = _trigger_of(source)
-        out = self._advance(ev.timestamp_ms, trigger)
+        # The worker's hot path (once per reward), in as few frames as on_context.
+        if type(source) is InputRef:
+            record_ms, trigger = source.timestamp_ms, (source.source, source.offset)
+        else:
+            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
+        refusal = admission.record_refusal(
+            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
+        )
+        if refusal is not None:
+            return [self._refused(refusal, source)]
+        ts = ev.timestamp_ms
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        deadlines = self._deadlines  # _advance only when a window closes
+        out = (
+            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
+        )
         if ev.event_id in self.pending:
-            return out + self._accept_reward(ev, source, ev.timestamp_ms, trigger)
+            return out + self._accept_reward(ev, source, ts, trigger)
         if ev.event_id in self.recent:
             observed = self.recent[ev.event_id]
             reason = DUPLICATE_REWARD if observed else LATE_REWARD

@@ -197,8 +197,9 @@ def decode_batch(values: list) -> list:
     clean = [v if isinstance(v, bytes) else b"" for v in values]
     raw = b"".join(clean)
     buf = np.frombuffer(raw, dtype=np.uint8)
-    ends = np.cumsum(np.fromiter(map(len, clean), dtype=np.int64, count=n))
-    starts = ends - np.fromiter(map(len, clean), dtype=np.int64, count=n)
+    sizes = np.fromiter(map(len, clean), dtype=np.int64, count=n)
+    ends = np.cumsum(sizes)
+    starts = ends - sizes
     status = np.zeros(n, np.int8)
     ts = np.zeros(n, np.int64)
     spans = np.zeros((n, 8), np.int64)
@@ -236,7 +237,10 @@ def decode_batch(values: list) -> list:
     if n_ctx:
         k0, d0 = shape[is_ctx][0]
         if (shape[is_ctx] == (k0, d0)).all():
-            per_ctx = feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0)
+            # Every context's (K, d) view, and its tuple of K arm ids, made in one C loop each
+            # (a slice and a tuple, or an index, per record cost more).
+            per_ctx = list(feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0))
+            arm_tuples = list(zip(*[iter(all_arms)] * int(k0)))  # the last, empty, string left
     out = []
     keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
     next_id = next_arm = next_ctx = 0
@@ -257,11 +261,12 @@ def decode_batch(values: list) -> list:
         event_id = all_ids[next_id]
         next_id += 1
         if st == _CONTEXT:
-            arm_ids = tuple(all_arms[next_arm : next_arm + k])
-            next_arm += k
             if per_ctx is not None:
+                arm_ids = arm_tuples[next_ctx]
                 features = per_ctx[next_ctx]
             else:
+                arm_ids = tuple(all_arms[next_arm : next_arm + k])
+                next_arm += k
                 a, b = spans[i, 6], spans[i, 7]
                 features = feats[a:b].reshape(k, (b - a) // k)
             next_ctx += 1
