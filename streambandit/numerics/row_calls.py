@@ -46,9 +46,10 @@ __all__ = [
 ]
 
 # A chunk's table, int64 entries: the columns' addresses in the row kernels' order (theta, the
-# inverse, the third array, scalars, count), the store's parameters' address, then the sizes.
-THETA, INV, OTHER, SCALARS, COUNT, PARAMS, ROWS, DIM, N_SCALARS, N_PARAMS = range(10)
-TABLE_LENGTH = 10
+# inverse, the third array, scalars, count), the store's parameters' address, the sizes, and the
+# learner's radius (kernels.RADIUS_OFUL, ...).
+THETA, INV, OTHER, SCALARS, COUNT, PARAMS, ROWS, DIM, N_SCALARS, N_PARAMS, KIND = range(11)
+TABLE_LENGTH = 11
 
 
 def _pointer_intrinsic(dtype: types.Type):
@@ -75,10 +76,10 @@ def _address(a: np.ndarray) -> int:
     return int(a.__array_interface__["data"][0])
 
 
-def chunk_table(columns: tuple[np.ndarray, ...], params: np.ndarray) -> np.ndarray:
-    """The table of a chunk (its five columns, each C-contiguous with a row per model) and of
-    its store's kernel parameters (float64, C-contiguous). The caller keeps all of them alive as
-    long as the table."""
+def chunk_table(columns: tuple[np.ndarray, ...], params: np.ndarray, kind: int) -> np.ndarray:
+    """The table of a chunk (its five columns, each C-contiguous with a row per model), of its
+    store's kernel parameters (float64, C-contiguous) and of its learner's radius ``kind``. The
+    caller keeps the arrays alive as long as the table."""
     theta, inv, other, scalars, count = columns
     rows, dim = theta.shape
     if (
@@ -99,6 +100,7 @@ def chunk_table(columns: tuple[np.ndarray, ...], params: np.ndarray) -> np.ndarr
     table[PARAMS] = _address(params)
     table[ROWS], table[DIM], table[N_SCALARS] = rows, dim, scalars.shape[1]
     table[N_PARAMS] = params.shape[0]
+    table[KIND] = kind
     return table
 
 
@@ -154,32 +156,32 @@ def _params(t):
 
 
 @njit(cache=CACHE, nogil=True)
-def ucb_scores_at(arms, table, i, kind, out):
+def ucb_scores_at(arms, table, i, out):
     """``kernels.ucb_scores_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
     theta = _theta(t)
     return kernels.ucb_scores_row(
-        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, kind, _params(t), out
+        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, t[KIND], _params(t), out
     )
 
 
 @njit(cache=CACHE, nogil=True)
-def ucb_select_at(arms, table, i, kind):
+def ucb_select_at(arms, table, i):
     """``kernels.ucb_select_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
     theta = _theta(t)
     return kernels.ucb_select_row(
-        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, kind, _params(t)
+        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, t[KIND], _params(t)
     )
 
 
 @njit(cache=CACHE, nogil=True)
-def ucb_best_at(arms, table, i, kind):
+def ucb_best_at(arms, table, i):
     """``kernels.ucb_best_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
     theta = _theta(t)
     return kernels.ucb_best_row(
-        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, kind, _params(t)
+        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, t[KIND], _params(t)
     )
 
 
@@ -214,9 +216,9 @@ _MATRIX = types.Array(types.float64, 2, "C")
 _VECTOR = types.Array(types.float64, 1, "C")
 _I = types.int64
 _SCORING = (
-    (ucb_scores_at, (_MATRIX, _I, _I, _I, _VECTOR)),
-    (ucb_select_at, (_MATRIX, _I, _I, _I)),
-    (ucb_best_at, (_MATRIX, _I, _I, _I)),
+    (ucb_scores_at, (_MATRIX, _I, _I, _VECTOR)),
+    (ucb_select_at, (_MATRIX, _I, _I)),
+    (ucb_best_at, (_MATRIX, _I, _I)),
 )
 _UPDATE = (_I, _I, _VECTOR, types.float64)
 _prepared: set = set()

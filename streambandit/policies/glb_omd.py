@@ -154,7 +154,7 @@ class GLBOMD(LinearUCBPolicy):
             np.zeros(0),
             np.zeros((), np.int64),
         )
-        return RowStore(c, initial, params, consts)
+        return RowStore(c, initial, params, consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

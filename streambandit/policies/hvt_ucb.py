@@ -199,7 +199,7 @@ class HvtUCB(LinearUCBPolicy):
             np.zeros(0),
             np.zeros((), np.int64),
         )
-        return RowStore(c, initial, np.array(step_params), consts)
+        return RowStore(c, initial, np.array(step_params), consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

@@ -247,7 +247,7 @@ class LinearUCBPolicy(Policy):
 
     # -- decisions ----------------------------------------------------------------------------
     #
-    # The per-call path is one compiled call with four or five arguments (numerics/row_calls.py
+    # The per-call path is one compiled call with three or four arguments (numerics/row_calls.py
     # says why): the dispatcher takes only a writable float64 C-contiguous matrix of arms (or
     # vector x) and refuses anything else with a TypeError before any compiled code runs; the
     # kernel checks the shape and the values as it reads them and returns a status. Input it
@@ -261,7 +261,7 @@ class LinearUCBPolicy(Policy):
     def scores(self, arms: np.ndarray) -> np.ndarray:
         try:
             out = np.empty(len(arms))
-            status = _scores_at(arms, self._chunk.table, self._i, self._radius_kind, out)
+            status = _scores_at(arms, self._chunk.table, self._i, out)
         except TypeError:
             arms = self._check_arms_shape(arms)
             out = np.empty(arms.shape[0])
@@ -274,7 +274,7 @@ class LinearUCBPolicy(Policy):
 
     def select(self, arms: np.ndarray) -> int:
         try:
-            i = _select_at(arms, self._chunk.table, self._i, self._radius_kind)
+            i = _select_at(arms, self._chunk.table, self._i)
         except TypeError:
             arms = self._check_arms_shape(arms)
             i = kernels.ucb_select_row(
@@ -286,7 +286,7 @@ class LinearUCBPolicy(Policy):
 
     def best(self, arms: np.ndarray) -> tuple[int, float]:
         try:
-            i, score = _best_at(arms, self._chunk.table, self._i, self._radius_kind)
+            i, score = _best_at(arms, self._chunk.table, self._i)
         except TypeError:
             arms = self._check_arms_shape(arms)
             i, score = kernels.ucb_best_row(

@@ -139,7 +139,7 @@ class OFUL(LinearUCBPolicy):
             "_sqrt_lam_s": sqrt_lam_s,
             "_beta_args": beta_args,
         }
-        return RowStore(c, initial, np.array(beta_args), consts)
+        return RowStore(c, initial, np.array(beta_args), consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

@@ -45,9 +45,9 @@ class Chunk(tuple):
     entry points take instead of the columns. The chunk keeps the table, and the store's
     parameters it points to, alive."""
 
-    def __new__(cls, columns: Any, params: np.ndarray) -> "Chunk":
+    def __new__(cls, columns: Any, params: np.ndarray, kind: int) -> "Chunk":
         chunk = super().__new__(cls, columns)
-        chunk._table = row_calls.chunk_table(chunk, params)
+        chunk._table = row_calls.chunk_table(chunk, params, kind)
         chunk._params = params
         chunk.table = int(chunk._table.__array_interface__["data"][0])
         return chunk
@@ -57,14 +57,16 @@ class RowStore:
     """The rows of every live model of one configuration, and what the configuration derives.
 
     ``initial`` holds one row's initial value per column (theta, inverse, third array, scalars,
-    count); ``params`` the float64 parameters the compiled kernels take; ``consts`` the constants
-    the learner derives from its configuration; ``config`` the shared configuration dict.
+    count); ``params`` the float64 parameters the compiled kernels take; ``kind`` the learner's
+    confidence radius (``kernels.RADIUS_OFUL``, ...); ``consts`` the constants the learner derives
+    from its configuration; ``config`` the shared configuration dict.
     """
 
     __slots__ = (
         "config",
         "consts",
         "params",
+        "kind",
         "initial",
         "rows_per_chunk",
         "chunks",
@@ -81,10 +83,12 @@ class RowStore:
         initial: tuple[np.ndarray, ...],
         params: np.ndarray,
         consts: dict[str, Any],
+        kind: int,
     ) -> None:
         self.config = config
         self.consts = consts
         self.params = np.ascontiguousarray(params, dtype=np.float64)
+        self.kind = kind
         self.initial = tuple(np.array(a, order="C") for a in initial)
         row_bytes = sum(a.nbytes for a in self.initial)
         self.rows_per_chunk = max(1, min(CHUNK_ROWS, len(_INDEX), CHUNK_BYTES // max(row_bytes, 1)))
@@ -178,7 +182,7 @@ class RowStore:
             if self.chunks:
                 self._free.extend((self.chunks[-1], i) for i in self.index[self._used : per])
             for k in range(full):
-                chunk = Chunk((c[k * per : (k + 1) * per] for c in columns), self.params)
+                chunk = Chunk((c[k * per : (k + 1) * per] for c in columns), self.params, self.kind)
                 self.chunks.append(chunk)
                 out.extend((chunk, i) for i in self.index[:per])
             self._used = per
@@ -193,7 +197,9 @@ class RowStore:
 
     def _new_chunk(self) -> Chunk:
         return Chunk(
-            (np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial), self.params
+            (np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial),
+            self.params,
+            self.kind,
         )
 
     def release(self, chunk: Chunk, i: int) -> None:
