@@ -48,9 +48,14 @@ class Chunk(tuple):
     def __new__(cls, columns: Any, params: np.ndarray, kind: int) -> "Chunk":
         chunk = super().__new__(cls, columns)
         chunk._table = row_calls.chunk_table(chunk, params, kind)
-        chunk._params = params
+        chunk._params, chunk._kind = params, kind
         chunk.table = int(chunk._table.__array_interface__["data"][0])
         return chunk
+
+    def __reduce__(self) -> tuple:
+        # A copy (pickle, copy, deepcopy) gets a table of its own arrays' addresses, never the
+        # original's.
+        return Chunk, (tuple(self), self._params, self._kind)
 
 
 class RowStore:
