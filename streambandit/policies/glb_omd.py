@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.numerics import kernels
+from streambandit.numerics import kernels, row_calls
 from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies.base import (
     BAD_ARMS_MESSAGE,
@@ -87,6 +87,7 @@ class GLBOMD(LinearUCBPolicy):
     _play_kernel = kernels.glb_omd_play
     # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
     _update_row = staticmethod(kernels.glb_omd_update_row)
+    _update_at = staticmethod(row_calls.glb_omd_update_at)
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,), in the ball ||theta|| <= S.")
@@ -153,7 +154,7 @@ class GLBOMD(LinearUCBPolicy):
             np.zeros(0),
             np.zeros((), np.int64),
         )
-        return RowStore(c, initial, params, consts)
+        return RowStore(c, initial, params, consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

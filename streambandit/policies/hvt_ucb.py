@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.numerics import kernels
+from streambandit.numerics import kernels, row_calls
 from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies.base import (
     Policy,
@@ -89,6 +89,7 @@ class HvtUCB(LinearUCBPolicy):
     _play_kernel = kernels.hvt_ucb_play
     # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
     _update_row = staticmethod(kernels.hvt_ucb_update_row)
+    _update_at = staticmethod(row_calls.hvt_ucb_update_at)
     _bad_reward_message = f"reward must be finite and within +-{MAX_ABS_REWARD:g}"
     __slots__ = ()
 
@@ -198,7 +199,7 @@ class HvtUCB(LinearUCBPolicy):
             np.zeros(0),
             np.zeros((), np.int64),
         )
-        return RowStore(c, initial, np.array(step_params), consts)
+        return RowStore(c, initial, np.array(step_params), consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

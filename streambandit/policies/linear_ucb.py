@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from streambandit.numerics import kernels
+from streambandit.numerics import kernels, row_calls
 from streambandit.numerics.kernels import MAX_ABS_REWARD
 from streambandit.policies import rows
 from streambandit.policies.base import BAD_ARMS_MESSAGE, BAD_X_MESSAGE, Policy
@@ -32,14 +32,12 @@ _NON_FINITE_ARMS = BAD_ARMS_MESSAGE
 # Chunk columns (rows.RowStore): the kernels take them in this order.
 THETA, INV, OTHER, SCALARS, COUNT = range(5)
 _SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
-_F64 = np.dtype(np.float64)
 _OK = kernels.OK
-
-
-def _is_matrix(a: Any) -> bool:
-    """Whether ``a`` is what the compiled decisions take as it is: a float64 C-contiguous
-    matrix (anything else goes through ``_check_arms_shape`` first)."""
-    return type(a) is np.ndarray and a.dtype is _F64 and a.ndim == 2 and a.flags.c_contiguous
+_scores_at, _select_at, _best_at = (
+    row_calls.ucb_scores_at,
+    row_calls.ucb_select_at,
+    row_calls.ucb_best_at,
+)
 
 
 def row_array(column: int, doc: str) -> property:
@@ -92,6 +90,9 @@ class LinearUCBPolicy(Policy):
     # The compiled update of a row with its input checks, (chunk..., i, x, reward, params) ->
     # status (a staticmethod: a numba dispatcher would otherwise bind as a method).
     _update_row: ClassVar[Any]
+    # The same update from the chunk's table (numerics/row_calls.py), (table, i, x, reward) ->
+    # status: the per-call path.
+    _update_at: ClassVar[Any]
     _bad_reward_message: ClassVar[str] = (
         f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
     )
@@ -113,6 +114,7 @@ class LinearUCBPolicy(Policy):
             self.dim,
             tuple(sorted((k, type(v).__name__, v) for k, v in self._config.items())),
         )
+        row_calls.prepare(self._update_at)  # the per-call entry points, compiled and locked once
         store = rows.store_for(key, self._new_store)
         self._config = store.config
         self._store = store
@@ -245,9 +247,11 @@ class LinearUCBPolicy(Policy):
 
     # -- decisions ----------------------------------------------------------------------------
     #
-    # The per-call path is one compiled call: the kernels check the shape and the values as they
-    # read the arms and return a status, and Python looks at the arms only for what decides
-    # which compiled code runs (a float64, C-contiguous matrix), and to word an error.
+    # The per-call path is one compiled call with three or four arguments (numerics/row_calls.py
+    # says why): the dispatcher takes only a writable float64 C-contiguous matrix of arms (or
+    # vector x) and refuses anything else with a TypeError before any compiled code runs; the
+    # kernel checks the shape and the values as it reads them and returns a status. Input it
+    # refuses goes through the checks in Python, which convert it or raise, and the row kernels.
 
     def _check_x(self, x: np.ndarray) -> np.ndarray:
         # The compiled updates check the values themselves and change nothing when one is not
@@ -255,37 +259,41 @@ class LinearUCBPolicy(Policy):
         return self._check_x_shape(x)
 
     def scores(self, arms: np.ndarray) -> np.ndarray:
-        a = arms if _is_matrix(arms) else self._check_arms_shape(arms)
-        out = np.empty(a.shape[0])
-        status = kernels.ucb_scores_row(
-            a, *self._chunk, self._i, self._radius_kind, self._store.params, out
-        )
-        if status != kernels.OK:
-            self._raise_for_arms(a, status)
+        try:
+            out = np.empty(len(arms))
+            status = _scores_at(arms, self._chunk.table, self._i, out)
+        except TypeError:
+            arms = self._check_arms_shape(arms)
+            out = np.empty(arms.shape[0])
+            status = kernels.ucb_scores_row(
+                arms, *self._chunk, self._i, self._radius_kind, self._store.params, out
+            )
+        if status != _OK:
+            self._raise_for_arms(arms, status)
         return out
 
     def select(self, arms: np.ndarray) -> int:
-        # _is_matrix inlined: select is the per-event call of a Python loop.
-        a = (
-            arms
-            if type(arms) is np.ndarray
-            and arms.dtype is _F64
-            and arms.ndim == 2
-            and arms.flags.c_contiguous
-            else self._check_arms_shape(arms)
-        )
-        i = kernels.ucb_select_row(a, *self._chunk, self._i, self._radius_kind, self._store.params)
+        try:
+            i = _select_at(arms, self._chunk.table, self._i)
+        except TypeError:
+            arms = self._check_arms_shape(arms)
+            i = kernels.ucb_select_row(
+                arms, *self._chunk, self._i, self._radius_kind, self._store.params
+            )
         if i < 0:
-            self._raise_for_arms(a, i)
+            self._raise_for_arms(arms, i)
         return i
 
     def best(self, arms: np.ndarray) -> tuple[int, float]:
-        a = arms if _is_matrix(arms) else self._check_arms_shape(arms)
-        i, score = kernels.ucb_best_row(
-            a, *self._chunk, self._i, self._radius_kind, self._store.params
-        )
+        try:
+            i, score = _best_at(arms, self._chunk.table, self._i)
+        except TypeError:
+            arms = self._check_arms_shape(arms)
+            i, score = kernels.ucb_best_row(
+                arms, *self._chunk, self._i, self._radius_kind, self._store.params
+            )
         if i < 0:
-            self._raise_for_arms(a, i)
+            self._raise_for_arms(arms, i)
         return i, score
 
     def _raise_for_arms(self, arms: np.ndarray, status: int) -> None:
@@ -315,19 +323,16 @@ class LinearUCBPolicy(Policy):
     # -- updates ------------------------------------------------------------------------------
 
     def update(self, x: np.ndarray, reward: float) -> None:
-        # One compiled call (``_update_row``) that checks x's length, the reward's range and x's
+        # One compiled call (``_update_at``) that checks x's length, the reward's range and x's
         # values before it touches the row, and counts the update only when it succeeds. Input
         # it cannot take as it is (not a float64 C-contiguous vector, not a float), and any
         # refusal, goes through the checks in Python, which convert it or raise the error.
-        if (
-            isinstance(reward, float)  # a Python float or a numpy float64, taken as it is
-            and type(x) is np.ndarray
-            and x.dtype is _F64
-            and x.ndim == 1
-            and x.flags.c_contiguous
-            and self._update_row(*self._chunk, self._i, x, reward, self._store.params) == _OK
-        ):
-            return
+        if isinstance(reward, float):  # a Python float or a numpy float64, taken as it is
+            try:
+                if self._update_at(self._chunk.table, self._i, x, reward) == _OK:
+                    return
+            except TypeError:
+                pass
         self._update(self._check_x(x), self._check_reward(reward))
 
     def _update(self, x: np.ndarray, reward: float) -> None:

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from streambandit.numerics import kernels
+from streambandit.numerics import kernels, row_calls
 from streambandit.policies.base import check_in_range, check_positive, register
 from streambandit.policies.linear_ucb import (
     INV,
@@ -83,6 +83,7 @@ class OFUL(LinearUCBPolicy):
     _play_kernel = kernels.oful_play
     # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det.
     _update_row = staticmethod(kernels.oful_update_row)
+    _update_at = staticmethod(row_calls.oful_update_at)
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
@@ -138,7 +139,7 @@ class OFUL(LinearUCBPolicy):
             "_sqrt_lam_s": sqrt_lam_s,
             "_beta_args": beta_args,
         }
-        return RowStore(c, initial, np.array(beta_args), consts)
+        return RowStore(c, initial, np.array(beta_args), consts, self._radius_kind)
 
     @classmethod
     def _test_params(cls) -> list[dict[str, Any]]:

@@ -25,6 +25,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+from streambandit.numerics import row_calls
+
 __all__ = ["RowStore", "store_for", "by_chunk", "pinned_view", "CHUNK_ROWS", "CHUNK_BYTES"]
 
 CHUNK_ROWS = 1024
@@ -36,21 +38,40 @@ CHUNK_BYTES = 8 << 20
 # it is computed, which every model would otherwise own.
 _INDEX = tuple(range(CHUNK_ROWS))
 
-Chunk = tuple[np.ndarray, ...]
+
+class Chunk(tuple):
+    """A chunk's columns (a tuple of arrays, theta, inverse, third array, scalars, count), and
+    ``table``: the address of its table (``numerics/row_calls.py``), what a model's per-call
+    entry points take instead of the columns. The chunk keeps the table, and the store's
+    parameters it points to, alive."""
+
+    def __new__(cls, columns: Any, params: np.ndarray, kind: int) -> "Chunk":
+        chunk = super().__new__(cls, columns)
+        chunk._table = row_calls.chunk_table(chunk, params, kind)
+        chunk._params, chunk._kind = params, kind
+        chunk.table = int(chunk._table.__array_interface__["data"][0])
+        return chunk
+
+    def __reduce__(self) -> tuple:
+        # A copy (pickle, copy, deepcopy) gets a table of its own arrays' addresses, never the
+        # original's.
+        return Chunk, (tuple(self), self._params, self._kind)
 
 
 class RowStore:
     """The rows of every live model of one configuration, and what the configuration derives.
 
     ``initial`` holds one row's initial value per column (theta, inverse, third array, scalars,
-    count); ``params`` the float64 parameters the compiled kernels take; ``consts`` the constants
-    the learner derives from its configuration; ``config`` the shared configuration dict.
+    count); ``params`` the float64 parameters the compiled kernels take; ``kind`` the learner's
+    confidence radius (``kernels.RADIUS_OFUL``, ...); ``consts`` the constants the learner derives
+    from its configuration; ``config`` the shared configuration dict.
     """
 
     __slots__ = (
         "config",
         "consts",
         "params",
+        "kind",
         "initial",
         "rows_per_chunk",
         "chunks",
@@ -67,10 +88,12 @@ class RowStore:
         initial: tuple[np.ndarray, ...],
         params: np.ndarray,
         consts: dict[str, Any],
+        kind: int,
     ) -> None:
         self.config = config
         self.consts = consts
         self.params = np.ascontiguousarray(params, dtype=np.float64)
+        self.kind = kind
         self.initial = tuple(np.array(a, order="C") for a in initial)
         row_bytes = sum(a.nbytes for a in self.initial)
         self.rows_per_chunk = max(1, min(CHUNK_ROWS, len(_INDEX), CHUNK_BYTES // max(row_bytes, 1)))
@@ -109,11 +132,7 @@ class RowStore:
         except IndexError:
             with self._lock:
                 if self._used == self.rows_per_chunk:
-                    self.chunks.append(
-                        tuple(
-                            np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial
-                        )
-                    )
+                    self.chunks.append(self._new_chunk())
                     self._used = 0
                 chunk, i = self.chunks[-1], self.index[self._used]
                 self._used += 1
@@ -131,11 +150,7 @@ class RowStore:
         with self._lock:
             while len(out) < n:
                 if self._used == self.rows_per_chunk:
-                    self.chunks.append(
-                        tuple(
-                            np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial
-                        )
-                    )
+                    self.chunks.append(self._new_chunk())
                     self._used = 0
                 take = min(n - len(out), self.rows_per_chunk - self._used)
                 chunk = self.chunks[-1]
@@ -172,18 +187,25 @@ class RowStore:
             if self.chunks:
                 self._free.extend((self.chunks[-1], i) for i in self.index[self._used : per])
             for k in range(full):
-                chunk = tuple(c[k * per : (k + 1) * per] for c in columns)
+                chunk = Chunk((c[k * per : (k + 1) * per] for c in columns), self.params, self.kind)
                 self.chunks.append(chunk)
                 out.extend((chunk, i) for i in self.index[:per])
             self._used = per
             if tail:
-                chunk = tuple(np.empty((per, *a.shape), a.dtype) for a in self.initial)
+                chunk = self._new_chunk()
                 for column, c in zip(chunk, columns):
                     column[:tail] = c[full * per :]
                 self.chunks.append(chunk)
                 self._used = tail
                 out.extend((chunk, i) for i in self.index[:tail])
         return out
+
+    def _new_chunk(self) -> Chunk:
+        return Chunk(
+            (np.empty((self.rows_per_chunk, *a.shape), a.dtype) for a in self.initial),
+            self.params,
+            self.kind,
+        )
 
     def release(self, chunk: Chunk, i: int) -> None:
         """Give a dead model's row back (list.append is atomic under the GIL)."""

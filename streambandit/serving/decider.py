@@ -118,7 +118,12 @@ class Decider:
         """Choose one of ``arms`` for the event: a mapping of arm id to its feature vector, or a
         sequence of arm ids with ``features`` a (K, d) matrix, row k the features of arm k."""
         context = call_context(event_id, model_key, arms, features, timestamp_ms, self._clock)
-        ref = self._ref(_CONTEXT)
+        # This call's position, as an input record's: the engine names it in what it refuses.
+        # Its time is the clock's, as a record's is the broker's: an event time more than the
+        # engine's ``max_event_time_ahead_ms`` (1 h) ahead of it is refused
+        # (``event_time_ahead``), or a caller could move event time past every window for good.
+        self._calls += 1
+        ref = InputRef(_CONTEXT, 0, self._calls, None, None, int(self._clock()))
         scores: list[np.ndarray] = []  # the decision's scores, computed once by the engine
         out = self.engine.on_context(context, ref, scores=scores)
         if len(out) != 1 or type(out[0]) is not Action:  # not the action alone: more to hand on
@@ -172,7 +177,8 @@ class Decider:
             model_key = pending.action.model_key
         call_id("model key", model_key)
         value = call_reward(value)
-        ref = self._ref(_REWARD)
+        self._calls += 1  # its position and time, as rank's
+        ref = InputRef(_REWARD, 0, self._calls, None, None, int(self._clock()))
         self._emit(self.engine.on_reward(Reward(event_id, model_key, ts, value), ref), ref)
 
     def advance(self, timestamp_ms: int | None = None) -> list[Joined]:
@@ -221,14 +227,6 @@ class Decider:
 
     def _now(self, timestamp_ms: int | None) -> int:
         return call_time(timestamp_ms, self._clock)
-
-    def _ref(self, source: int) -> InputRef:
-        """This call's position, as an input record's: the engine names it in what it refuses.
-        Its time is the clock's, as a record's is the broker's: an event time more than the
-        engine's ``max_event_time_ahead_ms`` (1 h) ahead of it is refused (``event_time_ahead``),
-        or a caller could move event time past every window for good."""
-        self._calls += 1
-        return InputRef(source, 0, self._calls, timestamp_ms=int(self._clock()))
 
     def _emit(self, out: list, ref: InputRef | None) -> None:
         """Hand on the records a call produced; raise the refusal of the call itself."""
