@@ -76,8 +76,17 @@ def scan_inline(data, offsets, classes, out, out_offsets, arms, dims, status):  
     numbers each, every byte a number character, whitespace or ``|``, gets ``status[i] =
     ROW_PARSED`` and its numbers appended to ``out`` (number j is ``out[out_offsets[j]:
     out_offsets[j+1]]``); any other row is left to the text parser. Returns the number of
-    numbers written."""
+    numbers written, or -1 (nothing done) when a buffer is too small for ``data``."""
     n = offsets.shape[0] - 1
+    # The writes below are unchecked (numba checks no bounds): buffers smaller than a number per
+    # byte of data would be written past their end, so such a call is refused here.
+    if (
+        out.shape[0] < data.shape[0]
+        or out_offsets.shape[0] < data.shape[0] + 2
+        or min(arms.shape[0], dims.shape[0], status.shape[0]) < n
+        or (n > 0 and (offsets[0] < 0 or offsets[n] > data.shape[0]))
+    ):
+        return -1
     ntok = 0
     pos = 0
     out_offsets[0] = 0
@@ -186,6 +195,7 @@ def _features(col, n: int):
     out = np.empty(max(int(data.shape[0]), 1), dtype=np.uint8)
     out_offsets = np.empty(int(data.shape[0]) + 2, dtype=np.int32)  # a number per byte at most
     ntok = scan_inline(data, offsets, _CLASS, out, out_offsets, arms, dims, status)
+    assert ntok >= 0  # the buffers above are sized for data
     tokens = pa.Array.from_buffers(
         pa.string(), ntok, [None, pa.py_buffer(out_offsets[: ntok + 1]), pa.py_buffer(out)]
     )

@@ -295,3 +295,34 @@ def test_without_pyarrow_the_csv_module_reads_and_the_command_says_how_to_read_f
     assert out.returncode == 0, out.stderr
     assert "pip install 'streambandit[arrow]'" in out.stderr
     assert (tmp_path / "out").is_dir()
+
+
+def test_the_scan_refuses_buffers_too_small_for_its_data():
+    data = np.frombuffer(b"1 2|3 4", np.uint8)
+    offsets = np.array([0, data.size], np.int32)
+    one = np.zeros(1, np.int64)
+    args = (one, one.copy(), np.zeros(1, np.uint8))
+    scan = csv_columnar.scan_inline
+    ok = scan(
+        data, offsets, csv_columnar._CLASS, np.empty(7, np.uint8), np.empty(9, np.int32), *args
+    )
+    assert ok == 4
+    assert (
+        scan(
+            data, offsets, csv_columnar._CLASS, np.empty(6, np.uint8), np.empty(9, np.int32), *args
+        )
+        == -1
+    )
+    assert (
+        scan(
+            data, offsets, csv_columnar._CLASS, np.empty(7, np.uint8), np.empty(8, np.int32), *args
+        )
+        == -1
+    )
+    past_end = np.array([0, data.size + 1], np.int32)
+    assert (
+        scan(
+            data, past_end, csv_columnar._CLASS, np.empty(7, np.uint8), np.empty(9, np.int32), *args
+        )
+        == -1
+    )
