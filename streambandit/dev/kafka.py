@@ -35,6 +35,7 @@ from streambandit.dev.kafka_jars import JarLock, classpath, java_binary, read_lo
 from streambandit.dev.kafka_security import ADMIN, Security
 from streambandit.dev.kafka_security import KINDS as SECURITY_KINDS
 from streambandit.dev.tansu import BrokerError, port_in_use
+from streambandit.stream.kafka_checks import wait_until_served
 
 __all__ = [
     "ApacheKafka",
@@ -377,18 +378,9 @@ class ApacheKafka:
                     if "TOPIC_ALREADY_EXISTS" not in str(exc):
                         raise BrokerError(f"could not create topic {name!r}: {exc}") from exc
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            topics = admin.list_topics(timeout=5).topics
-            if all(
-                n in topics
-                and topics[n].partitions
-                and all(p.leader >= 0 for p in topics[n].partitions.values())
-                for n in names
-            ):
-                break
-            time.sleep(0.1)
-        else:
+        if not wait_until_served(admin, names, 30):
             raise BrokerError(f"topics {names} did not get leaders within 30 s")
+        topics = admin.list_topics(timeout=5).topics
         # The metadata names a leader before that node has taken the partition on: a ListOffsets
         # then answers NOT_LEADER_FOR_PARTITION, which clients that do not retry it take as fatal.
         # Created means served here, as on a cluster whose topics were made long before.

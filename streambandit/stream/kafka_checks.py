@@ -12,6 +12,9 @@ reach the operator.
   out its whole timeout, where describing the group is refused at once, as one line.
 - ``choose_group_protocol``: the consumer group protocol, from ``[worker] group_protocol`` and,
   when that is ``auto``, from what the broker says it offers.
+- ``wait_until_served``: a topic just created is known to the controller before the brokers'
+  metadata has it; a request about it meanwhile (a describe, a producer's first send) is
+  refused as an unknown topic. Creating commands wait until every partition has a leader.
 - ``kafka_logger``: librdkafka's lines through Python logging (``logger`` client setting), each
   kind of line at most once a minute with a count of those held back: a broker that is down is
   otherwise one line per client and reconnect back-off.
@@ -45,6 +48,7 @@ __all__ = [
     "check_groups_described",
     "choose_group_protocol",
     "wait_for_brokers",
+    "wait_until_served",
     "kafka_logger",
 ]
 
@@ -57,6 +61,28 @@ def kafka_logger() -> logging.Logger:
     if not any(isinstance(f, RepeatFilter) for f in logger.filters):
         logger.addFilter(RepeatFilter())
     return logger
+
+
+def wait_until_served(admin: AdminClient, topics: list[str], timeout_s: float) -> bool:
+    """Whether every topic of ``topics`` was listed with a leader for each of its partitions
+    within ``timeout_s`` (the metadata of the broker ``admin`` asks, polled)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            listed = admin.list_topics(timeout=max(0.1, min(5.0, deadline - time.monotonic())))
+            if all(
+                t in listed.topics
+                and listed.topics[t].error is None
+                and listed.topics[t].partitions
+                and all(p.leader >= 0 for p in listed.topics[t].partitions.values())
+                for t in topics
+            ):
+                return True
+        except KafkaException:
+            pass
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.1)
 
 
 def _silent() -> logging.Logger:

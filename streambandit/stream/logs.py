@@ -214,8 +214,10 @@ class LogReader:
         failing = None
         while True:
             try:
-                _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
+                # The end first: a transaction that commits between the two reads then moves
+                # the stable end past it, never leaves it short of an end read after it.
                 _, end = self.uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
+                _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
             except KafkaException as exc:
                 err = exc.args[0] if exc.args else None
                 if isinstance(err, KafkaError) and err.fatal():

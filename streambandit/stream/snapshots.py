@@ -56,7 +56,7 @@ from streambandit.config.app import DEFAULT_MAX_CHUNK_BYTES
 from streambandit.config.kafka import RANGE_READS, for_client, reader_settings
 from streambandit.engine.chains import compose
 from streambandit.errors import StreambanditError
-from streambandit.stream.kafka_checks import kafka_logger
+from streambandit.stream.kafka_checks import kafka_logger, wait_until_served
 from streambandit.stream.logs import read_range
 from streambandit.wire import Snapshot, SnapshotError, unpack_snapshot
 
@@ -817,6 +817,11 @@ def create_snapshot_topic(
         ):
             return False
         raise SnapshotStoreError(f"could not create snapshot topic {topic!r}: {exc}") from exc
+    if not wait_until_served(admin, [topic], timeout_s):
+        raise SnapshotStoreError(
+            f"snapshot topic {topic!r} was created but had no leader for each partition within "
+            f"{timeout_s:.0f} s"
+        )
     log.info("snapshot topic created topic=%s partitions=%d", topic, partitions)
     return True
 

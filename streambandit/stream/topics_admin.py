@@ -29,7 +29,7 @@ from streambandit.stream.authorization import (
     refusal_code,
 )
 from streambandit.stream.errors import NotAuthorized
-from streambandit.stream.kafka_checks import kafka_logger
+from streambandit.stream.kafka_checks import kafka_logger, wait_until_served
 from streambandit.stream.snapshots import snapshot_topic_config
 
 __all__ = [
@@ -192,6 +192,11 @@ def create_topics(
             else:
                 # Refused as asked (e.g. more replicas than brokers): bad arguments, exit 2.
                 raise ValueError(f"could not create topic {topic!r}: {_reason(exc)}") from None
+    if created and not wait_until_served(admin, sorted(created), timeout_s):
+        raise TopicsError(
+            f"topics {sorted(created)} were created but had no leader for each partition within "
+            f"{timeout_s:.0f} s"
+        )
     found = _check_existing(admin, existing, wanted, partitions, replication, timeout_s)
     return [
         found[t]

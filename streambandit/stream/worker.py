@@ -76,11 +76,14 @@ log = logging.getLogger("streambandit")
 # its three output logs' ends), and how often the wait is logged again.
 WAIT_RETRY_S = 0.5
 WAIT_LOG_EVERY_S = 30.0
-# A transaction that has just ended can look open for a moment: the broker writes its commit or
+# A transaction that has just ended can look open for a moment: Apache Kafka writes its commit or
 # abort markers to the partitions after the producer's call has returned (the previous owner's
-# last batch, or this worker's own aborted one). A partition's first look at its logs waits this
-# long for that before the partition is left waiting; the retries do not wait.
-FIRST_LOOK_WAIT_S = 1.0
+# last batch, or this worker's own last one). A partition's first look at its logs waits this
+# long for that before the partition is left waiting; the retries do not wait. The final
+# snapshots of a stop or a revocation share one such wait: without it, the last snapshot of a
+# partition whose last batch had just committed was held back, and its next owner read the logs
+# from an older one.
+MARKERS_WAIT_S = 1.0
 
 
 @dataclasses.dataclass
@@ -542,8 +545,9 @@ class Worker:
             )
             self.transaction.abandon()
         else:
+            markers_until = time.monotonic() + MARKERS_WAIT_S
             for p in list(self.partitions):
-                self._snapshot_if_settled(p, "stop", final=True)
+                self._snapshot_if_settled(p, "stop", final_until=markers_until)
         for p in sorted(self.partitions):
             # Served no more from here: the leave below hands it to another member.
             log.info("partition stopped partition=%d", p)
@@ -1051,7 +1055,7 @@ class Worker:
                 self.reader,
                 lambda: self._committed(p),
                 self.metrics,
-                open_wait_s=0.0 if p in self.waiting else FIRST_LOOK_WAIT_S,
+                open_wait_s=0.0 if p in self.waiting else MARKERS_WAIT_S,
             )
         except NotAuthorized:
             raise  # the log reader's, naming its topic
@@ -1207,17 +1211,17 @@ class Worker:
             ):
                 self._snapshot(p)
 
-    def _snapshot_if_settled(self, p: int, why: str, final: bool = False) -> None:
-        """Snapshot partition ``p`` if everything it processed is committed, and with ``final``
-        wait until it is stored (a revocation, a stop). Otherwise (stopped in the middle of a
+    def _snapshot_if_settled(self, p: int, why: str, final_until: float) -> None:
+        """Snapshot partition ``p`` if everything it processed is committed, and wait until it is
+        stored (a revocation, a stop); a transaction that looks open on its output logs is waited
+        for until ``final_until`` (time.monotonic, :data:`MARKERS_WAIT_S`). Otherwise (stopped in the middle of a
         batch, or after batches with no output) its state is ahead of the committed offsets, a
         snapshot of it would not fit them, and the next owner recovers from the last snapshot and
         the logs, reading those records again."""
         part = self.partitions[p]
         if part.settled:
-            self._snapshot(p)
-            if final:
-                self.writer.wait(p)
+            self._snapshot(p, markers_wait_s=max(0.0, final_until - time.monotonic()))
+            self.writer.wait(p)
             return
         self.metrics["snapshots_skipped"] += 1
         log.info(
@@ -1228,7 +1232,7 @@ class Worker:
             part.committed_offset,
         )
 
-    def _snapshot(self, p: int) -> None:
+    def _snapshot(self, p: int, markers_wait_s: float = 0.0) -> None:
         """Hand partition ``p``'s state as of the last commit to the writer (call only between
         transactions): a base, or an increment of the models changed since the last snapshot
         (engine/chains.py). The loop pays for the copy of what goes in, or for a fork when that is
@@ -1239,14 +1243,21 @@ class Worker:
         started = time.monotonic()
         # Where our outputs end: past every committed record of ours, so recovery reads the logs
         # from here. Settled first: our transaction is closed, but another producer's may be open.
+        markers_until = started + markers_wait_s
         try:
             out_next = {
-                topic: self.reader.settle(topic, p, wait_s=0, unreadable_s=STEP_S)
+                topic: self.reader.settle(
+                    topic,
+                    p,
+                    wait_s=max(0.0, markers_until - time.monotonic()),
+                    unreadable_s=STEP_S,
+                )
                 for topic in (t.actions, t.joined, t.dead_letter)
             }
         except TransactionOpen as held:
             # Another producer's transaction is open on one of our output logs (a predecessor
-            # killed inside one, a zombie's, any client's): where the log ends is not known until
+            # killed inside one, a zombie's, any client's), or our own last one's markers are not
+            # written yet (MARKERS_WAIT_S): where the log ends is not known until
             # it ends, commits or is aborted at its transaction timeout, and waiting for that here
             # would stop the loop past the poll interval. This snapshot waits for the next
             # trigger, after a step; a recovery meanwhile reads more of the logs after the older
@@ -1431,10 +1442,11 @@ class Worker:
 
     def _release(self, tps: list[TopicPartition], why: str, snapshot: bool) -> None:
         """Stop serving every partition one of whose inputs is in ``tps``."""
+        markers_until = time.monotonic() + MARKERS_WAIT_S
         for p in sorted({tp.partition for tp in tps}):
             if p in self.partitions:
                 if snapshot:
-                    self._snapshot_if_settled(p, why, final=True)
+                    self._snapshot_if_settled(p, why, final_until=markers_until)
                 self.batch.remove(p)
                 log.info("partition %s partition=%d", why, p)
             self._stop_waiting(p, why)
