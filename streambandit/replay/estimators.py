@@ -637,11 +637,44 @@ class OffPolicyEvaluator:
             # A percentile interval of a log whose matched rewards are all one value is that
             # value, width 0, however few rows it rests on: the score interval is kept there.
             out = [self._bootstrapped(e, fallback=self.scored) for e in out]
+        out = [self._with_unseen_weight(e) if e.name == "ips" else e for e in out]
         if self._slates:
             cascade = self._cascade.copy()
             self._end_slate(into=cascade)  # the slate still open counts as it stands
             out.append(cascade.estimate("cascade", z, self.n))
         return [self._clamped(e) for e in out]
+
+    @property
+    def unseen_weight(self) -> float:
+        """The importance weight the log is short of beyond chance: ``1 - mean(w)`` less ``z``
+        standard errors of the weights' mean, when positive; else 0 (and 0 with clipping, which
+        lowers the mean by design). Less the noise, so that a log short by chance is widened by
+        little.
+
+        A target's weights have mean 1 wherever the logging policy gives its actions a chance
+        (``E[w] = sum_a pi(a)``). A mean far below 1, further than the weights' own spread
+        explains, says that the rows that carry the rest are rare and heavy and none was logged:
+        a target that mostly chooses what the logging policy rarely did, on a log too short to
+        show it. ips's terms then miss that share of the value, and nothing in the log says what
+        rewards those rows have."""
+        n = self.n
+        if n < 2 or self.clip is not None:
+            return 0.0
+        m = float(self._acc[sums.SW]) / n
+        var = max(float(self._acc[sums.SW2]) / n - m * m, 0.0) * n / (n - 1)
+        return max(0.0, 1.0 - m - self._z * math.sqrt(var / n))
+
+    def _with_unseen_weight(self, e: Estimate) -> Estimate:
+        """ips's interval widened by what the unseen weight (:attr:`unseen_weight`) can add to
+        its value: between that share of the reward range's low end and of its high end, whatever
+        the interval was. Without it, a learner's ips interval on a log with spread propensities
+        held its expected value in 88% of the logs, the misses those with no heavy row matched
+        (bench/ope_coverage_learners.py)."""
+        short = self.unseen_weight
+        if not short > 0 or not math.isfinite(e.value):
+            return e
+        lo, hi, _ = self.ends
+        return dataclasses.replace(e, ci_low=e.ci_low + short * lo, ci_high=e.ci_high + short * hi)
 
     def _clamped(self, e: Estimate) -> Estimate:
         """``e`` with its value and bounds inside the reward range: a policy's value is a mean
@@ -712,12 +745,11 @@ class OffPolicyEvaluator:
         shift = lo * sw / n
         # k, the mean weight of a success (intervals.py), as the reward model expects it from
         # every row: where successes are rare and propensities spread, the few seen mostly carry
-        # small weights and their own mean weight is far too small (bench/ope_coverage.py).
-        if swq > 0 and sw2q > 0:
-            k = sw2q / swq
-        elif su > 0:
-            k = su2 / su
-        else:
+        # small weights and their own mean weight is far too small (bench/ope_coverage.py). The
+        # successes' own, when larger: a heavy success seen where the model expects few
+        # (bench/ope_coverage_learners.py: a learner's one success of weight ~1000).
+        k = max(sw2q / swq if swq > 0 and sw2q > 0 else 0.0, su2 / su if su > 0 else 0.0)
+        if k == 0.0:
             k = sw2 / sw if sw > 0 else 0.0
         if k > 0:
             a, b = scaled_wilson(su / n, k, n, self._z)
@@ -811,8 +843,9 @@ class OffPolicyEvaluator:
     ) -> list[str]:
         """What a reader of the estimates must know: too few effective or matched events, one
         event with more than ``max_weight_share`` of the total weight (the interval then turns on
-        whether that one event was a success; bench/ope_coverage.py), and the replay estimator on
-        a log that is not uniform."""
+        whether that one event was a success; bench/ope_coverage.py), weights short of their
+        expected mean (:attr:`unseen_weight`), and the replay estimator on a log that is not
+        uniform."""
         out = []
         if self.n == 0:
             return ["no events: nothing is estimated"]
@@ -828,6 +861,14 @@ class OffPolicyEvaluator:
                 f"one event carries {share:.0%} of the importance weight (weight "
                 f"{self._acc[sums.WMAX]:.4g}): the importance-weighted estimates and their "
                 "intervals turn on it; a log with more such events, or --clip, gives steadier ones"
+            )
+        short = self.unseen_weight
+        if short > 0:
+            out.append(
+                f"the importance weights average {float(self._acc[sums.SW]) / self.n:.3g} where "
+                f"they average 1 in expectation: the target mostly chooses what the log rarely "
+                f"did, and ips's interval takes in the {short:.3g} of weight no event showed "
+                "(at any reward); read snips"
             )
         if self._replay.nonzero < min_matched:
             out.append(

@@ -11,7 +11,11 @@ import pytest
 from scipy import stats
 
 from streambandit.replay.estimators import DR_SUCCESSES, EstimatorError, OffPolicyEvaluator
-from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
+from streambandit.replay.intervals import (
+    PoissonBootstrap,
+    scaled_wilson,
+    wilson,
+)
 
 from .test_estimators import K, by_name, evaluate, simulate, true_value
 
@@ -256,6 +260,44 @@ def test_one_event_with_much_of_the_weight_is_warned_of():
     [heavy] = [w for w in ev.warnings() if "carries" in w]
     assert heavy.startswith("one event carries 33% of the importance weight (weight 500)")
     assert not any("carries" in w for w in zero_reward_log(n=2000).warnings())
+
+
+def _rare_arm_log(arm_1_rows: int, n: int = 400, target=(0.0, 1.0)) -> OffPolicyEvaluator:
+    """Two arms logged 0.99 / 0.01 (arm 1 in the first ``arm_1_rows`` rows), a target that
+    chooses arm 1 (with ``target``'s probabilities), every other reward 1."""
+    ev = OffPolicyEvaluator()
+    for i in range(n):
+        a = int(i < arm_1_rows)
+        ev.add(
+            action=a,
+            propensity=0.01 if a else 0.99,
+            reward=float(i % 2),
+            target_probs=np.array(target),
+            predicted=np.full(2, 0.5),
+        )
+    return ev
+
+
+def test_weights_short_of_their_mean_widen_ips_by_the_unseen_share_at_any_reward():
+    """A target's weights average 1. On a log where the target's arm was never logged (1.8%
+    of such 400-row logs, 0.99^400), ips sees nothing of its value: the whole weight is unseen
+    and the interval is the whole range. With its arm logged at its rate (4 rows of weight 100: a
+    mean of exactly 1) nothing is unseen; at half its rate the shortfall (0.5) is within the
+    weights' own noise, and nothing is widened either."""
+    never = _rare_arm_log(0)
+    assert never.unseen_weight == 1.0
+    ips = by_name(never)["ips"]
+    assert ips.value == 0.0 and (ips.ci_low, ips.ci_high) == (0.0, 1.0)
+    [short] = [w for w in never.warnings() if "average" in w]
+    assert short.startswith("the importance weights average 0 where they average 1")
+    # Half on arm 0: its rows weigh 0.5 / 0.99 each, all alike (no noise), the rest unseen.
+    halves = _rare_arm_log(0, target=(0.5, 0.5))
+    assert halves.unseen_weight == pytest.approx(1.0 - 0.5 / 0.99, rel=1e-7)  # streamed sums
+    at_rate = _rare_arm_log(4)
+    assert at_rate.unseen_weight == 0.0 and not any("average" in w for w in at_rate.warnings())
+    w = np.array([100.0] * 2 + [0.0] * 398)
+    assert 1.0 - w.mean() - Z95 * w.std(ddof=1) / math.sqrt(400) < 0.0
+    assert _rare_arm_log(2).unseen_weight == 0.0
 
 
 def test_dm_has_no_interval():
