@@ -745,11 +745,12 @@ class OffPolicyEvaluator:
         shift = lo * sw / n
         # k, the mean weight of a success (intervals.py), as the reward model expects it from
         # every row: where successes are rare and propensities spread, the few seen mostly carry
-        # small weights and their own mean weight is far too small (bench/ope_coverage.py). The
-        # successes' own, when larger: a heavy success seen where the model expects few
-        # (bench/ope_coverage_learners.py: a learner's one success of weight ~1000).
-        k = max(sw2q / swq if swq > 0 and sw2q > 0 else 0.0, su2 / su if su > 0 else 0.0)
-        if k == 0.0:
+        # small weights and their own mean weight is far too small (bench/ope_coverage.py).
+        if swq > 0 and sw2q > 0:
+            k = sw2q / swq
+        elif su > 0:
+            k = su2 / su
+        else:
             k = sw2 / sw if sw > 0 else 0.0
         if k > 0:
             a, b = scaled_wilson(su / n, k, n, self._z)
