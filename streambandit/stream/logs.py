@@ -214,8 +214,8 @@ class LogReader:
         failing = None
         while True:
             try:
-                # The end first: a transaction that commits between the two reads then moves
-                # the stable end past it, never leaves it short of an end read after it.
+                # The end first, then the stable end: a commit that lands between the two reads
+                # then shows as settled (the stable end reaches the end read before it), not open.
                 _, end = self.uncommitted.get_watermark_offsets(tp, timeout=10, cached=False)
                 _, stable = self.committed.get_watermark_offsets(tp, timeout=10, cached=False)
             except KafkaException as exc:

@@ -81,7 +81,7 @@ WAIT_LOG_EVERY_S = 30.0
 # last batch, or this worker's own last one). A partition's first look at its logs waits this
 # long for that before the partition is left waiting; the retries do not wait. The final
 # snapshots of a stop or a revocation share one such wait: without it, the last snapshot of a
-# partition whose last batch had just committed was held back, and its next owner read the logs
+# partition whose last batch has just committed is held back, and its next owner reads the logs
 # from an older one.
 MARKERS_WAIT_S = 1.0
 
