@@ -11,11 +11,7 @@ import pytest
 from scipy import stats
 
 from streambandit.replay.estimators import DR_SUCCESSES, EstimatorError, OffPolicyEvaluator
-from streambandit.replay.intervals import (
-    PoissonBootstrap,
-    scaled_wilson,
-    wilson,
-)
+from streambandit.replay.intervals import PoissonBootstrap, scaled_wilson, wilson
 
 from .test_estimators import K, by_name, evaluate, simulate, true_value
 
