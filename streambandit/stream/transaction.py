@@ -23,15 +23,26 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
    librdkafka refuses (``KafkaException``) fails it with librdkafka's error (6, 7). A record
    whose delivery fails later is reported to :func:`note_failed_delivery`, called from inside
    ``poll``, ``commit_transaction`` or ``abort_transaction``.
-3. **Offsets.** The next offset to process of every input partition held (last processed + 1) is
-   added to the transaction with the consumer group's metadata (``send_offsets_to_transaction``),
-   so that a stale owner of the group is fenced (KIP-447). The coordinator checks the member id
+3. **Offsets.** First every record emitted is delivered (:meth:`Transaction.flush`), so that
+   the transaction shows as open on each output log it writes before its offsets can commit it:
+   a next owner of the partitions settles those logs before it reads the committed offsets, and
+   so waits for this transaction to end whichever way (step 8). Then the next offset to process
+   of every input partition held (last processed + 1) is added to the transaction with the
+   consumer group's metadata (``send_offsets_to_transaction``), so that a stale owner of the
+   group is fenced (KIP-447). The coordinator checks the member id
    and generation the metadata names, but accepts metadata that names none, as it accepts an old
    client's commit; and librdkafka clears its member id the moment it finds its session timed
    out (a frozen or starved process, whose partitions the group has given away). A commit whose
    metadata was taken then would be accepted on partitions another member owns, so
    :func:`group_metadata` refuses it (6): it reads the member id before and after taking the
    metadata, and a member id that was empty or changed (a rejoin gets a new one) fails the batch.
+   A process that was frozen (stream/freeze.py) for more than half the group session since the
+   batch's poll fails it too: librdkafka learns of a lost session only after the process runs
+   again, and a frozen batch's records may have reached no partition before the flush, where no
+   next owner could see them. Apache Kafka also holds a next owner's offset fetch while a
+   transaction's offsets are pending (KIP-447's ``require_stable``); on the embedded broker a
+   resumed zombie's commit was seen to land after the next owner had recovered without it
+   (tests/integration/test_churn.py), and the flush and this check are what keep it out.
 4. **Commit.** ``commit_transaction`` first flushes every record produced, serving their delivery
    reports, and fails with an abortable error if any of them failed. A commit it accepts holds
    every output and every offset of the batch; one that fails abortable holds none; one that
@@ -115,6 +126,7 @@ Step by step (``Worker.step`` drives 1-7 for each batch):
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -235,11 +247,18 @@ class _Calls:
             del future, call, args  # nothing of a finished call kept alive until the next
 
 
-def group_metadata(consumer: Any) -> Any:
+def group_metadata(consumer: Any, frozen_s: float = 0.0, session_s: float = math.inf) -> Any:
     """Step 3's group metadata, taken while the consumer is a member of the group throughout; else
     :class:`TransactionFailed` (``UNKNOWN_MEMBER_ID``), for the caller to abort and rebuild: a
     session that timed out leaves librdkafka with no member id, and metadata without one would be
-    accepted unchecked. The partitions' loss reaches the worker at its next poll."""
+    accepted unchecked. The partitions' loss reaches the worker at its next poll.
+
+    ``frozen_s``: the longest the process stood still since the batch's poll
+    (stream/freeze.py). Longer than half the group session (``session_s``), the group may have
+    moved on before librdkafka can know it, and the batch fails the same way: aborting it is
+    always safe, committing it is not on a broker that does not hold the next owner's offsets
+    for it (the embedded broker)."""
+    _refuse_if_frozen(frozen_s, session_s)
     before = consumer.memberid()
     metadata = consumer.consumer_group_metadata()
     after = consumer.memberid()
@@ -256,11 +275,29 @@ def group_metadata(consumer: Any) -> Any:
     return metadata
 
 
-def commit_offsets(consumer: Any, offsets: list[TopicPartition]) -> None:
+def _refuse_if_frozen(frozen_s: float, session_s: float) -> None:
+    if frozen_s > session_s / 2:
+        raise TransactionFailed(
+            KafkaException(
+                KafkaError(
+                    KafkaError.UNKNOWN_MEMBER_ID,
+                    f"this process stood still for {frozen_s:.1f} s during the batch, more than "
+                    f"half the group session ({session_s:.0f} s): the group may have given its "
+                    "partitions to another member, so the batch is aborted and read again",
+                )
+            )
+        )
+
+
+def commit_offsets(
+    consumer: Any, offsets: list[TopicPartition], frozen_s: float = 0.0, session_s: float = math.inf
+) -> None:
     """The input offsets of batches that had no output, committed by the consumer outside any
-    transaction (step 1), while it is a member of the group throughout, as step 3 asks of a
-    transaction's metadata; else :class:`TransactionFailed` (nothing was committed). The
-    commit names the member and its generation, so a member the group has replaced is refused."""
+    transaction (step 1), while it is a member of the group throughout and was not frozen, as
+    step 3 asks of a transaction's metadata; else :class:`TransactionFailed` (nothing was
+    committed). The commit names the member and its generation, so a member the group has
+    replaced is refused by a broker that checks them."""
+    _refuse_if_frozen(frozen_s, session_s)
     before = consumer.memberid()
     if not before:
         raise TransactionFailed(
@@ -401,6 +438,30 @@ class Transaction:
                             )
                         ) from None
             self.producer.poll(0)
+        except KafkaException as exc:
+            raise TransactionFailed(exc) from exc
+
+    def flush(self) -> None:
+        """Step 3's first half: every record emitted delivered to its partition, before the offsets
+        join the transaction, so that from then on the transaction shows as open on every output
+        log it writes and a next owner's recovery waits for it (``LogReader.settle``). Raises
+        :class:`TransactionFailed` when a delivery failed."""
+
+        def flushed(timeout_s: float) -> None:
+            left = self.producer.flush(timeout_s)
+            if left:  # retriable: waited out as a broker that does not answer
+                raise KafkaException(
+                    KafkaError(
+                        KafkaError._TIMED_OUT,
+                        f"{left} records not delivered yet",
+                        retriable=True,
+                    )
+                )
+
+        try:
+            self.until_answered("flush", flushed)
+            if self.delivery_errors:
+                raise KafkaException(self.delivery_errors[0])
         except KafkaException as exc:
             raise TransactionFailed(exc) from exc
 

@@ -36,6 +36,7 @@ from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.authorization import denied_topic_in_log, refusal_code, refusal_line
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import NotAuthorized, WorkerError
+from streambandit.stream.freeze import FreezeWatch
 from streambandit.stream.kafka_checks import (
     GroupProtocol,
     check_client_settings,
@@ -239,6 +240,7 @@ class Worker:
         # See _maybe_snapshot: a step longer than half the group session holds snapshots back.
         self._session_s = self.protocol.session_s
         self._polled = time.monotonic()  # when the last consume() returned
+        self._freeze = FreezeWatch()  # a process frozen inside a batch does not commit it
         self._wake_after_callback = False  # see _wake_fetchers
         self._snapshots_held_until = 0.0
         # A broker the loop waits for (stream/outage.py): a state it reports, not a hang.
@@ -533,6 +535,7 @@ class Worker:
 
     def close(self) -> None:
         self._stopping = True
+        self._freeze.close()
         kafka_logger().removeFilter(self._denied_filter)
         away = self.outage.active
         if away:
@@ -700,7 +703,11 @@ class Worker:
                 return False
             offsets = [TopicPartition(topic, p, off) for topic, p, off in self.batch.offsets()]
             self._committing = time.monotonic()
-            self.transaction.commit(offsets, group_metadata(self.consumer))
+            self.transaction.flush()
+            self.transaction.commit(
+                offsets,
+                group_metadata(self.consumer, self._freeze.longest_gap_s(), self._session_s),
+            )
         except TransactionFailed as failure:
             # The topic a refused transaction wrote is named in librdkafka's log line only,
             # which the producer's poll delivers (it may not have yet).
@@ -861,7 +868,7 @@ class Worker:
             if off >= 0
         ]
         try:
-            commit_offsets(self.consumer, offsets)
+            commit_offsets(self.consumer, offsets, self._freeze.longest_gap_s(), self._session_s)
         except (TransactionFailed, KafkaException) as exc:
             # A commit needs Read on each input topic.
             self._raise_if_refused(exc, topics=sorted({tp.topic for tp in offsets}), group=True)
@@ -970,6 +977,7 @@ class Worker:
         whole timeout unless n records come, which under light load adds the timeout to every
         decision's latency.)"""
         n = self.config.batch_max_records
+        self._freeze.reset()  # a batch's commit checks that the process ran since this poll
         msgs = self.consumer.consume(n, 0)
         if not msgs:
             # Wait no longer than a held record's merge wait: it is released when that runs out,
