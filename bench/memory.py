@@ -356,8 +356,8 @@ def child_attribute(policy: str, n: int) -> dict:
     gc.collect()
     m0 = tracemalloc.get_traced_memory()[0]
     engine_traced = m0 - mb + rows_in_use.correction()
-    n_heap, n_recent, n_pending = len(e._deadlines), len(e.recent), len(e.pending)
-    e._deadlines = []
+    n_heap, n_recent, n_pending = len(e._deadlines) + len(e._run), len(e.recent), len(e.pending)
+    e._deadlines, e._run = [], type(e._run)()  # the deadlines: the heap and the in-order run
     gc.collect()
     m1 = tracemalloc.get_traced_memory()[0]
     e.recent = type(e.recent)()  # the event ids go with it (the heap no longer holds them)

@@ -130,8 +130,22 @@ class InputMerger:
         while True:
             if a and b:
                 # (timestamp, source, offset) order; the heads are of different sources, so at equal
-                # timestamps contexts (a) come first.
-                out.append((a if a[0][0] <= b[0][0] else b).popleft())
+                # timestamps contexts (a) come first. Each side's head time is read once per
+                # record it releases (a worker's per-record path: the engine stage of
+                # bench.worker_path).
+                append, pop_a, pop_b = out.append, a.popleft, b.popleft
+                ta, tb = a[0][0], b[0][0]
+                while True:
+                    if ta <= tb:
+                        append(pop_a())
+                        if not a:
+                            break
+                        ta = a[0][0]
+                    else:
+                        append(pop_b())
+                        if not b:
+                            break
+                        tb = b[0][0]
                 continue
             if not (a or b):
                 break
@@ -170,7 +184,7 @@ class InputMerger:
                 if other is not None and rec < other:
                     self.out_of_order += 1
         if stop > start:
-            top = max(released[start:stop])
+            top = max(released if start == 0 and stop == len(released) else released[start:stop])
             if self._last is None or top > self._last:
                 self._last = top
         self.released += stop - start

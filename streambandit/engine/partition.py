@@ -26,6 +26,7 @@ import collections
 import dataclasses
 import heapq
 import itertools
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -76,6 +77,40 @@ class Rejected:
 
 _ACTION_FIELDS = tuple(f.name for f in dataclasses.fields(Action))
 
+# _open and _close build their Action and Joined, and the _Pending of each decision, as an
+# object.__new__ whose fields they set one by one: a dataclass's __init__ is one Python frame more
+# per record, once per event on the worker's hot path (the engine stage of bench.worker_path).
+# The same objects, provided the fields set are the class's: checked here, once.
+_new = object.__new__
+_BUILT_FIELDS = {
+    Action: (
+        "event_id",
+        "model_key",
+        "arm_id",
+        "arm_index",
+        "score",
+        "propensity",
+        "model_version",
+        "decision_timestamp_ms",
+        "features",
+        "trigger_source",
+        "trigger_offset",
+    ),
+    Joined: (
+        "event_id",
+        "model_key",
+        "features",
+        "reward",
+        "reward_observed",
+        "propensity",
+        "decision_timestamp_ms",
+        "join_timestamp_ms",
+        "model_version_before",
+        "trigger_source",
+        "trigger_offset",
+    ),
+}
+
 
 @dataclasses.dataclass(slots=True)
 class _Pending:
@@ -83,6 +118,22 @@ class _Pending:
     deadline_ms: int
     reward: float | None = None
     n_rewards: int = 0
+
+
+_BUILT_FIELDS[_Pending] = ("action", "deadline_ms", "reward", "n_rewards")
+for _cls, _names in _BUILT_FIELDS.items():
+    if tuple(f.name for f in dataclasses.fields(_cls)) != _names or _cls.__slots__ != _names:
+        raise RuntimeError(f"engine/partition.py builds {_cls.__name__} with fields {_names}")
+
+
+class _Counts(collections.Counter):
+    """The engine's counters: a Counter whose item assignment is dict's own. Counter's
+    ``__delitem__`` (which ignores a missing key) makes Python dispatch every item assignment of a
+    Counter, ``counters[name] += 1`` included, through a method call: several per event on the
+    worker's hot path (the engine stage of bench.worker_path). Deleting a missing key raises
+    KeyError here, as from a dict; nothing deletes from the engine's counters."""
+
+    __delitem__ = dict.__delitem__
 
 
 class PartitionEngine:
@@ -122,12 +173,20 @@ class PartitionEngine:
             collections.OrderedDict()
         )  # joined id -> observed
         self.watermark_ms = -(2**63)
-        self._deadlines: list[tuple[int, int, str, str]] = []  # (deadline, seq, kind, event_id)
+        # The deadlines of open decisions and early rewards, (deadline, seq, kind, event_id), taken
+        # in (deadline, seq) order. Event time is mostly in order, so most deadlines come no
+        # earlier than the one pushed before them: those go to a run (a deque, sorted as pushed),
+        # the others to a heap, and the next deadline is the smaller of the two heads: the same
+        # order as one heap of all of them, without a heap push and pop per decision (the engine
+        # stage of bench.worker_path).
+        self._deadlines: list[tuple[int, int, str, str]] = []  # the heap
+        self._run: collections.deque[tuple[int, int, str, str]] = collections.deque()
+        self._next_deadline: float = math.inf  # the smallest deadline held (inf: none)
         self._seq = 0
         # What this object did since it was built or restored, as a process's metrics count: not
         # state. A restore starts them at zero (they are in a snapshot for diagnostics only), so
         # a recovered engine never reports, as its own, counts that recovery then adds again.
-        self.counters: collections.Counter[str] = collections.Counter()
+        self.counters: collections.Counter[str] = _Counts()
         # Updates applied by this object (live or re-applied in recovery), for the worker's snapshot
         # trigger: the sum of the models' n_updates would be a walk over every model per batch.
         self.updates = 0
@@ -163,10 +222,8 @@ class PartitionEngine:
         ts, key = ev.timestamp_ms, ev.model_key
         if ts > self.watermark_ms:
             self.watermark_ms = ts
-        deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
-        out = (
-            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
-        )
+        # _advance only when a window closes: most contexts close none
+        out = self._advance(ts, trigger) if self._next_deadline <= self.watermark_ms else []
         spec = self._specs.get(key)
         model = self.models.get(key)
         if spec is None or model is None:
@@ -226,10 +283,8 @@ class PartitionEngine:
         ts = ev.timestamp_ms
         if ts > self.watermark_ms:
             self.watermark_ms = ts
-        deadlines = self._deadlines  # _advance only when a window closes: most contexts close none
-        out = (
-            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
-        )
+        # _advance only when a window closes: most contexts close none
+        out = self._advance(ts, trigger) if self._next_deadline <= self.watermark_ms else []
         return self._admit_model(ev, source, out)
 
     def _admit_model(
@@ -269,28 +324,36 @@ class PartitionEngine:
         arm_id = ev.arm_ids[index]
         if refusal := admission.id_refusal("chosen arm's id", arm_id, self.max_id_bytes):
             return out + [self._refused(refusal, source)]
-        action = Action(
-            event_id,
-            ev.model_key,
-            arm_id,
-            index,
-            score,
-            propensity,
-            version,
-            ts,
-            ev.features[index].copy(),
-            *trigger,
-        )
+        action = _new(Action)  # Action(event_id, ..., *trigger): see _BUILT_FIELDS
+        action.event_id = event_id
+        action.model_key = ev.model_key
+        action.arm_id = arm_id
+        action.arm_index = index
+        action.score = score
+        action.propensity = propensity
+        action.model_version = version
+        action.decision_timestamp_ms = ts
+        action.features = ev.features[index].copy()
+        action.trigger_source, action.trigger_offset = trigger
         out.append(action)
         self.counters["actions"] += 1
         if len(pending) >= self.max_pending:
             oldest = next(iter(pending))
             self.counters["evicted_pending"] += 1
-            out += self._close(oldest, ts, trigger)
+            self._close(oldest, ts, trigger, out)
         deadline = ts + spec.reward_window_ms
-        pending[event_id] = _Pending(action, deadline)
-        self._seq += 1
-        heapq.heappush(self._deadlines, (deadline, self._seq, "decision", event_id))
+        p = _new(_Pending)  # _Pending(action, deadline)
+        p.action, p.deadline_ms, p.reward, p.n_rewards = action, deadline, None, 0
+        pending[event_id] = p
+        # _push_deadline, inlined on this path
+        self._seq = seq = self._seq + 1
+        run = self._run
+        if not run or deadline >= run[-1][0]:
+            run.append((deadline, seq, "decision", event_id))
+        else:
+            heapq.heappush(self._deadlines, (deadline, seq, "decision", event_id))
+        if deadline < self._next_deadline:
+            self._next_deadline = deadline
         if self.early and event_id in self.early:
             held = self.early.pop(event_id)
             self._n_early -= len(held)
@@ -307,7 +370,7 @@ class PartitionEngine:
                     )
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
-        if self._deadlines[0][0] <= self.watermark_ms:
+        if self._next_deadline <= self.watermark_ms:
             out += self._advance(self.watermark_ms, trigger)
         return out
 
@@ -325,10 +388,8 @@ class PartitionEngine:
         ts = ev.timestamp_ms
         if ts > self.watermark_ms:
             self.watermark_ms = ts
-        deadlines = self._deadlines  # _advance only when a window closes
-        out = (
-            self._advance(ts, trigger) if deadlines and deadlines[0][0] <= self.watermark_ms else []
-        )
+        # _advance only when a window closes
+        out = self._advance(ts, trigger) if self._next_deadline <= self.watermark_ms else []
         if ev.event_id in self.pending:
             return out + self._accept_reward(ev, source, ts, trigger)
         if ev.event_id in self.recent:
@@ -372,13 +433,21 @@ class PartitionEngine:
         if timestamp_ms > self.watermark_ms:
             self.watermark_ms = timestamp_ms
         out: list[Joined | Rejected] = []
-        deadlines, watermark = self._deadlines, self.watermark_ms
-        while deadlines and deadlines[0][0] <= watermark:
-            deadline, _, kind, event_id = heapq.heappop(deadlines)
+        heap, run, watermark, pending = self._deadlines, self._run, self.watermark_ms, self.pending
+        while True:
+            # The smaller head of the run and the heap ((deadline, seq): seq is unique).
+            if run and (not heap or run[0] < heap[0]):
+                if run[0][0] > watermark:
+                    break
+                deadline, _, kind, event_id = run.popleft()
+            elif heap and heap[0][0] <= watermark:
+                deadline, _, kind, event_id = heapq.heappop(heap)
+            else:
+                break
             if kind == "decision":
-                p = self.pending.get(event_id)
+                p = pending.get(event_id)
                 if p is not None and p.deadline_ms == deadline:
-                    out += self._close(event_id, deadline, trigger)
+                    self._close(event_id, deadline, trigger, out)
             else:
                 held = self.early.get(event_id)
                 if held:
@@ -404,6 +473,10 @@ class PartitionEngine:
                         self.early[event_id] = keep
                     else:
                         del self.early[event_id]
+        nxt = run[0][0] if run else math.inf
+        if heap and heap[0][0] < nxt:
+            nxt = heap[0][0]
+        self._next_deadline = nxt
         return out
 
     # -- internals -----------------------------------------------------------------------------
@@ -453,50 +526,61 @@ class PartitionEngine:
         if refusal := admission.reward_refusal(self.models[p.action.model_key], ev.value):
             return [self._refused(refusal, source)]
         value = float(ev.value)
-        aggregation = self.spec_of(p.action.model_key).aggregation
+        spec = self._specs.get(ev.model_key)  # spec_of's cache, then spec_of
+        aggregation = (spec if spec is not None else self.spec_of(ev.model_key)).aggregation
         self.counters["rewards"] += 1
         if aggregation == "first":
             p.reward, p.n_rewards = value, 1
-            return self._close(ev.event_id, now_ms, trigger)
+            return self._close(ev.event_id, now_ms, trigger, [])
         p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
         p.n_rewards += 1
         return []
 
-    def _close(self, event_id: str, now_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
-        """Join one open decision: apply its update and emit the joined record."""
+    def _close(
+        self, event_id: str, now_ms: int, trigger: Trigger, out: list
+    ) -> list[Joined | Rejected]:
+        """Join one open decision: apply its update and append the joined record to ``out``
+        (returned)."""
         p = self.pending.pop(event_id)
         a = p.action
+        key = a.model_key
         observed = p.n_rewards > 0
-        reward = p.reward if observed else self.spec_of(a.model_key).default_reward
-        model = self.models[a.model_key]
+        if observed:
+            reward = p.reward
+        else:
+            spec = self._specs.get(key)  # spec_of's cache, then spec_of
+            reward = (spec if spec is not None else self.spec_of(key)).default_reward
+        model = self.models[key]
         version = model.n_updates
         try:
             model.update(a.features, reward)
         except ValueError as exc:
             self._remember(event_id, observed)
-            return [self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)]
+            out.append(
+                self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", a)
+            )
+            return out
         self.updates += 1
-        self.changed.add(a.model_key)
+        self.changed.add(key)
         recent = self.recent  # _remember, inlined on this path
         recent[event_id] = observed
         self._recent_added += 1
         if len(recent) > self.max_recent:
             recent.popitem(last=False)
         self.counters["joined_observed" if observed else "joined_default"] += 1
-        return [
-            Joined(
-                event_id,
-                a.model_key,
-                a.features,
-                float(reward),
-                observed,
-                a.propensity,
-                a.decision_timestamp_ms,
-                now_ms,
-                version,
-                *trigger,
-            )
-        ]
+        j = _new(Joined)  # Joined(event_id, ..., *trigger): see _BUILT_FIELDS
+        j.event_id = event_id
+        j.model_key = key
+        j.features = a.features
+        j.reward = float(reward)
+        j.reward_observed = observed
+        j.propensity = a.propensity
+        j.decision_timestamp_ms = a.decision_timestamp_ms
+        j.join_timestamp_ms = now_ms
+        j.model_version_before = version
+        j.trigger_source, j.trigger_offset = trigger
+        out.append(j)
+        return out
 
     def _remember(self, event_id: str, observed: bool) -> None:
         self.recent[event_id] = observed
@@ -521,14 +605,25 @@ class PartitionEngine:
         ]
 
     def _push_deadline(self, deadline: int, kind: str, event_id: str) -> None:
-        self._seq += 1
-        heapq.heappush(self._deadlines, (deadline, self._seq, kind, event_id))
+        self._seq = seq = self._seq + 1
+        run = self._run
+        if not run or deadline >= run[-1][0]:  # in order: the run stays sorted by (deadline, seq)
+            run.append((deadline, seq, kind, event_id))
+        else:
+            heapq.heappush(self._deadlines, (deadline, seq, kind, event_id))
+        if deadline < self._next_deadline:
+            self._next_deadline = deadline
 
     def _rebuild_deadlines(self) -> None:
         """The deadline heap from the pending decisions (in decision order) and the early rewards:
         the same relative order the live pushes had, which decides the order of equal deadlines;
         and the count of held early rewards, which restore and recovery change wholesale."""
-        self._deadlines, self._seq = [], 0
+        self._deadlines, self._run, self._next_deadline, self._seq = (
+            [],
+            collections.deque(),
+            math.inf,
+            0,
+        )
         self._n_early = sum(map(len, self.early.values()))
         for event_id, p in self.pending.items():
             self._push_deadline(p.deadline_ms, "decision", event_id)

@@ -282,3 +282,46 @@ def test_a_client_inventing_model_keys_never_grows_a_partition_past_the_workers_
     assert parse_worker_config(raw | {"worker": {}})[0].engine_limits()["max_models"] == 1_000_000
     with pytest.raises(ValueError, match="max_models must be >= 1"):
         parse_worker_config(raw | {"worker": {"max_models": 0}})
+
+
+def test_windows_close_in_deadline_then_decision_order_whatever_the_event_time_order():
+    """Decisions in event times out of order, under two windows: every advance closes exactly the
+    decisions whose deadline (event time + window) it passed, in (deadline, decision order)
+    order, the order of one priority queue of them all; a restored engine closes the rest the
+    same."""
+    cfg = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": f"{p}*",
+                    "policy": "oful",
+                    "dim": D,
+                    "reward_window_ms": w,
+                    "default_reward": 0.0,
+                }
+                for p, w in (("s", 30), ("l", 100))
+            ]
+        }
+    )
+    rng = np.random.default_rng(11)
+    e = PartitionEngine(cfg)
+    deadlines = {}
+    for i in range(400):
+        ts = int(rng.integers(0, 30))  # below every deadline: nothing closes while deciding
+        key = "s1" if rng.random() < 0.5 else "l1"
+        e.on_context(ctx(f"e{i}", ts, key=key))
+        deadlines[f"e{i}"] = (ts + (30 if key == "s1" else 100), i)
+    restored = PartitionEngine.restore(cfg, e.snapshot())
+    closed = set()
+    for t in [*range(30, 130, 7), 130]:
+        out = e.advance_to(t)
+        expected = sorted(
+            (d for eid, d in deadlines.items() if d[0] <= t and eid not in closed),
+        )
+        assert [o.event_id for o in out] == [f"e{i}" for _, i in expected]
+        closed |= {o.event_id for o in out}
+        again = restored.advance_to(t)
+        assert [(o.event_id, o.model_version_before) for o in again] == [
+            (o.event_id, o.model_version_before) for o in out
+        ]
+    assert len(closed) == 400 and not e.pending and not restored.pending
