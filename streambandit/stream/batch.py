@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
-from streambandit.engine.admission import too_far_ahead
 from streambandit.engine.chains import ChainPosition
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
@@ -38,7 +37,7 @@ from streambandit.wire import (
     encode,
 )
 from streambandit.wire.batch_decode import decode_batch
-from streambandit.wire.batch_encode import encode_actions, encode_joined_records
+from streambandit.wire.batch_encode import encode_actions_timed, encode_joined_timed
 
 __all__ = ["BatchProcessor", "PartitionState", "Output", "EMIT_EVERY", "now_ms"]
 
@@ -111,13 +110,29 @@ class BatchTimes:
 
 class _Outputs:
     """A batch's outputs not yet handed over: actions and joined records as records (encoded
-    together by ``take``), the rest (dead letters, ticks) already encoded."""
+    together by ``take``), the rest (dead letters, ticks) already encoded. ``runs`` says which
+    partition each record is of: (first action, first joined record, partition) of each run,
+    marked by :meth:`mark` when the partition changes (a tuple per output cost more)."""
 
     def __init__(self, topics: Topics) -> None:
         self.topics = topics
-        self.actions: list[tuple[int, Action]] = []
-        self.joined: list[tuple[int, Joined]] = []
+        self.actions: list[Action] = []
+        self.joined: list[Joined] = []
         self.others: list[Output] = []
+        self.runs: list[tuple[int, int, int]] = []
+
+    def mark(self, p: int) -> None:
+        """What is added from now on is of partition ``p``."""
+        self.runs.append((len(self.actions), len(self.joined), p))
+
+    def _partitions(self, which: int, n: int) -> list[int]:
+        """The partition of each of the ``n`` records of list ``which`` (0 actions, 1 joined)."""
+        out: list[int] = []
+        runs = self.runs
+        for i, run in enumerate(runs):
+            stop = runs[i + 1][which] if i + 1 < len(runs) else n
+            out += [run[2]] * (stop - run[which])
+        return out
 
     def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
         """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
@@ -125,26 +140,25 @@ class _Outputs:
         t, actions, joined = self.topics, self.actions, self.joined
         out = self.others
         if actions:
+            values, decided = encode_actions_timed(actions)
+            topic = t.actions
             out += [
-                (t.actions, p, a.model_key.encode(), v)
-                for (p, a), v in zip(actions, encode_actions([a for _, a in actions]))
+                (topic, p, a.model_key.encode(), v)
+                for p, a, v in zip(self._partitions(0, len(actions)), actions, values)
             ]
-            seen.decided_ms += [a.decision_timestamp_ms for _, a in actions]
+            seen.decided_ms += decided
         if joined:
+            values, delays = encode_joined_timed(joined)
+            topic = t.joined
             out += [
-                (t.joined, p, j.model_key.encode(), v)
-                for (p, j), v in zip(joined, encode_joined_records([j for _, j in joined]))
+                (topic, p, j.model_key.encode(), v)
+                for p, j, v in zip(self._partitions(1, len(joined)), joined, values)
             ]
-            observed = [
-                j.join_timestamp_ms - j.decision_timestamp_ms
-                for _, j in joined
-                if j.reward_observed
-            ]
-            seen.reward_delays_ms += observed
-            metrics["default_rewards"] += len(joined) - len(observed)
+            seen.reward_delays_ms += delays
+            metrics["default_rewards"] += len(joined) - len(delays)
         metrics["actions"] += len(actions)
         metrics["joined"] += len(joined)
-        self.actions, self.joined, self.others = [], [], []
+        self.actions, self.joined, self.others, self.runs = [], [], [], []
         return out
 
 
@@ -222,7 +236,8 @@ class BatchProcessor:
             src, offset = sources[msg.topic()], msg.offset()
             record_ms = msg.timestamp()[1]
             ref = InputRef(src, p, offset, msg.key(), value, record_ms)
-            if type(ev) in _TIMED and not too_far_ahead(ev.timestamp_ms, record_ms, ahead):
+            # The rule of admission.too_far_ahead, inlined (a call per record).
+            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
                 runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
             else:
                 # A DecodeError, or an event time the engine will refuse as too far ahead (merged
@@ -258,6 +273,7 @@ class BatchProcessor:
             eng, next_offset = part.engine, part.next_offset
             on_context = eng.on_decision if self.config.learn_only else eng.on_context
             on_reward = eng.on_reward
+            out_buf.mark(p)
             actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             n = 0
             for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
@@ -271,15 +287,16 @@ class BatchProcessor:
                 for o in out:
                     ocls = type(o)
                     if ocls is Action:
-                        actions.append((p, o))
+                        actions.append(o)
                     elif ocls is Joined:
-                        joined.append((p, o))
+                        joined.append(o)
                     else:
                         others.append(self._dead_letter(p, o, ref))
                 next_offset[src] = offset + 1
                 n += 1
                 if n % EMIT_EVERY == 0:
                     emit(out_buf.take(self.metrics, self.times))
+                    out_buf.mark(p)
                     actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
             self.metrics["records_in"] += n
             released += n

@@ -15,6 +15,11 @@ time, so an error is the one-at-a-time encoder's own.
 
 from __future__ import annotations
 
+import struct
+import sys
+from itertools import chain
+from operator import sub
+
 import numpy as np
 from numba import njit
 
@@ -22,7 +27,12 @@ from streambandit.numerics.jit import CACHE
 from streambandit.wire.codec import ACTION_HEADER, JOINED_HEADER, encode_action, encode_joined
 from streambandit.wire.records import Action, Joined
 
-__all__ = ["encode_actions", "encode_joined_records"]
+__all__ = [
+    "encode_actions",
+    "encode_actions_timed",
+    "encode_joined_records",
+    "encode_joined_timed",
+]
 
 
 @njit(cache=CACHE, nogil=True, inline="always")
@@ -114,11 +124,24 @@ class _Unfit(Exception):
     """A batch the columns cannot hold exactly: encode it one record at a time."""
 
 
+# A record's fixed-size fields packed by one ``struct`` call per record, then read back as int64
+# columns: longs as themselves, doubles as their IEEE bits, the joined record's flag as 0 or 1.
+# ``struct`` refuses what ``avro.long`` would not write the same way (a float, a value outside a
+# long) and converts a double and a flag (truthiness) as ``avro.double`` and ``encode_joined`` do;
+# numpy's conversion of a list of Python ints per column cost more than the rest of the encoding
+# (python -m bench.worker_path, encode stage).
+_ACTION_FIXED = struct.Struct("<qqqqqdd")  # arm_index .. trigger_offset, score, propensity
+_JOINED_FIXED = struct.Struct("<?7xqqqqqdd")  # reward_observed, 7 zero bytes, longs, doubles
+_F8 = np.dtype(np.float64)
+# The columns are read back, and features copied, as native int64 / float64: little-endian only.
+_LITTLE = sys.byteorder == "little"
+
+
 def _strings(*columns: list) -> tuple[np.ndarray, np.ndarray]:
     """The UTF-8 bytes of the records' strings, record by record (column order within a record),
     and the running end of each string: ``ends[i, j]``."""
     n, m = len(columns[0]), len(columns)
-    flat = [s for row in zip(*columns) for s in row]
+    flat = list(chain.from_iterable(zip(*columns)))
     try:
         text = "".join(flat)
         data = text.encode()
@@ -129,35 +152,31 @@ def _strings(*columns: list) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(data, dtype=np.uint8), ends
 
 
-def _ints(*columns: list) -> np.ndarray:
-    """The columns as int64, refusing what ``avro.long`` would not write the same way (floats,
-    values outside a long)."""
-    out = np.empty((len(columns[0]), len(columns)), dtype=np.int64)
-    for j, col in enumerate(columns):
-        try:
-            a = np.array(col)
-        except OverflowError as exc:
-            raise _Unfit from exc
-        if (
-            a.dtype.kind not in "ib" or a.ndim != 1
-        ):  # uint64 / object: beyond a long; floats: not ints
-            raise _Unfit
-        out[:, j] = a
-    return out
-
-
-def _bits(*columns: list) -> np.ndarray:
-    """The columns as float64, as the IEEE bits ``struct.pack("<d")`` writes."""
+def _fixed(layout: struct.Struct, n: int, *columns: list) -> np.ndarray:
+    """The columns packed record by record with ``layout`` (8-byte fields), as an (n, fields)
+    int64 array."""
+    if not _LITTLE:
+        raise _Unfit
     try:
-        a = np.array(columns, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
+        raw = b"".join(map(layout.pack, *columns))
+    except struct.error as exc:
         raise _Unfit from exc
-    return np.ascontiguousarray(a.T).view(np.int64)
+    return np.frombuffer(raw, dtype=np.int64).reshape(n, layout.size // 8)
 
 
 def _features(arrays: list) -> tuple[np.ndarray, np.ndarray]:
     """The feature vectors' little-endian float64 bytes back to back (``features_to_bytes`` of
     each), and the running end of each."""
+    if all([a.dtype is _F8 for a in arrays]):
+        # Native float64 (little-endian: _fixed, called first, checks it) and C-contiguous:
+        # each array's buffer is its features_to_bytes.
+        try:
+            raw = b"".join(arrays)
+        except (BufferError, ValueError, TypeError):
+            pass  # not C-contiguous
+        else:
+            sizes = np.fromiter([a.nbytes for a in arrays], dtype=np.int64, count=len(arrays))
+            return np.frombuffer(raw, dtype=np.uint8), np.cumsum(sizes)
     try:
         flat = np.concatenate(arrays)  # C order per array, as tobytes writes it
     except (ValueError, TypeError) as exc:
@@ -171,7 +190,7 @@ def _features(arrays: list) -> tuple[np.ndarray, np.ndarray]:
 def _slices(out: np.ndarray, ends: np.ndarray) -> list[bytes]:
     raw = out[: ends[-1]].tobytes()
     starts = [0, *ends[:-1].tolist()]
-    return [raw[a:b] for a, b in zip(starts, ends.tolist())]
+    return list(map(raw.__getitem__, map(slice, starts, ends.tolist())))
 
 
 def _bound(strs: np.ndarray, feats: np.ndarray, n: int, per_record: int) -> int:
@@ -181,8 +200,14 @@ def _bound(strs: np.ndarray, feats: np.ndarray, n: int, per_record: int) -> int:
 
 def encode_actions(actions: list[Action]) -> list[bytes]:
     """``[encode_action(a) for a in actions]``, in one compiled pass."""
+    return encode_actions_timed(actions)[0]
+
+
+def encode_actions_timed(actions: list[Action]) -> tuple[list[bytes], list[int]]:
+    """:func:`encode_actions`, and each action's ``decision_timestamp_ms`` (the worker's
+    latency histogram reads them: here they come from the columns already made)."""
     if not actions:
-        return []
+        return [], []
     n = len(actions)
     try:
         strs, str_ends = _strings(
@@ -190,17 +215,21 @@ def encode_actions(actions: list[Action]) -> list[bytes]:
             [a.model_key for a in actions],
             [a.arm_id for a in actions],
         )
-        ints = _ints(
+        fixed = _fixed(
+            _ACTION_FIXED,
+            n,
             [a.arm_index for a in actions],
             [a.model_version for a in actions],
             [a.decision_timestamp_ms for a in actions],
             [a.trigger_source for a in actions],
             [a.trigger_offset for a in actions],
+            [a.score for a in actions],
+            [a.propensity for a in actions],
         )
-        bits = _bits([a.score for a in actions], [a.propensity for a in actions])
+        ints, bits = np.ascontiguousarray(fixed[:, :5]), np.ascontiguousarray(fixed[:, 5:])
         feats, feat_ends = _features([a.features for a in actions])
     except _Unfit:
-        return [encode_action(a) for a in actions]
+        return [encode_action(a) for a in actions], [a.decision_timestamp_ms for a in actions]
     out = np.empty(_bound(strs, feats, n, 3 + 4 * 10 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
     _encode_actions(
@@ -214,28 +243,41 @@ def encode_actions(actions: list[Action]) -> list[bytes]:
         out,
         ends,
     )
-    return _slices(out, ends)
+    return _slices(out, ends), ints[:, 2].tolist()
 
 
 def encode_joined_records(joined: list[Joined]) -> list[bytes]:
     """``[encode_joined(j) for j in joined]``, in one compiled pass."""
+    return encode_joined_timed(joined)[0]
+
+
+def encode_joined_timed(joined: list[Joined]) -> tuple[list[bytes], list[int]]:
+    """:func:`encode_joined_records`, and the reward delay (``join_timestamp_ms -
+    decision_timestamp_ms``) of each record whose reward was observed, in record order (the
+    worker's latency histogram and its default-reward count read them)."""
     if not joined:
-        return []
+        return [], []
     n = len(joined)
     try:
         strs, str_ends = _strings([j.event_id for j in joined], [j.model_key for j in joined])
-        ints = _ints(
-            [1 if j.reward_observed else 0 for j in joined],
+        fixed = _fixed(
+            _JOINED_FIXED,
+            n,
+            [j.reward_observed for j in joined],
             [j.decision_timestamp_ms for j in joined],
             [j.join_timestamp_ms for j in joined],
             [j.model_version_before for j in joined],
             [j.trigger_source for j in joined],
             [j.trigger_offset for j in joined],
+            [j.reward for j in joined],
+            [j.propensity for j in joined],
         )
-        bits = _bits([j.reward for j in joined], [j.propensity for j in joined])
+        ints, bits = np.ascontiguousarray(fixed[:, :6]), np.ascontiguousarray(fixed[:, 6:])
         feats, feat_ends = _features([j.features for j in joined])
     except _Unfit:
-        return [encode_joined(j) for j in joined]
+        return [encode_joined(j) for j in joined], [
+            j.join_timestamp_ms - j.decision_timestamp_ms for j in joined if j.reward_observed
+        ]
     out = np.empty(_bound(strs, feats, n, 3 + 3 * 10 + 1 + 5 * 10 + 16), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
     _encode_joined(
@@ -249,4 +291,8 @@ def encode_joined_records(joined: list[Joined]) -> list[bytes]:
         out,
         ends,
     )
-    return _slices(out, ends)
+    observed = ints[:, 0] != 0
+    # As Python ints: the difference of two longs may not fit one.
+    return _slices(out, ends), list(
+        map(sub, ints[observed, 2].tolist(), ints[observed, 1].tolist())
+    )

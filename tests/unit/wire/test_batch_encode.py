@@ -162,3 +162,23 @@ def test_joined_observed_flag_is_truthiness():
     for j, flag in zip(joined, [0, 1, np.bool_(True), 2]):
         j.reward_observed = flag
     assert encode_joined_records(joined) == [encode_joined(j) for j in joined]
+
+
+@pytest.mark.parametrize("fits", [True, False])
+def test_the_timed_encoders_give_each_decision_time_and_each_observed_reward_delay(fits):
+    """The worker's latency histograms read these: the same whether the batch is encoded in the
+    compiled pass or (a field that does not fit a column) one record at a time."""
+    rng = np.random.default_rng(4)
+    actions = [random_action(rng, i) for i in range(50)]
+    joined = [random_joined(rng, i) for i in range(50)]
+    if not fits:
+        actions[7].decision_timestamp_ms = float(2**40)  # written as its int, not a column
+        joined[7].features = np.arange(3, dtype=np.int64)
+    values, decided = batch_encode.encode_actions_timed(actions)
+    assert values == [encode_action(a) for a in actions]
+    assert decided == [a.decision_timestamp_ms for a in actions]
+    values, delays = batch_encode.encode_joined_timed(joined)
+    assert values == [encode_joined(j) for j in joined]
+    assert delays == [
+        j.join_timestamp_ms - j.decision_timestamp_ms for j in joined if j.reward_observed
+    ]
