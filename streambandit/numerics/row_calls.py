@@ -153,9 +153,15 @@ def _params(t):
 #
 # The row kernels take the chunk's third column and ignore it when they score; theta stands in
 # for it here (any array would do), so that scoring never needs to know its shape.
+#
+# The entry points hold the GIL (no ``nogil``), unlike the row kernels they call: releasing it and
+# taking it back (PyEval_SaveThread, PyEval_RestoreThread and their mutexes) costs each call about
+# what typing its arguments does, in a callgrind profile of ``python -m bench.worker_path --quick``,
+# for a call too short for another thread to do anything with the GIL meanwhile. The row kernels
+# keep ``nogil`` for the callers that run long loops in them (play, batches).
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def ucb_scores_at(arms, table, i, out):
     """``kernels.ucb_scores_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -165,7 +171,7 @@ def ucb_scores_at(arms, table, i, out):
     )
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def ucb_select_at(arms, table, i):
     """``kernels.ucb_select_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -175,7 +181,7 @@ def ucb_select_at(arms, table, i):
     )
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def ucb_best_at(arms, table, i):
     """``kernels.ucb_best_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -185,7 +191,7 @@ def ucb_best_at(arms, table, i):
     )
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def oful_update_at(table, i, x, reward):
     """``kernels.oful_update_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -194,7 +200,7 @@ def oful_update_at(table, i, x, reward):
     )
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def glb_omd_update_at(table, i, x, reward):
     """``kernels.glb_omd_update_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -203,7 +209,7 @@ def glb_omd_update_at(table, i, x, reward):
     )
 
 
-@njit(cache=CACHE, nogil=True)
+@njit(cache=CACHE)
 def hvt_ucb_update_at(table, i, x, reward):
     """``kernels.hvt_ucb_update_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)

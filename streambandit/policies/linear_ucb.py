@@ -285,16 +285,18 @@ class LinearUCBPolicy(Policy):
         return i
 
     def best(self, arms: np.ndarray) -> tuple[int, float]:
+        # The kernel's (index, score) tuple is returned as it is: no unpacking and repacking on
+        # the engine's per-context path.
         try:
-            i, score = _best_at(arms, self._chunk.table, self._i)
+            best = _best_at(arms, self._chunk.table, self._i)
         except TypeError:
             arms = self._check_arms_shape(arms)
-            i, score = kernels.ucb_best_row(
+            best = kernels.ucb_best_row(
                 arms, *self._chunk, self._i, self._radius_kind, self._store.params
             )
-        if i < 0:
-            self._raise_for_arms(arms, i)
-        return i, score
+        if best[0] < 0:
+            self._raise_for_arms(arms, best[0])
+        return best
 
     def _raise_for_arms(self, arms: np.ndarray, status: int) -> None:
         """The error of a kernel's arms status: the shape checks' own, or the values'."""

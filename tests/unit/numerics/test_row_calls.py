@@ -126,3 +126,45 @@ def test_a_chunk_table_refuses_columns_the_kernels_cannot_read():
         row_calls.chunk_table((np.zeros(columns[0].shape, np.float32), *columns[1:]), params, 0)
     with pytest.raises(ValueError):
         row_calls.chunk_table((columns[0][:-1], *columns[1:]), params, 0)
+
+
+class _NoRowKernels:
+    """Stands for the kernels module where the policies fall back to the row kernels: any use of
+    one fails the test."""
+
+    OK, BAD_ARMS = kernels.OK, kernels.BAD_ARMS
+
+    def __getattr__(self, name):
+        raise AssertionError(f"the fallback called kernels.{name}")
+
+
+@pytest.mark.parametrize("name, params, update_row, update_at", LEARNERS)
+def test_the_engines_calls_take_the_entry_points(name, params, update_row, update_at, monkeypatch):
+    # What the worker's engine passes (engine/partition.py): a context's features as the batch
+    # decoder makes them (a view of one (contexts, K, d) array), the chosen arm's row copied, a
+    # float reward. None of them may fall back to the checks in Python and the row kernels.
+    from streambandit.policies import linear_ucb
+
+    p, ref = make_policy(name, dim=D, **params), make_policy(name, dim=D, **params)
+    arms, rewards = arms_and_rewards(2, 30)
+    batch = list(np.ascontiguousarray(arms))
+    want = []
+    for a, r in zip(batch, rewards):
+        i, score = ref.best(np.array(a))
+        want.append((i, score))
+        ref.update(np.array(a[i]), float(r[i]))
+    monkeypatch.setattr(linear_ucb, "kernels", _NoRowKernels())
+    monkeypatch.setattr(type(p), "_update", None)  # the fallback's update
+    for a, r, w in zip(batch, rewards, want):
+        best = p.best(a)
+        assert type(best) is tuple and type(best[0]) is int and type(best[1]) is float
+        assert best == w
+        p.update(a[best[0]].copy(), float(r[best[0]]))
+    for k, v in ref.state_dict().items():
+        assert np.asarray(v).tobytes() == np.asarray(p.state_dict()[k]).tobytes(), k
+
+
+def test_the_entry_points_hold_the_gil():
+    # Releasing the GIL costs a per-call entry point as much as typing its arguments (row_calls.py).
+    for dispatcher in (*(d for d, _ in row_calls._SCORING), *(u for *_, u in LEARNERS)):
+        assert not dispatcher.targetoptions.get("nogil", False), dispatcher
