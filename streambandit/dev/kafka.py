@@ -378,9 +378,9 @@ class ApacheKafka:
                     if "TOPIC_ALREADY_EXISTS" not in str(exc):
                         raise BrokerError(f"could not create topic {name!r}: {exc}") from exc
         deadline = time.monotonic() + 30
-        if not wait_until_served(admin, names, 30):
+        topics = wait_until_served(admin, names, 30)
+        if topics is None:
             raise BrokerError(f"topics {names} did not get leaders within 30 s")
-        topics = admin.list_topics(timeout=5).topics
         # The metadata names a leader before that node has taken the partition on: a ListOffsets
         # then answers NOT_LEADER_FOR_PARTITION, which clients that do not retry it take as fatal.
         # Created means served here, as on a cluster whose topics were made long before.

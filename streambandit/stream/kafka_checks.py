@@ -63,9 +63,11 @@ def kafka_logger() -> logging.Logger:
     return logger
 
 
-def wait_until_served(admin: AdminClient, topics: list[str], timeout_s: float) -> bool:
-    """Whether every topic of ``topics`` was listed with a leader for each of its partitions
-    within ``timeout_s`` (the metadata of the broker ``admin`` asks, polled)."""
+def wait_until_served(admin: AdminClient, topics: list[str], timeout_s: float) -> dict | None:
+    """The metadata of ``topics`` (name -> ``TopicMetadata``) once one listing showed every one
+    with a leader for each of its partitions, within ``timeout_s`` (the metadata of the brokers
+    ``admin`` asks, polled); else None. Use this listing: on a cluster the next one may come from
+    a broker whose metadata has not caught up yet."""
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -77,11 +79,11 @@ def wait_until_served(admin: AdminClient, topics: list[str], timeout_s: float) -
                 and all(p.leader >= 0 for p in listed.topics[t].partitions.values())
                 for t in topics
             ):
-                return True
+                return {t: listed.topics[t] for t in topics}
         except KafkaException:
             pass
         if time.monotonic() >= deadline:
-            return False
+            return None
         time.sleep(0.1)
 
 

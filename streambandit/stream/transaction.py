@@ -444,8 +444,10 @@ class Transaction:
     def flush(self) -> None:
         """Step 3's first half: every record emitted delivered to its partition, before the offsets
         join the transaction, so that from then on the transaction shows as open on every output
-        log it writes and a next owner's recovery waits for it (``LogReader.settle``). Raises
-        :class:`TransactionFailed` when a delivery failed."""
+        log it writes and a next owner's recovery waits for it (``LogReader.settle``). A delivery
+        that failed is not raised here: the transaction then fails its next call with the cause
+        (a topic refused, say), which a failed record's own error (``_PURGE_QUEUE`` when
+        librdkafka drops the rest) does not name (step 4)."""
 
         def flushed(timeout_s: float) -> None:
             left = self.producer.flush(timeout_s)
@@ -460,8 +462,6 @@ class Transaction:
 
         try:
             self.until_answered("flush", flushed)
-            if self.delivery_errors:
-                raise KafkaException(self.delivery_errors[0])
         except KafkaException as exc:
             raise TransactionFailed(exc) from exc
 

@@ -11,7 +11,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from streambandit.config.worker import Topics
 from streambandit.stream.logs import committed_view, group_committed, high_watermark, read_range
-from streambandit.wire import decode, encode
+from streambandit.wire import Context, Reward, decode, encode
 
 
 def client_settings(broker) -> dict:
@@ -39,6 +39,22 @@ def send(
 ) -> None:
     k = key if key is not None else event.model_key.encode()
     prod.produce(topic, key=k, value=raw if raw is not None else encode(event))
+
+
+def send_numbered(prod: Producer, topics, rng, start: int, n: int, t0_ms: int) -> None:
+    """Contexts e{start}..e{start+n-1} (3 arms, d = 3, 4 model keys m-0..m-3, 10 ms apart from
+    ``t0_ms``) and a reward of 1 for every even one 5 ms after it, flushed."""
+    for i in range(start, start + n):
+        send(
+            prod,
+            topics.contexts,
+            Context(
+                f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))
+            ),
+        )
+        if i % 2 == 0:
+            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i + 5, 1.0))
+    prod.flush()
 
 
 def is_tansu(broker) -> bool:

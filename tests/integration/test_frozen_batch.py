@@ -11,16 +11,16 @@ The freeze itself is stood in for: the worker's freeze watch reports one long ga
 batch's commit. Everything else is the real worker on the real broker.
 """
 
+import numpy as np
 import pytest
 
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker
-from streambandit.wire import Context, Reward
 
 from .faults import TransactionProbe
-from .helpers import outputs, producer, run_in_thread, send, wait_for
+from .helpers import outputs, producer, run_in_thread, send_numbered, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -84,23 +84,7 @@ class _FreezesOnce:
         return self._watch.longest_gap_s()
 
 
-def _send(prod, topics, rng, start: int, n: int, t0_ms: int) -> None:
-    for i in range(start, start + n):
-        send(
-            prod,
-            topics.contexts,
-            Context(
-                f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))
-            ),
-        )
-        if i % 2 == 0:
-            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i + 5, 1.0))
-    prod.flush()
-
-
 def test_a_batch_frozen_for_half_a_session_is_aborted_and_read_again(broker, topics, tmp_path):
-    import numpy as np
-
     group = "g-frozen"
     cfg = WorkerConfig(
         bootstrap_servers=broker.bootstrap_servers,
@@ -117,11 +101,11 @@ def test_a_batch_frozen_for_half_a_session_is_aborted_and_read_again(broker, top
     w._freeze = freeze = _FreezesOnce(w)
     t, errors = run_in_thread(w)
     try:
-        _send(prod, topics, rng, 0, 100, t0_ms=1000)
+        send_numbered(prod, topics, rng, 0, 100, t0_ms=1000)
         assert wait_for(lambda: len(outputs(broker, topics, group)["actions"]) >= 100, 60)
         aborts = w.metrics["transaction_aborts"]
         freeze.armed = True
-        _send(prod, topics, rng, 100, 100, t0_ms=10**9)
+        send_numbered(prod, topics, rng, 100, 100, t0_ms=10**9)
         assert wait_for(lambda: len(outputs(broker, topics, group)["joined"]) >= 200, 60)
     finally:
         w.stop()

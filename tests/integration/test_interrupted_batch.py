@@ -18,9 +18,15 @@ from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
 from streambandit.stream.snapshots import DirectoryStore, usable_snapshots
 from streambandit.stream.worker import Worker
-from streambandit.wire import Context, Reward
 
-from .helpers import committed_offsets, outputs, producer, run_in_thread, send, wait_for
+from .helpers import (
+    committed_offsets,
+    outputs,
+    producer,
+    run_in_thread,
+    send_numbered,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -51,20 +57,6 @@ class _FailingCommit:
         return self._producer.commit_transaction(*args)
 
 
-def _send_batch(prod, topics, rng, start: int, n: int, t0_ms: int) -> None:
-    for i in range(start, start + n):
-        send(
-            prod,
-            topics.contexts,
-            Context(
-                f"e{i}", f"m-{i % 4}", t0_ms + 10 * i, ("a", "b", "c"), rng.standard_normal((3, 3))
-            ),
-        )
-        if i % 2 == 0:
-            send(prod, topics.rewards, Reward(f"e{i}", f"m-{i % 4}", t0_ms + 10 * i + 5, 1.0))
-    prod.flush()
-
-
 def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, topics, tmp_path):
     cfg = WorkerConfig(
         bootstrap_servers=broker.bootstrap_servers,
@@ -78,7 +70,7 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     prod, rng = producer(broker), np.random.default_rng(0)
 
     # 1. A worker commits a first batch, then dies with a fatal error on a later commit.
-    _send_batch(prod, topics, rng, 0, 100, t0_ms=1000)
+    send_numbered(prod, topics, rng, 0, 100, t0_ms=1000)
     w = Worker(cfg, store)
     w.transaction.producer = _FailingCommit(w.transaction.producer, fail_at=10**9)
     t, errors = run_in_thread(w)
@@ -89,7 +81,7 @@ def test_a_fatal_error_mid_batch_leaves_no_snapshot_ahead_of_the_log(broker, top
     before = {p: [s["created_ms"] for s in usable_snapshots(ours, p)] for p in (0, 1)}
     w.transaction.producer._left = 1  # the next commit fails
     # Far ahead in event time: the idle ticks in between moved the watermark on by the wall time.
-    _send_batch(prod, topics, rng, 100, 100, t0_ms=10**9)
+    send_numbered(prod, topics, rng, 100, 100, t0_ms=10**9)
     t.join(60)
     assert not t.is_alive() and errors and "fatal producer error" in str(errors[0])
     # Nothing was snapshotted on the way out. Snapshots may have been taken between the two
