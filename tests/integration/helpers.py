@@ -57,6 +57,17 @@ def send_numbered(prod: Producer, topics, rng, start: int, n: int, t0_ms: int) -
     prod.flush()
 
 
+def assert_numbered_once(out: dict, n: int) -> None:
+    """What ``send_numbered`` sent of e0..e{n-1}, through a worker: one committed action per
+    context, one joined record each, the even ones with their reward, nothing dead-lettered."""
+    ids = sorted(a.event_id for a in out["actions"])
+    assert ids == sorted(f"e{i}" for i in range(n))
+    joined = {j.event_id: j for j in out["joined"]}
+    assert sorted(joined) == ids and len(joined) == len(out["joined"])
+    assert all(joined[f"e{i}"].reward_observed == (i % 2 == 0) for i in range(n))
+    assert out["dead_letter"] == []
+
+
 def is_tansu(broker) -> bool:
     """Whether ``broker`` is the embedded one (Tansu), with the differences from Apache Kafka that
     docs/notes/tansu.md lists: its read_committed readers see aborted transactions' records, its
