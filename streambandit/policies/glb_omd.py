@@ -84,6 +84,17 @@ class GLBOMD(LinearUCBPolicy):
     _state_arrays = ("theta", "h", "hinv")
     _columns = {"theta": THETA, "hinv": INV, "h": OTHER}
     _radius_kind = kernels.RADIUS_GLB_OMD
+    _const_names = (
+        "_link",
+        "_link_code",
+        "_s",
+        "_eta",
+        "_g",
+        "_step_args",
+        "_beta_const",
+        "_beta_log_coef",
+        "_beta_t_coef",
+    )
     _play_kernel = kernels.glb_omd_play
     # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
     _update_row = staticmethod(kernels.glb_omd_update_row)

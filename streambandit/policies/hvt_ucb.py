@@ -86,6 +86,14 @@ class HvtUCB(LinearUCBPolicy):
     _state_arrays = ("theta", "v", "vinv")
     _columns = {"theta": THETA, "vinv": INV, "v": OTHER}
     _radius_kind = kernels.RADIUS_HVT_UCB
+    _const_names = (
+        "_p",
+        "tau0",
+        "_beta_coef",
+        "_beta_const",
+        "_sqrt_alpha",
+        "_step_params",
+    )
     _play_kernel = kernels.hvt_ucb_play
     # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
     _update_row = staticmethod(kernels.hvt_ucb_update_row)

@@ -64,6 +64,15 @@ def row_scalar(j: int, doc: str) -> property:
     return property(get, put, doc=doc)
 
 
+def _store_const(name: str) -> property:
+    """A constant of the model's configuration: ``name`` in its store's ``consts``."""
+
+    def get(self: "LinearUCBPolicy") -> Any:
+        return self._store.consts[name]
+
+    return property(get, doc=f"The configuration's constant {name!r} (kept on the store).")
+
+
 def _rebuild(
     cls: type, dim: int, config: dict[str, Any], state: dict[str, Any]
 ) -> "LinearUCBPolicy":
@@ -86,6 +95,9 @@ class LinearUCBPolicy(Policy):
         tuple[str, ...]
     ] = ()  # the float state scalars, by column of the row's ``scalars``
     _radius_kind: ClassVar[int]
+    # The names of the constants the learner derives from its configuration (the keys of its
+    # store's ``consts``, kept once per configuration): each becomes a read-only property.
+    _const_names: ClassVar[tuple[str, ...]] = ()
     _play_kernel: ClassVar[Any]  # the compiled select + update loop over a stream
     # The compiled update of a row with its input checks, (chunk..., i, x, reward, params) ->
     # status (a staticmethod: a numba dispatcher would otherwise bind as a method).
@@ -96,6 +108,14 @@ class LinearUCBPolicy(Policy):
     _bad_reward_message: ClassVar[str] = (
         f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
     )
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        # Properties, not a ``__getattr__``: a class with a Python ``__getattr__`` sends every
+        # attribute read on its instances through a slower lookup (about 50 ns more each here),
+        # and the engine reads a model's attributes about a dozen times per context.
+        super().__init_subclass__(**kwargs)
+        for name in cls.__dict__.get("_const_names", ()):
+            setattr(cls, name, _store_const(name))
 
     def __init__(self, dim: int, *, seed: int = 0) -> None:
         self._init_config(dim, seed)  # n_updates is the row's count, set when the row is attached
@@ -126,18 +146,6 @@ class LinearUCBPolicy(Policy):
         except AttributeError:  # the constructor failed before a row was attached
             return
         store.release(chunk, i)
-
-    def __getattr__(self, name: str) -> Any:
-        # Reached only when no slot, property or method has the name: the constants derived from
-        # the configuration, kept once per configuration on the store.
-        if name in _SLOTS:
-            raise AttributeError(name)
-        try:
-            return self._store.consts[name]
-        except KeyError:
-            raise AttributeError(
-                f"{type(self).__name__!r} object has no attribute {name!r}"
-            ) from None
 
     def __reduce__(self) -> tuple:
         # copy, deepcopy and pickle rebuild the model from its configuration and state, in a row

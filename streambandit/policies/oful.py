@@ -80,6 +80,11 @@ class OFUL(LinearUCBPolicy):
     _columns = {"theta": THETA, "vinv": INV, "b": OTHER}
     _row_scalars = ("logdet",)
     _radius_kind = kernels.RADIUS_OFUL
+    _const_names = (
+        "_log_inv_delta",
+        "_sqrt_lam_s",
+        "_beta_args",
+    )
     _play_kernel = kernels.oful_play
     # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det.
     _update_row = staticmethod(kernels.oful_update_row)

@@ -310,3 +310,15 @@ def test_columns_that_do_not_fit_the_store_are_not_adopted(small_chunks):
     readonly[0].flags.writeable = False
     with pytest.raises(ValueError, match="writable"):
         store.adopt(tuple(readonly))
+
+
+@pytest.mark.parametrize("name,params", CASES)
+def test_every_constant_of_the_store_is_a_property_of_the_model(name, params):
+    # The constants are class properties (linear_ucb.py: no __getattr__): one the learner puts in
+    # its store but not in _const_names would be unreachable as an attribute.
+    p = make_policy(name, dim=D, **params)
+    assert set(type(p)._const_names) == set(p._store.consts)
+    for key, value in p._store.consts.items():
+        assert getattr(p, key) is value
+    with pytest.raises(AttributeError):
+        p.no_such_constant  # noqa: B018
