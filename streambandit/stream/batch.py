@@ -15,8 +15,11 @@ import collections
 import dataclasses
 import hashlib
 import logging
+import operator
 import time
 from typing import Any, Callable
+
+import numpy as np
 
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
@@ -224,21 +227,57 @@ class BatchProcessor:
         # The whole batch is decoded in one compiled pass (e2e part 2 compares it with
         # decoding one record at a time).
         values = [m.value() for m in records]
-        partitions, sources = self.partitions, self.source_of
+        evs = decode_batch(values)
+        sources = self.source_of
+        # Each accessor of every message in one comprehension (a column each): the loop below
+        # would make the same calls one record at a time, with its own bytecode around them.
+        parts = [m.partition() for m in records]
+        srcs = [sources[m.topic()] for m in records]
+        offsets = [m.offset() for m in records]
+        record_ms = [m.timestamp()[1] for m in records]
+        refs = list(
+            map(InputRef, srcs, parts, offsets, [m.key() for m in records], values, record_ms)
+        )
         ahead = self.config.max_event_time_ahead_ms
-        # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
-        # to the merger at once.
+        # The rule of admission.too_far_ahead, inlined (a call per record).
+        event_ms = [
+            ev.timestamp_ms
+            if type(ev) in _TIMED and not (r > 0 and ev.timestamp_ms > r + ahead)
+            else None
+            for ev, r in zip(evs, record_ms)
+        ]
+        if None in event_ms:
+            self._buffer_one_by_one(evs, refs, event_ms, now)
+            return
+        # Every record timed and admitted (the usual batch): each partition and source's records
+        # (key 2 p + source), in fetch (offset) order, handed to its merger at once. The merger's
+        # tuples are made by one zip; a stable sort of the keys gathers each run, taken by one
+        # itemgetter (_buffer_one_by_one makes the same runs record by record; tests compare them).
+        recs = list(zip(event_ms, srcs, offsets, zip(evs, refs)))
+        key = np.array(parts, np.int64) * 2 + np.array(srcs, np.int64)
+        order = np.argsort(key, kind="stable")
+        ends = np.flatnonzero(np.diff(key[order])) + 1
+        partitions = self.partitions
+        for run_idx in np.split(order, ends) if len(order) else []:
+            part = partitions.get(parts[run_idx[0]])
+            if part is None:
+                continue  # records fetched just before their partition was revoked
+            idx = run_idx.tolist()
+            run = [recs[idx[0]]] if len(idx) == 1 else list(operator.itemgetter(*idx)(recs))
+            part.merger.extend(srcs[idx[0]], run, now)
+            part.last_input_wall_ms = now
+
+    def _buffer_one_by_one(self, evs: list, refs: list[InputRef], event_ms: list, now: int) -> None:
+        """``buffer``'s pushes one record at a time, when a record of the batch is not admitted by
+        time (``event_ms`` None: a DecodeError, or an event time too far ahead)."""
+        partitions = self.partitions
         runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
             collections.defaultdict(list)
         )
-        for msg, value, ev in zip(records, values, decode_batch(values)):
-            p = msg.partition()
-            src, offset = sources[msg.topic()], msg.offset()
-            record_ms = msg.timestamp()[1]
-            ref = InputRef(src, p, offset, msg.key(), value, record_ms)
-            # The rule of admission.too_far_ahead, inlined (a call per record).
-            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
-                runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
+        for ev, ref, t in zip(evs, refs, event_ms):
+            p, src, offset = ref.partition, ref.source, ref.offset
+            if t is not None:
+                runs[2 * p + src].append((t, src, offset, (ev, ref)))
             else:
                 # A DecodeError, or an event time the engine will refuse as too far ahead (merged
                 # by that time, it would hold back every later record of its input): placed with

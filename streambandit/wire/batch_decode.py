@@ -15,6 +15,8 @@ error reason and detail of a bad record are the per-record decoder's own.
 
 from __future__ import annotations
 
+import operator
+
 import numpy as np
 from numba import njit
 
@@ -81,10 +83,11 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
 
     Columns per record: ``spans[i]`` = event id (0, 1), model key (2, 3), arm ids in ``arms``
     (4, 5) and features in ``feats`` (6, 7) as start/stop; ``shape[i]`` = (K, d); ``value[i]`` a
-    reward's value. The event ids of the records handled here are copied into ``ids`` and their
-    arm ids into ``arms``, each followed by a NUL byte, so that Python decodes and splits each
-    buffer once for the whole batch instead of once per string; a record whose event id or arm
-    ids contain a NUL goes the slow way."""
+    reward's value. The event ids and model keys of the records handled here are copied into
+    ``ids`` (event id, model key, event id, ...) and their arm ids into ``arms``, each followed by
+    a NUL byte, so that Python decodes and splits each buffer once for the whole batch instead of
+    once per string; a record whose event id, model key or arm ids contain a NUL goes the slow
+    way."""
     f_at = 0
     a_at = 0
     i_at = 0
@@ -113,10 +116,21 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
             continue
         ids[i_at] = 0
         i_at += 1
-        a, b = _string(buf, b, end)  # model_key
+        a, b = _string(buf, b, end)  # model_key, copied after the event id the same way
         if b < 0:
             i_at = i0
             continue
+        k0 = i_at
+        for j in range(a, b):
+            if buf[j] == 0:
+                break
+            ids[i_at] = buf[j]
+            i_at += 1
+        if i_at - k0 != b - a:
+            i_at = i0
+            continue
+        ids[i_at] = 0
+        i_at += 1
         spans[i, 2], spans[i, 3] = a, b
         t, pos = _varint(buf, b, end)  # timestamp_ms
         if pos < 0:
@@ -209,7 +223,7 @@ def decode_batch(values: list) -> list:
     arms = np.empty(
         len(raw) + n + 1, np.uint8
     )  # every arm id and a NUL after each (an arm id is >= 1 byte in raw)
-    ids = np.empty(len(raw) + n + 1, np.uint8)
+    ids = np.empty(len(raw) + 2 * n + 1, np.uint8)  # event id and model key, a NUL after each
     n_ids = n_arms = 0
     if fast_layouts:
         n_ids, n_arms = _parse(
@@ -231,9 +245,15 @@ def decode_batch(values: list) -> list:
     # are turned into lists, and when every context has the same (K, d) (the usual stream) the
     # batch's features (laid end to end in context order) are one (contexts, K, d) array, so a
     # record's features are one view of it rather than a slice and a reshape.
+    event_ids = all_ids[0:-1:2]  # of each record handled by _parse, in order (the last '' left)
+    keys = all_ids[1::2]
+    # A batch holds few model keys: its records share one string object per key (as the engine's
+    # dicts are keyed by them, each key's hash is then computed once).
+    one_of = {k: k for k in set(keys)}
+    keys = list(map(one_of.__getitem__, keys))
     is_ctx = status == _CONTEXT
     n_ctx = int(is_ctx.sum())
-    per_ctx = None
+    per_ctx = arm_tuples = None
     if n_ctx:
         k0, d0 = shape[is_ctx][0]
         if (shape[is_ctx] == (k0, d0)).all():
@@ -241,24 +261,19 @@ def decode_batch(values: list) -> list:
             # (a slice and a tuple, or an index, per record cost more).
             per_ctx = list(feats[: n_ctx * k0 * d0].reshape(n_ctx, k0, d0))
             arm_tuples = list(zip(*[iter(all_arms)] * int(k0)))  # the last, empty, string left
+    else:
+        per_ctx = arm_tuples = []
+    if per_ctx is not None and n > 1 and len(event_ids) == n:
+        return _records_by_column(event_ids, keys, is_ctx, ts, value, arm_tuples, per_ctx)
     out = []
-    keys: dict[bytes, str] = {}  # a batch holds few model keys: decode each once
     next_id = next_arm = next_ctx = 0
-    for i, (st, t, ka, kb, k, v) in enumerate(
-        zip(
-            status.tolist(),
-            ts.tolist(),
-            spans[:, 2].tolist(),
-            spans[:, 3].tolist(),
-            shape[:, 0].tolist(),
-            value.tolist(),
-        )
+    for i, (st, t, k, v) in enumerate(
+        zip(status.tolist(), ts.tolist(), shape[:, 0].tolist(), value.tolist())
     ):
         if st == _SLOW:
             out.append(_decode_or_error(values[i]))
             continue
-        # This record's strings and features first: they are in the buffers whatever follows.
-        event_id = all_ids[next_id]
+        event_id, key = event_ids[next_id], keys[next_id]
         next_id += 1
         if st == _CONTEXT:
             if per_ctx is not None:
@@ -270,21 +285,45 @@ def decode_batch(values: list) -> list:
                 a, b = spans[i, 6], spans[i, 7]
                 features = feats[a:b].reshape(k, (b - a) // k)
             next_ctx += 1
-        key_bytes = raw[ka:kb]
-        key = keys.get(key_bytes)
-        if key is None:
-            try:
-                key = keys[key_bytes] = key_bytes.decode()
-            except (
-                UnicodeDecodeError
-            ):  # the model key is decoded per batch key, not in the id buffer
-                out.append(_decode_or_error(values[i]))
-                continue
-        if st == _CONTEXT:
             out.append(Context(event_id, key, t, arm_ids, features))
         else:
             out.append(Reward(event_id, key, t, v))
     return out
+
+
+def _records_by_column(
+    event_ids: list, keys: list, is_ctx, ts, value, arm_tuples: list, per_ctx: list
+) -> list:
+    """``decode_batch``'s records when every one of the ``n > 1`` records was parsed by ``_parse``
+    and every context has the same (K, d): the contexts and the rewards each made in one ``map``
+    over their columns, then put back in record order by one ``itemgetter`` (the per-record loop
+    above makes the same records, one at a time; tests/unit/wire/test_batch_decode.py compares
+    the two)."""
+    is_rew = ~is_ctx
+    ids = np.array(event_ids, dtype=object)
+    key = np.array(keys, dtype=object)
+    ctxs = list(
+        map(
+            Context,
+            ids[is_ctx].tolist(),
+            key[is_ctx].tolist(),
+            ts[is_ctx].tolist(),
+            arm_tuples,
+            per_ctx,
+        )
+    )
+    rews = list(
+        map(
+            Reward,
+            ids[is_rew].tolist(),
+            key[is_rew].tolist(),
+            ts[is_rew].tolist(),
+            value[is_rew].tolist(),
+        )
+    )
+    # Record i is contexts[c] (c contexts before it) or rewards[r] (r rewards before it).
+    place = np.where(is_ctx, np.cumsum(is_ctx) - 1, len(ctxs) + np.cumsum(is_rew) - 1)
+    return list(operator.itemgetter(*place.tolist())(ctxs + rews))
 
 
 def _records_one_by_one(

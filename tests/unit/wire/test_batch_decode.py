@@ -307,3 +307,39 @@ def test_contexts_of_one_shape_keep_their_own_features_around_a_bad_record(bad):
     assert [g.event_id for g in got] == [c.event_id for c in same_shape]
     for g, c in zip(got, same_shape):
         np.testing.assert_array_equal(g.features, c.features)
+
+
+@pytest.mark.parametrize("n", [2, 3, 40])
+def test_one_shape_batch_made_by_column_matches_record_by_record(n):
+    # Every record parsed and one (K, d): decode_batch makes the records by column
+    # (_records_by_column), not in its per-record loop; they must still be codec.decode's, with
+    # the same field types, in record order.
+    rng = np.random.default_rng(n)
+    recs = []
+    for i in range(n):
+        key = f"m-{i % 4}-é"
+        if rng.random() < 0.5:
+            recs.append(Reward(f"r{i}", key, int(rng.integers(-(2**62), 2**62)), float(i) / 7))
+        else:
+            feats = rng.standard_normal((3, 2))
+            recs.append(Context(f"c{i}", key, int(rng.integers(0, 2**40)), ("a", "bé", ""), feats))
+    values = [encode(r) for r in recs]
+    assert_same(values)
+    for got, want in zip(decode_batch(values), recs):
+        assert type(got) is type(want)
+        for name in ("event_id", "model_key", "timestamp_ms"):
+            assert type(getattr(got, name)) is type(getattr(want, name))
+            assert getattr(got, name) == getattr(want, name)
+        if isinstance(got, Reward):
+            assert type(got.value) is float and got.value == want.value
+        else:
+            assert got.arm_ids == want.arm_ids and type(got.arm_ids) is tuple
+            assert got.features.tobytes() == want.features.tobytes()
+
+
+def test_a_model_key_with_a_nul_is_decoded_as_codec_does():
+    # _parse copies model keys NUL-separated, so a key holding a NUL takes codec.decode.
+    recs = [Reward("r", "a\x00b", 5, 1.0), Reward("s", "ab", 6, 2.0)]
+    values = [encode(r) for r in recs]
+    assert_same(values)
+    assert [r.model_key for r in decode_batch(values)] == ["a\x00b", "ab"]
