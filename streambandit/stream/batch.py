@@ -17,6 +17,8 @@ import hashlib
 import logging
 import operator
 import time
+from itertools import chain, repeat
+from operator import attrgetter
 from typing import Any, Callable
 
 import numpy as np
@@ -56,6 +58,24 @@ _TIMED = frozenset(
 )  # the decoded records that carry an event time
 
 log = logging.getLogger("streambandit")
+
+# Distinct model keys the processor keeps the UTF-8 bytes of (_KeyBytes): more are dropped at the
+# next batch. Model keys come from the clients' records, so the cache must not grow with them.
+KEY_BYTES_MAX = 4096
+
+_MODEL_KEY = attrgetter("model_key")
+
+
+class _KeyBytes(dict):
+    """Model key -> ``key.encode()``, made on first use. Each record's key is checked against its
+    model key's bytes, and each output's key is those bytes: the encoding once per distinct key,
+    not once per record and once per output (python -m bench.worker_instructions, encode stage).
+    ``str.encode`` is the reference, errors included (tests/unit/stream/test_batch_outputs.py)."""
+
+    def __missing__(self, key: str) -> bytes:
+        b = self[key] = key.encode()
+        return b
+
 
 # A dead letter is a WARNING line, one per reason per interval with a count of the rest: a client
 # sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
@@ -117,8 +137,9 @@ class _Outputs:
     partition each record is of: (first action, first joined record, partition) of each run,
     marked by :meth:`mark` when the partition changes (a tuple per output cost more)."""
 
-    def __init__(self, topics: Topics) -> None:
+    def __init__(self, topics: Topics, keys: _KeyBytes) -> None:
         self.topics = topics
+        self.keys = keys
         self.actions: list[Action] = []
         self.joined: list[Joined] = []
         self.others: list[Output] = []
@@ -128,35 +149,38 @@ class _Outputs:
         """What is added from now on is of partition ``p``."""
         self.runs.append((len(self.actions), len(self.joined), p))
 
-    def _partitions(self, which: int, n: int) -> list[int]:
+    def _partitions(self, which: int, n: int) -> chain[int]:
         """The partition of each of the ``n`` records of list ``which`` (0 actions, 1 joined)."""
-        out: list[int] = []
         runs = self.runs
-        for i, run in enumerate(runs):
-            stop = runs[i + 1][which] if i + 1 < len(runs) else n
-            out += [run[2]] * (stop - run[which])
-        return out
+        stops = [run[which] for run in runs[1:]]
+        stops.append(n)
+        return chain.from_iterable(
+            repeat(run[2], stop - run[which]) for run, stop in zip(runs, stops)
+        )
 
     def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
         """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
         event times of what it holds go to ``seen`` (the worker's latency histograms)."""
-        t, actions, joined = self.topics, self.actions, self.joined
+        t, actions, joined, keys = self.topics, self.actions, self.joined, self.keys.__getitem__
         out = self.others
+        # Each output's tuple made by zip, with no Python frame per output.
         if actions:
             values, decided = encode_actions_timed(actions)
-            topic = t.actions
-            out += [
-                (topic, p, a.model_key.encode(), v)
-                for p, a, v in zip(self._partitions(0, len(actions)), actions, values)
-            ]
+            out += zip(
+                repeat(t.actions),
+                self._partitions(0, len(actions)),
+                map(keys, map(_MODEL_KEY, actions)),
+                values,
+            )
             seen.decided_ms += decided
         if joined:
             values, delays = encode_joined_timed(joined)
-            topic = t.joined
-            out += [
-                (topic, p, j.model_key.encode(), v)
-                for p, j, v in zip(self._partitions(1, len(joined)), joined, values)
-            ]
+            out += zip(
+                repeat(t.joined),
+                self._partitions(1, len(joined)),
+                map(keys, map(_MODEL_KEY, joined)),
+                values,
+            )
             seen.reward_delays_ms += delays
             metrics["default_rewards"] += len(joined) - len(delays)
         metrics["actions"] += len(actions)
@@ -178,6 +202,7 @@ class BatchProcessor:
         # Merge counters of partitions no longer held (the metrics stay cumulative).
         self._merge_base = [0, 0]
         self._dead_letter_lines = RepeatFilter(DEAD_LETTER_LOG_EVERY_S)
+        self._key_bytes = _KeyBytes()
 
     def topic_of(self, source: int) -> str:
         return self.config.first_input if source == CONTEXTS else self.config.topics.rewards
@@ -304,7 +329,10 @@ class BatchProcessor:
         takes ``_other``. Actions and joined records are encoded together, one compiled pass each
         per hand-over; each output topic's records keep their order, which is all the logs'
         order depends on (bench.worker_path measures this loop by stage)."""
-        out_buf = _Outputs(self.config.topics)
+        keys = self._key_bytes
+        if len(keys) > KEY_BYTES_MAX:
+            keys.clear()
+        out_buf = _Outputs(self.config.topics, keys)
         released = 0
         # A learn-only worker opens the decisions replicas logged; a worker decides on contexts.
         first = ReplicaDecision if self.config.learn_only else Context
@@ -317,9 +345,9 @@ class BatchProcessor:
             n = 0
             for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
                 cls, key = type(ev), ref.key
-                if cls is first and src == CONTEXTS and key == ev.model_key.encode():
+                if cls is first and src == CONTEXTS and key == keys[ev.model_key]:
                     out = on_context(ev, ref)
-                elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
+                elif cls is Reward and src == REWARDS and key == keys[ev.model_key]:
                     out = on_reward(ev, ref)
                 else:
                     out = self._other(part, ev, ref)
