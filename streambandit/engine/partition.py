@@ -236,9 +236,10 @@ class PartitionEngine:
             return out
         try:
             if spec.epsilon <= 0.0 and scores is None:  # decide's choice without exploration
-                index, score = model.best(ev.features)
+                index, score, version = model.best_versioned(ev.features)
                 propensity = 1.0
             else:
+                version = model.n_updates
                 d = decide(
                     model,
                     ev.features,
@@ -252,7 +253,7 @@ class PartitionEngine:
         except ValueError as exc:
             out.append(self._refused(admission.learner_refusal(exc, ev.features), source))
             return out
-        return self._open(ev, spec, index, score, propensity, model.n_updates, out, source, trigger)
+        return self._open(ev, spec, index, score, propensity, version, out, source, trigger)
 
     def on_decision(
         self, ev: ReplicaDecision, source: Any = None
@@ -554,10 +555,8 @@ class PartitionEngine:
         else:
             spec = self._specs.get(key)  # spec_of's cache, then spec_of
             reward = (spec if spec is not None else self.spec_of(key)).default_reward
-        model = self.models[key]
-        version = model.n_updates
         try:
-            model.update(a.features, reward)
+            version = self.models[key].update_versioned(a.features, reward)
         except ValueError as exc:
             self._remember(event_id, observed)
             out.append(
