@@ -55,7 +55,6 @@ from streambandit.wire import (
     ReplicaDecision,
     Reward,
     Tick,
-    Trigger,
 )
 
 __all__ = ["Context", "Reward", "Action", "Joined", "Rejected", "PartitionEngine", "RecoveryError"]
@@ -210,7 +209,7 @@ class PartitionEngine:
         # in as few Python frames as they allow (each costs about as much as a check:
         # bench/results/worker_path.md has the engine's cost per event).
         if type(source) is InputRef:
-            record_ms, trigger = source.timestamp_ms, (source.source, source.offset)
+            record_ms, trigger = source.timestamp_ms, source
         else:
             record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
         refusal = admission.record_refusal(
@@ -237,9 +236,10 @@ class PartitionEngine:
             return out
         try:
             if spec.epsilon <= 0.0 and scores is None:  # decide's choice without exploration
-                index, score = model.best(ev.features)
+                index, score, version = model.best_versioned(ev.features)
                 propensity = 1.0
             else:
+                version = model.n_updates
                 d = decide(
                     model,
                     ev.features,
@@ -253,7 +253,7 @@ class PartitionEngine:
         except ValueError as exc:
             out.append(self._refused(admission.learner_refusal(exc, ev.features), source))
             return out
-        return self._open(ev, spec, index, score, propensity, model.n_updates, out, source, trigger)
+        return self._open(ev, spec, index, score, propensity, version, out, source, trigger)
 
     def on_decision(
         self, ev: ReplicaDecision, source: Any = None
@@ -274,7 +274,7 @@ class PartitionEngine:
         )
 
     def _admit(
-        self, ev: Context | ReplicaDecision, source: Any, trigger: Trigger
+        self, ev: Context | ReplicaDecision, source: Any, trigger: InputRef
     ) -> tuple[list, ModelSpec | None, Policy | None]:
         """Move event time to the context's, then apply the admission rule's checks of the model:
         a configured model key, distinct arm ids, the model's dimension, a new event id, room for
@@ -317,7 +317,7 @@ class PartitionEngine:
         version: int,
         out: list,
         source: Any,
-        trigger: Trigger,
+        trigger: InputRef,
     ) -> list[Action | Joined | Rejected]:
         """Publish the decision on arm ``index`` and hold it open for its reward window."""
         ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
@@ -334,7 +334,8 @@ class PartitionEngine:
         action.model_version = version
         action.decision_timestamp_ms = ts
         action.features = ev.features[index].copy()
-        action.trigger_source, action.trigger_offset = trigger
+        action.trigger_source = trigger.source
+        action.trigger_offset = trigger.offset
         out.append(action)
         self.counters["actions"] += 1
         if len(pending) >= self.max_pending:
@@ -359,7 +360,7 @@ class PartitionEngine:
             self._n_early -= len(held)
             for reward, src in held:
                 if event_id in pending:
-                    out += self._accept_reward(reward, src, ts, trigger)
+                    self._accept_reward(reward, src, ts, trigger, out)
                 else:  # an earlier one of these rewards already closed it (aggregation "first")
                     out.append(
                         self._reject(
@@ -377,7 +378,7 @@ class PartitionEngine:
     def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
         # The worker's hot path (once per reward), in as few frames as on_context.
         if type(source) is InputRef:
-            record_ms, trigger = source.timestamp_ms, (source.source, source.offset)
+            record_ms, trigger = source.timestamp_ms, source
         else:
             record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
         refusal = admission.record_refusal(
@@ -391,7 +392,7 @@ class PartitionEngine:
         # _advance only when a window closes
         out = self._advance(ts, trigger) if self._next_deadline <= self.watermark_ms else []
         if ev.event_id in self.pending:
-            return out + self._accept_reward(ev, source, ts, trigger)
+            return self._accept_reward(ev, source, ts, trigger, out)
         if ev.event_id in self.recent:
             observed = self.recent[ev.event_id]
             reason = DUPLICATE_REWARD if observed else LATE_REWARD
@@ -429,7 +430,7 @@ class PartitionEngine:
         output records it as its trigger (readers use it to drop outputs of uncommitted batches)."""
         return self._advance(timestamp_ms, _trigger_of(source))
 
-    def _advance(self, timestamp_ms: int, trigger: Trigger) -> list[Joined | Rejected]:
+    def _advance(self, timestamp_ms: int, trigger: InputRef) -> list[Joined | Rejected]:
         if timestamp_ms > self.watermark_ms:
             self.watermark_ms = timestamp_ms
         out: list[Joined | Rejected] = []
@@ -511,33 +512,37 @@ class PartitionEngine:
         return spec
 
     def _accept_reward(
-        self, ev: Reward, source: Any, now_ms: int, trigger: Trigger
+        self, ev: Reward, source: Any, now_ms: int, trigger: InputRef, out: list
     ) -> list[Joined | Rejected]:
+        """Take a reward for an open decision: its outputs appended to ``out`` (returned), which
+        saves a list per reward on the worker's hot path."""
         p = self.pending[ev.event_id]
         if ev.model_key != p.action.model_key:
-            return [
+            out.append(
                 self._reject(
                     MODEL_KEY_MISMATCH,
                     f"reward for model {ev.model_key!r}, decision was made by "
                     f"{p.action.model_key!r}",
                     source,
                 )
-            ]
+            )
+            return out
         if refusal := admission.reward_refusal(self.models[p.action.model_key], ev.value):
-            return [self._refused(refusal, source)]
+            out.append(self._refused(refusal, source))
+            return out
         value = float(ev.value)
         spec = self._specs.get(ev.model_key)  # spec_of's cache, then spec_of
         aggregation = (spec if spec is not None else self.spec_of(ev.model_key)).aggregation
         self.counters["rewards"] += 1
         if aggregation == "first":
             p.reward, p.n_rewards = value, 1
-            return self._close(ev.event_id, now_ms, trigger, [])
+            return self._close(ev.event_id, now_ms, trigger, out)
         p.reward = value if (aggregation == "last" or p.reward is None) else p.reward + value
         p.n_rewards += 1
-        return []
+        return out
 
     def _close(
-        self, event_id: str, now_ms: int, trigger: Trigger, out: list
+        self, event_id: str, now_ms: int, trigger: InputRef, out: list
     ) -> list[Joined | Rejected]:
         """Join one open decision: apply its update and append the joined record to ``out``
         (returned)."""
@@ -550,10 +555,8 @@ class PartitionEngine:
         else:
             spec = self._specs.get(key)  # spec_of's cache, then spec_of
             reward = (spec if spec is not None else self.spec_of(key)).default_reward
-        model = self.models[key]
-        version = model.n_updates
         try:
-            model.update(a.features, reward)
+            version = self.models[key].update_versioned(a.features, reward)
         except ValueError as exc:
             self._remember(event_id, observed)
             out.append(
@@ -578,7 +581,8 @@ class PartitionEngine:
         j.decision_timestamp_ms = a.decision_timestamp_ms
         j.join_timestamp_ms = now_ms
         j.model_version_before = version
-        j.trigger_source, j.trigger_offset = trigger
+        j.trigger_source = trigger.source
+        j.trigger_offset = trigger.offset
         out.append(j)
         return out
 
@@ -814,7 +818,15 @@ class PartitionEngine:
         return self._reject(refusal.reason, refusal.detail, source)
 
 
-def _trigger_of(source: Any) -> Trigger:
-    """The trigger of the outputs an input causes: an input record's position (stream/logs.py
-    drops the outputs of a batch whose input never committed); a call or a test's input, none."""
-    return source.trigger if isinstance(source, InputRef) else NO_TRIGGER
+# The outputs of an input carry its source and offset as their trigger (stream/logs.py drops the
+# outputs of a batch whose input never committed); those of a call or a test's input, NO_TRIGGER.
+# The engine hands the input itself down to where the outputs are built, or this stand-in of
+# NO_TRIGGER's position: a (source, offset) tuple made per record was one allocation more per
+# event on the worker's hot path (the engine stage of bench.worker_path).
+_NO_INPUT = InputRef(NO_TRIGGER[0], -1, NO_TRIGGER[1])
+
+
+def _trigger_of(source: Any) -> InputRef:
+    """What the outputs an input causes take their trigger from (``.source``, ``.offset``): the
+    input record itself, or for a call or a test's input, :data:`_NO_INPUT`."""
+    return source if isinstance(source, InputRef) else _NO_INPUT

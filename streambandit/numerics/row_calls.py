@@ -40,6 +40,7 @@ __all__ = [
     "ucb_scores_at",
     "ucb_select_at",
     "ucb_best_at",
+    "ucb_best_version_at",
     "oful_update_at",
     "glb_omd_update_at",
     "hvt_ucb_update_at",
@@ -192,6 +193,18 @@ def ucb_best_at(arms, table, i):
 
 
 @njit(cache=CACHE)
+def ucb_best_version_at(arms, table, i):
+    """``ucb_best_at``'s (index, score) and the row's count (the model's version that decided):
+    the engine reads both per context, and a second call for the count cost a Python frame."""
+    t = _table(table)
+    theta = _theta(t)
+    index, score = kernels.ucb_best_row(
+        arms, theta, _inv(t), theta, _scalars(t), _count(t), i, t[KIND], _params(t)
+    )
+    return index, score, _count(t)[i]
+
+
+@njit(cache=CACHE)
 def oful_update_at(table, i, x, reward):
     """``kernels.oful_update_row`` of row i of the chunk whose table is at ``table``."""
     t = _table(table)
@@ -225,6 +238,7 @@ _SCORING = (
     (ucb_scores_at, (_MATRIX, _I, _I, _VECTOR)),
     (ucb_select_at, (_MATRIX, _I, _I)),
     (ucb_best_at, (_MATRIX, _I, _I)),
+    (ucb_best_version_at, (_MATRIX, _I, _I)),
 )
 _UPDATE = (_I, _I, _VECTOR, types.float64)
 _prepared: set = set()

@@ -215,6 +215,12 @@ class Policy(abc.ABC):
         i = int(s.argmax())
         return i, float(s[i])
 
+    def best_versioned(self, arms: np.ndarray) -> tuple[int, float, int]:
+        """``(*best(arms), n_updates)``: a decision and the version of the model that made it, in
+        one call (the engine's per-context path, where a property read is a Python frame more)."""
+        i, score = self.best(arms)
+        return i, score, self.n_updates
+
     def scores_batch(self, arms: np.ndarray) -> np.ndarray:
         """Scores of B contexts (B, K, d) -> (B, K) against the current state, with no update in
         between: row b is exactly ``scores(arms[b])``."""
@@ -252,6 +258,13 @@ class Policy(abc.ABC):
         r = self._check_reward(reward)
         self._update(x, r)
         self.n_updates += 1
+
+    def update_versioned(self, x: np.ndarray, reward: float) -> int:
+        """:meth:`update`, returning ``n_updates`` as it was before it (the version the update was
+        applied to): what the engine records with each join, in one call."""
+        version = self.n_updates
+        self.update(x, reward)
+        return version
 
     @abc.abstractmethod
     def _update(self, x: np.ndarray, reward: float) -> None:

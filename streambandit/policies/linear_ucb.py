@@ -33,10 +33,11 @@ _NON_FINITE_ARMS = BAD_ARMS_MESSAGE
 THETA, INV, OTHER, SCALARS, COUNT = range(5)
 _SLOTS = ("dim", "_config", "_store", "_chunk", "_i")
 _OK = kernels.OK
-_scores_at, _select_at, _best_at = (
+_scores_at, _select_at, _best_at, _best_version_at = (
     row_calls.ucb_scores_at,
     row_calls.ucb_select_at,
     row_calls.ucb_best_at,
+    row_calls.ucb_best_version_at,
 )
 
 
@@ -306,6 +307,16 @@ class LinearUCBPolicy(Policy):
             self._raise_for_arms(arms, best[0])
         return best
 
+    def best_versioned(self, arms: np.ndarray) -> tuple[int, float, int]:
+        # best() and the row's count from one compiled call, its tuple returned as it is.
+        try:
+            best = _best_version_at(arms, self._chunk.table, self._i)
+        except TypeError:
+            return super().best_versioned(arms)  # best()'s checks in Python, then the count
+        if best[0] < 0:
+            self._raise_for_arms(arms, best[0])
+        return best
+
     def _raise_for_arms(self, arms: np.ndarray, status: int) -> None:
         """The error of a kernel's arms status: the shape checks' own, or the values'."""
         if status == kernels.BAD_ARMS:
@@ -344,6 +355,20 @@ class LinearUCBPolicy(Policy):
             except TypeError:
                 pass
         self._update(self._check_x(x), self._check_reward(reward))
+
+    def update_versioned(self, x: np.ndarray, reward: float) -> int:
+        # update() with the count read from the row after it, not through the n_updates
+        # property before it (a Python frame more per join on the engine's path).
+        chunk, i = self._chunk, self._i
+        if isinstance(reward, float):
+            try:
+                if self._update_at(chunk.table, i, x, reward) == _OK:
+                    return chunk[COUNT].item(i) - 1
+            except TypeError:
+                pass
+        version = chunk[COUNT].item(i)
+        self._update(self._check_x(x), self._check_reward(reward))
+        return version
 
     def _update(self, x: np.ndarray, reward: float) -> None:
         status = self._update_row(*self._chunk, self._i, x, reward, self._store.params)

@@ -255,3 +255,26 @@ def test_an_arms_score_depends_on_that_arm_alone(name, params, dim):
     assert together.tobytes() == alone.tobytes()
     assert p.scores(arms[::-1].copy()).tobytes() == together[::-1].tobytes()
     assert p.scores_batch(np.stack([arms[:8], arms[8:16]])).tobytes() == together[:16].tobytes()
+
+
+@pytest.mark.parametrize("name, params", CASES)
+def test_the_versioned_calls_are_best_and_update_with_n_updates(name, params):
+    """best_versioned is (*best, n_updates) and update_versioned is update returning n_updates
+    as it was before it, to the bit, through the compiled path and through the checks in Python
+    (a list of arms, an int reward); a refused update raises as update does and changes nothing."""
+    a, b = make_policy(name, dim=DIM, **params), make_policy(name, dim=DIM, **params)
+    for t, (arms, reward) in enumerate(interactions(9, 12)):
+        given = arms.tolist() if t % 3 == 1 else arms
+        i, score = a.best(arms)
+        assert b.best_versioned(given) == (i, score, a.n_updates)
+        version = a.n_updates
+        a.update(arms[i], reward)
+        assert b.update_versioned(arms[i], int(reward) if t % 3 == 2 else reward) == version
+        assert b.n_updates == a.n_updates == version + 1
+        assert_same_state(a.state_dict(), b.state_dict())
+    before = b.state_dict()
+    with pytest.raises(ValueError):
+        b.update_versioned(np.full(DIM, math.nan), 1.0)
+    with pytest.raises(ValueError):
+        b.best_versioned(np.ones((3, DIM + 1)))
+    assert_same_state(before, b.state_dict())
