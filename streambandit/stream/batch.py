@@ -15,13 +15,8 @@ import collections
 import dataclasses
 import hashlib
 import logging
-import operator
 import time
-from itertools import chain, repeat
-from operator import attrgetter
 from typing import Any, Callable
-
-import numpy as np
 
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
@@ -58,24 +53,6 @@ _TIMED = frozenset(
 )  # the decoded records that carry an event time
 
 log = logging.getLogger("streambandit")
-
-# Distinct model keys the processor keeps the UTF-8 bytes of (_KeyBytes): more are dropped at the
-# next batch. Model keys come from the clients' records, so the cache must not grow with them.
-KEY_BYTES_MAX = 4096
-
-_MODEL_KEY = attrgetter("model_key")
-
-
-class _KeyBytes(dict):
-    """Model key -> ``key.encode()``, made on first use. Each record's key is checked against its
-    model key's bytes, and each output's key is those bytes: the encoding once per distinct key,
-    not once per record and once per output (python -m bench.worker_instructions, encode stage).
-    ``str.encode`` is the reference, errors included (tests/unit/stream/test_batch_outputs.py)."""
-
-    def __missing__(self, key: str) -> bytes:
-        b = self[key] = key.encode()
-        return b
-
 
 # A dead letter is a WARNING line, one per reason per interval with a count of the rest: a client
 # sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
@@ -137,9 +114,8 @@ class _Outputs:
     partition each record is of: (first action, first joined record, partition) of each run,
     marked by :meth:`mark` when the partition changes (a tuple per output cost more)."""
 
-    def __init__(self, topics: Topics, keys: _KeyBytes) -> None:
+    def __init__(self, topics: Topics) -> None:
         self.topics = topics
-        self.keys = keys
         self.actions: list[Action] = []
         self.joined: list[Joined] = []
         self.others: list[Output] = []
@@ -149,38 +125,35 @@ class _Outputs:
         """What is added from now on is of partition ``p``."""
         self.runs.append((len(self.actions), len(self.joined), p))
 
-    def _partitions(self, which: int, n: int) -> chain[int]:
+    def _partitions(self, which: int, n: int) -> list[int]:
         """The partition of each of the ``n`` records of list ``which`` (0 actions, 1 joined)."""
+        out: list[int] = []
         runs = self.runs
-        stops = [run[which] for run in runs[1:]]
-        stops.append(n)
-        return chain.from_iterable(
-            repeat(run[2], stop - run[which]) for run, stop in zip(runs, stops)
-        )
+        for i, run in enumerate(runs):
+            stop = runs[i + 1][which] if i + 1 < len(runs) else n
+            out += [run[2]] * (stop - run[which])
+        return out
 
     def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
         """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
         event times of what it holds go to ``seen`` (the worker's latency histograms)."""
-        t, actions, joined, keys = self.topics, self.actions, self.joined, self.keys.__getitem__
+        t, actions, joined = self.topics, self.actions, self.joined
         out = self.others
-        # Each output's tuple made by zip, with no Python frame per output.
         if actions:
             values, decided = encode_actions_timed(actions)
-            out += zip(
-                repeat(t.actions),
-                self._partitions(0, len(actions)),
-                map(keys, map(_MODEL_KEY, actions)),
-                values,
-            )
+            topic = t.actions
+            out += [
+                (topic, p, a.model_key.encode(), v)
+                for p, a, v in zip(self._partitions(0, len(actions)), actions, values)
+            ]
             seen.decided_ms += decided
         if joined:
             values, delays = encode_joined_timed(joined)
-            out += zip(
-                repeat(t.joined),
-                self._partitions(1, len(joined)),
-                map(keys, map(_MODEL_KEY, joined)),
-                values,
-            )
+            topic = t.joined
+            out += [
+                (topic, p, j.model_key.encode(), v)
+                for p, j, v in zip(self._partitions(1, len(joined)), joined, values)
+            ]
             seen.reward_delays_ms += delays
             metrics["default_rewards"] += len(joined) - len(delays)
         metrics["actions"] += len(actions)
@@ -202,7 +175,6 @@ class BatchProcessor:
         # Merge counters of partitions no longer held (the metrics stay cumulative).
         self._merge_base = [0, 0]
         self._dead_letter_lines = RepeatFilter(DEAD_LETTER_LOG_EVERY_S)
-        self._key_bytes = _KeyBytes()
 
     def topic_of(self, source: int) -> str:
         return self.config.first_input if source == CONTEXTS else self.config.topics.rewards
@@ -252,57 +224,21 @@ class BatchProcessor:
         # The whole batch is decoded in one compiled pass (e2e part 2 compares it with
         # decoding one record at a time).
         values = [m.value() for m in records]
-        evs = decode_batch(values)
-        sources = self.source_of
-        # Each accessor of every message in one comprehension (a column each): the loop below
-        # would make the same calls one record at a time, with its own bytecode around them.
-        parts = [m.partition() for m in records]
-        srcs = [sources[m.topic()] for m in records]
-        offsets = [m.offset() for m in records]
-        record_ms = [m.timestamp()[1] for m in records]
-        refs = list(
-            map(InputRef, srcs, parts, offsets, [m.key() for m in records], values, record_ms)
-        )
+        partitions, sources = self.partitions, self.source_of
         ahead = self.config.max_event_time_ahead_ms
-        # The rule of admission.too_far_ahead, inlined (a call per record).
-        event_ms = [
-            ev.timestamp_ms
-            if type(ev) in _TIMED and not (r > 0 and ev.timestamp_ms > r + ahead)
-            else None
-            for ev, r in zip(evs, record_ms)
-        ]
-        if None in event_ms:
-            self._buffer_one_by_one(evs, refs, event_ms, now)
-            return
-        # Every record timed and admitted (the usual batch): each partition and source's records
-        # (key 2 p + source), in fetch (offset) order, handed to its merger at once. The merger's
-        # tuples are made by one zip; a stable sort of the keys gathers each run, taken by one
-        # itemgetter (_buffer_one_by_one makes the same runs record by record; tests compare them).
-        recs = list(zip(event_ms, srcs, offsets, zip(evs, refs)))
-        key = np.array(parts, np.int64) * 2 + np.array(srcs, np.int64)
-        order = np.argsort(key, kind="stable")
-        ends = np.flatnonzero(np.diff(key[order])) + 1
-        partitions = self.partitions
-        for run_idx in np.split(order, ends) if len(order) else []:
-            part = partitions.get(parts[run_idx[0]])
-            if part is None:
-                continue  # records fetched just before their partition was revoked
-            idx = run_idx.tolist()
-            run = [recs[idx[0]]] if len(idx) == 1 else list(operator.itemgetter(*idx)(recs))
-            part.merger.extend(srcs[idx[0]], run, now)
-            part.last_input_wall_ms = now
-
-    def _buffer_one_by_one(self, evs: list, refs: list[InputRef], event_ms: list, now: int) -> None:
-        """``buffer``'s pushes one record at a time, when a record of the batch is not admitted by
-        time (``event_ms`` None: a DecodeError, or an event time too far ahead)."""
-        partitions = self.partitions
+        # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
+        # to the merger at once.
         runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
             collections.defaultdict(list)
         )
-        for ev, ref, t in zip(evs, refs, event_ms):
-            p, src, offset = ref.partition, ref.source, ref.offset
-            if t is not None:
-                runs[2 * p + src].append((t, src, offset, (ev, ref)))
+        for msg, value, ev in zip(records, values, decode_batch(values)):
+            p = msg.partition()
+            src, offset = sources[msg.topic()], msg.offset()
+            record_ms = msg.timestamp()[1]
+            ref = InputRef(src, p, offset, msg.key(), value, record_ms)
+            # The rule of admission.too_far_ahead, inlined (a call per record).
+            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
+                runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
             else:
                 # A DecodeError, or an event time the engine will refuse as too far ahead (merged
                 # by that time, it would hold back every later record of its input): placed with
@@ -329,10 +265,7 @@ class BatchProcessor:
         takes ``_other``. Actions and joined records are encoded together, one compiled pass each
         per hand-over; each output topic's records keep their order, which is all the logs'
         order depends on (bench.worker_path measures this loop by stage)."""
-        keys = self._key_bytes
-        if len(keys) > KEY_BYTES_MAX:
-            keys.clear()
-        out_buf = _Outputs(self.config.topics, keys)
+        out_buf = _Outputs(self.config.topics)
         released = 0
         # A learn-only worker opens the decisions replicas logged; a worker decides on contexts.
         first = ReplicaDecision if self.config.learn_only else Context
@@ -345,9 +278,9 @@ class BatchProcessor:
             n = 0
             for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
                 cls, key = type(ev), ref.key
-                if cls is first and src == CONTEXTS and key == keys[ev.model_key]:
+                if cls is first and src == CONTEXTS and key == ev.model_key.encode():
                     out = on_context(ev, ref)
-                elif cls is Reward and src == REWARDS and key == keys[ev.model_key]:
+                elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
                     out = on_reward(ev, ref)
                 else:
                     out = self._other(part, ev, ref)

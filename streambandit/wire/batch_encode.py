@@ -3,7 +3,7 @@
 The worker writes an action per context and a joined record per update. One at a time
 (``codec.encode_action`` / ``encode_joined``) most of the cost is Python building a varint per
 long and a bytes object per field (``python -m bench.e2e``, part 2). Here the batch's
-fields are gathered into columns (an ``attrgetter`` tuple per record), one numba pass writes every
+fields are gathered into columns (a list comprehension per field), one numba pass writes every
 record into one buffer, and the records are sliced out of it: the same bytes
 (tests/unit/wire/test_batch_encode.py compares them with the one-at-a-time encoders, which stay the
 reference).
@@ -17,8 +17,8 @@ from __future__ import annotations
 
 import struct
 import sys
-from itertools import chain, starmap
-from operator import attrgetter, sub
+from itertools import chain
+from operator import sub
 
 import numpy as np
 from numba import njit
@@ -132,40 +132,16 @@ class _Unfit(Exception):
 # (python -m bench.worker_path, encode stage).
 _ACTION_FIXED = struct.Struct("<qqqqqdd")  # arm_index .. trigger_offset, score, propensity
 _JOINED_FIXED = struct.Struct("<?7xqqqqqdd")  # reward_observed, 7 zero bytes, longs, doubles
-# Each record's fields as one tuple per record (one C call; a list comprehension per field cost
-# a Python loop per field: python -m bench.worker_instructions, encode stage).
-_ACTION_STRS = attrgetter("event_id", "model_key", "arm_id")
-_ACTION_INTS = attrgetter(
-    "arm_index",
-    "model_version",
-    "decision_timestamp_ms",
-    "trigger_source",
-    "trigger_offset",
-    "score",
-    "propensity",
-)
-_JOINED_STRS = attrgetter("event_id", "model_key")
-_JOINED_INTS = attrgetter(
-    "reward_observed",
-    "decision_timestamp_ms",
-    "join_timestamp_ms",
-    "model_version_before",
-    "trigger_source",
-    "trigger_offset",
-    "reward",
-    "propensity",
-)
-_FEATURES = attrgetter("features")
 _F8 = np.dtype(np.float64)
 # The columns are read back, and features copied, as native int64 / float64: little-endian only.
 _LITTLE = sys.byteorder == "little"
 
 
-def _strings(records: list, fields: attrgetter, m: int) -> tuple[np.ndarray, np.ndarray]:
-    """The UTF-8 bytes of the records' ``m`` strings that ``fields`` reads, record by record (in
-    its order within a record), and the running end of each string: ``ends[i, j]``."""
-    n = len(records)
-    flat = list(chain.from_iterable(map(fields, records)))
+def _strings(*columns: list) -> tuple[np.ndarray, np.ndarray]:
+    """The UTF-8 bytes of the records' strings, record by record (column order within a record),
+    and the running end of each string: ``ends[i, j]``."""
+    n, m = len(columns[0]), len(columns)
+    flat = list(chain.from_iterable(zip(*columns)))
     try:
         text = "".join(flat)
         data = text.encode()
@@ -176,16 +152,16 @@ def _strings(records: list, fields: attrgetter, m: int) -> tuple[np.ndarray, np.
     return np.frombuffer(data, dtype=np.uint8), ends
 
 
-def _fixed(layout: struct.Struct, records: list, fields: attrgetter) -> np.ndarray:
-    """The fields that ``fields`` reads of each record packed with ``layout`` (8-byte fields),
-    as an (n, fields) int64 array."""
+def _fixed(layout: struct.Struct, n: int, *columns: list) -> np.ndarray:
+    """The columns packed record by record with ``layout`` (8-byte fields), as an (n, fields)
+    int64 array."""
     if not _LITTLE:
         raise _Unfit
     try:
-        raw = b"".join(starmap(layout.pack, map(fields, records)))
+        raw = b"".join(map(layout.pack, *columns))
     except struct.error as exc:
         raise _Unfit from exc
-    return np.frombuffer(raw, dtype=np.int64).reshape(len(records), layout.size // 8)
+    return np.frombuffer(raw, dtype=np.int64).reshape(n, layout.size // 8)
 
 
 def _features(arrays: list) -> tuple[np.ndarray, np.ndarray]:
@@ -234,10 +210,24 @@ def encode_actions_timed(actions: list[Action]) -> tuple[list[bytes], list[int]]
         return [], []
     n = len(actions)
     try:
-        strs, str_ends = _strings(actions, _ACTION_STRS, 3)
-        fixed = _fixed(_ACTION_FIXED, actions, _ACTION_INTS)
+        strs, str_ends = _strings(
+            [a.event_id for a in actions],
+            [a.model_key for a in actions],
+            [a.arm_id for a in actions],
+        )
+        fixed = _fixed(
+            _ACTION_FIXED,
+            n,
+            [a.arm_index for a in actions],
+            [a.model_version for a in actions],
+            [a.decision_timestamp_ms for a in actions],
+            [a.trigger_source for a in actions],
+            [a.trigger_offset for a in actions],
+            [a.score for a in actions],
+            [a.propensity for a in actions],
+        )
         ints, bits = np.ascontiguousarray(fixed[:, :5]), np.ascontiguousarray(fixed[:, 5:])
-        feats, feat_ends = _features(list(map(_FEATURES, actions)))
+        feats, feat_ends = _features([a.features for a in actions])
     except _Unfit:
         return [encode_action(a) for a in actions], [a.decision_timestamp_ms for a in actions]
     out = np.empty(_bound(strs, feats, n, 3 + 4 * 10 + 5 * 10 + 16), dtype=np.uint8)
@@ -269,10 +259,21 @@ def encode_joined_timed(joined: list[Joined]) -> tuple[list[bytes], list[int]]:
         return [], []
     n = len(joined)
     try:
-        strs, str_ends = _strings(joined, _JOINED_STRS, 2)
-        fixed = _fixed(_JOINED_FIXED, joined, _JOINED_INTS)
+        strs, str_ends = _strings([j.event_id for j in joined], [j.model_key for j in joined])
+        fixed = _fixed(
+            _JOINED_FIXED,
+            n,
+            [j.reward_observed for j in joined],
+            [j.decision_timestamp_ms for j in joined],
+            [j.join_timestamp_ms for j in joined],
+            [j.model_version_before for j in joined],
+            [j.trigger_source for j in joined],
+            [j.trigger_offset for j in joined],
+            [j.reward for j in joined],
+            [j.propensity for j in joined],
+        )
         ints, bits = np.ascontiguousarray(fixed[:, :6]), np.ascontiguousarray(fixed[:, 6:])
-        feats, feat_ends = _features(list(map(_FEATURES, joined)))
+        feats, feat_ends = _features([j.features for j in joined])
     except _Unfit:
         return [encode_joined(j) for j in joined], [
             j.join_timestamp_ms - j.decision_timestamp_ms for j in joined if j.reward_observed
