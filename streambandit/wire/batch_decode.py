@@ -76,6 +76,19 @@ def _block_count(buf, pos, end):
     return count, pos
 
 
+@njit(cache=CACHE, nogil=True, inline="always")
+def _copy_nul_ended(buf, a, b, out, at):
+    """``buf[a:b]`` copied into ``out`` from ``at``, a NUL after it: the position after the NUL,
+    or -1 when the string holds a NUL itself (its record then goes the slow way)."""
+    for j in range(a, b):
+        if buf[j] == 0:
+            return -1
+        out[at] = buf[j]
+        at += 1
+    out[at] = 0
+    return at + 1
+
+
 @njit(cache=CACHE, nogil=True)
 def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, value):
     """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
@@ -106,31 +119,18 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
             continue
         spans[i, 0], spans[i, 1] = a, b
         i0 = i_at
-        for j in range(a, b):
-            if buf[j] == 0:
-                break
-            ids[i_at] = buf[j]
-            i_at += 1
-        if i_at - i0 != b - a:
+        i_at = _copy_nul_ended(buf, a, b, ids, i0)
+        if i_at < 0:
             i_at = i0
             continue
-        ids[i_at] = 0
-        i_at += 1
         a, b = _string(buf, b, end)  # model_key, copied after the event id the same way
         if b < 0:
             i_at = i0
             continue
-        k0 = i_at
-        for j in range(a, b):
-            if buf[j] == 0:
-                break
-            ids[i_at] = buf[j]
-            i_at += 1
-        if i_at - k0 != b - a:
+        i_at = _copy_nul_ended(buf, a, b, ids, i_at)
+        if i_at < 0:
             i_at = i0
             continue
-        ids[i_at] = 0
-        i_at += 1
         spans[i, 2], spans[i, 3] = a, b
         t, pos = _varint(buf, b, end)  # timestamp_ms
         if pos < 0:
