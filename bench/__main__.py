@@ -24,6 +24,7 @@ BENCHMARKS = (
     "api_http",
     "freshness",
     "worker_path",
+    "worker_instructions",
     "memory",
     "handoff",
     "join",
