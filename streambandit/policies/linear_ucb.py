@@ -112,8 +112,9 @@ class LinearUCBPolicy(Policy):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         # Properties, not a ``__getattr__``: a class with a Python ``__getattr__`` sends every
-        # attribute read on its instances through a slower lookup (about 50 ns more each here),
-        # and the engine reads a model's attributes about a dozen times per context.
+        # attribute read on its instances through a slower lookup, and the engine reads a
+        # model's attributes about a dozen times per context (the engine stage of
+        # bench.worker_instructions counts them).
         super().__init_subclass__(**kwargs)
         for name in cls.__dict__.get("_const_names", ()):
             setattr(cls, name, _store_const(name))
