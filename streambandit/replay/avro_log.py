@@ -26,7 +26,7 @@ from numba import njit
 
 from streambandit.numerics.jit import CACHE
 from streambandit.replay.logged import MIN_PROPENSITY, LogError, LoggedDecision
-from streambandit.wire.batch_decode import _block_count, _string, _varint
+from streambandit.wire.batch_decode import _block_count, _copy_nul_ended, _string, _varint
 
 __all__ = ["fits_schema", "read_blocks"]
 
@@ -44,19 +44,6 @@ def fits_schema(writer: dict, ours: dict) -> bool:
     """Whether a file's writer schema has exactly our fields and types, in our order (the layout
     the compiled pass parses); a compatible schema of another layout is read by fastavro."""
     return writer.get("type") == "record" and _fields(writer) == _fields(ours)
-
-
-@njit(cache=CACHE, nogil=True)
-def _copy_string(buf, a, b, out, at):
-    """Copy ``buf[a:b]`` and a NUL to ``out[at:]``; returns the next position, -1 if the string
-    holds a NUL (it would split wrongly)."""
-    for j in range(a, b):
-        if buf[j] == 0:
-            return -1
-        out[at] = buf[j]
-        at += 1
-    out[at] = 0
-    return at + 1
 
 
 @njit(cache=CACHE, nogil=True)
@@ -131,8 +118,8 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
             pos = kb
             i0, k0, a0 = i_at, k_at, a_at
             if ok:
-                i_at = _copy_string(buf, ea, eb, ids, i_at)
-                k_at = _copy_string(buf, ka, kb, keys, k_at)
+                i_at = _copy_nul_ended(buf, ea, eb, ids, i_at)
+                k_at = _copy_nul_ended(buf, ka, kb, keys, k_at)
                 ok = i_at >= 0 and k_at >= 0
             k = 0
             while True:  # arm_ids: Avro array blocks (count, [byte size if count < 0], items)
@@ -145,7 +132,7 @@ def _parse(buf, block_ends, block_counts, min_p, st, col_i, col_f, ids, keys, ar
                         pos = -1
                         break
                     if ok:
-                        a_at = _copy_string(buf, a, b, arms, a_at)
+                        a_at = _copy_nul_ended(buf, a, b, arms, a_at)
                         ok = a_at >= 0
                     k += 1
                     pos = b
