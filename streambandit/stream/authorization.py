@@ -25,6 +25,8 @@ __all__ = [
     "not_authorized_line",
     "authentication_line",
     "denied_topic_in_log",
+    "topic_may_be_named_later",
+    "transaction_refusal",
     "refusal_line",
 ]
 
@@ -122,15 +124,46 @@ def denied_topic_in_log(line: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _message(error: Any) -> str:
+def topic_may_be_named_later(failure: Any) -> bool:
+    """``failure`` of a transaction step may be a refused topic whose librdkafka log line (the
+    only place that names it, :func:`denied_topic_in_log`) the producer's poll has not delivered
+    yet: a topic refused, or ``_STATE``, which a produce raises once the transaction has failed
+    (after a refused topic, say) without naming the cause."""
+    if refusal_code(failure) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+        return True
+    err = _error_of(_first_kafka_error(failure))
+    return err is not None and err.code() == KafkaError._STATE
+
+
+def transaction_refusal(failure: Any, denied_topics: list[str]) -> Any | None:
+    """The refusal a failed transaction step stops on, or None: ``failure`` itself when it is
+    one, else a topic refusal when librdkafka's log said the transaction was refused a topic
+    (``denied_topics``, from :func:`denied_topic_in_log`): whatever step failed after that
+    (the next produce's ``_STATE``, say) failed because of it. It must be found before the
+    abort, which fails fatally after a refused topic on Apache Kafka (INVALID_TXN_STATE:
+    librdkafka ends a transaction the coordinator never began; tests/integration/
+    test_kafka_security.py shows both on a broker)."""
+    if refusal_code(failure) is not None:
+        return failure
+    if denied_topics:
+        return KafkaError(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    return None
+
+
+def _first_kafka_error(error: Any) -> Any:
+    """The first KafkaError or KafkaException on ``error``'s chain of causes, or None."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
-        err = _error_of(error)
-        if err is not None:
-            return err.str()
+        if _error_of(error) is not None:
+            return error
         error = getattr(error, "__cause__", None) or getattr(error, "__context__", None)
-    return ""
+    return None
+
+
+def _message(error: Any) -> str:
+    err = _error_of(_first_kafka_error(error))
+    return err.str() if err is not None else ""
 
 
 def refusal_line(

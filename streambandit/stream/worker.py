@@ -33,7 +33,13 @@ from streambandit.config.kafka import consumer_settings, producer_settings, read
 from streambandit.config.worker import WorkerConfig, snapshot_due
 from streambandit.engine.chains import ChainPosition, next_chain_id, plan_snapshot
 from streambandit.engine.merge import CONTEXTS, REWARDS
-from streambandit.stream.authorization import denied_topic_in_log, refusal_code, refusal_line
+from streambandit.stream.authorization import (
+    denied_topic_in_log,
+    refusal_code,
+    refusal_line,
+    topic_may_be_named_later,
+    transaction_refusal,
+)
 from streambandit.stream.batch import BatchProcessor, PartitionState, now_ms
 from streambandit.stream.errors import NotAuthorized, WorkerError
 from streambandit.stream.freeze import FreezeWatch
@@ -711,14 +717,15 @@ class Worker:
         except TransactionFailed as failure:
             # The topic a refused transaction wrote is named in librdkafka's log line only,
             # which the producer's poll delivers (it may not have yet).
-            if refusal_code(failure) == KafkaError.TOPIC_AUTHORIZATION_FAILED:
+            if topic_may_be_named_later(failure):
                 deadline = time.monotonic() + 1.0
                 while not self._denied and time.monotonic() < deadline:
                     self.transaction.producer.poll(0.1)
             denied = self._denied[-1] if self._denied else None
+            refusal = transaction_refusal(failure, self._denied)
             self._denied.clear()
             self._raise_if_refused(
-                failure,
+                refusal,
                 topics=[denied] if denied else self._output_topics(),
                 writing=True,
                 group=True,

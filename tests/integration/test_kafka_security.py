@@ -244,6 +244,74 @@ def test_mutual_tls_knows_the_worker_by_its_certificate_and_refuses_an_unknown_o
     assert sorted(a.event_id for a in outputs(broker, t, GROUP)["actions"]) == sorted(sent)
 
 
+def test_a_topic_refused_mid_transaction_is_named_when_a_later_produce_fails_first(kafka_sasl_ssl):
+    """What a worker meets when the coordinator refuses a topic while the batch still produces:
+    the refusal fails the transaction, the next produce raises ``_STATE`` (no cause named), and
+    an abort then fails fatally (INVALID_TXN_STATE). The refusal is named from librdkafka's log
+    line, as the worker does before it would abort."""
+    import logging
+
+    from confluent_kafka import KafkaError, Producer
+
+    from streambandit.config.kafka import producer_settings
+    from streambandit.stream.authorization import (
+        denied_topic_in_log,
+        refusal_code,
+        topic_may_be_named_later,
+        transaction_refusal,
+    )
+    from streambandit.stream.transaction import Transaction, TransactionFailed, TransactionFatal
+
+    broker, security = kafka_sasl_ssl, kafka_sasl_ssl.security
+    t = fresh_topics(broker)
+    security.add_user("mid-txn")
+    security.grant(
+        "mid-txn",
+        [
+            Grant("transactional_id", "mid-", "write", "prefixed"),
+            Grant("topic", t.actions, "read"),  # seen (Describe), not writable
+            Grant("topic", t.joined, "write"),
+        ],
+    )
+    denied: list[str] = []
+
+    class Denied(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            topic = denied_topic_in_log(record.getMessage())
+            if topic is not None:
+                denied.append(topic)
+
+    logger = logging.getLogger("test.mid-txn")
+    logger.addHandler(Denied())
+    settings = producer_settings(
+        broker.bootstrap_servers, "mid-1", security.client_settings("mid-txn")
+    )
+    producer = Producer(settings | {"logger": logger})
+    producer.init_transactions(30)
+    txn = Transaction(producer, [], "mid-1")
+    txn.emit([(t.actions, 0, None, b"refused")])
+    later: list[TransactionFailed] = []
+
+    def produce_fails() -> bool:  # once librdkafka has the coordinator's refusal
+        producer.poll(0.05)
+        try:
+            txn.emit([(t.joined, 0, None, b"allowed")])
+        except TransactionFailed as exc:
+            later.append(exc)
+        return bool(later)
+
+    assert wait_for(produce_fails, timeout_s=30)
+    assert wait_for(lambda: producer.poll(0.05) is not None and denied, timeout_s=10)
+    assert refusal_code(later[0]) is None and topic_may_be_named_later(later[0])
+    assert denied == [t.actions]
+    refusal = transaction_refusal(later[0], denied)
+    assert refusal_code(refusal) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    # Why it is named before the abort: the abort cannot end this transaction.
+    with pytest.raises(TransactionFatal, match="INVALID_TXN_STATE"):
+        txn.abort(later[0])
+    producer.purge()
+
+
 def test_a_replica_with_its_acls_decides_and_stops_deciding_when_its_writes_are_refused(
     kafka_sasl_ssl, tmp_path
 ):

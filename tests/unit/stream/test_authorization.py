@@ -7,7 +7,10 @@ from streambandit.stream.authorization import (
     principal_of,
     refusal_code,
     refusal_line,
+    topic_may_be_named_later,
+    transaction_refusal,
 )
+from streambandit.stream.transaction import TransactionFailed
 
 SASL = {"security.protocol": "SASL_SSL", "sasl.username": "worker", "sasl.password": "x"}
 
@@ -108,3 +111,32 @@ def test_the_topic_a_transaction_was_refused_is_read_from_librdkafkas_line():
     assert denied_topic_in_log(refused) == "rewards-7b5b82"
     not_tried = refused.replace("Topic authorization failed", "Operation not attempted")
     assert denied_topic_in_log(not_tried) is None
+
+
+def failed(code: int, text: str = "") -> TransactionFailed:
+    """A transaction step's failure as the worker catches it (raised from the KafkaException)."""
+    exc = KafkaException(err(code, text))
+    try:
+        raise TransactionFailed(exc) from exc
+    except TransactionFailed as caught:
+        return caught
+
+
+def test_a_step_that_fails_after_a_refused_topic_is_that_refusal():
+    # The next produce after a refused topic raises _STATE, which names no cause: the topic is
+    # waited for while only the log line can name it, and once named the failure is its refusal.
+    after = failed(KafkaError._STATE, "Unable to produce message: Local: Erroneous state")
+    assert refusal_code(after) is None
+    assert topic_may_be_named_later(after)
+    assert transaction_refusal(after, []) is None
+    refusal = transaction_refusal(after, ["actions-1"])
+    assert refusal_code(refusal) == KafkaError.TOPIC_AUTHORIZATION_FAILED
+    line = refusal_line(refusal, SASL, "b:9093", topics=["actions-1"], writing=True)
+    assert line.startswith("not authorized: User:worker cannot Write topic actions-1 ")
+    # A refusal is itself; a topic refused is waited for; other failures are neither.
+    refused = failed(KafkaError.TOPIC_AUTHORIZATION_FAILED)
+    assert transaction_refusal(refused, []) is refused and topic_may_be_named_later(refused)
+    fenced = failed(KafkaError._FENCED, "fenced")
+    assert transaction_refusal(fenced, []) is None and not topic_may_be_named_later(fenced)
+    group = failed(KafkaError.GROUP_AUTHORIZATION_FAILED)
+    assert transaction_refusal(group, []) is group and not topic_may_be_named_later(group)
