@@ -9,6 +9,9 @@ key's bytes in an arena of its own and finds them by open addressing with linear
   of what is stored under the keys (an open decision's fields, say) are indexed by it.
 - Removal moves the rest of the probe chain back into the hole (no tombstones), so a lookup does
   not slow down with the removals of a long-running worker.
+- The entries keep the order they were added in (a list linked through two arrays): the open
+  decisions are decided in an order that their eviction and their snapshot follow, and the
+  recently joined ids leave oldest first.
 - Nothing grows inside compiled code: before a pass the caller reserves room for the keys and the
   bytes it may add (:meth:`IdTable.reserve`), which grows the arrays, or compacts the arena, in
   Python, between passes.
@@ -26,8 +29,9 @@ from streambandit.numerics.jit import CACHE
 
 __all__ = ["IdTable", "fnv1a", "table_find", "table_add", "table_remove"]
 
-# meta's fields
-COUNT, ARENA_USED, GARBAGE, FREE_HEAD = 0, 1, 2, 3
+# meta's fields: the keys held, the arena's bytes used and of those the removed keys', the first
+# free entry, the oldest and the newest entry held (-1: none).
+COUNT, ARENA_USED, GARBAGE, FREE_HEAD, OLDEST, NEWEST = 0, 1, 2, 3, 4, 5
 
 _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
@@ -85,6 +89,8 @@ def table_add(
     entry_len: np.ndarray,
     entry_hash: np.ndarray,
     next_free: np.ndarray,
+    older: np.ndarray,
+    newer: np.ndarray,
     arena: np.ndarray,
     meta: np.ndarray,
     buf: np.ndarray,
@@ -93,9 +99,16 @@ def table_add(
     h: np.uint64,
 ) -> int:
     """Add the key ``buf[start:start + length]`` (hash ``h``), which the table does not hold, in
-    the room reserved for it; its entry."""
+    the room reserved for it, as the newest; its entry."""
     e = meta[FREE_HEAD]
     meta[FREE_HEAD] = next_free[e]
+    last = meta[NEWEST]
+    older[e], newer[e] = last, -1
+    if last >= 0:
+        newer[last] = e
+    else:
+        meta[OLDEST] = e
+    meta[NEWEST] = e
     at = meta[ARENA_USED]
     arena[at : at + length] = buf[start : start + length]
     meta[ARENA_USED] = at + length
@@ -115,6 +128,8 @@ def table_remove(
     entry_len: np.ndarray,
     entry_hash: np.ndarray,
     next_free: np.ndarray,
+    older: np.ndarray,
+    newer: np.ndarray,
     meta: np.ndarray,
     e: int,
 ) -> None:
@@ -136,6 +151,15 @@ def table_remove(
             slots[hole] = f
             hole = j
     slots[hole] = -1
+    before, after = older[e], newer[e]
+    if before >= 0:
+        newer[before] = after
+    else:
+        meta[OLDEST] = after
+    if after >= 0:
+        older[after] = before
+    else:
+        meta[NEWEST] = before
     meta[GARBAGE] += entry_len[e]
     entry_len[e] = -1
     next_free[e] = meta[FREE_HEAD]
@@ -176,7 +200,17 @@ class IdTable:
     code passes them to :func:`table_find`, :func:`table_add` and :func:`table_remove`, after
     :meth:`reserve`; the methods here are the same operations for Python callers."""
 
-    __slots__ = ("slots", "entry_start", "entry_len", "entry_hash", "next_free", "arena", "meta")
+    __slots__ = (
+        "slots",
+        "entry_start",
+        "entry_len",
+        "entry_hash",
+        "next_free",
+        "older",
+        "newer",
+        "arena",
+        "meta",
+    )
 
     def __init__(self, entries: int = 16, arena_bytes: int = 256) -> None:
         entries = max(1, entries)
@@ -186,8 +220,10 @@ class IdTable:
         self.entry_len = np.full(cap, -1, dtype=np.int64)  # -1: a free entry
         self.entry_hash = np.zeros(cap, dtype=np.uint64)
         self.next_free = np.arange(1, cap + 1, dtype=np.int64)  # the free list, in entry order
+        self.older = np.full(cap, -1, dtype=np.int64)
+        self.newer = np.full(cap, -1, dtype=np.int64)
         self.arena = np.zeros(max(16, arena_bytes), dtype=np.uint8)
-        self.meta = np.zeros(4, dtype=np.int64)
+        self.meta = np.array([0, 0, 0, 0, -1, -1], dtype=np.int64)
 
     @property
     def capacity(self) -> int:
@@ -224,6 +260,8 @@ class IdTable:
         self.next_free = np.concatenate(
             [self.next_free, np.arange(cap + 1, new_cap + 1, dtype=np.int64)]
         )
+        self.older = np.concatenate([self.older, np.full(grow, -1, dtype=np.int64)])
+        self.newer = np.concatenate([self.newer, np.full(grow, -1, dtype=np.int64)])
         self.slots = np.full(2 * new_cap, -1, dtype=np.int64)
         _rehash(self.slots, self.entry_len, self.entry_hash)
 
@@ -258,6 +296,8 @@ class IdTable:
                 self.entry_len,
                 self.entry_hash,
                 self.next_free,
+                self.older,
+                self.newer,
                 self.arena,
                 self.meta,
                 buf,
@@ -271,7 +311,28 @@ class IdTable:
         """Remove the key of ``entry`` (a held entry)."""
         if not 0 <= entry < self.capacity or self.entry_len[entry] < 0:
             raise KeyError(f"entry {entry} is not held")
-        table_remove(self.slots, self.entry_len, self.entry_hash, self.next_free, self.meta, entry)
+        table_remove(
+            self.slots,
+            self.entry_len,
+            self.entry_hash,
+            self.next_free,
+            self.older,
+            self.newer,
+            self.meta,
+            entry,
+        )
+
+    def oldest(self) -> int:
+        """The entry added longest ago of those held, or -1."""
+        return int(self.meta[OLDEST])
+
+    def in_order(self) -> list[int]:
+        """The entries held, oldest first."""
+        out, e, newer = [], int(self.meta[OLDEST]), self.newer
+        while e >= 0:
+            out.append(e)
+            e = int(newer[e])
+        return out
 
     def key(self, entry: int) -> bytes:
         """The key of ``entry`` (a held entry)."""

@@ -1,5 +1,6 @@
-"""engine/id_table.py: the array hash table of event ids agrees with a dict, whatever the order of
-adds and removals, through growth and arena compaction."""
+"""engine/id_table.py: the array hash table of event ids agrees with a dict (its keys, their
+entries and the order they were added in), whatever the order of adds and removals, through
+growth and arena compaction."""
 
 import numpy as np
 import pytest
@@ -18,6 +19,8 @@ def check_against(table: IdTable, oracle: dict[bytes, int]) -> None:
     """Every held key finds its entry and gives its bytes back; the slots hold exactly the held
     entries, each reachable from its home slot without crossing an empty slot."""
     assert len(table) == len(oracle)
+    assert table.in_order() == list(oracle.values())  # a dict keeps the order of adding
+    assert table.oldest() == next(iter(oracle.values()), -1)
     for key, entry in oracle.items():
         assert table.find(key) == entry
         assert table.key(entry) == key
@@ -98,10 +101,20 @@ def test_compiled_callers_use_the_arrays_after_reserving_room():
     for key, s in zip(ids, starts):
         h = np.uint64(fnv1a(buf, s, len(key)))  # compiled callers keep it a uint64
         assert table_find(*arrays, table.arena, buf, s, len(key), h) == -1
-        e = table_add(*arrays, table.next_free, table.arena, table.meta, buf, s, len(key), h)
+        links = (table.next_free, table.older, table.newer)
+        e = table_add(*arrays, *links, table.arena, table.meta, buf, s, len(key), h)
         assert table_find(*arrays, table.arena, buf, s, len(key), h) == e
     assert [table.find(k) for k in ids] == list(range(50))
-    table_remove(table.slots, table.entry_len, table.entry_hash, table.next_free, table.meta, 7)
+    table_remove(
+        table.slots,
+        table.entry_len,
+        table.entry_hash,
+        table.next_free,
+        table.older,
+        table.newer,
+        table.meta,
+        7,
+    )
     assert table.find(ids[7]) == -1 and len(table) == 49
     with pytest.raises(KeyError):
         table.remove(7)
