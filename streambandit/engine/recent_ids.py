@@ -1,0 +1,73 @@
+"""The recently joined event ids of a partition in arrays, for compiled code.
+
+engine/partition.py remembers the last ``max_recent`` joined ids, each with whether its reward
+was observed, in an OrderedDict: a reward for one of them is a duplicate (observed) or late (the
+default was joined), not unknown; a context with one of them was decided before. Here they are
+the entries of an :class:`~streambandit.engine.id_table.IdTable`, oldest first, with the flag in
+a column; the oldest leaves when a join would hold more than the bound. :meth:`RecentIds.items`
+and :meth:`RecentIds.add_items` are the snapshot's ``recent`` list.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from streambandit.engine.id_table import NEWEST, IdTable
+
+__all__ = ["RecentIds"]
+
+
+class RecentIds:
+    """At most ``bound`` ids, each with its observed flag, oldest first."""
+
+    __slots__ = ("ids", "observed", "bound")
+
+    def __init__(self, bound: int, capacity: int = 16) -> None:
+        self.bound = bound
+        self.ids = IdTable(entries=min(max(1, bound), capacity) + 1, arena_bytes=16 * capacity)
+        self.observed = np.zeros(self.ids.capacity, dtype=np.bool_)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def reserve(self, ids: int, id_bytes: int) -> None:
+        """Room for ``ids`` more joins of ``id_bytes`` bytes in all, without growing (one more
+        entry than the bound: a join adds before the oldest leaves)."""
+        self.ids.reserve(min(ids, self.bound + 1), id_bytes)
+        if self.ids.capacity > len(self.observed):
+            grow = self.ids.capacity - len(self.observed)
+            self.observed = np.concatenate([self.observed, np.zeros(grow, np.bool_)])
+
+    def get(self, event_id: str) -> bool | None:
+        """Whether ``event_id``'s reward was observed; None when it is not remembered."""
+        e = self.ids.find(event_id.encode())
+        return None if e < 0 else bool(self.observed[e])
+
+    def remember(self, event_id: str, observed: bool) -> None:
+        """Remember a join (an id remembered already keeps its place and takes the new flag, as an
+        OrderedDict's assignment does), then let the oldest go past the bound."""
+        key = event_id.encode()
+        self.reserve(1, len(key))
+        e = self.ids.add(key)
+        self.observed[e] = observed
+        while len(self.ids) > self.bound:
+            self.ids.remove(self.ids.oldest())
+
+    def items(self) -> list[tuple[str, bool]]:
+        """Every id remembered with its flag, oldest first."""
+        key, observed = self.ids.key, self.observed
+        return [(key(e).decode(), bool(observed[e])) for e in self.ids.in_order()]
+
+    def tail(self, n: int) -> list[tuple[str, bool]]:
+        """The ``n`` newest, oldest of them first (what an increment snapshot carries)."""
+        out, e = [], int(self.ids.meta[NEWEST])
+        while e >= 0 and len(out) < n:  # back from the newest: an increment costs its tail only
+            out.append((self.ids.key(e).decode(), bool(self.observed[e])))
+            e = int(self.ids.older[e])
+        out.reverse()
+        return out
+
+    def add_items(self, items: list[tuple[str, bool]]) -> None:
+        """Remember a snapshot's ``recent`` list, in its order."""
+        for event_id, observed in items:
+            self.remember(event_id, bool(observed))
