@@ -117,9 +117,12 @@ class _Pending:
     deadline_ms: int
     reward: float | None = None
     n_rewards: int = 0
+    # The sequence number of the deadline this decision set: the one deadline that closes it (an
+    # earlier decision of the same event id, closed early, may have left one of the same time).
+    seq: int = 0
 
 
-_BUILT_FIELDS[_Pending] = ("action", "deadline_ms", "reward", "n_rewards")
+_BUILT_FIELDS[_Pending] = ("action", "deadline_ms", "reward", "n_rewards", "seq")
 for _cls, _names in _BUILT_FIELDS.items():
     if tuple(f.name for f in dataclasses.fields(_cls)) != _names or _cls.__slots__ != _names:
         raise RuntimeError(f"engine/partition.py builds {_cls.__name__} with fields {_names}")
@@ -343,11 +346,11 @@ class PartitionEngine:
             self.counters["evicted_pending"] += 1
             self._close(oldest, ts, trigger, out)
         deadline = ts + spec.reward_window_ms
-        p = _new(_Pending)  # _Pending(action, deadline)
-        p.action, p.deadline_ms, p.reward, p.n_rewards = action, deadline, None, 0
-        pending[event_id] = p
         # _push_deadline, inlined on this path
         self._seq = seq = self._seq + 1
+        p = _new(_Pending)  # _Pending(action, deadline, seq=seq)
+        p.action, p.deadline_ms, p.reward, p.n_rewards, p.seq = action, deadline, None, 0, seq
+        pending[event_id] = p
         run = self._run
         if not run or deadline >= run[-1][0]:
             run.append((deadline, seq, "decision", event_id))
@@ -440,14 +443,14 @@ class PartitionEngine:
             if run and (not heap or run[0] < heap[0]):
                 if run[0][0] > watermark:
                     break
-                deadline, _, kind, event_id = run.popleft()
+                deadline, seq, kind, event_id = run.popleft()
             elif heap and heap[0][0] <= watermark:
-                deadline, _, kind, event_id = heapq.heappop(heap)
+                deadline, seq, kind, event_id = heapq.heappop(heap)
             else:
                 break
             if kind == "decision":
                 p = pending.get(event_id)
-                if p is not None and p.deadline_ms == deadline:
+                if p is not None and p.seq == seq:  # not closed since, nor decided again
                     self._close(event_id, deadline, trigger, out)
             else:
                 held = self.early.get(event_id)
@@ -608,7 +611,8 @@ class PartitionEngine:
             )
         ]
 
-    def _push_deadline(self, deadline: int, kind: str, event_id: str) -> None:
+    def _push_deadline(self, deadline: int, kind: str, event_id: str) -> int:
+        """Hold ``deadline``; its sequence number."""
         self._seq = seq = self._seq + 1
         run = self._run
         if not run or deadline >= run[-1][0]:  # in order: the run stays sorted by (deadline, seq)
@@ -617,6 +621,7 @@ class PartitionEngine:
             heapq.heappush(self._deadlines, (deadline, seq, kind, event_id))
         if deadline < self._next_deadline:
             self._next_deadline = deadline
+        return seq
 
     def _rebuild_deadlines(self) -> None:
         """The deadline heap from the pending decisions (in decision order) and the early rewards:
@@ -630,7 +635,7 @@ class PartitionEngine:
         )
         self._n_early = sum(map(len, self.early.values()))
         for event_id, p in self.pending.items():
-            self._push_deadline(p.deadline_ms, "decision", event_id)
+            p.seq = self._push_deadline(p.deadline_ms, "decision", event_id)
         for event_id, held in self.early.items():
             for reward, _ in held:
                 self._push_deadline(

@@ -325,3 +325,18 @@ def test_windows_close_in_deadline_then_decision_order_whatever_the_event_time_o
             (o.event_id, o.model_version_before) for o in out
         ]
     assert len(closed) == 400 and not e.pending and not restored.pending
+
+
+def test_a_deadline_closes_only_the_decision_that_set_it():
+    # e1 is joined early (aggregation "first") and forgotten (max_recent 1), then decided again
+    # with the same event time: its first decision's deadline, still queued, is not the second's.
+    e = engine(aggregation="first", window=100, max_recent=1)
+    e.on_context(ctx("e1", 0))
+    e.on_reward(Reward("e1", "m1", 1, 1.0))
+    e.on_context(ctx("e2", 0))
+    e.on_reward(Reward("e2", "m1", 1, 1.0))  # e1 leaves the recent ids
+    e.on_context(ctx("x", 0))
+    [again] = e.on_context(ctx("e1", 0))
+    assert isinstance(again, Action)
+    closed = e.advance_to(100)
+    assert [j.event_id for j in closed] == ["x", "e1"]  # decision order, each once
