@@ -79,6 +79,9 @@ class OpenDecisions:
         """The entry of the open decision of ``event_id``, or -1."""
         return self.ids.find(event_id.encode())
 
+    def __contains__(self, event_id: str) -> bool:
+        return self.ids.find(event_id.encode()) >= 0
+
     def open(
         self,
         event_id: str,
@@ -96,10 +99,17 @@ class OpenDecisions:
         reward: float | None = None,
         n_rewards: int = 0,
     ) -> int:
-        """Open a decision (its event id not open); its entry."""
+        """Open a decision; its entry. An event id open already keeps its place and takes the new
+        fields, as a dict's assignment does (recovery opens the logged decisions over those of
+        the snapshot)."""
         key, arm = event_id.encode(), arm_id.encode()
-        self.reserve(1, len(key), len(arm))
-        e = self.ids.add(key)
+        e = self.ids.find(key)
+        if e >= 0:
+            self._release_arm(int(self.ints[e, ARM]))
+            self.reserve(0, 0, len(arm))
+        else:
+            self.reserve(1, len(key), len(arm))
+            e = self.ids.add(key)
         a = self.arm_ids.add(arm)
         self.arm_refs[a] += 1
         dim = len(features)
@@ -126,8 +136,10 @@ class OpenDecisions:
 
     def close(self, entry: int) -> None:
         """Forget the decision of ``entry`` (and its arm id, when no other decision names it)."""
-        a = int(self.ints[entry, ARM])
         self.ids.remove(entry)
+        self._release_arm(int(self.ints[entry, ARM]))
+
+    def _release_arm(self, a: int) -> None:
         self.arm_refs[a] -= 1
         if self.arm_refs[a] == 0:
             self.arm_ids.remove(a)

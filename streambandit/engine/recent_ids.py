@@ -38,6 +38,9 @@ class RecentIds:
             grow = self.ids.capacity - len(self.observed)
             self.observed = np.concatenate([self.observed, np.zeros(grow, np.bool_)])
 
+    def __contains__(self, event_id: str) -> bool:
+        return self.ids.find(event_id.encode()) >= 0
+
     def get(self, event_id: str) -> bool | None:
         """Whether ``event_id``'s reward was observed; None when it is not remembered."""
         e = self.ids.find(event_id.encode())

@@ -120,10 +120,10 @@ def run_uninterrupted(inputs):
     return engine, logs
 
 
-def recover(snap, logs, inputs, committed):
+def recover(snap, logs, inputs, committed, engine_class=PartitionEngine):
     """Load the snapshot and bring it to the committed input position from the logs."""
     state, pos = snap
-    engine = PartitionEngine.restore(CONFIG, state, **LIMITS)
+    engine = engine_class.restore(CONFIG, state, **LIMITS)
     after = slice(pos["input"], committed)
     rewards = [
         (ev, ("in", i))

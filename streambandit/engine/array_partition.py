@@ -1,0 +1,656 @@
+"""The partition engine with its state in arrays: the rules of engine/partition.py, record for
+record, on state that compiled code can work on.
+
+engine/partition.py holds a partition's open decisions, recently joined ids and deadlines as
+Python objects (a dict of Action objects, an OrderedDict, tuples in a deque and a heap). Here
+they are :class:`~streambandit.engine.open_decisions.OpenDecisions`,
+:class:`~streambandit.engine.recent_ids.RecentIds` and a
+:class:`~streambandit.engine.deadline_queue.DeadlineQueue`, whose arrays a compiled pass over a
+batch can read and change with no Python object per event. The early rewards (a reward before
+its decision: rare, and held with the input record it came in, to dead-letter it whole) stay a
+dict, as the models do (each is its learner's object; the row learners keep their state in
+arrays of their own, policies/rows.py).
+
+This class is the reference for that compiled pass: every method does what the same method of
+:class:`~streambandit.engine.partition.PartitionEngine` does, with the same outputs and the same
+snapshot, which tests/unit/engine/test_array_partition.py holds it to on streams that take every
+path (early, duplicate, late and unknown rewards, evictions, refusals, recovery from the logs).
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+from streambandit.config.models import ModelsConfig, ModelSpec
+from streambandit.engine import admission
+from streambandit.engine.admission import Refusal
+from streambandit.engine.deadline_queue import NONE, DeadlineQueue
+from streambandit.engine.decision import decide
+from streambandit.engine.open_decisions import (
+    DEADLINE_MS,
+    DECIDED_MS,
+    DIM,
+    MODEL,
+    N_REWARDS,
+    PROPENSITY,
+    REWARD,
+    SEQ,
+    OpenDecisions,
+)
+from streambandit.engine.partition import RecoveryError, Rejected, _Counts, _trigger_of
+from streambandit.engine.recent_ids import RecentIds
+from streambandit.policies.base import Policy
+from streambandit.policies.state_blocks import layers_of, model_states
+from streambandit.reasons import (
+    DUPLICATE_REWARD,
+    LATE_REWARD,
+    MODEL_KEY_MISMATCH,
+    UNKNOWN_EVENT,
+    UPDATE_FAILED,
+)
+from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
+
+__all__ = ["ArrayPartitionEngine"]
+
+# The kinds of the deadline queue's items: an open decision's window (the item's entry is the
+# decision's), an early reward's (the entry is a token the early ids are held under).
+DECISION, EARLY = 0, 1
+
+
+class ArrayPartitionEngine:
+    """Models, open decisions and early rewards of one partition (engine/partition.py's rules)."""
+
+    def __init__(
+        self,
+        config: ModelsConfig,
+        *,
+        max_pending: int = 100_000,
+        max_early_rewards: int = 10_000,
+        max_recent: int = 100_000,
+        max_id_bytes: int = 1024,
+        max_event_time_ahead_ms: int = 3_600_000,
+        max_models: int | None = None,
+    ) -> None:
+        self.config = config
+        self.max_pending, self.max_early_rewards, self.max_recent = (
+            max_pending,
+            max_early_rewards,
+            max_recent,
+        )
+        self.max_id_bytes, self.max_event_time_ahead_ms = max_id_bytes, max_event_time_ahead_ms
+        self.max_models = max_models
+        self.models: dict[str, Policy] = {}
+        self._specs: dict[str, ModelSpec] = {}
+        # The models' keys in the order they were made: OpenDecisions names a model by its index.
+        self.model_keys: list[str] = []
+        self._model_index: dict[str, int] = {}
+        max_dim = max((spec.dim for spec in config.specs), default=1)
+        self.pending = OpenDecisions(self.model_keys, max_dim)
+        self.early: dict[str, list[tuple[Reward, Any]]] = {}
+        self._n_early = 0
+        self._early_tokens: dict[int, str] = {}  # an early item's token -> its event id
+        self.recent = RecentIds(max_recent)
+        self.watermark_ms = -(2**63)
+        self._deadlines = DeadlineQueue()
+        self._seq = 0
+        self.counters: collections.Counter[str] = _Counts()
+        self.updates = 0
+        self.changed: set[str] = set()
+        self._recent_added = 0
+        self._recent_tail = 0
+
+    # -- entry points --------------------------------------------------------------------------
+
+    def on_context(
+        self, ev: Context, source: Any = None, *, scores: list[np.ndarray] | None = None
+    ) -> list[Action | Joined | Rejected]:
+        if type(source) is InputRef:
+            record_ms, trigger = source.timestamp_ms, source
+        else:
+            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
+        refusal = admission.record_refusal(
+            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
+        )
+        if refusal is not None:
+            return [self._refused(refusal, source)]
+        out, spec, model = self._admit(ev, source, trigger)
+        if model is None:
+            return out
+        key = ev.model_key
+        try:
+            if spec.epsilon <= 0.0 and scores is None:
+                index, score, version = model.best_versioned(ev.features)
+                propensity = 1.0
+            else:
+                version = model.n_updates
+                d = decide(
+                    model,
+                    ev.features,
+                    epsilon=spec.epsilon,
+                    model_key=key,
+                    event_id=ev.event_id,
+                    seed=spec.seed,
+                    scores=scores,
+                )
+                index, score, propensity = d.index, d.score, d.propensity
+        except ValueError as exc:
+            out.append(self._refused(admission.learner_refusal(exc, ev.features), source))
+            return out
+        return self._open(ev, spec, index, score, propensity, version, out, source, trigger)
+
+    def on_decision(
+        self, ev: ReplicaDecision, source: Any = None
+    ) -> list[Action | Joined | Rejected]:
+        if refused := self._refuse(ev, source):
+            return refused
+        trigger = _trigger_of(source)
+        out, spec, model = self._admit(ev, source, trigger)
+        if model is None:
+            return out
+        if refusal := admission.feature_values_refusal(ev.features):
+            return out + [self._refused(refusal, source)]
+        return self._open(
+            ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger
+        )
+
+    def _admit(
+        self, ev: Context | ReplicaDecision, source: Any, trigger: InputRef
+    ) -> tuple[list, ModelSpec | None, Policy | None]:
+        ts = ev.timestamp_ms
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        out = self._advance(ts, trigger) if self._due() else []
+        key = ev.model_key
+        spec = self.spec_of(key)
+        refusal = admission.context_refusal(
+            key, ev.arm_ids, ev.features, spec
+        ) or admission.decided_before(ev.event_id, self.pending, self.recent)
+        model = self.models.get(key)
+        if model is None and refusal is None:
+            refusal = admission.model_room_refusal(key, self.models, self.max_models)
+        if refusal is not None:
+            return out + [self._refused(refusal, source)], None, None
+        if model is None:
+            model = self._add_model(key, spec.build())
+            self.changed.add(key)
+        return out, spec, model
+
+    def _add_model(self, key: str, model: Policy) -> Policy:
+        self._model_slot(key)
+        self.models[key] = model
+        return model
+
+    def _model_slot(self, key: str) -> int:
+        """The index OpenDecisions names model ``key`` by (given at its first use)."""
+        i = self._model_index.get(key)
+        if i is None:
+            i = self._model_index[key] = len(self.model_keys)
+            self.model_keys.append(key)
+        return i
+
+    def _open(
+        self,
+        ev: Context | ReplicaDecision,
+        spec: ModelSpec,
+        index: int,
+        score: float,
+        propensity: float,
+        version: int,
+        out: list,
+        source: Any,
+        trigger: InputRef,
+    ) -> list[Action | Joined | Rejected]:
+        ts, event_id, pending = ev.timestamp_ms, ev.event_id, self.pending
+        arm_id = ev.arm_ids[index]
+        if refusal := admission.id_refusal("chosen arm's id", arm_id, self.max_id_bytes):
+            return out + [self._refused(refusal, source)]
+        action = Action(
+            event_id,
+            ev.model_key,
+            arm_id,
+            index,
+            score,
+            propensity,
+            version,
+            ts,
+            ev.features[index].copy(),
+            trigger.source,
+            trigger.offset,
+        )
+        out.append(action)
+        self.counters["actions"] += 1
+        if len(pending) >= self.max_pending:
+            self.counters["evicted_pending"] += 1
+            self._close(pending.oldest(), ts, trigger, out)
+        deadline = ts + spec.reward_window_ms
+        self._seq = seq = self._seq + 1
+        e = pending.open(
+            event_id,
+            self._model_slot(ev.model_key),
+            arm_id,
+            index,
+            score,
+            propensity,
+            version,
+            ts,
+            action.features,
+            (trigger.source, trigger.offset),
+            deadline,
+            seq,
+        )
+        self._deadlines.push(deadline, seq, DECISION, e)
+        if self.early and event_id in self.early:
+            held = self.early.pop(event_id)
+            self._n_early -= len(held)
+            for reward, src in held:
+                e = pending.find(event_id)
+                if e >= 0:
+                    self._accept_reward(e, reward, src, ts, trigger, out)
+                else:
+                    out.append(
+                        self._reject(
+                            DUPLICATE_REWARD,
+                            f"event {event_id!r} was already joined with a reward",
+                            src,
+                        )
+                    )
+        if self._due():
+            out += self._advance(self.watermark_ms, trigger)
+        return out
+
+    def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
+        if type(source) is InputRef:
+            record_ms, trigger = source.timestamp_ms, source
+        else:
+            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
+        refusal = admission.record_refusal(
+            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
+        )
+        if refusal is not None:
+            return [self._refused(refusal, source)]
+        ts = ev.timestamp_ms
+        if ts > self.watermark_ms:
+            self.watermark_ms = ts
+        out = self._advance(ts, trigger) if self._due() else []
+        e = self.pending.find(ev.event_id)
+        if e >= 0:
+            return self._accept_reward(e, ev, source, ts, trigger, out)
+        observed = self.recent.get(ev.event_id)
+        if observed is not None:
+            reason = DUPLICATE_REWARD if observed else LATE_REWARD
+            return out + [
+                self._reject(
+                    reason,
+                    f"event {ev.event_id!r} was already joined "
+                    f"({'with a reward' if observed else 'with the default reward'})",
+                    source,
+                )
+            ]
+        spec = self.spec_of(ev.model_key)
+        if spec is None:
+            return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
+        if self._n_early >= self.max_early_rewards:
+            out += self._expire_oldest_early()
+        self.early.setdefault(ev.event_id, []).append((ev, source))
+        self._n_early += 1
+        self._push_early(ev.timestamp_ms + spec.reward_window_ms, ev.event_id)
+        self.counters["early_rewards"] += 1
+        return out
+
+    def on_tick(self, ev: Tick, source: Any = None) -> list[Joined | Rejected]:
+        if refused := self._refuse(ev, source):
+            return refused
+        return self.advance_to(ev.timestamp_ms, source)
+
+    def advance_to(self, timestamp_ms: int, source: Any = None) -> list[Joined | Rejected]:
+        return self._advance(timestamp_ms, _trigger_of(source))
+
+    def _due(self) -> bool:
+        """A deadline the watermark has reached is held."""
+        nxt = self._deadlines.next_deadline()
+        return nxt != NONE and nxt <= self.watermark_ms
+
+    def _advance(self, timestamp_ms: int, trigger: InputRef) -> list[Joined | Rejected]:
+        if timestamp_ms > self.watermark_ms:
+            self.watermark_ms = timestamp_ms
+        out: list[Joined | Rejected] = []
+        ints = None
+        while True:
+            item = self._deadlines.pop_due(self.watermark_ms)
+            if item is None:
+                break
+            deadline, seq, kind, entry = item
+            if kind == DECISION:
+                ints = self.pending.ints
+                live = entry < len(ints) and self.pending.ids.entry_len[entry] >= 0
+                if live and ints[entry, SEQ] == seq:  # not closed since, nor decided again
+                    self._close(entry, deadline, trigger, out)
+            else:
+                event_id = self._early_tokens.pop(entry)
+                held = self.early.get(event_id)
+                if held:
+                    keep = []
+                    for reward, src in held:
+                        spec = self.spec_of(reward.model_key)
+                        if (
+                            spec is None
+                            or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms
+                        ):
+                            out.append(
+                                self._reject(
+                                    UNKNOWN_EVENT,
+                                    f"no decision for event {event_id!r} within the reward window",
+                                    src,
+                                )
+                            )
+                        else:
+                            keep.append((reward, src))
+                    self._n_early -= len(held) - len(keep)
+                    if keep:
+                        self.early[event_id] = keep
+                    else:
+                        del self.early[event_id]
+        return out
+
+    # -- internals -----------------------------------------------------------------------------
+
+    def _refuse(self, ev: Context | ReplicaDecision | Reward | Tick, source: Any) -> list[Rejected]:
+        refusal = admission.record_refusal(
+            ev, getattr(source, "timestamp_ms", 0), self.max_event_time_ahead_ms, self.max_id_bytes
+        )
+        return [] if refusal is None else [self._refused(refusal, source)]
+
+    def spec_of(self, model_key: str) -> ModelSpec | None:
+        spec = self._specs.get(model_key)
+        if spec is None:
+            spec = self.config.resolve(model_key)
+            if spec is not None and model_key in self.models:
+                self._specs[model_key] = spec
+        return spec
+
+    def _configured(self, model_key: str, held_by: str, error: type[Exception]) -> ModelSpec:
+        spec = self.spec_of(model_key)
+        if spec is None:
+            raise error(
+                f"{held_by} holds model {model_key!r} but the configuration has no entry for it"
+            )
+        return spec
+
+    def _action(self, e: int) -> Action:
+        """The open decision of entry ``e`` as its Action."""
+        r = self.pending.row(e)
+        del r["reward"], r["n_rewards"]
+        return Action(**r)
+
+    def _accept_reward(
+        self, e: int, ev: Reward, source: Any, now_ms: int, trigger: InputRef, out: list
+    ) -> list[Joined | Rejected]:
+        ints, floats = self.pending.ints, self.pending.floats
+        decided_by = self.model_keys[ints[e, MODEL]]
+        if ev.model_key != decided_by:
+            out.append(
+                self._reject(
+                    MODEL_KEY_MISMATCH,
+                    f"reward for model {ev.model_key!r}, decision was made by {decided_by!r}",
+                    source,
+                )
+            )
+            return out
+        if refusal := admission.reward_refusal(self.models[decided_by], ev.value):
+            out.append(self._refused(refusal, source))
+            return out
+        value = float(ev.value)
+        aggregation = self.spec_of(ev.model_key).aggregation
+        self.counters["rewards"] += 1
+        if aggregation == "first":
+            floats[e, REWARD], ints[e, N_REWARDS] = value, 1
+            return self._close(e, now_ms, trigger, out)
+        if aggregation == "last" or ints[e, N_REWARDS] == 0:
+            floats[e, REWARD] = value
+        else:
+            floats[e, REWARD] = float(floats[e, REWARD]) + value
+        ints[e, N_REWARDS] += 1
+        return out
+
+    def _close(self, e: int, now_ms: int, trigger: InputRef, out: list) -> list[Joined | Rejected]:
+        """Join the open decision of entry ``e``: apply its update and append the joined record
+        to ``out`` (returned)."""
+        pending = self.pending
+        ints, floats = pending.ints, pending.floats
+        event_id = pending.ids.key(e).decode()
+        key = self.model_keys[ints[e, MODEL]]
+        observed = ints[e, N_REWARDS] > 0
+        reward = float(floats[e, REWARD]) if observed else self.spec_of(key).default_reward
+        features = pending.features[e, : ints[e, DIM]].copy()
+        propensity, decided_ms = float(floats[e, PROPENSITY]), int(ints[e, DECIDED_MS])
+        action = None
+        try:
+            version = self.models[key].update_versioned(features, reward)
+        except ValueError as exc:
+            action = self._action(e)
+            pending.close(e)
+            self._remember(event_id, bool(observed))
+            out.append(
+                self._reject(UPDATE_FAILED, f"update for event {event_id!r} failed: {exc}", action)
+            )
+            return out
+        pending.close(e)
+        self.updates += 1
+        self.changed.add(key)
+        self._remember(event_id, bool(observed))
+        self.counters["joined_observed" if observed else "joined_default"] += 1
+        out.append(
+            Joined(
+                event_id,
+                key,
+                features,
+                float(reward),
+                bool(observed),
+                propensity,
+                decided_ms,
+                now_ms,
+                version,
+                trigger.source,
+                trigger.offset,
+            )
+        )
+        return out
+
+    def _remember(self, event_id: str, observed: bool) -> None:
+        self.recent.remember(event_id, observed)
+        self._recent_added += 1
+
+    def _expire_oldest_early(self) -> list[Rejected]:
+        event_id = next(iter(self.early))
+        reward, src = self.early[event_id].pop(0)
+        self._n_early -= 1
+        if not self.early[event_id]:
+            del self.early[event_id]
+        self.counters["evicted_early"] += 1
+        return [
+            self._reject(
+                UNKNOWN_EVENT,
+                f"early reward for {event_id!r} evicted: more than "
+                f"{self.max_early_rewards} rewards wait for their context",
+                src,
+            )
+        ]
+
+    def _push_early(self, deadline: int, event_id: str) -> None:
+        """Hold an early reward's deadline: its item's entry is its own sequence number, the
+        token its event id is held under."""
+        self._seq = seq = self._seq + 1
+        self._early_tokens[seq] = event_id
+        self._deadlines.push(deadline, seq, EARLY, seq)
+
+    def _rebuild_deadlines(self) -> None:
+        self._deadlines, self._seq, self._early_tokens = DeadlineQueue(), 0, {}
+        self._n_early = sum(map(len, self.early.values()))
+        ints = self.pending.ints
+        for e in self.pending.ids.in_order():
+            self._seq = seq = self._seq + 1
+            ints[e, SEQ] = seq
+            self._deadlines.push(int(ints[e, DEADLINE_MS]), seq, DECISION, e)
+        for event_id, held in self.early.items():
+            for reward, _ in held:
+                self._push_early(reward.timestamp_ms + self._window(reward.model_key), event_id)
+
+    def _window(self, model_key: str) -> int:
+        spec = self.spec_of(model_key)
+        return spec.reward_window_ms if spec is not None else 0
+
+    # -- snapshot, restore and recovery --------------------------------------------------------
+
+    def take_changed(self) -> set[str]:
+        changed, self.changed = self.changed, set()
+        self._recent_tail, self._recent_added = self._recent_added, 0
+        return changed
+
+    def snapshot(self, models: Iterable[str] | None = None) -> dict[str, Any]:
+        keys = self.models.keys() if models is None else models
+        return {
+            "models": model_states(self.models, keys),
+            "pending": self.pending.rows(),
+            "early": [
+                dataclasses.asdict(r) | {"source": src}
+                for held in self.early.values()
+                for r, src in held
+            ],
+            "recent": self.recent.items()
+            if models is None
+            else self.recent.tail(self._recent_tail),
+            "watermark_ms": self.watermark_ms,
+            "counters": dict(self.counters),
+        }
+
+    @classmethod
+    def restore(
+        cls, config: ModelsConfig, snap: dict[str, Any], **limits: int
+    ) -> "ArrayPartitionEngine":
+        e = cls(config, **limits)
+        for layer in layers_of(snap["models"]):
+            for block in getattr(layer, "blocks", ()):
+                e._restore_block(block)
+            for key, state in getattr(layer, "records", layer).items():
+                model = e._configured(key, "snapshot", ValueError).build()
+                model.load_state_dict(state)
+                e._add_model(key, model)
+        for p in snap["pending"]:
+            e._model_slot(p["model_key"])
+        e.pending.add_rows(
+            snap["pending"],
+            e._model_index,
+            lambda r: r["decision_timestamp_ms"] + e._window(r["model_key"]),
+        )
+        for r in snap["early"]:
+            reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
+            e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
+        e.recent.add_items([(k, bool(v)) for k, v in snap["recent"]])
+        e.watermark_ms = snap["watermark_ms"]
+        e._rebuild_deadlines()
+        return e
+
+    def _restore_block(self, block: Any) -> None:
+        specs = [self._configured(key, "snapshot", ValueError) for key in block.keys]
+        groups: dict[int, tuple[Any, list[int]]] = {}
+        if specs and all(spec is specs[0] for spec in specs):
+            groups[id(specs[0])] = (specs[0], [])
+        else:
+            for j, spec in enumerate(specs):
+                groups.setdefault(id(spec), (spec, []))[1].append(j)
+        for spec, rows in groups.values():
+            part = block if len(groups) == 1 else block.take(np.array(rows))
+            prototype = spec.build()
+            if not hasattr(prototype, "restore_block"):
+                for j, key in enumerate(part.keys):
+                    model = spec.build()
+                    model.load_state_dict(part.state(j))
+                    self._add_model(key, model)
+                continue
+            for key, model in zip(part.keys, prototype.restore_block(part)):
+                self._add_model(key, model)
+
+    def recover_from_logs(
+        self,
+        joined: list[Joined],
+        actions: list[Action],
+        rewards: list[tuple[Reward, Any]],
+        dead_lettered: set[Any],
+        closed_event_ids: set[str],
+        max_input_timestamp_ms: int,
+    ) -> None:
+        pending = self.pending
+        for j in joined:
+            model = self.models.get(j.model_key)
+            if model is None:
+                model = self._add_model(
+                    j.model_key, self._configured(j.model_key, "the log", RecoveryError).build()
+                )
+            if model.n_updates != j.model_version_before:
+                raise RecoveryError(
+                    f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
+                    f"of model {j.model_key!r}, but replay reached version {model.n_updates}"
+                )
+            model.update(j.features, j.reward)
+            self.updates += 1
+            self.changed.add(j.model_key)
+            if (e := pending.find(j.event_id)) >= 0:
+                pending.close(e)
+            self._remember(j.event_id, j.reward_observed)
+            self.watermark_ms = max(self.watermark_ms, j.join_timestamp_ms)
+        for event_id in closed_event_ids:
+            if (e := pending.find(event_id)) >= 0:
+                pending.close(e)
+            self._remember(event_id, False)
+        for a in actions:
+            if a.model_key not in self.models:
+                self._add_model(
+                    a.model_key, self._configured(a.model_key, "the log", RecoveryError).build()
+                )
+                self.changed.add(a.model_key)
+            if a.event_id not in self.recent:
+                pending.open(
+                    a.event_id,
+                    self._model_slot(a.model_key),
+                    a.arm_id,
+                    a.arm_index,
+                    a.score,
+                    a.propensity,
+                    a.model_version,
+                    a.decision_timestamp_ms,
+                    np.asarray(a.features, dtype=np.float64),
+                    (a.trigger_source, a.trigger_offset),
+                    a.decision_timestamp_ms + self._window(a.model_key),
+                    0,
+                )
+        held = [(r, src) for rs in self.early.values() for r, src in rs]
+        self.early = {}
+        ints, floats = pending.ints, pending.floats
+        for reward, src in held + list(rewards):
+            if src in dead_lettered or reward.event_id in self.recent:
+                continue
+            e = pending.find(reward.event_id)
+            if e < 0:
+                self.early.setdefault(reward.event_id, []).append((reward, src))
+                continue
+            aggregation = self.spec_of(self.model_keys[ints[e, MODEL]]).aggregation
+            value = float(reward.value)
+            if aggregation == "last" or ints[e, N_REWARDS] == 0:
+                floats[e, REWARD] = value
+            else:
+                floats[e, REWARD] = float(floats[e, REWARD]) + value
+            ints[e, N_REWARDS] += 1
+        self.watermark_ms = max(self.watermark_ms, max_input_timestamp_ms)
+        self._rebuild_deadlines()
+
+    def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
+        self.counters[f"rejected.{reason}"] += 1
+        return Rejected(reason, detail, source)
+
+    def _refused(self, refusal: Refusal, source: Any) -> Rejected:
+        return self._reject(refusal.reason, refusal.detail, source)
