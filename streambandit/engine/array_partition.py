@@ -31,6 +31,7 @@ from streambandit.engine import admission
 from streambandit.engine.admission import Refusal
 from streambandit.engine.deadline_queue import NONE, DeadlineQueue
 from streambandit.engine.decision import decide
+from streambandit.engine.id_table import IdTable
 from streambandit.engine.open_decisions import (
     DEADLINE_MS,
     DECIDED_MS,
@@ -92,6 +93,7 @@ class ArrayPartitionEngine:
         max_dim = max((spec.dim for spec in config.specs), default=1)
         self.pending = OpenDecisions(self.model_keys, max_dim)
         self.early: dict[str, list[tuple[Reward, Any]]] = {}
+        self.early_ids = IdTable()  # early's keys, for compiled code to look up
         self._n_early = 0
         self._early_tokens: dict[int, str] = {}  # an early item's token -> its event id
         self.recent = RecentIds(max_recent)
@@ -245,7 +247,7 @@ class ArrayPartitionEngine:
         )
         self._deadlines.push(deadline, seq, DECISION, e)
         if self.early and event_id in self.early:
-            held = self.early.pop(event_id)
+            held = self._drop_early(event_id)
             self._n_early -= len(held)
             for reward, src in held:
                 e = pending.find(event_id)
@@ -296,7 +298,7 @@ class ArrayPartitionEngine:
             return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
         if self._n_early >= self.max_early_rewards:
             out += self._expire_oldest_early()
-        self.early.setdefault(ev.event_id, []).append((ev, source))
+        self._hold_early(ev, source)
         self._n_early += 1
         self._push_early(ev.timestamp_ms + spec.reward_window_ms, ev.event_id)
         self.counters["early_rewards"] += 1
@@ -354,7 +356,7 @@ class ArrayPartitionEngine:
                     if keep:
                         self.early[event_id] = keep
                     else:
-                        del self.early[event_id]
+                        self._drop_early(event_id)
         return out
 
     # -- internals -----------------------------------------------------------------------------
@@ -465,12 +467,23 @@ class ArrayPartitionEngine:
         self.recent.remember(event_id, observed)
         self._recent_added += 1
 
+    def _hold_early(self, reward: Reward, source: Any) -> None:
+        held = self.early.get(reward.event_id)
+        if held is None:
+            held = self.early[reward.event_id] = []
+            self.early_ids.add(reward.event_id.encode())
+        held.append((reward, source))
+
+    def _drop_early(self, event_id: str) -> list[tuple[Reward, Any]]:
+        self.early_ids.remove(self.early_ids.find(event_id.encode()))
+        return self.early.pop(event_id)
+
     def _expire_oldest_early(self) -> list[Rejected]:
         event_id = next(iter(self.early))
         reward, src = self.early[event_id].pop(0)
         self._n_early -= 1
         if not self.early[event_id]:
-            del self.early[event_id]
+            self._drop_early(event_id)
         self.counters["evicted_early"] += 1
         return [
             self._reject(
@@ -549,7 +562,7 @@ class ArrayPartitionEngine:
         )
         for r in snap["early"]:
             reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
-            e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
+            e._hold_early(reward, r["source"])
         e.recent.add_items([(k, bool(v)) for k, v in snap["recent"]])
         e.watermark_ms = snap["watermark_ms"]
         e._rebuild_deadlines()
@@ -629,14 +642,14 @@ class ArrayPartitionEngine:
                     0,
                 )
         held = [(r, src) for rs in self.early.values() for r, src in rs]
-        self.early = {}
+        self.early, self.early_ids = {}, IdTable()
         ints, floats = pending.ints, pending.floats
         for reward, src in held + list(rewards):
             if src in dead_lettered or reward.event_id in self.recent:
                 continue
             e = pending.find(reward.event_id)
             if e < 0:
-                self.early.setdefault(reward.event_id, []).append((reward, src))
+                self._hold_early(reward, src)
                 continue
             aggregation = self.spec_of(self.model_keys[ints[e, MODEL]]).aggregation
             value = float(reward.value)

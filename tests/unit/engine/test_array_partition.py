@@ -101,6 +101,8 @@ def test_every_output_and_snapshot_is_the_python_engines(seed):
         seen |= {o.reason for o in want if isinstance(o, Rejected)}
         if rng.random() < 0.02:
             assert snapshot_bytes(arrays) == snapshot_bytes(python), i
+            held = arrays.early_ids
+            assert sorted(held.key(e).decode() for e in held.in_order()) == sorted(arrays.early)
             changed = python.take_changed()
             assert arrays.take_changed() == changed
             assert snapshot_bytes(arrays, changed) == snapshot_bytes(python, changed)
