@@ -356,6 +356,11 @@ class Policy(abc.ABC):
         (the worker checks rewards before joining them, to dead-letter a bad one with its reason)."""
         return self._check_reward(reward)
 
+    def reward_range(self) -> tuple[float, float]:
+        """The rewards :meth:`validate_reward` accepts: the floats r with ``lo <= r <= hi``
+        (compiled code checks a reward with it, no call; a NaN is never within)."""
+        return (-MAX_ABS_REWARD, MAX_ABS_REWARD)
+
     def _check_arms(self, arms: Any) -> np.ndarray:
         a = np.asarray(arms, dtype=np.float64)
         if a.ndim != 2 or a.shape[1] != self.dim:

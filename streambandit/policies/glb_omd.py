@@ -196,6 +196,13 @@ class GLBOMD(LinearUCBPolicy):
             raise ValueError(f"poisson link needs a reward >= 0, got {r!r}")
         return r
 
+    def reward_range(self) -> tuple[float, float]:
+        lo, hi = super().reward_range()
+        link = self._config["link"]
+        if link == "logistic":
+            return (0.0, 1.0)
+        return (0.0, hi) if link == "poisson" else (lo, hi)
+
     def _status_message(self, status: int) -> str:
         try:
             self._raise_for(status)
