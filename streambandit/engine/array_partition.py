@@ -28,10 +28,12 @@ import numpy as np
 
 from streambandit.config.models import ModelsConfig, ModelSpec
 from streambandit.engine import admission
+from streambandit.engine import compiled_pass as cp
 from streambandit.engine.admission import Refusal
 from streambandit.engine.deadline_queue import NONE, DeadlineQueue
 from streambandit.engine.decision import decide
 from streambandit.engine.id_table import IdTable
+from streambandit.engine.model_columns import ModelColumns
 from streambandit.engine.open_decisions import (
     DEADLINE_MS,
     DECIDED_MS,
@@ -45,6 +47,7 @@ from streambandit.engine.open_decisions import (
 )
 from streambandit.engine.partition import RecoveryError, Rejected, _Counts, _trigger_of
 from streambandit.engine.recent_ids import RecentIds
+from streambandit.engine.record_columns import RecordColumns
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
@@ -57,6 +60,30 @@ from streambandit.reasons import (
 from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
 
 __all__ = ["ArrayPartitionEngine"]
+
+_COUNTERS = (
+    ("actions", cp.C_ACTIONS),
+    ("rewards", cp.C_REWARDS),
+    ("joined_observed", cp.C_JOINED_OBSERVED),
+    ("joined_default", cp.C_JOINED_DEFAULT),
+    ("evicted_pending", cp.C_EVICTED),
+)
+
+
+def _arrays(t: IdTable) -> tuple:
+    """An id table's arrays in the order engine/compiled_pass.py takes them."""
+    return (
+        t.slots,
+        t.entry_start,
+        t.entry_len,
+        t.entry_hash,
+        t.next_free,
+        t.older,
+        t.newer,
+        t.arena,
+        t.meta,
+    )
+
 
 # The kinds of the deadline queue's items: an open decision's window (the item's entry is the
 # decision's), an early reward's (the entry is a token the early ids are held under).
@@ -105,6 +132,7 @@ class ArrayPartitionEngine:
         self.changed: set[str] = set()
         self._recent_added = 0
         self._recent_tail = 0
+        self._columns = ModelColumns()
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -185,6 +213,7 @@ class ArrayPartitionEngine:
     def _add_model(self, key: str, model: Policy) -> Policy:
         self._model_slot(key)
         self.models[key] = model
+        self._columns.set(self._model_index[key], self.spec_of(key), model)
         return model
 
     def _model_slot(self, key: str) -> int:
@@ -358,6 +387,154 @@ class ArrayPartitionEngine:
                     else:
                         self._drop_early(event_id)
         return out
+
+    # -- a run of records, compiled (engine/compiled_pass.py) ------------------------------------
+
+    def process(self, events: list[tuple[Any, Any]]) -> tuple[list, list[int]]:
+        """Apply the rules to ``events``, (record, source) pairs in processing order, as one
+        call of :meth:`on_context` (a Context), :meth:`on_reward` (a Reward), :meth:`on_decision`
+        (a ReplicaDecision) or :meth:`on_tick` (a Tick) each would: ``(outputs, ends)``, the
+        outputs of every record in order and, for each record, how many outputs the records up
+        to it made. The common case runs in one compiled pass; each record the pass leaves goes
+        through the methods above, and the pass goes on after it."""
+        cols = RecordColumns(events)
+        outputs: list = []
+        per_record: list[list] = [[] for _ in events]
+        n, i, models_seen = len(events), 0, -1
+        while i < n:
+            if len(self.model_keys) != models_seen:
+                cols.set_models(i, self._model_index, self.models)
+                models_seen = len(self.model_keys)
+            nxt, rest_of_previous = self._run_compiled(cols, i, per_record)
+            if rest_of_previous:  # the decided record's windows to close, by the rules here
+                ev, source = events[nxt - 1]
+                per_record[nxt - 1] += self._advance(self.watermark_ms, _trigger_of(source))
+                i = nxt
+                continue
+            if nxt >= n:
+                break
+            ev, source = events[nxt]
+            per_record[nxt] += self._one(ev, source)
+            i = nxt + 1
+        ends, count = [], 0
+        for outs in per_record:
+            outputs += outs
+            count += len(outs)
+            ends.append(count)
+        return outputs, ends
+
+    def _one(self, ev: Any, source: Any) -> list:
+        cls = type(ev)
+        if cls is Context:
+            return self.on_context(ev, source)
+        if cls is Reward:
+            return self.on_reward(ev, source)
+        if cls is ReplicaDecision:
+            return self.on_decision(ev, source)
+        if cls is Tick:
+            return self.on_tick(ev, source)
+        raise TypeError(f"the engine takes no {cls.__name__} record")
+
+    def _run_compiled(self, cols: RecordColumns, start: int, per_record: list[list]) -> tuple:
+        """One compiled pass from record ``start``: its outputs appended to ``per_record``;
+        ``(the first record it left, whether the record before that left windows to close)``."""
+        pending, recent = self.pending, self.recent
+        n_contexts = int(cols.contexts_after[start])
+        id_bytes = int(cols.id_bytes_after[start])
+        pending.reserve(n_contexts, id_bytes, int(cols.arm_bytes_after[start]))
+        closes = len(pending) + n_contexts
+        recent.reserve(closes, int(pending.ids.meta[1]) + id_bytes)
+        self._deadlines.reserve(n_contexts)
+        q = self._deadlines
+        width = pending.features.shape[1]
+        out = np.zeros((n_contexts + closes + 1, 3), dtype=np.int64)
+        act_i = np.zeros((n_contexts + 1, 3), dtype=np.int64)
+        act_f = np.zeros(n_contexts + 1)
+        jn_i = np.zeros((closes + 1, cp.J_FIELDS), dtype=np.int64)
+        jn_f = np.zeros((closes + 1, 2))
+        jn_x = np.zeros((closes + 1, width))
+        st = np.array(
+            [
+                self.watermark_ms,
+                self._seq,
+                self.max_pending,
+                self.max_id_bytes,
+                self.max_event_time_ahead_ms,
+                self.max_recent,
+            ],
+            dtype=np.int64,
+        )
+        cnt = np.zeros(cp.C_SIZE, dtype=np.int64)
+        counts = np.zeros(4, dtype=np.int64)
+        t, a, r, ea = pending.ids, pending.arm_ids, recent.ids, self.early_ids
+        nxt = cp.run_records(
+            start, cols.rec_i, cols.rec_f, cols.id_buf, cols.feat_buf, cols.arm_buf,
+            cols.arm_start, cols.arm_len,
+            _arrays(t), _arrays(a), pending.arm_refs, pending.ints, pending.floats,
+            pending.features, _arrays(r), recent.observed, _arrays(ea), q.run, q.heap, q.meta,
+            self._columns.ints, self._columns.floats, st, cnt, out, act_i, act_f, jn_i, jn_f,
+            jn_x, counts,
+        )  # fmt: skip
+        self.watermark_ms, self._seq = int(st[cp.S_WATERMARK]), int(st[cp.S_SEQ])
+        c = self.counters
+        # New counters in the order the pass first counted them (a snapshot lists that order).
+        counted = [(int(cnt[cp.C_FIRST + f]), name, f) for name, f in _COUNTERS if cnt[f]]
+        for _, name, field in sorted(counted):
+            c[name] += int(cnt[field])
+        self.updates += int(cnt[cp.C_UPDATES])
+        self._recent_added += int(cnt[cp.C_RECENT])
+        self._outputs(cols, out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x, per_record)
+        return int(nxt), bool(counts[3])
+
+    def _outputs(self, cols, out, act_i, act_f, jn_i, jn_f, jn_x, per_record) -> None:
+        """The pass's output columns as Actions and Joined records, by record."""
+        events_keys, arena, keys = cols.keys, self.pending.ids.arena, self.model_keys
+        rec_i = cols.rec_i
+        for kind, k, rec in out:
+            if kind == cp.O_ACTION:
+                r = rec_i[rec]
+                index = int(act_i[k, cp.A_ARM_INDEX])
+                fs, d = int(r[cp.R_FEAT_START]), int(r[cp.R_D])
+                at = fs + index * d
+                arm_at = int(r[cp.R_ARMS_START]) + index
+                s0 = int(cols.arm_start[arm_at])
+                per_record[rec].append(
+                    Action(
+                        cols.id_buf[r[cp.R_ID_START] : r[cp.R_ID_START] + r[cp.R_ID_LEN]]
+                        .tobytes()
+                        .decode(),
+                        events_keys[rec],
+                        cols.arm_buf[s0 : s0 + cols.arm_len[arm_at]].tobytes().decode(),
+                        index,
+                        float(act_f[k]),
+                        1.0,
+                        int(act_i[k, cp.A_VERSION]),
+                        int(r[cp.R_TS]),
+                        cols.feat_buf[at : at + d].copy(),
+                        int(r[cp.R_SRC]),
+                        int(r[cp.R_OFF]),
+                    )
+                )
+            else:
+                j = jn_i[k]
+                s0, dim = int(j[cp.J_ID_START]), int(j[cp.J_DIM])
+                key = keys[j[cp.J_MODEL]]
+                self.changed.add(key)
+                per_record[rec].append(
+                    Joined(
+                        arena[s0 : s0 + j[cp.J_ID_LEN]].tobytes().decode(),
+                        key,
+                        jn_x[k, :dim].copy(),
+                        float(jn_f[k, cp.J_REWARD]),
+                        bool(j[cp.J_OBSERVED]),
+                        float(jn_f[k, cp.J_PROPENSITY]),
+                        int(j[cp.J_DECIDED]),
+                        int(j[cp.J_NOW]),
+                        int(j[cp.J_VERSION]),
+                        int(j[cp.J_TSRC]),
+                        int(j[cp.J_TOFF]),
+                    )
+                )
 
     # -- internals -----------------------------------------------------------------------------
 

@@ -35,6 +35,9 @@ from streambandit.numerics import kernels
 from streambandit.numerics.jit import CACHE
 
 __all__ = [
+    "UPDATE_OFUL",
+    "UPDATE_GLB_OMD",
+    "UPDATE_HVT_UCB",
     "chunk_table",
     "prepare",
     "ucb_scores_at",
@@ -51,6 +54,10 @@ __all__ = [
 # learner's radius (kernels.RADIUS_OFUL, ...).
 THETA, INV, OTHER, SCALARS, COUNT, PARAMS, ROWS, DIM, N_SCALARS, N_PARAMS, KIND = range(11)
 TABLE_LENGTH = 11
+
+# Which row update a learner's rows take, for a compiled caller that runs several learners' rows
+# (engine/compiled_pass.py): the update entry points below, by number.
+UPDATE_OFUL, UPDATE_GLB_OMD, UPDATE_HVT_UCB = 0, 1, 2
 
 
 def _pointer_intrinsic(dtype: types.Type):

@@ -99,6 +99,7 @@ class GLBOMD(LinearUCBPolicy):
     # The compiled step: eq. (4), (42a), (42b) and Alg. 1 line 5 (kernels.glb_omd_update).
     _update_row = staticmethod(kernels.glb_omd_update_row)
     _update_at = staticmethod(row_calls.glb_omd_update_at)
+    _update_kind = row_calls.UPDATE_GLB_OMD
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t (d,), in the ball ||theta|| <= S.")

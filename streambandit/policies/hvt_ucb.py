@@ -98,6 +98,7 @@ class HvtUCB(LinearUCBPolicy):
     # The compiled step: Alg. 1 lines 5-8, eq. (8), (9), (17) (kernels.hvt_ucb_update).
     _update_row = staticmethod(kernels.hvt_ucb_update_row)
     _update_at = staticmethod(row_calls.hvt_ucb_update_at)
+    _update_kind = row_calls.UPDATE_HVT_UCB
     _bad_reward_message = f"reward must be finite and within +-{MAX_ABS_REWARD:g}"
     __slots__ = ()
 

@@ -106,6 +106,8 @@ class LinearUCBPolicy(Policy):
     # The same update from the chunk's table (numerics/row_calls.py), (table, i, x, reward) ->
     # status: the per-call path.
     _update_at: ClassVar[Any]
+    # Its number among row_calls' updates (UPDATE_OFUL, ...): what row_call() tells a caller.
+    _update_kind: ClassVar[int]
     _bad_reward_message: ClassVar[str] = (
         f"the chosen arm's reward is not finite or beyond +-{MAX_ABS_REWARD:g}"
     )
@@ -162,6 +164,13 @@ class LinearUCBPolicy(Policy):
     @n_updates.setter
     def n_updates(self, value: int) -> None:
         self._chunk[COUNT][self._i] = value
+
+    def row_call(self) -> tuple[int, int, int]:
+        """``(table, row, update)``: the address of this model's chunk table, its row, and its
+        learner's update (row_calls.UPDATE_OFUL, ...), for a compiled caller that decides with
+        row_calls' scoring and updates as the learner does (engine/compiled_pass.py). A model
+        keeps its row for its life, so a caller may keep these as long as it keeps the model."""
+        return self._chunk.table, self._i, self._update_kind
 
     def kernel_row(self) -> tuple:
         """``(theta, inv, scalars, count, i, kind, params)``: the chunk arrays, the row and the

@@ -89,6 +89,7 @@ class OFUL(LinearUCBPolicy):
     # Sherman-Morrison, b += r x, theta = V^-1 b and the determinant lemma for log det.
     _update_row = staticmethod(kernels.oful_update_row)
     _update_at = staticmethod(row_calls.oful_update_at)
+    _update_kind = row_calls.UPDATE_OFUL
     __slots__ = ()
 
     theta = row_array(THETA, "theta_t = V_t^-1 b_t (d,).")
