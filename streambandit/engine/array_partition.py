@@ -397,10 +397,24 @@ class ArrayPartitionEngine:
         outputs of every record in order and, for each record, how many outputs the records up
         to it made. The common case runs in one compiled pass; each record the pass leaves goes
         through the methods above, and the pass goes on after it."""
-        cols = RecordColumns(events)
-        outputs: list = []
         per_record: list[list] = [[] for _ in events]
+        self.process_columns(RecordColumns(events), events, per_record)
+        outputs: list = []
+        ends, count = [], 0
+        for outs in per_record:
+            outputs += outs
+            count += len(outs)
+            ends.append(count)
+        return outputs, ends
+
+    def process_columns(
+        self, cols: RecordColumns, events: list[tuple[Any, Any]], per_record: list[list] | None
+    ) -> None:
+        """:meth:`process` of ``events`` given their columns: each record's outputs appended to
+        its list in ``per_record``; with None, the compiled pass's outputs are left as columns
+        (what bench.engine_pass counts: the pass without the objects made of its outputs)."""
         n, i, models_seen = len(events), 0, -1
+        sink = per_record if per_record is not None else [[] for _ in events]
         while i < n:
             if len(self.model_keys) != models_seen:
                 cols.set_models(i, self._model_index, self.models)
@@ -408,20 +422,14 @@ class ArrayPartitionEngine:
             nxt, rest_of_previous = self._run_compiled(cols, i, per_record)
             if rest_of_previous:  # the decided record's windows to close, by the rules here
                 ev, source = events[nxt - 1]
-                per_record[nxt - 1] += self._advance(self.watermark_ms, _trigger_of(source))
+                sink[nxt - 1] += self._advance(self.watermark_ms, _trigger_of(source))
                 i = nxt
                 continue
             if nxt >= n:
                 break
             ev, source = events[nxt]
-            per_record[nxt] += self._one(ev, source)
+            sink[nxt] += self._one(ev, source)
             i = nxt + 1
-        ends, count = [], 0
-        for outs in per_record:
-            outputs += outs
-            count += len(outs)
-            ends.append(count)
-        return outputs, ends
 
     def _one(self, ev: Any, source: Any) -> list:
         cls = type(ev)
@@ -435,9 +443,12 @@ class ArrayPartitionEngine:
             return self.on_tick(ev, source)
         raise TypeError(f"the engine takes no {cls.__name__} record")
 
-    def _run_compiled(self, cols: RecordColumns, start: int, per_record: list[list]) -> tuple:
-        """One compiled pass from record ``start``: its outputs appended to ``per_record``;
-        ``(the first record it left, whether the record before that left windows to close)``."""
+    def _run_compiled(
+        self, cols: RecordColumns, start: int, per_record: list[list] | None
+    ) -> tuple[int, bool]:
+        """One compiled pass from record ``start``: its outputs appended to ``per_record`` (None:
+        left as columns); ``(the first record it left, whether the record before that left
+        windows to close)``."""
         pending, recent = self.pending, self.recent
         n_contexts = int(cols.contexts_after[start])
         id_bytes = int(cols.id_bytes_after[start])
@@ -483,7 +494,10 @@ class ArrayPartitionEngine:
             c[name] += int(cnt[field])
         self.updates += int(cnt[cp.C_UPDATES])
         self._recent_added += int(cnt[cp.C_RECENT])
-        self._outputs(cols, out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x, per_record)
+        keys = self.model_keys
+        self.changed.update(keys[m] for m in np.unique(jn_i[: counts[2], cp.J_MODEL]).tolist())
+        if per_record is not None:
+            self._outputs(cols, out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x, per_record)
         return int(nxt), bool(counts[3])
 
     def _outputs(self, cols, out, act_i, act_f, jn_i, jn_f, jn_x, per_record) -> None:
@@ -519,7 +533,6 @@ class ArrayPartitionEngine:
                 j = jn_i[k]
                 s0, dim = int(j[cp.J_ID_START]), int(j[cp.J_DIM])
                 key = keys[j[cp.J_MODEL]]
-                self.changed.add(key)
                 per_record[rec].append(
                     Joined(
                         arena[s0 : s0 + j[cp.J_ID_LEN]].tobytes().decode(),
