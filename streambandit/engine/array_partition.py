@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,9 +30,7 @@ import numpy as np
 from streambandit.config.models import ModelsConfig, ModelSpec
 from streambandit.engine import admission
 from streambandit.engine import compiled_pass as cp
-from streambandit.engine.admission import Refusal
 from streambandit.engine.deadline_queue import NONE, DeadlineQueue
-from streambandit.engine.decision import decide
 from streambandit.engine.id_table import IdTable
 from streambandit.engine.model_columns import ModelColumns
 from streambandit.engine.open_decisions import (
@@ -45,7 +44,13 @@ from streambandit.engine.open_decisions import (
     SEQ,
     OpenDecisions,
 )
-from streambandit.engine.partition import RecoveryError, Rejected, _Counts, _trigger_of
+from streambandit.engine.partition import (
+    PartitionEngine,
+    RecoveryError,
+    Rejected,
+    _Counts,
+    _trigger_of,
+)
 from streambandit.engine.recent_ids import RecentIds
 from streambandit.engine.record_columns import RecordColumns
 from streambandit.policies.base import Policy
@@ -90,8 +95,10 @@ def _arrays(t: IdTable) -> tuple:
 DECISION, EARLY = 0, 1
 
 
-class ArrayPartitionEngine:
-    """Models, open decisions and early rewards of one partition (engine/partition.py's rules)."""
+class ArrayPartitionEngine(PartitionEngine):
+    """Models, open decisions and early rewards of one partition: PartitionEngine's rules, and
+    its methods where they read the state through what both engines have (``in`` on the open
+    decisions and the recent ids, the models, the early rewards); the rest here, on arrays."""
 
     def __init__(
         self,
@@ -136,79 +143,11 @@ class ArrayPartitionEngine:
 
     # -- entry points --------------------------------------------------------------------------
 
-    def on_context(
-        self, ev: Context, source: Any = None, *, scores: list[np.ndarray] | None = None
-    ) -> list[Action | Joined | Rejected]:
-        if type(source) is InputRef:
-            record_ms, trigger = source.timestamp_ms, source
-        else:
-            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
-        refusal = admission.record_refusal(
-            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
-        )
-        if refusal is not None:
-            return [self._refused(refusal, source)]
-        out, spec, model = self._admit(ev, source, trigger)
-        if model is None:
-            return out
-        key = ev.model_key
-        try:
-            if spec.epsilon <= 0.0 and scores is None:
-                index, score, version = model.best_versioned(ev.features)
-                propensity = 1.0
-            else:
-                version = model.n_updates
-                d = decide(
-                    model,
-                    ev.features,
-                    epsilon=spec.epsilon,
-                    model_key=key,
-                    event_id=ev.event_id,
-                    seed=spec.seed,
-                    scores=scores,
-                )
-                index, score, propensity = d.index, d.score, d.propensity
-        except ValueError as exc:
-            out.append(self._refused(admission.learner_refusal(exc, ev.features), source))
-            return out
-        return self._open(ev, spec, index, score, propensity, version, out, source, trigger)
-
-    def on_decision(
-        self, ev: ReplicaDecision, source: Any = None
-    ) -> list[Action | Joined | Rejected]:
-        if refused := self._refuse(ev, source):
-            return refused
-        trigger = _trigger_of(source)
-        out, spec, model = self._admit(ev, source, trigger)
-        if model is None:
-            return out
-        if refusal := admission.feature_values_refusal(ev.features):
-            return out + [self._refused(refusal, source)]
-        return self._open(
-            ev, spec, ev.arm_index, ev.score, ev.propensity, ev.model_version, out, source, trigger
-        )
-
-    def _admit(
-        self, ev: Context | ReplicaDecision, source: Any, trigger: InputRef
-    ) -> tuple[list, ModelSpec | None, Policy | None]:
-        ts = ev.timestamp_ms
-        if ts > self.watermark_ms:
-            self.watermark_ms = ts
-        out = self._advance(ts, trigger) if self._due() else []
-        key = ev.model_key
-        spec = self.spec_of(key)
-        refusal = admission.context_refusal(
-            key, ev.arm_ids, ev.features, spec
-        ) or admission.decided_before(ev.event_id, self.pending, self.recent)
-        model = self.models.get(key)
-        if model is None and refusal is None:
-            refusal = admission.model_room_refusal(key, self.models, self.max_models)
-        if refusal is not None:
-            return out + [self._refused(refusal, source)], None, None
-        if model is None:
-            model = self._add_model(key, spec.build())
-            self.changed.add(key)
-        return out, spec, model
+    @property
+    def _next_deadline(self) -> float:
+        """The smallest deadline held (inf: none), what PartitionEngine's methods compare."""
+        nxt = self._deadlines.next_deadline()
+        return math.inf if nxt == NONE else nxt
 
     def _add_model(self, key: str, model: Policy) -> Policy:
         self._model_slot(key)
@@ -332,14 +271,6 @@ class ArrayPartitionEngine:
         self._push_early(ev.timestamp_ms + spec.reward_window_ms, ev.event_id)
         self.counters["early_rewards"] += 1
         return out
-
-    def on_tick(self, ev: Tick, source: Any = None) -> list[Joined | Rejected]:
-        if refused := self._refuse(ev, source):
-            return refused
-        return self.advance_to(ev.timestamp_ms, source)
-
-    def advance_to(self, timestamp_ms: int, source: Any = None) -> list[Joined | Rejected]:
-        return self._advance(timestamp_ms, _trigger_of(source))
 
     def _due(self) -> bool:
         """A deadline the watermark has reached is held."""
@@ -551,28 +482,6 @@ class ArrayPartitionEngine:
 
     # -- internals -----------------------------------------------------------------------------
 
-    def _refuse(self, ev: Context | ReplicaDecision | Reward | Tick, source: Any) -> list[Rejected]:
-        refusal = admission.record_refusal(
-            ev, getattr(source, "timestamp_ms", 0), self.max_event_time_ahead_ms, self.max_id_bytes
-        )
-        return [] if refusal is None else [self._refused(refusal, source)]
-
-    def spec_of(self, model_key: str) -> ModelSpec | None:
-        spec = self._specs.get(model_key)
-        if spec is None:
-            spec = self.config.resolve(model_key)
-            if spec is not None and model_key in self.models:
-                self._specs[model_key] = spec
-        return spec
-
-    def _configured(self, model_key: str, held_by: str, error: type[Exception]) -> ModelSpec:
-        spec = self.spec_of(model_key)
-        if spec is None:
-            raise error(
-                f"{held_by} holds model {model_key!r} but the configuration has no entry for it"
-            )
-        return spec
-
     def _action(self, e: int) -> Action:
         """The open decision of entry ``e`` as its Action."""
         r = self.pending.row(e)
@@ -703,16 +612,7 @@ class ArrayPartitionEngine:
             for reward, _ in held:
                 self._push_early(reward.timestamp_ms + self._window(reward.model_key), event_id)
 
-    def _window(self, model_key: str) -> int:
-        spec = self.spec_of(model_key)
-        return spec.reward_window_ms if spec is not None else 0
-
     # -- snapshot, restore and recovery --------------------------------------------------------
-
-    def take_changed(self) -> set[str]:
-        changed, self.changed = self.changed, set()
-        self._recent_tail, self._recent_added = self._recent_added, 0
-        return changed
 
     def snapshot(self, models: Iterable[str] | None = None) -> dict[str, Any]:
         keys = self.models.keys() if models is None else models
@@ -757,26 +657,6 @@ class ArrayPartitionEngine:
         e.watermark_ms = snap["watermark_ms"]
         e._rebuild_deadlines()
         return e
-
-    def _restore_block(self, block: Any) -> None:
-        specs = [self._configured(key, "snapshot", ValueError) for key in block.keys]
-        groups: dict[int, tuple[Any, list[int]]] = {}
-        if specs and all(spec is specs[0] for spec in specs):
-            groups[id(specs[0])] = (specs[0], [])
-        else:
-            for j, spec in enumerate(specs):
-                groups.setdefault(id(spec), (spec, []))[1].append(j)
-        for spec, rows in groups.values():
-            part = block if len(groups) == 1 else block.take(np.array(rows))
-            prototype = spec.build()
-            if not hasattr(prototype, "restore_block"):
-                for j, key in enumerate(part.keys):
-                    model = spec.build()
-                    model.load_state_dict(part.state(j))
-                    self._add_model(key, model)
-                continue
-            for key, model in zip(part.keys, prototype.restore_block(part)):
-                self._add_model(key, model)
 
     def recover_from_logs(
         self,
@@ -850,10 +730,3 @@ class ArrayPartitionEngine:
             ints[e, N_REWARDS] += 1
         self.watermark_ms = max(self.watermark_ms, max_input_timestamp_ms)
         self._rebuild_deadlines()
-
-    def _reject(self, reason: str, detail: str, source: Any) -> Rejected:
-        self.counters[f"rejected.{reason}"] += 1
-        return Rejected(reason, detail, source)
-
-    def _refused(self, refusal: Refusal, source: Any) -> Rejected:
-        return self._reject(refusal.reason, refusal.detail, source)

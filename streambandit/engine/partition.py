@@ -306,9 +306,15 @@ class PartitionEngine:
         if refusal is not None:
             return out + [self._refused(refusal, source)], None, None
         if model is None:
-            model = self.models[key] = spec.build()
+            model = self._add_model(key, spec.build())
             self.changed.add(key)
         return out, spec, model
+
+    def _add_model(self, key: str, model: Policy) -> Policy:
+        """Hold ``model`` as the model of ``key`` (every model the engine makes or restores comes
+        through here: engine/array_partition.py keeps an index of them)."""
+        self.models[key] = model
+        return model
 
     def _open(
         self,
@@ -701,7 +707,7 @@ class PartitionEngine:
             for key, state in getattr(layer, "records", layer).items():
                 model = e._configured(key, "snapshot", ValueError).build()
                 model.load_state_dict(state)  # raises if the configuration changed incompatibly
-                e.models[key] = model
+                e._add_model(key, model)
         for p in snap["pending"]:
             fields = {k: v for k, v in p.items() if k not in ("reward", "n_rewards")}
             action = Action(**fields)
@@ -740,10 +746,10 @@ class PartitionEngine:
                 for j, key in enumerate(part.keys):  # now a learner without blocks: one state each
                     model = spec.build()
                     model.load_state_dict(part.state(j))
-                    self.models[key] = model
+                    self._add_model(key, model)
                 continue
             for key, model in zip(part.keys, prototype.restore_block(part)):
-                self.models[key] = model
+                self._add_model(key, model)
 
     def recover_from_logs(
         self,
@@ -771,9 +777,9 @@ class PartitionEngine:
         for j in joined:
             model = self.models.get(j.model_key)
             if model is None:
-                model = self.models[j.model_key] = self._configured(
-                    j.model_key, "the log", RecoveryError
-                ).build()
+                model = self._add_model(
+                    j.model_key, self._configured(j.model_key, "the log", RecoveryError).build()
+                )
             if model.n_updates != j.model_version_before:
                 raise RecoveryError(
                     f"joined record {j.event_id!r} was applied to version {j.model_version_before} "
@@ -790,9 +796,9 @@ class PartitionEngine:
             self._remember(event_id, False)
         for a in actions:
             if a.model_key not in self.models:
-                self.models[a.model_key] = self._configured(
-                    a.model_key, "the log", RecoveryError
-                ).build()
+                self._add_model(
+                    a.model_key, self._configured(a.model_key, "the log", RecoveryError).build()
+                )
                 self.changed.add(a.model_key)
             if a.event_id not in self.recent:
                 self.pending[a.event_id] = _Pending(
