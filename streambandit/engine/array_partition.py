@@ -56,10 +56,7 @@ from streambandit.engine.record_columns import RecordColumns
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
-    DUPLICATE_REWARD,
-    LATE_REWARD,
     MODEL_KEY_MISMATCH,
-    UNKNOWN_EVENT,
     UPDATE_FAILED,
 )
 from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
@@ -215,61 +212,9 @@ class ArrayPartitionEngine(PartitionEngine):
         )
         self._deadlines.push(deadline, seq, DECISION, e)
         if self.early and event_id in self.early:
-            held = self._drop_early(event_id)
-            self._n_early -= len(held)
-            for reward, src in held:
-                e = pending.find(event_id)
-                if e >= 0:
-                    self._accept_reward(e, reward, src, ts, trigger, out)
-                else:
-                    out.append(
-                        self._reject(
-                            DUPLICATE_REWARD,
-                            f"event {event_id!r} was already joined with a reward",
-                            src,
-                        )
-                    )
+            self._take_early(event_id, ts, trigger, out)
         if self._due():
             out += self._advance(self.watermark_ms, trigger)
-        return out
-
-    def on_reward(self, ev: Reward, source: Any = None) -> list[Action | Joined | Rejected]:
-        if type(source) is InputRef:
-            record_ms, trigger = source.timestamp_ms, source
-        else:
-            record_ms, trigger = getattr(source, "timestamp_ms", 0), _trigger_of(source)
-        refusal = admission.record_refusal(
-            ev, record_ms, self.max_event_time_ahead_ms, self.max_id_bytes
-        )
-        if refusal is not None:
-            return [self._refused(refusal, source)]
-        ts = ev.timestamp_ms
-        if ts > self.watermark_ms:
-            self.watermark_ms = ts
-        out = self._advance(ts, trigger) if self._due() else []
-        e = self.pending.find(ev.event_id)
-        if e >= 0:
-            return self._accept_reward(e, ev, source, ts, trigger, out)
-        observed = self.recent.get(ev.event_id)
-        if observed is not None:
-            reason = DUPLICATE_REWARD if observed else LATE_REWARD
-            return out + [
-                self._reject(
-                    reason,
-                    f"event {ev.event_id!r} was already joined "
-                    f"({'with a reward' if observed else 'with the default reward'})",
-                    source,
-                )
-            ]
-        spec = self.spec_of(ev.model_key)
-        if spec is None:
-            return out + [self._refused(admission.unknown_model_refusal(ev.model_key), source)]
-        if self._n_early >= self.max_early_rewards:
-            out += self._expire_oldest_early()
-        self._hold_early(ev, source)
-        self._n_early += 1
-        self._push_early(ev.timestamp_ms + spec.reward_window_ms, ev.event_id)
-        self.counters["early_rewards"] += 1
         return out
 
     def _due(self) -> bool:
@@ -293,30 +238,7 @@ class ArrayPartitionEngine(PartitionEngine):
                 if live and ints[entry, SEQ] == seq:  # not closed since, nor decided again
                     self._close(entry, deadline, trigger, out)
             else:
-                event_id = self._early_tokens.pop(entry)
-                held = self.early.get(event_id)
-                if held:
-                    keep = []
-                    for reward, src in held:
-                        spec = self.spec_of(reward.model_key)
-                        if (
-                            spec is None
-                            or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms
-                        ):
-                            out.append(
-                                self._reject(
-                                    UNKNOWN_EVENT,
-                                    f"no decision for event {event_id!r} within the reward window",
-                                    src,
-                                )
-                            )
-                        else:
-                            keep.append((reward, src))
-                    self._n_early -= len(held) - len(keep)
-                    if keep:
-                        self.early[event_id] = keep
-                    else:
-                        self._drop_early(event_id)
+                self._early_due(self._early_tokens.pop(entry), out)
         return out
 
     # -- a run of records, compiled (engine/compiled_pass.py) ------------------------------------
@@ -489,8 +411,9 @@ class ArrayPartitionEngine(PartitionEngine):
         return Action(**r)
 
     def _accept_reward(
-        self, e: int, ev: Reward, source: Any, now_ms: int, trigger: InputRef, out: list
+        self, ev: Reward, source: Any, now_ms: int, trigger: InputRef, out: list
     ) -> list[Joined | Rejected]:
+        e = self.pending.find(ev.event_id)
         ints, floats = self.pending.ints, self.pending.floats
         decided_by = self.model_keys[ints[e, MODEL]]
         if ev.model_key != decided_by:
@@ -577,21 +500,16 @@ class ArrayPartitionEngine(PartitionEngine):
         self.early_ids.remove(self.early_ids.find(event_id.encode()))
         return self.early.pop(event_id)
 
-    def _expire_oldest_early(self) -> list[Rejected]:
-        event_id = next(iter(self.early))
-        reward, src = self.early[event_id].pop(0)
-        self._n_early -= 1
-        if not self.early[event_id]:
-            self._drop_early(event_id)
-        self.counters["evicted_early"] += 1
-        return [
-            self._reject(
-                UNKNOWN_EVENT,
-                f"early reward for {event_id!r} evicted: more than "
-                f"{self.max_early_rewards} rewards wait for their context",
-                src,
-            )
-        ]
+    def _clear_early(self) -> None:
+        self.early, self.early_ids = {}, IdTable()
+
+    def _push_deadline(self, deadline: int, kind: str, event_id: str) -> int:
+        """An early reward's deadline (PartitionEngine.on_reward's call; the decisions' are
+        pushed with their entries where they open)."""
+        if kind != "early":
+            raise ValueError(f"deadlines of kind {kind!r} are pushed with their entry")
+        self._push_early(deadline, event_id)
+        return self._seq
 
     def _push_early(self, deadline: int, event_id: str) -> None:
         """Hold an early reward's deadline: its item's entry is its own sequence number, the
@@ -712,7 +630,7 @@ class ArrayPartitionEngine(PartitionEngine):
                     0,
                 )
         held = [(r, src) for rs in self.early.values() for r, src in rs]
-        self.early, self.early_ids = {}, IdTable()
+        self._clear_early()
         ints, floats = pending.ints, pending.floats
         for reward, src in held + list(rewards):
             if src in dead_lettered or reward.event_id in self.recent:

@@ -365,19 +365,7 @@ class PartitionEngine:
         if deadline < self._next_deadline:
             self._next_deadline = deadline
         if self.early and event_id in self.early:
-            held = self.early.pop(event_id)
-            self._n_early -= len(held)
-            for reward, src in held:
-                if event_id in pending:
-                    self._accept_reward(reward, src, ts, trigger, out)
-                else:  # an earlier one of these rewards already closed it (aggregation "first")
-                    out.append(
-                        self._reject(
-                            DUPLICATE_REWARD,
-                            f"event {event_id!r} was already joined with a reward",
-                            src,
-                        )
-                    )
+            self._take_early(event_id, ts, trigger, out)
         # A context that arrives after its own window closed (the watermark is past it) is decided
         # and then joined at once, rather than whenever the next record happens to come.
         if self._next_deadline <= self.watermark_ms:
@@ -419,7 +407,7 @@ class PartitionEngine:
         # Early: the context may still come. Keep it until its own window has passed.
         if self._n_early >= self.max_early_rewards:
             out += self._expire_oldest_early()
-        self.early.setdefault(ev.event_id, []).append((ev, source))
+        self._hold_early(ev, source)
         self._n_early += 1
         self._push_deadline(ev.timestamp_ms + spec.reward_window_ms, "early", ev.event_id)
         self.counters["early_rewards"] += 1
@@ -459,30 +447,7 @@ class PartitionEngine:
                 if p is not None and p.seq == seq:  # not closed since, nor decided again
                     self._close(event_id, deadline, trigger, out)
             else:
-                held = self.early.get(event_id)
-                if held:
-                    # Dead-letter the early rewards whose window has passed; keep younger ones.
-                    keep = []
-                    for reward, src in held:
-                        spec = self.spec_of(reward.model_key)
-                        if (
-                            spec is None
-                            or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms
-                        ):
-                            out.append(
-                                self._reject(
-                                    UNKNOWN_EVENT,
-                                    f"no decision for event {event_id!r} within the reward window",
-                                    src,
-                                )
-                            )
-                        else:
-                            keep.append((reward, src))
-                    self._n_early -= len(held) - len(keep)
-                    if keep:
-                        self.early[event_id] = keep
-                    else:
-                        del self.early[event_id]
+                self._early_due(event_id, out)
         nxt = run[0][0] if run else math.inf
         if heap and heap[0][0] < nxt:
             nxt = heap[0][0]
@@ -490,6 +455,59 @@ class PartitionEngine:
         return out
 
     # -- internals -----------------------------------------------------------------------------
+
+    def _early_due(self, event_id: str, out: list) -> None:
+        """An early reward's deadline passed: dead-letter the rewards for ``event_id`` whose
+        window has passed (appended to ``out``), keep the younger ones."""
+        held = self.early.get(event_id)
+        if not held:
+            return
+        keep = []
+        for reward, src in held:
+            spec = self.spec_of(reward.model_key)
+            if spec is None or reward.timestamp_ms + spec.reward_window_ms <= self.watermark_ms:
+                out.append(
+                    self._reject(
+                        UNKNOWN_EVENT,
+                        f"no decision for event {event_id!r} within the reward window",
+                        src,
+                    )
+                )
+            else:
+                keep.append((reward, src))
+        self._n_early -= len(held) - len(keep)
+        if keep:
+            self.early[event_id] = keep
+        else:
+            self._drop_early(event_id)
+
+    def _take_early(self, event_id: str, ts: int, trigger: InputRef, out: list) -> None:
+        """A decision just opened for ``event_id``: the rewards held for it, applied in order
+        (outputs appended to ``out``)."""
+        held = self._drop_early(event_id)
+        self._n_early -= len(held)
+        for reward, src in held:
+            if event_id in self.pending:
+                self._accept_reward(reward, src, ts, trigger, out)
+            else:  # an earlier one of these rewards already closed it (aggregation "first")
+                out.append(
+                    self._reject(
+                        DUPLICATE_REWARD,
+                        f"event {event_id!r} was already joined with a reward",
+                        src,
+                    )
+                )
+
+    def _hold_early(self, reward: Reward, source: Any) -> None:
+        """Hold a reward that came before its decision (with its input, to dead-letter it)."""
+        self.early.setdefault(reward.event_id, []).append((reward, source))
+
+    def _drop_early(self, event_id: str) -> list[tuple[Reward, Any]]:
+        """Stop holding the rewards for ``event_id``; they are returned."""
+        return self.early.pop(event_id)
+
+    def _clear_early(self) -> None:
+        self.early = {}
 
     def _refuse(self, ev: Context | ReplicaDecision | Reward | Tick, source: Any) -> list[Rejected]:
         """The refusal of a record by the admission rule's record checks (before it moves the
@@ -606,7 +624,7 @@ class PartitionEngine:
         reward, src = self.early[event_id].pop(0)
         self._n_early -= 1
         if not self.early[event_id]:
-            del self.early[event_id]
+            self._drop_early(event_id)
         self.counters["evicted_early"] += 1
         return [
             self._reject(
@@ -719,7 +737,7 @@ class PartitionEngine:
             )
         for r in snap["early"]:
             reward = Reward(r["event_id"], r["model_key"], r["timestamp_ms"], r["value"])
-            e.early.setdefault(reward.event_id, []).append((reward, r["source"]))
+            e._hold_early(reward, r["source"])
         e.recent = collections.OrderedDict((k, bool(v)) for k, v in snap["recent"])
         while (
             len(e.recent) > e.max_recent
@@ -806,13 +824,13 @@ class PartitionEngine:
                 )
         # Early rewards held at the snapshot, then the rewards consumed since, in offset order.
         held = [(r, src) for rs in self.early.values() for r, src in rs]
-        self.early = {}
+        self._clear_early()
         for reward, src in held + list(rewards):
             if src in dead_lettered or reward.event_id in self.recent:
                 continue  # refused, or its effect is in a joined record
             p = self.pending.get(reward.event_id)
             if p is None:
-                self.early.setdefault(reward.event_id, []).append((reward, src))
+                self._hold_early(reward, src)
                 continue
             aggregation = self.spec_of(p.action.model_key).aggregation
             value = float(reward.value)

@@ -41,6 +41,12 @@ class RecentIds:
     def __contains__(self, event_id: str) -> bool:
         return self.ids.find(event_id.encode()) >= 0
 
+    def __getitem__(self, event_id: str) -> bool:
+        observed = self.get(event_id)
+        if observed is None:
+            raise KeyError(event_id)
+        return observed
+
     def get(self, event_id: str) -> bool | None:
         """Whether ``event_id``'s reward was observed; None when it is not remembered."""
         e = self.ids.find(event_id.encode())
