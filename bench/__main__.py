@@ -25,6 +25,7 @@ BENCHMARKS = (
     "freshness",
     "worker_path",
     "worker_instructions",
+    "engine_pass",
     "memory",
     "handoff",
     "join",
