@@ -135,16 +135,20 @@ def _update(model_i, mod_i, x, reward):
 
 
 @njit(cache=CACHE)
-def _best(model_i, mod_i, arms):
-    """The model's decision without exploration: (index or a bad-input status, score, version)."""
+def _best(model_i, mod_i, arms, work, scores):
+    """The model's decision without exploration: (index or BAD_ARMS, score, version).
+    ``kernels.ucb_best_row``'s steps (the same bits) on scratch the pass allocates once:
+    ``work`` (K * d) and ``scores`` (K), at least; the shape is the caller's to check."""
     t = _table(mod_i[model_i, M_TABLE])
     i = mod_i[model_i, M_ROW]
-    theta = _theta(t)
+    k, d = arms.shape
+    w, s = work[: k * d].reshape((k, d)), scores[:k]
     count = _count(t)
-    index, score = kernels.ucb_best_row(
-        arms, theta, _inv(t), theta, _scalars(t), count, i, t[KIND], _params(t)
-    )
-    return index, score, count[i]
+    beta = kernels.radius(t[KIND], _params(t), _scalars(t), count, i)
+    if not kernels.ucb_row(arms, _theta(t)[i], _inv(t)[i], beta, s, w):
+        return kernels.BAD_ARMS, 0.0, count[i]
+    best = kernels.argmax_first(s)
+    return best, s[best], count[i]
 
 
 @njit(cache=CACHE)
@@ -237,9 +241,15 @@ def _remember(buf, start, length, h, flag, R, observed, st):
 
 
 @njit(cache=CACHE)
-def _arm_ids_distinct(arm_buf, arm_start, arm_len, first, k):
+def _arm_ids_distinct(arm_buf, arm_start, arm_len, first, k, hashes):
+    """No two of the context's ``k`` arm ids are the same bytes: compared by hash first
+    (``hashes``: scratch of k or more), byte for byte only when two hashes agree."""
+    for a in range(k):
+        hashes[a] = fnv1a(arm_buf, arm_start[first + a], arm_len[first + a])
     for a in range(k):
         for b in range(a + 1, k):
+            if hashes[a] != hashes[b]:
+                continue
             la = arm_len[first + a]
             if la == arm_len[first + b]:
                 same = True
@@ -265,10 +275,15 @@ def run_records(
     the record before the one returned was decided but what it left to close is the Python
     rules' (the windows it passes hold an early reward's deadline or an update that fails)."""
     n_out, act_n, jn_n = counts[0], counts[1], counts[2]
+    n = rec_i.shape[0]
     scratch = np.empty(features.shape[1])
     saved = np.empty_like(cnt)
+    # The decisions' scratch, once for the run: the largest context's K * d and K.
+    k_max = max(1, rec_i[:, R_K].max()) if n else 1
+    work = np.empty(k_max * max(1, rec_i[:, R_D].max()) if n else 1)
+    scores = np.empty(k_max)
+    hashes = np.empty(k_max, dtype=np.uint64)
     item = np.empty(4, dtype=np.int64)
-    n = rec_i.shape[0]
     ahead, max_id = st[S_AHEAD_MS], st[S_MAX_ID_BYTES]
     i = start
     while i < n:
@@ -304,7 +319,7 @@ def run_records(
             k, d = r[R_K], r[R_D]
             first = r[R_ARMS_START]
             if d != mod_i[model, M_DIM] or not _arm_ids_distinct(
-                arm_buf, arm_start, arm_len, first, k
+                arm_buf, arm_start, arm_len, first, k, hashes
             ):
                 break
             if e >= 0 or table_find(R[0], R[1], R[2], R[3], R[7], id_buf, id_start, id_len, h) >= 0:
@@ -313,7 +328,7 @@ def run_records(
                 break  # rewards wait for it
             fs = r[R_FEAT_START]
             arms = feat_buf[fs : fs + k * d].reshape((k, d))
-            index, score, version = _best(model, mod_i, arms)
+            index, score, version = _best(model, mod_i, arms, work, scores)
             if index < 0 or arm_len[first + index] > max_id:
                 break
             slot = n_out  # the action's place: before the joined record of an eviction

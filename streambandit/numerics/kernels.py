@@ -321,9 +321,11 @@ def _radius(kind, params, scalars, count, i):
     return hvt_ucb_beta(params[0], params[1], params[2], params[3], count[i])
 
 
-# For other compiled modules (replay/row_kernel.py): a row's radius and a context's UCB scores.
+# For other compiled modules (replay/row_kernel.py, engine/compiled_pass.py): a row's radius, a
+# context's UCB scores and the decision among them.
 radius = _radius
 ucb_row = _ucb_row
+argmax_first = _argmax_first
 
 
 @njit(cache=CACHE, nogil=True, inline="always")
