@@ -355,7 +355,7 @@ class ArrayPartitionEngine(PartitionEngine):
 
     def _outputs(self, cols, out, act_i, act_f, jn_i, jn_f, jn_x, per_record) -> None:
         """The pass's output columns as Actions and Joined records, by record."""
-        events_keys, arena, keys = cols.keys, self.pending.ids.arena, self.model_keys
+        arena, keys = self.pending.ids.arena, self.model_keys
         rec_i = cols.rec_i
         for kind, k, rec in out:
             if kind == cp.O_ACTION:
@@ -370,7 +370,7 @@ class ArrayPartitionEngine(PartitionEngine):
                         cols.id_buf[r[cp.R_ID_START] : r[cp.R_ID_START] + r[cp.R_ID_LEN]]
                         .tobytes()
                         .decode(),
-                        events_keys[rec],
+                        cols.key_of(rec),
                         cols.arm_buf[s0 : s0 + cols.arm_len[arm_at]].tobytes().decode(),
                         index,
                         float(act_f[k]),
