@@ -38,8 +38,8 @@ from confluent_kafka import Message, Producer
 from bench import harness, traffic
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.merge import InputMerger
-from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.batch import BatchProcessor, PartitionState
 from streambandit.stream.transaction import Transaction
 from streambandit.stream.worker import freeze_long_lived
@@ -92,7 +92,7 @@ def processor(policy: str) -> BatchProcessor:
     )
     b = BatchProcessor(cfg, collections.Counter())
     for p in range(traffic.PARTITIONS):
-        b.partitions[p] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+        b.partitions[p] = PartitionState(ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
     return b
 
 

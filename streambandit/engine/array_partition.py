@@ -22,7 +22,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -261,27 +261,36 @@ class ArrayPartitionEngine(PartitionEngine):
         return outputs, ends
 
     def process_columns(
-        self, cols: RecordColumns, events: list[tuple[Any, Any]], per_record: list[list] | None
+        self,
+        cols: RecordColumns,
+        events: Sequence[tuple[Any, Any]],
+        per_record: list[list] | None,
+        handle: Callable[[int], list] | None = None,
     ) -> None:
         """:meth:`process` of ``events`` given their columns: each record's outputs appended to
         its list in ``per_record``; with None, the compiled pass's outputs are left as columns
-        (what bench.engine_pass counts: the pass without the objects made of its outputs)."""
+        (what bench.engine_pass counts: the pass without the objects made of its outputs).
+
+        ``handle(i)`` gives the outputs of record i, one the pass leaves, in the caller's way
+        (the worker's: a record that came on the wrong input is refused before the rules see
+        it); by default the record goes to the method of its kind. ``events`` is read only at
+        the records the pass leaves: a caller may make each pair when it is asked for."""
         n, i, models_seen = len(events), 0, -1
-        sink = per_record if per_record is not None else [[] for _ in events]
+        sink = per_record if per_record is not None else [[] for _ in range(n)]
+        one = handle if handle is not None else (lambda j: self._one(*events[j]))
         while i < n:
             if len(self.model_keys) != models_seen:
                 cols.set_models(i, self._model_index, self.models)
                 models_seen = len(self.model_keys)
             nxt, rest_of_previous = self._run_compiled(cols, i, per_record)
             if rest_of_previous:  # the decided record's windows to close, by the rules here
-                ev, source = events[nxt - 1]
+                _, source = events[nxt - 1]
                 sink[nxt - 1] += self._advance(self.watermark_ms, _trigger_of(source))
                 i = nxt
                 continue
             if nxt >= n:
                 break
-            ev, source = events[nxt]
-            sink[nxt] += self._one(ev, source)
+            sink[nxt] += one(nxt)
             i = nxt + 1
 
     def _one(self, ev: Any, source: Any) -> list:

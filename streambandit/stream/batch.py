@@ -18,11 +18,16 @@ import logging
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.chains import ChainPosition
+from streambandit.engine.compiled_pass import CONTEXT, OTHER, REWARD_RECORD
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
-from streambandit.engine.partition import PartitionEngine, Rejected
+from streambandit.engine.partition import Rejected
+from streambandit.engine.record_columns import META_FIELDS, RecordColumns
 from streambandit.log_format import RepeatFilter
 from streambandit.wire import (
     Action,
@@ -36,7 +41,7 @@ from streambandit.wire import (
     Tick,
     encode,
 )
-from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_decode import DecodedColumns
 from streambandit.wire.batch_encode import encode_actions_timed, encode_joined_timed
 
 __all__ = ["BatchProcessor", "PartitionState", "Output", "EMIT_EVERY", "now_ms"]
@@ -65,7 +70,7 @@ def now_ms() -> int:
 
 @dataclasses.dataclass
 class PartitionState:
-    engine: PartitionEngine
+    engine: ArrayPartitionEngine
     merger: InputMerger
     next_offset: dict[
         int, int
@@ -221,24 +226,31 @@ class BatchProcessor:
 
     def buffer(self, records: list[Any], now: int) -> None:
         """Decode the batch's records and buffer each in its partition's merger."""
-        # The whole batch is decoded in one compiled pass (e2e part 2 compares it with
-        # decoding one record at a time).
-        values = [m.value() for m in records]
-        partitions, sources = self.partitions, self.source_of
+        # The whole batch is decoded into columns in one compiled pass (e2e part 2 compares
+        # decoding in bulk with decoding one record at a time); a record object is made only
+        # for a record that needs one (one the fast layouts do not take, here, or one the
+        # engine's compiled pass leaves, in release).
+        fetched = _Fetched(records, self.source_of, self.config.learn_only)
+        partitions = self.partitions
         ahead = self.config.max_event_time_ahead_ms
         # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
         # to the merger at once.
         runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
             collections.defaultdict(list)
         )
-        for msg, value, ev in zip(records, values, decode_batch(values)):
-            p = msg.partition()
-            src, offset = sources[msg.topic()], msg.offset()
-            record_ms = msg.timestamp()[1]
-            ref = InputRef(src, p, offset, msg.key(), value, record_ms)
+        fast = fetched.cols.fast.tolist()
+        stamps = fetched.cols.ts.tolist()
+        meta = fetched.meta.tolist()
+        for i, (p, (_, src, offset, record_ms)) in enumerate(zip(fetched.partition, meta)):
+            if fast[i]:
+                ts, timed = stamps[i], True
+            else:
+                ev = fetched.event(i)
+                timed = type(ev) in _TIMED
+                ts = ev.timestamp_ms if timed else 0
             # The rule of admission.too_far_ahead, inlined (a call per record).
-            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
-                runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
+            if timed and not (record_ms > 0 and ts > record_ms + ahead):
+                runs[2 * p + src].append((ts, src, offset, (fetched, i)))
             else:
                 # A DecodeError, or an event time the engine will refuse as too far ahead (merged
                 # by that time, it would hold back every later record of its input): placed with
@@ -246,7 +258,7 @@ class BatchProcessor:
                 part = partitions.get(p)
                 if part is not None:
                     part.merger.extend(src, runs.pop(2 * p + src, []), now)
-                    part.merger.push(src, offset, None, (ev, ref), now)
+                    part.merger.push(src, offset, None, (fetched, i), now)
                     part.last_input_wall_ms = now
         for key, run in runs.items():
             part = partitions.get(key >> 1)
@@ -260,49 +272,57 @@ class BatchProcessor:
         outputs to ``emit`` every :data:`EMIT_EVERY` records and at the end; returns how many.
 
         ``behind[p]`` says, per input of partition p, whether the broker holds records not yet
-        fetched (the merge then waits for them). The common case, a context on contexts or a
-        reward on rewards keyed by its model key, goes straight to the engine; everything else
-        takes ``_other``. Actions and joined records are encoded together, one compiled pass each
-        per hand-over; each output topic's records keep their order, which is all the logs'
-        order depends on (bench.worker_path measures this loop by stage)."""
+        fetched (the merge then waits for them). Each partition's released records go to its
+        engine as one run of columns per hand-over (``ArrayPartitionEngine.process_columns``):
+        the common case, a context on contexts or a reward on rewards keyed by its model key,
+        in the engine's compiled pass; what the pass leaves through ``_handle``. Actions and
+        joined records are encoded together, one compiled pass each per hand-over; each output
+        topic's records keep their order, which is all the logs' order depends on
+        (bench.worker_path measures this loop by stage)."""
         out_buf = _Outputs(self.config.topics)
         released = 0
-        # A learn-only worker opens the decisions replicas logged; a worker decides on contexts.
-        first = ReplicaDecision if self.config.learn_only else Context
         for p, part in self.partitions.items():
-            eng, next_offset = part.engine, part.next_offset
-            on_context = eng.on_decision if self.config.learn_only else eng.on_context
-            on_reward = eng.on_reward
-            out_buf.mark(p)
-            actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
-            n = 0
-            for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
-                cls, key = type(ev), ref.key
-                if cls is first and src == CONTEXTS and key == ev.model_key.encode():
-                    out = on_context(ev, ref)
-                elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
-                    out = on_reward(ev, ref)
-                else:
-                    out = self._other(part, ev, ref)
-                for o in out:
-                    ocls = type(o)
-                    if ocls is Action:
-                        actions.append(o)
-                    elif ocls is Joined:
-                        joined.append(o)
-                    else:
-                        others.append(self._dead_letter(p, o, ref))
-                next_offset[src] = offset + 1
-                n += 1
-                if n % EMIT_EVERY == 0:
+            items = part.merger.pop_ready(now, behind[p])
+            for at in range(0, len(items), EMIT_EVERY):
+                run = _Run(items[at : at + EMIT_EVERY], p)
+                out_buf.mark(p)
+                per_record: list[list] = [[] for _ in range(len(run))]
+                part.engine.process_columns(
+                    run.columns(),
+                    run,
+                    per_record,
+                    lambda j, run=run, part=part: self._handle(part, run, j),
+                )
+                actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
+                for j, outs in enumerate(per_record):
+                    for o in outs:
+                        ocls = type(o)
+                        if ocls is Action:
+                            actions.append(o)
+                        elif ocls is Joined:
+                            joined.append(o)
+                        else:
+                            others.append(self._dead_letter(p, o, run[j][1]))
+                run.advance(part.next_offset)
+                if at + EMIT_EVERY < len(items):
                     emit(out_buf.take(self.metrics, self.times))
-                    out_buf.mark(p)
-                    actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
-            self.metrics["records_in"] += n
-            released += n
+            self.metrics["records_in"] += len(items)
+            released += len(items)
             out_buf.others += self._maybe_tick(p, part, now)
         emit(out_buf.take(self.metrics, self.times))
         return released
+
+    def _handle(self, part: PartitionState, run: "_Run", j: int) -> list:
+        """Record j of ``run``, one the engine's compiled pass left: the common case to the
+        engine's rules, anything else to ``_other``."""
+        ev, ref = run[j]
+        cls, key, eng = type(ev), ref.key, part.engine
+        first = ReplicaDecision if self.config.learn_only else Context
+        if cls is first and ref.source == CONTEXTS and key == ev.model_key.encode():
+            return eng.on_decision(ev, ref) if self.config.learn_only else eng.on_context(ev, ref)
+        if cls is Reward and ref.source == REWARDS and key == ev.model_key.encode():
+            return eng.on_reward(ev, ref)
+        return self._other(part, ev, ref)
 
     def _other(
         self, part: PartitionState, ev: Any, ref: InputRef
@@ -441,3 +461,77 @@ class BatchProcessor:
                 encode(Tick(part.engine.watermark_ms + idle, self.config.group_id)),
             )
         ]
+
+
+class _Fetched:
+    """A poll batch: its messages, their values decoded into columns, and per record what the
+    engine's pass reads beside them (``meta``: the kind it should see the record as, its input,
+    offset and record timestamp) and its partition."""
+
+    __slots__ = ("messages", "values", "keys", "cols", "meta", "partition", "_events")
+
+    def __init__(self, messages: list[Any], source_of: dict[str, int], learn_only: bool) -> None:
+        self.messages = messages
+        self.values = values = [m.value() for m in messages]
+        self.keys = keys = [m.key() for m in messages]
+        self.cols = cols = DecodedColumns(values, keys)
+        n = len(messages)
+        sources = [source_of[m.topic()] for m in messages]
+        meta = np.zeros((n, META_FIELDS), dtype=np.int64)
+        meta[:, 1] = sources
+        meta[:, 2] = [m.offset() for m in messages]
+        meta[:, 3] = [m.timestamp()[1] for m in messages]
+        src = meta[:, 1]
+        # The pass's case: a context on contexts (a learn-only worker takes replicas' decisions,
+        # none of them here) or a reward on rewards, keyed by its model key.
+        ctx = (cols.fast == 1) & (src == CONTEXTS) & cols.key_ok & (not learn_only)
+        rew = (cols.fast == 2) & (src == REWARDS) & cols.key_ok
+        meta[:, 0] = np.where(ctx, CONTEXT, np.where(rew, REWARD_RECORD, OTHER))
+        self.meta = meta
+        self.partition = [m.partition() for m in messages]
+        self._events: dict[int, Any] = {}
+
+    def event(self, i: int) -> Any:
+        """Record i, decoded (made once)."""
+        ev = self._events.get(i)
+        if ev is None:
+            ev = self._events[i] = self.cols.record(i)
+        return ev
+
+    def ref(self, i: int) -> InputRef:
+        _, src, offset, record_ms = self.meta[i].tolist()
+        return InputRef(src, self.partition[i], offset, self.keys[i], self.values[i], record_ms)
+
+
+class _Run:
+    """Records the merge released, ``(timestamp, source, offset, (fetched batch, index))`` each,
+    as the engine takes a run: its columns, and each record with its InputRef when asked for."""
+
+    __slots__ = ("items", "p")
+
+    def __init__(self, items: list[tuple], p: int) -> None:
+        self.items, self.p = items, p
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, j: int) -> tuple[Any, InputRef]:
+        fetched, i = self.items[j][3]
+        return fetched.event(i), fetched.ref(i)
+
+    def columns(self) -> RecordColumns:
+        parts: list[tuple[Any, list[int]]] = []
+        for item in self.items:
+            fetched, i = item[3]
+            if parts and parts[-1][0] is fetched:
+                parts[-1][1].append(i)
+            else:
+                parts.append((fetched, [i]))
+        return RecordColumns.gather(
+            [(f.cols, np.array(rows, np.int64), f.meta[rows]) for f, rows in parts]
+        )
+
+    def advance(self, next_offset: dict[int, int]) -> None:
+        """The next offset of each input past the run's records (offsets rise within one)."""
+        for item in self.items:
+            next_offset[item[1]] = item[2] + 1
