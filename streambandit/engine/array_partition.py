@@ -358,6 +358,10 @@ class ArrayPartitionEngine(PartitionEngine):
         self._recent_added += int(cnt[cp.C_RECENT])
         keys = self.model_keys
         self.changed.update(keys[m] for m in np.unique(jn_i[: counts[2], cp.J_MODEL]).tolist())
+        # The last pass's output columns (engine/pass_outputs.py encodes them). The joined ids'
+        # bytes are in pending.ids.arena until the ids' next reserve (the next pass, or a
+        # decision of the Python rules), whose compaction may move the arena to a new array.
+        self.last_pass = (out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x)
         if per_record is not None:
             self._outputs(cols, out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x, per_record)
         return int(nxt), bool(counts[3])
