@@ -51,9 +51,9 @@ STAGE_TEXT = {
     "(`stream.batch._Fetched`: one compiled pass, no record object)",
     "buffer": "each record pushed into its partition's merger (`BatchProcessor.buffer`)",
     "engine": "the merge's release and the partition engines, one run of columns per hand-over "
-    "(`ArrayPartitionEngine.process_columns`): decisions, joins, the learners' calls, the outputs as objects",
-    "encode": "the worker's per-record loop and the outputs' encoding, in bulk per hand-over of 256 records "
-    "(`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
+    "(`ArrayPartitionEngine.process_columns`): decisions, joins, the learners' calls (the outputs left as columns)",
+    "encode": "the outputs encoded from the pass's columns (objects only for what the Python rules made), "
+    "per hand-over of 256 records (`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
     "produce": "every output handed to librdkafka (`Transaction.emit`, which `release` calls per hand-over)",
 }
 STAGES = tuple(STAGE_TEXT)
@@ -125,10 +125,7 @@ def _engine_only(b: BatchProcessor, now: int) -> None:
         for at in range(0, len(items), EMIT_EVERY):
             run = _Run(items[at : at + EMIT_EVERY], p)
             part.engine.process_columns(
-                run.columns(),
-                run,
-                [[] for _ in range(len(run))],
-                lambda j, run=run, part=part: b._handle(part, run, j),
+                run.columns(), run, None, lambda j, run=run, part=part: b._handle(part, run, j)
             )
             run.advance(part.next_offset)
 

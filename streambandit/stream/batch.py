@@ -27,6 +27,7 @@ from streambandit.engine.chains import ChainPosition
 from streambandit.engine.compiled_pass import CONTEXT, OTHER, REWARD_RECORD
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import Rejected
+from streambandit.engine.pass_outputs import EncodedOutputs
 from streambandit.engine.record_columns import META_FIELDS, RecordColumns
 from streambandit.log_format import RepeatFilter
 from streambandit.wire import (
@@ -114,20 +115,25 @@ class BatchTimes:
 
 
 class _Outputs:
-    """A batch's outputs not yet handed over: actions and joined records as records (encoded
-    together by ``take``), the rest (dead letters, ticks) already encoded. ``runs`` says which
-    partition each record is of: (first action, first joined record, partition) of each run,
-    marked by :meth:`mark` when the partition changes (a tuple per output cost more)."""
+    """A batch's outputs not yet handed over, in each output topic's order: encoded (the
+    engine's compiled pass's, dead letters, ticks), and the Python rules' actions and joined
+    records as objects, encoded together by :meth:`flush` (before anything encoded is added
+    after them). ``runs`` says which partition each object is of: (first action, first joined
+    record, partition) of each run, marked by :meth:`mark` when the partition changes (a tuple
+    per output cost more). Counts go to ``metrics``, event times to ``seen`` (the worker's
+    latency histograms)."""
 
-    def __init__(self, topics: Topics) -> None:
-        self.topics = topics
+    def __init__(self, topics: Topics, metrics: collections.Counter, seen: BatchTimes) -> None:
+        self.topics, self.metrics, self.seen = topics, metrics, seen
         self.actions: list[Action] = []
         self.joined: list[Joined] = []
         self.others: list[Output] = []
         self.runs: list[tuple[int, int, int]] = []
+        self.p = -1
 
     def mark(self, p: int) -> None:
         """What is added from now on is of partition ``p``."""
+        self.p = p
         self.runs.append((len(self.actions), len(self.joined), p))
 
     def _partitions(self, which: int, n: int) -> list[int]:
@@ -139,10 +145,26 @@ class _Outputs:
             out += [run[2]] * (stop - run[which])
         return out
 
-    def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
-        """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
-        event times of what it holds go to ``seen`` (the worker's latency histograms)."""
-        t, actions, joined = self.topics, self.actions, self.joined
+    def encoded(self, enc: EncodedOutputs) -> None:
+        """A compiled pass's outputs, of partition ``self.p``."""
+        if self.actions or self.joined:
+            self.flush()
+        t, p, out, metrics = self.topics, self.p, self.others, self.metrics
+        if enc.actions:
+            topic = t.actions
+            out += [(topic, p, k, v) for k, v in zip(enc.action_keys, enc.actions)]
+            self.seen.decided_ms += enc.decided_ms
+            metrics["actions"] += len(enc.actions)
+        if enc.joined:
+            topic = t.joined
+            out += [(topic, p, k, v) for k, v in zip(enc.joined_keys, enc.joined)]
+            self.seen.reward_delays_ms += enc.delays
+            metrics["default_rewards"] += enc.defaults
+            metrics["joined"] += len(enc.joined)
+
+    def flush(self) -> None:
+        """The objects held, encoded after what is encoded already."""
+        t, actions, joined, metrics = self.topics, self.actions, self.joined, self.metrics
         out = self.others
         if actions:
             values, decided = encode_actions_timed(actions)
@@ -151,7 +173,7 @@ class _Outputs:
                 (topic, p, a.model_key.encode(), v)
                 for p, a, v in zip(self._partitions(0, len(actions)), actions, values)
             ]
-            seen.decided_ms += decided
+            self.seen.decided_ms += decided
         if joined:
             values, delays = encode_joined_timed(joined)
             topic = t.joined
@@ -159,12 +181,42 @@ class _Outputs:
                 (topic, p, j.model_key.encode(), v)
                 for p, j, v in zip(self._partitions(1, len(joined)), joined, values)
             ]
-            seen.reward_delays_ms += delays
+            self.seen.reward_delays_ms += delays
             metrics["default_rewards"] += len(joined) - len(delays)
         metrics["actions"] += len(actions)
         metrics["joined"] += len(joined)
-        self.actions, self.joined, self.others, self.runs = [], [], [], []
+        self.actions, self.joined, self.runs = [], [], [(0, 0, self.p)]
+
+    def take(self) -> list[Output]:
+        """Everything held, encoded, as (topic, partition, key, value); empties the buffer."""
+        self.flush()
+        out, self.others = self.others, []
         return out
+
+
+class _RunOutputs:
+    """``ArrayPartitionEngine.process_columns``'s sink for a run of partition ``p``: the
+    compiled pass's outputs encoded, the Python rules' objects sorted into actions, joined
+    records and dead letters (each refusal's with its record's InputRef)."""
+
+    __slots__ = ("buf", "p", "run", "processor")
+
+    def __init__(self, buf: _Outputs, p: int, run: "_Run", processor: "BatchProcessor") -> None:
+        self.buf, self.p, self.run, self.processor = buf, p, run, processor
+
+    def encoded(self, outputs: EncodedOutputs) -> None:
+        self.buf.encoded(outputs)
+
+    def objects(self, record: int, outputs: list) -> None:
+        buf = self.buf
+        for o in outputs:
+            ocls = type(o)
+            if ocls is Action:
+                buf.actions.append(o)
+            elif ocls is Joined:
+                buf.joined.append(o)
+            else:
+                buf.others.append(self.processor._dead_letter(self.p, o, self.run[record][1]))
 
 
 class BatchProcessor:
@@ -279,37 +331,28 @@ class BatchProcessor:
         joined records are encoded together, one compiled pass each per hand-over; each output
         topic's records keep their order, which is all the logs' order depends on
         (bench.worker_path measures this loop by stage)."""
-        out_buf = _Outputs(self.config.topics)
+        out_buf = _Outputs(self.config.topics, self.metrics, self.times)
         released = 0
         for p, part in self.partitions.items():
             items = part.merger.pop_ready(now, behind[p])
             for at in range(0, len(items), EMIT_EVERY):
                 run = _Run(items[at : at + EMIT_EVERY], p)
                 out_buf.mark(p)
-                per_record: list[list] = [[] for _ in range(len(run))]
                 part.engine.process_columns(
                     run.columns(),
                     run,
-                    per_record,
+                    None,
                     lambda j, run=run, part=part: self._handle(part, run, j),
+                    _RunOutputs(out_buf, p, run, self),
                 )
-                actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
-                for j, outs in enumerate(per_record):
-                    for o in outs:
-                        ocls = type(o)
-                        if ocls is Action:
-                            actions.append(o)
-                        elif ocls is Joined:
-                            joined.append(o)
-                        else:
-                            others.append(self._dead_letter(p, o, run[j][1]))
                 run.advance(part.next_offset)
                 if at + EMIT_EVERY < len(items):
-                    emit(out_buf.take(self.metrics, self.times))
+                    emit(out_buf.take())
             self.metrics["records_in"] += len(items)
             released += len(items)
+            out_buf.mark(p)
             out_buf.others += self._maybe_tick(p, part, now)
-        emit(out_buf.take(self.metrics, self.times))
+        emit(out_buf.take())
         return released
 
     def _handle(self, part: PartitionState, run: "_Run", j: int) -> list:
