@@ -356,12 +356,15 @@ class ArrayPartitionEngine(PartitionEngine):
         self._deadlines.reserve(n_contexts)
         q = self._deadlines
         width = pending.features.shape[1]
-        out = np.zeros((n_contexts + closes + 1, 3), dtype=np.int64)
-        act_i = np.zeros((n_contexts + 1, 3), dtype=np.int64)
-        act_f = np.zeros(n_contexts + 1)
-        jn_i = np.zeros((closes + 1, cp.J_FIELDS), dtype=np.int64)
-        jn_f = np.zeros((closes + 1, 2))
-        jn_x = np.zeros((closes + 1, width))
+        # Room for every output the run could make (each open decision closed, each context
+        # decided), not zeroed: the pass writes every field of each output it makes, and only
+        # those are read; the pages of what it does not make are never touched.
+        out = np.empty((n_contexts + closes + 1, 3), dtype=np.int64)
+        act_i = np.empty((n_contexts + 1, 3), dtype=np.int64)
+        act_f = np.empty(n_contexts + 1)
+        jn_i = np.empty((closes + 1, cp.J_FIELDS), dtype=np.int64)
+        jn_f = np.empty((closes + 1, 2))
+        jn_x = np.empty((closes + 1, width))
         st = np.array(
             [
                 self.watermark_ms,

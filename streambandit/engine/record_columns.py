@@ -146,41 +146,49 @@ class RecordColumns:
         rec_i = np.zeros((n, R_FIELDS), dtype=np.int64)
         rec_f = np.zeros(n, dtype=np.float64)
         key_col = np.empty(n, dtype=np.int64)
+        # The run's own buffers, holding only its records' ids, features and arm ids: a batch's
+        # buffers hold all of its records, and a run may span several batches.
+        sizes = np.zeros(4, dtype=np.int64)  # id bytes, feature numbers, arm ids, arm id bytes
+        for batch, rows, meta in parts:
+            kind = meta[:, META_KIND]
+            ctx = kind == CONTEXT
+            k, d = batch.shape[rows, 0], batch.shape[rows, 1]
+            sizes += (
+                int(batch.id_len[rows][kind != OTHER].sum()),
+                int((k * d)[ctx].sum()),
+                int(k[ctx].sum()),
+                int(batch.arm_bytes[rows][ctx].sum()),
+            )
+        id_buf = np.empty(max(1, sizes[0]), dtype=np.uint8)
+        feat_buf = np.empty(max(1, sizes[1]), dtype=np.float64)
+        arm_start = np.zeros(max(1, sizes[2]), dtype=np.int64)
+        arm_len = np.zeros(max(1, sizes[2]), dtype=np.int64)
+        arm_buf = np.empty(max(1, sizes[3]), dtype=np.uint8)
+        arm_bytes = np.zeros(n + 1, dtype=np.int64)  # per record, then summed from the end
         names: dict[str, int] = {}
-        id_parts, feat_parts, arm_parts, start_parts, len_parts = [], [], [], [], []
-        at = id_at = feat_at = arm_at = n_arms = 0
+        at = 0
+        pos = np.zeros(4, dtype=np.int64)  # where the next part's bytes go, as sizes
         for batch, rows, meta in parts:
             m = len(rows)
-            # The batch's key numbers as the run's (-1, no key, reads the last entry).
-            renumber = np.array(
-                [names.setdefault(k, len(names)) for k in batch.key_names] + [-1], dtype=np.int64
-            )
+            # The batch's key numbers as the run's (-1, no key, reads the last entry): only
+            # the keys of the run's rows are looked at (a batch may hold thousands).
+            renumber = np.full(len(batch.key_names) + 1, -1, dtype=np.int64)
+            key_names = batch.key_names
+            for k in np.unique(batch.key_id[rows]).tolist():
+                if k >= 0:
+                    renumber[k] = names.setdefault(key_names[k], len(names))
             _gather(
-                rows, meta, batch.ts, batch.value, batch.shape, batch.feat_start, batch.id_start,
-                batch.id_len, batch.key_len, batch.key_id, batch.arm_first, renumber,
-                id_at, feat_at, n_arms, rec_i[at : at + m], rec_f[at : at + m],
-                key_col[at : at + m],
+                rows, meta, batch.ts, batch.value, batch.shape, batch.feat_start, batch.feats,
+                batch.ids, batch.id_start, batch.id_len, batch.key_len, batch.key_id, renumber,
+                batch.arms, batch.arm_first, batch.arm_start, batch.arm_len, pos,
+                rec_i[at : at + m], rec_f[at : at + m], key_col[at : at + m],
+                arm_bytes[at : at + m], id_buf, feat_buf, arm_buf, arm_start, arm_len,
             )  # fmt: skip
-            id_parts.append(batch.ids)
-            feat_parts.append(batch.feats)
-            arm_parts.append(batch.arms)
-            start_parts.append(batch.arm_start + arm_at)
-            len_parts.append(batch.arm_len)
-            id_at += len(batch.ids)
-            feat_at += len(batch.feats)
-            arm_at += len(batch.arms)
-            n_arms += len(batch.arm_start)
             at += m
-        one = len(parts) == 1
-        self.id_buf = id_parts[0] if one else np.concatenate(id_parts)
-        self.feat_buf = feat_parts[0] if one else np.concatenate(feat_parts)
-        self.arm_buf = arm_parts[0] if one else np.concatenate(arm_parts)
-        self.arm_start = start_parts[0] if one else np.concatenate(start_parts)
-        self.arm_len = len_parts[0] if one else np.concatenate(len_parts)
+        self.id_buf, self.feat_buf, self.arm_buf = id_buf, feat_buf, arm_buf
+        self.arm_start, self.arm_len = arm_start, arm_len
         self.rec_i, self.rec_f, self.key_col, self.key_names = rec_i, rec_f, key_col, list(names)
         is_ctx = rec_i[:, R_KIND] == CONTEXT
-        arm_bytes = np.zeros(n + 1, dtype=np.int64)
-        arm_bytes[:n] = np.where(is_ctx, _arm_bytes(parts), 0)
         contexts = np.zeros(n + 1, dtype=np.int64)
         contexts[:n] = is_ctx
         id_bytes = np.zeros(n + 1, dtype=np.int64)
@@ -191,24 +199,24 @@ class RecordColumns:
         return self
 
 
-def _arm_bytes(parts: list) -> np.ndarray:
-    """Each record's arm ids' bytes (0 for a record that is not a context), in run order."""
-    if len(parts) == 1:
-        batch, rows, _ = parts[0]
-        return batch.arm_bytes[rows]
-    return np.concatenate([batch.arm_bytes[rows] for batch, rows, _ in parts])
-
-
 # ``gather``'s meta columns (the caller's, per record of the run).
 META_KIND, META_SRC, META_OFF, META_RECORD_MS = range(4)
 META_FIELDS = 4
 
 
+@njit(cache=CACHE, inline="always")
+def _copy(dst, at, src, start, n):
+    for c in range(n):
+        dst[at + c] = src[start + c]
+
+
 @njit(cache=CACHE)
-def _gather(rows, meta, ts, value, shape, feat_start, id_start, id_len, key_len, key_id,
-            arm_first, renumber, id_at, feat_at, arm_at, rec_i, rec_f, key_col):  # fmt: skip
-    """The run's rows from one decoded batch, whose buffers start at ``id_at``, ``feat_at`` and
-    ``arm_at`` in the run's."""
+def _gather(rows, meta, ts, value, shape, feat_start, feats, ids, id_start, id_len, key_len,
+            key_id, renumber, arms, arm_first, arm_start, arm_len, pos, rec_i, rec_f, key_col,
+            arm_bytes, id_buf, feat_buf, arm_buf, run_arm_start, run_arm_len):  # fmt: skip
+    """The run's rows from one decoded batch: their columns, and their ids, features and arm
+    ids copied into the run's buffers from ``pos`` (id bytes, feature numbers, arm ids, arm id
+    bytes used so far; moved on past what is copied)."""
     for j in range(rows.shape[0]):
         i = rows[j]
         r = rec_i[j]
@@ -220,10 +228,26 @@ def _gather(rows, meta, ts, value, shape, feat_start, id_start, id_len, key_len,
             key_col[j] = -1
             continue
         r[R_TS] = ts[i]
-        r[R_ID_START], r[R_ID_LEN], r[R_KEY_LEN] = id_start[i] + id_at, id_len[i], key_len[i]
+        a, m = id_start[i], id_len[i]
+        r[R_ID_START], r[R_ID_LEN], r[R_KEY_LEN] = pos[0], m, key_len[i]
+        _copy(id_buf, pos[0], ids, a, m)
+        pos[0] += m
         key_col[j] = renumber[key_id[i]]
-        if kind == CONTEXT:
-            r[R_FEAT_START], r[R_K], r[R_D] = feat_start[i] + feat_at, shape[i, 0], shape[i, 1]
-            r[R_ARMS_START] = arm_first[i] + arm_at
-        else:
+        if kind != CONTEXT:
             rec_f[j] = value[i]
+            continue
+        k, d = shape[i, 0], shape[i, 1]
+        f = feat_start[i]
+        r[R_FEAT_START], r[R_K], r[R_D] = pos[1], k, d
+        _copy(feat_buf, pos[1], feats, f, k * d)
+        pos[1] += k * d
+        r[R_ARMS_START] = pos[2]
+        total = 0
+        for t in range(k):
+            s, n = arm_start[arm_first[i] + t], arm_len[arm_first[i] + t]
+            run_arm_start[pos[2]], run_arm_len[pos[2]] = pos[3], n
+            _copy(arm_buf, pos[3], arms, s, n)
+            pos[2] += 1
+            pos[3] += n
+            total += n
+        arm_bytes[j] = total

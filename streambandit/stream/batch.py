@@ -14,7 +14,9 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import logging
+import operator
 import time
 from typing import Any, Callable
 
@@ -28,7 +30,13 @@ from streambandit.engine.compiled_pass import CONTEXT, OTHER, REWARD_RECORD
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import Rejected
 from streambandit.engine.pass_outputs import EncodedOutputs
-from streambandit.engine.record_columns import META_FIELDS, RecordColumns
+from streambandit.engine.record_columns import (
+    META_FIELDS,
+    META_OFF,
+    META_RECORD_MS,
+    META_SRC,
+    RecordColumns,
+)
 from streambandit.log_format import RepeatFilter
 from streambandit.wire import (
     Action,
@@ -59,6 +67,8 @@ _TIMED = frozenset(
 )  # the decoded records that carry an event time
 
 log = logging.getLogger("streambandit")
+
+_INT64_MAX = 2**63 - 1
 
 # A dead letter is a WARNING line, one per reason per interval with a count of the rest: a client
 # sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
@@ -285,38 +295,48 @@ class BatchProcessor:
         fetched = _Fetched(records, self.source_of, self.config.learn_only)
         partitions = self.partitions
         ahead = self.config.max_event_time_ahead_ms
-        # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
-        # to the merger at once.
-        runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
-            collections.defaultdict(list)
-        )
-        fast = fetched.cols.fast.tolist()
-        stamps = fetched.cols.ts.tolist()
-        meta = fetched.meta.tolist()
-        for i, (p, (_, src, offset, record_ms)) in enumerate(zip(fetched.partition, meta)):
-            if fast[i]:
-                ts, timed = stamps[i], True
-            else:
-                ev = fetched.event(i)
-                timed = type(ev) in _TIMED
-                ts = ev.timestamp_ms if timed else 0
-            # The rule of admission.too_far_ahead, inlined (a call per record).
-            if timed and not (record_ms > 0 and ts > record_ms + ahead):
-                runs[2 * p + src].append((ts, src, offset, (fetched, i)))
-            else:
-                # A DecodeError, or an event time the engine will refuse as too far ahead (merged
-                # by that time, it would hold back every later record of its input): placed with
-                # no time, after what came before it.
-                part = partitions.get(p)
-                if part is not None:
-                    part.merger.extend(src, runs.pop(2 * p + src, []), now)
-                    part.merger.push(src, offset, None, (fetched, i), now)
-                    part.last_input_wall_ms = now
-        for key, run in runs.items():
+        meta, ts = fetched.meta, fetched.cols.ts.copy()
+        # Event times: the decoder's, or the record's for what only codec.decode takes.
+        timed = fetched.cols.fast != 0
+        for i in np.flatnonzero(~timed).tolist():
+            ev = fetched.event(i)
+            if type(ev) in _TIMED:
+                ts[i], timed[i] = ev.timestamp_ms, True
+        # The rule of admission.too_far_ahead, on the batch's columns.
+        # (A record timestamp is the client's to set: the sum is kept from wrapping past int64.)
+        record_ms = meta[:, META_RECORD_MS]
+        limit = np.minimum(record_ms, _INT64_MAX - ahead) + ahead
+        merged = timed & ~((record_ms > 0) & (ts > limit))
+        # Per partition and input, the records in fetch (offset) order, handed to the merger at
+        # once (2 p + source orders them; a stable sort keeps each one's offsets in order).
+        group = 2 * np.array(fetched.partition, dtype=np.int64) + meta[:, META_SRC]
+        order = np.argsort(group, kind="stable")
+        cuts = np.flatnonzero(np.diff(group[order])) + 1
+        for rows in np.split(order, cuts):
+            key = int(group[rows[0]])
             part = partitions.get(key >> 1)
             if part is None:
                 continue  # records fetched just before their partition was revoked
-            part.merger.extend(key & 1, run, now)
+            src = key & 1
+            items = list(
+                zip(
+                    ts[rows].tolist(),
+                    itertools.repeat(src),
+                    meta[rows, META_OFF].tolist(),
+                    zip(itertools.repeat(fetched), rows.tolist()),
+                )
+            )
+            bad = np.flatnonzero(~merged[rows]).tolist()
+            at = 0
+            for b in bad:
+                # A DecodeError, or an event time the engine will refuse as too far ahead
+                # (merged by that time, it would hold back every later record of its input):
+                # placed with no time, after what came before it.
+                part.merger.extend(src, items[at:b], now)
+                _, _, offset, item = items[b]
+                part.merger.push(src, offset, None, item, now)
+                at = b + 1
+            part.merger.extend(src, items[at:], now)
             part.last_input_wall_ms = now
 
     def release(self, now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
@@ -563,18 +583,23 @@ class _Run:
         return fetched.event(i), fetched.ref(i)
 
     def columns(self) -> RecordColumns:
-        parts: list[tuple[Any, list[int]]] = []
-        for item in self.items:
-            fetched, i = item[3]
-            if parts and parts[-1][0] is fetched:
-                parts[-1][1].append(i)
-            else:
-                parts.append((fetched, [i]))
-        return RecordColumns.gather(
-            [(f.cols, np.array(rows, np.int64), f.meta[rows]) for f, rows in parts]
-        )
+        parts = []
+        for fetched, pairs in itertools.groupby(map(_ITEM, self.items), _BATCH):
+            rows = np.fromiter(map(_ROW, pairs), dtype=np.int64)
+            parts.append((fetched.cols, rows, fetched.meta[rows]))
+        return RecordColumns.gather(parts)
 
     def advance(self, next_offset: dict[int, int]) -> None:
         """The next offset of each input past the run's records (offsets rise within one)."""
-        for item in self.items:
-            next_offset[item[1]] = item[2] + 1
+        left = {CONTEXTS, REWARDS}
+        for item in reversed(self.items):
+            src = item[1]
+            if src in left:
+                next_offset[src] = item[2] + 1
+                left.discard(src)
+                if not left:
+                    break
+
+
+# A released item's (fetched batch, index), and the parts of that pair.
+_ITEM, _BATCH, _ROW = operator.itemgetter(3), operator.itemgetter(0), operator.itemgetter(1)

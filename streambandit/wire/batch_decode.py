@@ -532,8 +532,9 @@ class DecodedColumns:
             np.cumsum(np.maximum(key_len[:-1], 0), out=key_start[1:])
         message_keys = np.frombuffer(b"".join(k or b"" for k in keys) or b"\0", np.uint8)
         self.arm_first = np.zeros(n, np.int64)
-        self.arm_start = np.zeros(p.n_arms + 1, np.int64)
-        self.arm_len = np.zeros(p.n_arms + 1, np.int64)
+        n_arms = int(p.shape[p.status == _CONTEXT, 0].sum())  # at most: _columns may refuse some
+        self.arm_start = np.zeros(n_arms + 1, np.int64)
+        self.arm_len = np.zeros(n_arms + 1, np.int64)
         self.key_id = np.zeros(n, np.int64)
         key_first = np.zeros(n + 1, np.int64)
         self.key_ok = np.zeros(n, np.bool_)
