@@ -17,9 +17,10 @@ whole path sees), in CPU time of this thread (``time.thread_time``), best of REP
 per level (the machine is shared: the best run is the one least disturbed). cProfile's shares
 (e2e part 3) inflate stages made of many small calls; these do not.
 
-1. decode: ``decode_batch`` of the batch's values;
-2. buffer: 1 + the records made and pushed into the mergers (``BatchProcessor.buffer``);
-3. engine: 2 + merge release and the partition engines (decisions, joins, the learners);
+1. decode: the batch's values decoded into columns (``stream.batch._Fetched``);
+2. buffer: 1 + each record pushed into its merger (``BatchProcessor.buffer``);
+3. engine: 2 + merge release and the partition engines, a run of columns per hand-over
+   (decisions, joins, the learners);
 4. encode: 3 + the worker's per-record dispatch and the outputs encoded
    (``BatchProcessor.release``, its hand-overs dropped);
 5. produce: 4 + every output handed to the producer (``release`` handing them to
@@ -38,20 +39,21 @@ from confluent_kafka import Message, Producer
 from bench import harness, traffic
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.merge import InputMerger
-from streambandit.engine.partition import PartitionEngine
-from streambandit.stream.batch import BatchProcessor, PartitionState
+from streambandit.stream.batch import EMIT_EVERY, BatchProcessor, PartitionState, _Fetched, _Run
 from streambandit.stream.transaction import Transaction
 from streambandit.stream.worker import freeze_long_lived
 from streambandit.wire import encode
-from streambandit.wire.batch_decode import decode_batch
 
 STAGE_TEXT = {
-    "decode": "`decode_batch` of the batch's values (one compiled pass, then the records in Python)",
-    "buffer": "each record's `InputRef` made and pushed into its partition's merger (`BatchProcessor.buffer`)",
-    "engine": "the merge's release and the partition engines: decisions, joins, the learners' calls",
-    "encode": "the worker's per-record loop and the outputs' encoding, in bulk per hand-over of 256 records "
-    "(`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
+    "decode": "the batch's values decoded into columns, with each record's input, offset and timestamp "
+    "(`stream.batch._Fetched`: one compiled pass, no record object)",
+    "buffer": "each record pushed into its partition's merger (`BatchProcessor.buffer`)",
+    "engine": "the merge's release and the partition engines, one run of columns per hand-over "
+    "(`ArrayPartitionEngine.process_columns`): decisions, joins, the learners' calls (the outputs left as columns)",
+    "encode": "the outputs encoded from the pass's columns (objects only for what the Python rules made), "
+    "per hand-over of 256 records (`BatchProcessor.release` with its hand-overs dropped, against the engine alone)",
     "produce": "every output handed to librdkafka (`Transaction.emit`, which `release` calls per hand-over)",
 }
 STAGES = tuple(STAGE_TEXT)
@@ -92,7 +94,9 @@ def processor(policy: str) -> BatchProcessor:
     )
     b = BatchProcessor(cfg, collections.Counter())
     for p in range(traffic.PARTITIONS):
-        b.partitions[p] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+        b.partitions[p] = PartitionState(
+            ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0}
+        )
     return b
 
 
@@ -116,10 +120,14 @@ _NOT_BEHIND = {
 
 def _engine_only(b: BatchProcessor, now: int) -> None:
     """``BatchProcessor.release`` without encoding the outputs (level 3)."""
-    for part in b.partitions.values():
-        for _, src, offset, (ev, ref) in part.merger.pop_ready(now, (False, False)):
-            (part.engine.on_context if src == 0 else part.engine.on_reward)(ev, ref)
-            part.next_offset[src] = offset + 1
+    for p, part in b.partitions.items():
+        items = part.merger.pop_ready(now, (False, False))
+        for at in range(0, len(items), EMIT_EVERY):
+            run = _Run(items[at : at + EMIT_EVERY], p)
+            part.engine.process_columns(
+                run.columns(), run, None, lambda j, run=run, part=part: b._handle(part, run, j)
+            )
+            run.advance(part.next_offset)
 
 
 def _drop(outputs: list) -> None:
@@ -142,7 +150,7 @@ def run(policy: str, batches: list[list[Message]], level: int) -> float:
     start = time.thread_time()
     for batch in batches:
         if level == 1:
-            decode_batch([m.value() for m in batch])
+            _Fetched(batch, b.source_of, False)
         else:
             b.buffer(batch, now)
             if level == 3:

@@ -22,8 +22,8 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -51,6 +51,12 @@ from streambandit.engine.partition import (
     _Counts,
     _trigger_of,
 )
+from streambandit.engine.pass_outputs import (
+    EncodedOutputs,
+    ModelKeyBytes,
+    encode_outputs,
+    model_key_bytes,
+)
 from streambandit.engine.recent_ids import RecentIds
 from streambandit.engine.record_columns import RecordColumns
 from streambandit.policies.base import Policy
@@ -61,7 +67,18 @@ from streambandit.reasons import (
 )
 from streambandit.wire import Action, Context, InputRef, Joined, ReplicaDecision, Reward, Tick
 
-__all__ = ["ArrayPartitionEngine"]
+__all__ = ["ArrayPartitionEngine", "OutputSink"]
+
+
+class OutputSink(Protocol):
+    """Where :meth:`ArrayPartitionEngine.process_columns` hands a run's outputs, as they are
+    made (each output topic's order is theirs): the compiled pass's encoded, the Python rules'
+    as the objects their methods return."""
+
+    def encoded(self, outputs: EncodedOutputs) -> None: ...
+
+    def objects(self, record: int, outputs: list) -> None: ...
+
 
 _COUNTERS = (
     ("actions", cp.C_ACTIONS),
@@ -137,6 +154,7 @@ class ArrayPartitionEngine(PartitionEngine):
         self._recent_added = 0
         self._recent_tail = 0
         self._columns = ModelColumns()
+        self._key_bytes = model_key_bytes([])
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -261,28 +279,55 @@ class ArrayPartitionEngine(PartitionEngine):
         return outputs, ends
 
     def process_columns(
-        self, cols: RecordColumns, events: list[tuple[Any, Any]], per_record: list[list] | None
+        self,
+        cols: RecordColumns,
+        events: Sequence[tuple[Any, Any]],
+        per_record: list[list] | None,
+        handle: Callable[[int], list] | None = None,
+        sink: OutputSink | None = None,
     ) -> None:
         """:meth:`process` of ``events`` given their columns: each record's outputs appended to
-        its list in ``per_record``; with None, the compiled pass's outputs are left as columns
-        (what bench.engine_pass counts: the pass without the objects made of its outputs)."""
+        its list in ``per_record``. With ``per_record`` None, the outputs go to ``sink`` as they
+        are made: the compiled pass's encoded (engine/pass_outputs.py: no object made), the
+        Python rules' as objects; with no sink either, they are dropped (what bench.engine_pass
+        counts: the pass alone).
+
+        ``handle(i)`` gives the outputs of record i, one the pass leaves, in the caller's way
+        (the worker's: a record that came on the wrong input is refused before the rules see
+        it); by default the record goes to the method of its kind. ``events`` is read only at
+        the records the pass leaves: a caller may make each pair when it is asked for."""
         n, i, models_seen = len(events), 0, -1
-        sink = per_record if per_record is not None else [[] for _ in events]
+        if per_record is not None:
+            deliver: Callable[[int, list], None] = lambda j, outs: per_record[j].extend(outs)  # noqa: E731
+        elif sink is not None:
+            deliver = sink.objects
+        else:
+            deliver = lambda j, outs: None  # noqa: E731
+        one = handle if handle is not None else (lambda j: self._one(*events[j]))
         while i < n:
             if len(self.model_keys) != models_seen:
                 cols.set_models(i, self._model_index, self.models)
                 models_seen = len(self.model_keys)
             nxt, rest_of_previous = self._run_compiled(cols, i, per_record)
+            if per_record is None and sink is not None and len(self.last_pass[0]):
+                sink.encoded(
+                    encode_outputs(cols, self.pending.ids.arena, self._keys(), *self.last_pass)
+                )
             if rest_of_previous:  # the decided record's windows to close, by the rules here
-                ev, source = events[nxt - 1]
-                sink[nxt - 1] += self._advance(self.watermark_ms, _trigger_of(source))
+                _, source = events[nxt - 1]
+                deliver(nxt - 1, self._advance(self.watermark_ms, _trigger_of(source)))
                 i = nxt
                 continue
             if nxt >= n:
                 break
-            ev, source = events[nxt]
-            sink[nxt] += self._one(ev, source)
+            deliver(nxt, one(nxt))
             i = nxt + 1
+
+    def _keys(self) -> ModelKeyBytes:
+        """The model keys' bytes (engine/pass_outputs.py), made again when a model is added."""
+        if len(self._key_bytes.each) != len(self.model_keys):
+            self._key_bytes = model_key_bytes(self.model_keys)
+        return self._key_bytes
 
     def _one(self, ev: Any, source: Any) -> list:
         cls = type(ev)
@@ -311,12 +356,15 @@ class ArrayPartitionEngine(PartitionEngine):
         self._deadlines.reserve(n_contexts)
         q = self._deadlines
         width = pending.features.shape[1]
-        out = np.zeros((n_contexts + closes + 1, 3), dtype=np.int64)
-        act_i = np.zeros((n_contexts + 1, 3), dtype=np.int64)
-        act_f = np.zeros(n_contexts + 1)
-        jn_i = np.zeros((closes + 1, cp.J_FIELDS), dtype=np.int64)
-        jn_f = np.zeros((closes + 1, 2))
-        jn_x = np.zeros((closes + 1, width))
+        # Room for every output the run could make (each open decision closed, each context
+        # decided), not zeroed: the pass writes every field of each output it makes, and only
+        # those are read; the pages of what it does not make are never touched.
+        out = np.empty((n_contexts + closes + 1, 3), dtype=np.int64)
+        act_i = np.empty((n_contexts + 1, 3), dtype=np.int64)
+        act_f = np.empty(n_contexts + 1)
+        jn_i = np.empty((closes + 1, cp.J_FIELDS), dtype=np.int64)
+        jn_f = np.empty((closes + 1, 2))
+        jn_x = np.empty((closes + 1, width))
         st = np.array(
             [
                 self.watermark_ms,
@@ -349,13 +397,17 @@ class ArrayPartitionEngine(PartitionEngine):
         self._recent_added += int(cnt[cp.C_RECENT])
         keys = self.model_keys
         self.changed.update(keys[m] for m in np.unique(jn_i[: counts[2], cp.J_MODEL]).tolist())
+        # The last pass's output columns (engine/pass_outputs.py encodes them). The joined ids'
+        # bytes are in pending.ids.arena until the ids' next reserve (the next pass, or a
+        # decision of the Python rules), whose compaction may move the arena to a new array.
+        self.last_pass = (out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x)
         if per_record is not None:
             self._outputs(cols, out[: counts[0]], act_i, act_f, jn_i, jn_f, jn_x, per_record)
         return int(nxt), bool(counts[3])
 
     def _outputs(self, cols, out, act_i, act_f, jn_i, jn_f, jn_x, per_record) -> None:
         """The pass's output columns as Actions and Joined records, by record."""
-        events_keys, arena, keys = cols.keys, self.pending.ids.arena, self.model_keys
+        arena, keys = self.pending.ids.arena, self.model_keys
         rec_i = cols.rec_i
         for kind, k, rec in out:
             if kind == cp.O_ACTION:
@@ -370,7 +422,7 @@ class ArrayPartitionEngine(PartitionEngine):
                         cols.id_buf[r[cp.R_ID_START] : r[cp.R_ID_START] + r[cp.R_ID_LEN]]
                         .tobytes()
                         .decode(),
-                        events_keys[rec],
+                        cols.key_of(rec),
                         cols.arm_buf[s0 : s0 + cols.arm_len[arm_at]].tobytes().decode(),
                         index,
                         float(act_f[k]),

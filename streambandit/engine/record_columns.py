@@ -1,8 +1,10 @@
-"""A run of decoded records as the columns engine/compiled_pass.py reads.
+"""A run of records as the columns engine/compiled_pass.py reads.
 
-The worker's decoder makes records (wire/batch_decode.py); until it writes these columns itself,
-this builds them from the records: ids and arm ids as bytes in one buffer each, every context's
-features in one float buffer, and the sums a caller reserves room by.
+Two ways in: :meth:`RecordColumns.gather`, from the columns the worker's decoder made of its poll
+batches (wire/batch_decode.py's ``DecodedColumns``: no Python object per record), and the
+constructor, from records (a call's, a replay's, a test's). Either gives ids and arm ids as
+bytes in one buffer each, every context's features in one float buffer, each record's model key
+as a number among the run's distinct keys, and the sums a caller reserves room by.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+from numba import njit
 
 from streambandit.engine.compiled_pass import (
     CONTEXT,
@@ -30,9 +33,10 @@ from streambandit.engine.compiled_pass import (
     R_TS,
     REWARD_RECORD,
 )
+from streambandit.numerics.jit import CACHE
 from streambandit.wire import Context, InputRef, Reward
 
-__all__ = ["RecordColumns"]
+__all__ = ["META_FIELDS", "META_KIND", "META_OFF", "META_RECORD_MS", "META_SRC", "RecordColumns"]
 
 
 class RecordColumns:
@@ -46,7 +50,8 @@ class RecordColumns:
         "arm_buf",
         "arm_start",
         "arm_len",
-        "keys",
+        "key_col",
+        "key_names",
         "contexts_after",
         "id_bytes_after",
         "arm_bytes_after",
@@ -57,7 +62,8 @@ class RecordColumns:
         rec_i = np.zeros((n, R_FIELDS), dtype=np.int64)
         rec_f = np.zeros(n, dtype=np.float64)
         ids, feats, arms, arm_lens = [], [], [], []
-        keys: list[str | None] = []
+        key_col = np.full(n, -1, dtype=np.int64)
+        key_number: dict[str, int] = {}
         id_at = feat_at = arm_at = 0
         contexts = np.zeros(n + 1, dtype=np.int64)  # per record, then summed from the end
         id_bytes = np.zeros(n + 1, dtype=np.int64)
@@ -80,11 +86,10 @@ class RecordColumns:
                 rec_f[i] = ev.value
             else:
                 r[R_KIND] = OTHER
-                keys.append(None)
                 continue
             r[R_TS] = ev.timestamp_ms
             key = ev.model_key
-            keys.append(key)
+            key_col[i] = key_number.setdefault(key, len(key_number))
             b = ev.event_id.encode()
             ids.append(b)
             r[R_ID_START], r[R_ID_LEN], r[R_KEY_LEN] = id_at, len(b), len(key.encode())
@@ -101,7 +106,8 @@ class RecordColumns:
                 arm_at += len(encoded)
                 contexts[i], id_bytes[i] = 1, len(b)
                 arm_bytes[i] = sum(arm_lens[-len(encoded) :]) if encoded else 0
-        self.rec_i, self.rec_f, self.keys = rec_i, rec_f, keys
+        self.rec_i, self.rec_f = rec_i, rec_f
+        self.key_col, self.key_names = key_col, list(key_number)
         self.id_buf = np.frombuffer(b"".join(ids) or b"\0", dtype=np.uint8)
         self.feat_buf = np.concatenate(feats) if feats else np.zeros(1)
         self.arm_buf = np.frombuffer(b"".join(arms) or b"\0", dtype=np.uint8)
@@ -118,7 +124,130 @@ class RecordColumns:
 
     def set_models(self, start: int, index_of: dict[str, int], models: dict[str, Any]) -> None:
         """The model column from record ``start`` on: a model's index, -1 when none is made."""
-        col = self.rec_i[:, R_MODEL]
-        for i in range(start, len(self.keys)):
-            key = self.keys[i]
-            col[i] = index_of[key] if key is not None and key in models else -1
+        # Indexed by key number, with -1 (no key) reading the last entry.
+        lookup = np.array(
+            [index_of[k] if k in models else -1 for k in self.key_names] + [-1], dtype=np.int64
+        )
+        self.rec_i[start:, R_MODEL] = lookup[self.key_col[start:]]
+
+    def key_of(self, i: int) -> str:
+        """Record ``i``'s model key."""
+        return self.key_names[self.key_col[i]]
+
+    @classmethod
+    def gather(cls, parts: list[tuple[Any, np.ndarray, np.ndarray]]) -> "RecordColumns":
+        """The columns of a run of records held in decoded batches: ``parts``, in run order, of
+        ``(batch, rows, meta)``: a ``DecodedColumns``, the indices of its records in the run, and
+        per record (rows of ``meta``, META_FIELDS columns) the kind the pass should see it as
+        (CONTEXT, REWARD_RECORD or OTHER: the caller knows whether it came on the right input,
+        keyed by its model key), its source, offset and record timestamp."""
+        self = cls.__new__(cls)
+        n = sum(len(rows) for _, rows, _ in parts)
+        rec_i = np.zeros((n, R_FIELDS), dtype=np.int64)
+        rec_f = np.zeros(n, dtype=np.float64)
+        key_col = np.empty(n, dtype=np.int64)
+        # The run's own buffers, holding only its records' ids, features and arm ids: a batch's
+        # buffers hold all of its records, and a run may span several batches.
+        sizes = np.zeros(4, dtype=np.int64)  # id bytes, feature numbers, arm ids, arm id bytes
+        for batch, rows, meta in parts:
+            kind = meta[:, META_KIND]
+            ctx = kind == CONTEXT
+            k, d = batch.shape[rows, 0], batch.shape[rows, 1]
+            sizes += (
+                int(batch.id_len[rows][kind != OTHER].sum()),
+                int((k * d)[ctx].sum()),
+                int(k[ctx].sum()),
+                int(batch.arm_bytes[rows][ctx].sum()),
+            )
+        id_buf = np.empty(max(1, sizes[0]), dtype=np.uint8)
+        feat_buf = np.empty(max(1, sizes[1]), dtype=np.float64)
+        arm_start = np.zeros(max(1, sizes[2]), dtype=np.int64)
+        arm_len = np.zeros(max(1, sizes[2]), dtype=np.int64)
+        arm_buf = np.empty(max(1, sizes[3]), dtype=np.uint8)
+        arm_bytes = np.zeros(n + 1, dtype=np.int64)  # per record, then summed from the end
+        names: dict[str, int] = {}
+        at = 0
+        pos = np.zeros(4, dtype=np.int64)  # where the next part's bytes go, as sizes
+        for batch, rows, meta in parts:
+            m = len(rows)
+            # The batch's key numbers as the run's (-1, no key, reads the last entry): only
+            # the keys of the run's rows are looked at (a batch may hold thousands).
+            renumber = np.full(len(batch.key_names) + 1, -1, dtype=np.int64)
+            key_names = batch.key_names
+            for k in np.unique(batch.key_id[rows]).tolist():
+                if k >= 0:
+                    renumber[k] = names.setdefault(key_names[k], len(names))
+            _gather(
+                rows, meta, batch.ts, batch.value, batch.shape, batch.feat_start, batch.feats,
+                batch.ids, batch.id_start, batch.id_len, batch.key_len, batch.key_id, renumber,
+                batch.arms, batch.arm_first, batch.arm_start, batch.arm_len, pos,
+                rec_i[at : at + m], rec_f[at : at + m], key_col[at : at + m],
+                arm_bytes[at : at + m], id_buf, feat_buf, arm_buf, arm_start, arm_len,
+            )  # fmt: skip
+            at += m
+        self.id_buf, self.feat_buf, self.arm_buf = id_buf, feat_buf, arm_buf
+        self.arm_start, self.arm_len = arm_start, arm_len
+        self.rec_i, self.rec_f, self.key_col, self.key_names = rec_i, rec_f, key_col, list(names)
+        is_ctx = rec_i[:, R_KIND] == CONTEXT
+        contexts = np.zeros(n + 1, dtype=np.int64)
+        contexts[:n] = is_ctx
+        id_bytes = np.zeros(n + 1, dtype=np.int64)
+        id_bytes[:n] = np.where(is_ctx, rec_i[:, R_ID_LEN], 0)
+        self.contexts_after = np.cumsum(contexts[::-1])[::-1]
+        self.id_bytes_after = np.cumsum(id_bytes[::-1])[::-1]
+        self.arm_bytes_after = np.cumsum(arm_bytes[::-1])[::-1]
+        return self
+
+
+# ``gather``'s meta columns (the caller's, per record of the run).
+META_KIND, META_SRC, META_OFF, META_RECORD_MS = range(4)
+META_FIELDS = 4
+
+
+@njit(cache=CACHE, inline="always")
+def _copy(dst, at, src, start, n):
+    for c in range(n):
+        dst[at + c] = src[start + c]
+
+
+@njit(cache=CACHE)
+def _gather(rows, meta, ts, value, shape, feat_start, feats, ids, id_start, id_len, key_len,
+            key_id, renumber, arms, arm_first, arm_start, arm_len, pos, rec_i, rec_f, key_col,
+            arm_bytes, id_buf, feat_buf, arm_buf, run_arm_start, run_arm_len):  # fmt: skip
+    """The run's rows from one decoded batch: their columns, and their ids, features and arm
+    ids copied into the run's buffers from ``pos`` (id bytes, feature numbers, arm ids, arm id
+    bytes used so far; moved on past what is copied)."""
+    for j in range(rows.shape[0]):
+        i = rows[j]
+        r = rec_i[j]
+        kind = meta[j, META_KIND]
+        r[R_KIND] = kind
+        r[R_SRC], r[R_OFF] = meta[j, META_SRC], meta[j, META_OFF]
+        r[R_RECORD_MS] = meta[j, META_RECORD_MS]
+        if kind == OTHER:
+            key_col[j] = -1
+            continue
+        r[R_TS] = ts[i]
+        a, m = id_start[i], id_len[i]
+        r[R_ID_START], r[R_ID_LEN], r[R_KEY_LEN] = pos[0], m, key_len[i]
+        _copy(id_buf, pos[0], ids, a, m)
+        pos[0] += m
+        key_col[j] = renumber[key_id[i]]
+        if kind != CONTEXT:
+            rec_f[j] = value[i]
+            continue
+        k, d = shape[i, 0], shape[i, 1]
+        f = feat_start[i]
+        r[R_FEAT_START], r[R_K], r[R_D] = pos[1], k, d
+        _copy(feat_buf, pos[1], feats, f, k * d)
+        pos[1] += k * d
+        r[R_ARMS_START] = pos[2]
+        total = 0
+        for t in range(k):
+            s, n = arm_start[arm_first[i] + t], arm_len[arm_first[i] + t]
+            run_arm_start[pos[2]], run_arm_len[pos[2]] = pos[3], n
+            _copy(arm_buf, pos[3], arms, s, n)
+            pos[2] += 1
+            pos[3] += n
+            total += n
+        arm_bytes[j] = total

@@ -14,15 +14,29 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
+import itertools
 import logging
+import operator
 import time
 from typing import Any, Callable
 
+import numpy as np
+
 from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.chains import ChainPosition
+from streambandit.engine.compiled_pass import CONTEXT, OTHER, REWARD_RECORD
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
-from streambandit.engine.partition import PartitionEngine, Rejected
+from streambandit.engine.partition import Rejected
+from streambandit.engine.pass_outputs import EncodedOutputs
+from streambandit.engine.record_columns import (
+    META_FIELDS,
+    META_OFF,
+    META_RECORD_MS,
+    META_SRC,
+    RecordColumns,
+)
 from streambandit.log_format import RepeatFilter
 from streambandit.wire import (
     Action,
@@ -36,7 +50,7 @@ from streambandit.wire import (
     Tick,
     encode,
 )
-from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_decode import DecodedColumns
 from streambandit.wire.batch_encode import encode_actions_timed, encode_joined_timed
 
 __all__ = ["BatchProcessor", "PartitionState", "Output", "EMIT_EVERY", "now_ms"]
@@ -54,6 +68,8 @@ _TIMED = frozenset(
 
 log = logging.getLogger("streambandit")
 
+_INT64_MAX = 2**63 - 1
+
 # A dead letter is a WARNING line, one per reason per interval with a count of the rest: a client
 # sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
 DEAD_LETTER_LOG_EVERY_S = 10.0
@@ -65,7 +81,7 @@ def now_ms() -> int:
 
 @dataclasses.dataclass
 class PartitionState:
-    engine: PartitionEngine
+    engine: ArrayPartitionEngine
     merger: InputMerger
     next_offset: dict[
         int, int
@@ -109,20 +125,25 @@ class BatchTimes:
 
 
 class _Outputs:
-    """A batch's outputs not yet handed over: actions and joined records as records (encoded
-    together by ``take``), the rest (dead letters, ticks) already encoded. ``runs`` says which
-    partition each record is of: (first action, first joined record, partition) of each run,
-    marked by :meth:`mark` when the partition changes (a tuple per output cost more)."""
+    """A batch's outputs not yet handed over, in each output topic's order: encoded (the
+    engine's compiled pass's, dead letters, ticks), and the Python rules' actions and joined
+    records as objects, encoded together by :meth:`flush` (before anything encoded is added
+    after them). ``runs`` says which partition each object is of: (first action, first joined
+    record, partition) of each run, marked by :meth:`mark` when the partition changes (a tuple
+    per output cost more). Counts go to ``metrics``, event times to ``seen`` (the worker's
+    latency histograms)."""
 
-    def __init__(self, topics: Topics) -> None:
-        self.topics = topics
+    def __init__(self, topics: Topics, metrics: collections.Counter, seen: BatchTimes) -> None:
+        self.topics, self.metrics, self.seen = topics, metrics, seen
         self.actions: list[Action] = []
         self.joined: list[Joined] = []
         self.others: list[Output] = []
         self.runs: list[tuple[int, int, int]] = []
+        self.p = -1
 
     def mark(self, p: int) -> None:
         """What is added from now on is of partition ``p``."""
+        self.p = p
         self.runs.append((len(self.actions), len(self.joined), p))
 
     def _partitions(self, which: int, n: int) -> list[int]:
@@ -134,10 +155,26 @@ class _Outputs:
             out += [run[2]] * (stop - run[which])
         return out
 
-    def take(self, metrics: collections.Counter, seen: BatchTimes) -> list[Output]:
-        """Everything held, encoded, as (topic, partition, key, value); empties the buffer. The
-        event times of what it holds go to ``seen`` (the worker's latency histograms)."""
-        t, actions, joined = self.topics, self.actions, self.joined
+    def encoded(self, enc: EncodedOutputs) -> None:
+        """A compiled pass's outputs, of partition ``self.p``."""
+        if self.actions or self.joined:
+            self.flush()
+        t, p, out, metrics = self.topics, self.p, self.others, self.metrics
+        if enc.actions:
+            topic = t.actions
+            out += [(topic, p, k, v) for k, v in zip(enc.action_keys, enc.actions)]
+            self.seen.decided_ms += enc.decided_ms
+            metrics["actions"] += len(enc.actions)
+        if enc.joined:
+            topic = t.joined
+            out += [(topic, p, k, v) for k, v in zip(enc.joined_keys, enc.joined)]
+            self.seen.reward_delays_ms += enc.delays
+            metrics["default_rewards"] += enc.defaults
+            metrics["joined"] += len(enc.joined)
+
+    def flush(self) -> None:
+        """The objects held, encoded after what is encoded already."""
+        t, actions, joined, metrics = self.topics, self.actions, self.joined, self.metrics
         out = self.others
         if actions:
             values, decided = encode_actions_timed(actions)
@@ -146,7 +183,7 @@ class _Outputs:
                 (topic, p, a.model_key.encode(), v)
                 for p, a, v in zip(self._partitions(0, len(actions)), actions, values)
             ]
-            seen.decided_ms += decided
+            self.seen.decided_ms += decided
         if joined:
             values, delays = encode_joined_timed(joined)
             topic = t.joined
@@ -154,12 +191,42 @@ class _Outputs:
                 (topic, p, j.model_key.encode(), v)
                 for p, j, v in zip(self._partitions(1, len(joined)), joined, values)
             ]
-            seen.reward_delays_ms += delays
+            self.seen.reward_delays_ms += delays
             metrics["default_rewards"] += len(joined) - len(delays)
         metrics["actions"] += len(actions)
         metrics["joined"] += len(joined)
-        self.actions, self.joined, self.others, self.runs = [], [], [], []
+        self.actions, self.joined, self.runs = [], [], [(0, 0, self.p)]
+
+    def take(self) -> list[Output]:
+        """Everything held, encoded, as (topic, partition, key, value); empties the buffer."""
+        self.flush()
+        out, self.others = self.others, []
         return out
+
+
+class _RunOutputs:
+    """``ArrayPartitionEngine.process_columns``'s sink for a run of partition ``p``: the
+    compiled pass's outputs encoded, the Python rules' objects sorted into actions, joined
+    records and dead letters (each refusal's with its record's InputRef)."""
+
+    __slots__ = ("buf", "p", "run", "processor")
+
+    def __init__(self, buf: _Outputs, p: int, run: "_Run", processor: "BatchProcessor") -> None:
+        self.buf, self.p, self.run, self.processor = buf, p, run, processor
+
+    def encoded(self, outputs: EncodedOutputs) -> None:
+        self.buf.encoded(outputs)
+
+    def objects(self, record: int, outputs: list) -> None:
+        buf = self.buf
+        for o in outputs:
+            ocls = type(o)
+            if ocls is Action:
+                buf.actions.append(o)
+            elif ocls is Joined:
+                buf.joined.append(o)
+            else:
+                buf.others.append(self.processor._dead_letter(self.p, o, self.run[record][1]))
 
 
 class BatchProcessor:
@@ -221,38 +288,55 @@ class BatchProcessor:
 
     def buffer(self, records: list[Any], now: int) -> None:
         """Decode the batch's records and buffer each in its partition's merger."""
-        # The whole batch is decoded in one compiled pass (e2e part 2 compares it with
-        # decoding one record at a time).
-        values = [m.value() for m in records]
-        partitions, sources = self.partitions, self.source_of
+        # The whole batch is decoded into columns in one compiled pass (e2e part 2 compares
+        # decoding in bulk with decoding one record at a time); a record object is made only
+        # for a record that needs one (one the fast layouts do not take, here, or one the
+        # engine's compiled pass leaves, in release).
+        fetched = _Fetched(records, self.source_of, self.config.learn_only)
+        partitions = self.partitions
         ahead = self.config.max_event_time_ahead_ms
-        # Per partition and source (key 2 p + source), the records in fetch (offset) order, handed
-        # to the merger at once.
-        runs: collections.defaultdict[int, list[tuple[int, int, int, Any]]] = (
-            collections.defaultdict(list)
-        )
-        for msg, value, ev in zip(records, values, decode_batch(values)):
-            p = msg.partition()
-            src, offset = sources[msg.topic()], msg.offset()
-            record_ms = msg.timestamp()[1]
-            ref = InputRef(src, p, offset, msg.key(), value, record_ms)
-            # The rule of admission.too_far_ahead, inlined (a call per record).
-            if type(ev) in _TIMED and not (record_ms > 0 and ev.timestamp_ms > record_ms + ahead):
-                runs[2 * p + src].append((ev.timestamp_ms, src, offset, (ev, ref)))
-            else:
-                # A DecodeError, or an event time the engine will refuse as too far ahead (merged
-                # by that time, it would hold back every later record of its input): placed with
-                # no time, after what came before it.
-                part = partitions.get(p)
-                if part is not None:
-                    part.merger.extend(src, runs.pop(2 * p + src, []), now)
-                    part.merger.push(src, offset, None, (ev, ref), now)
-                    part.last_input_wall_ms = now
-        for key, run in runs.items():
+        meta, ts = fetched.meta, fetched.cols.ts.copy()
+        # Event times: the decoder's, or the record's for what only codec.decode takes.
+        timed = fetched.cols.fast != 0
+        for i in np.flatnonzero(~timed).tolist():
+            ev = fetched.event(i)
+            if type(ev) in _TIMED:
+                ts[i], timed[i] = ev.timestamp_ms, True
+        # The rule of admission.too_far_ahead, on the batch's columns.
+        # (A record timestamp is the client's to set: the sum is kept from wrapping past int64.)
+        record_ms = meta[:, META_RECORD_MS]
+        limit = np.minimum(record_ms, _INT64_MAX - ahead) + ahead
+        merged = timed & ~((record_ms > 0) & (ts > limit))
+        # Per partition and input, the records in fetch (offset) order, handed to the merger at
+        # once (2 p + source orders them; a stable sort keeps each one's offsets in order).
+        group = 2 * np.array(fetched.partition, dtype=np.int64) + meta[:, META_SRC]
+        order = np.argsort(group, kind="stable")
+        cuts = np.flatnonzero(np.diff(group[order])) + 1
+        for rows in np.split(order, cuts):
+            key = int(group[rows[0]])
             part = partitions.get(key >> 1)
             if part is None:
                 continue  # records fetched just before their partition was revoked
-            part.merger.extend(key & 1, run, now)
+            src = key & 1
+            items = list(
+                zip(
+                    ts[rows].tolist(),
+                    itertools.repeat(src),
+                    meta[rows, META_OFF].tolist(),
+                    zip(itertools.repeat(fetched), rows.tolist()),
+                )
+            )
+            bad = np.flatnonzero(~merged[rows]).tolist()
+            at = 0
+            for b in bad:
+                # A DecodeError, or an event time the engine will refuse as too far ahead
+                # (merged by that time, it would hold back every later record of its input):
+                # placed with no time, after what came before it.
+                part.merger.extend(src, items[at:b], now)
+                _, _, offset, item = items[b]
+                part.merger.push(src, offset, None, item, now)
+                at = b + 1
+            part.merger.extend(src, items[at:], now)
             part.last_input_wall_ms = now
 
     def release(self, now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
@@ -260,49 +344,48 @@ class BatchProcessor:
         outputs to ``emit`` every :data:`EMIT_EVERY` records and at the end; returns how many.
 
         ``behind[p]`` says, per input of partition p, whether the broker holds records not yet
-        fetched (the merge then waits for them). The common case, a context on contexts or a
-        reward on rewards keyed by its model key, goes straight to the engine; everything else
-        takes ``_other``. Actions and joined records are encoded together, one compiled pass each
-        per hand-over; each output topic's records keep their order, which is all the logs'
-        order depends on (bench.worker_path measures this loop by stage)."""
-        out_buf = _Outputs(self.config.topics)
+        fetched (the merge then waits for them). Each partition's released records go to its
+        engine as one run of columns per hand-over (``ArrayPartitionEngine.process_columns``):
+        the common case, a context on contexts or a reward on rewards keyed by its model key,
+        in the engine's compiled pass; what the pass leaves through ``_handle``. Actions and
+        joined records are encoded together, one compiled pass each per hand-over; each output
+        topic's records keep their order, which is all the logs' order depends on
+        (bench.worker_path measures this loop by stage)."""
+        out_buf = _Outputs(self.config.topics, self.metrics, self.times)
         released = 0
-        # A learn-only worker opens the decisions replicas logged; a worker decides on contexts.
-        first = ReplicaDecision if self.config.learn_only else Context
         for p, part in self.partitions.items():
-            eng, next_offset = part.engine, part.next_offset
-            on_context = eng.on_decision if self.config.learn_only else eng.on_context
-            on_reward = eng.on_reward
+            items = part.merger.pop_ready(now, behind[p])
+            for at in range(0, len(items), EMIT_EVERY):
+                run = _Run(items[at : at + EMIT_EVERY], p)
+                out_buf.mark(p)
+                part.engine.process_columns(
+                    run.columns(),
+                    run,
+                    None,
+                    lambda j, run=run, part=part: self._handle(part, run, j),
+                    _RunOutputs(out_buf, p, run, self),
+                )
+                run.advance(part.next_offset)
+                if at + EMIT_EVERY < len(items):
+                    emit(out_buf.take())
+            self.metrics["records_in"] += len(items)
+            released += len(items)
             out_buf.mark(p)
-            actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
-            n = 0
-            for _, src, offset, (ev, ref) in part.merger.pop_ready(now, behind[p]):
-                cls, key = type(ev), ref.key
-                if cls is first and src == CONTEXTS and key == ev.model_key.encode():
-                    out = on_context(ev, ref)
-                elif cls is Reward and src == REWARDS and key == ev.model_key.encode():
-                    out = on_reward(ev, ref)
-                else:
-                    out = self._other(part, ev, ref)
-                for o in out:
-                    ocls = type(o)
-                    if ocls is Action:
-                        actions.append(o)
-                    elif ocls is Joined:
-                        joined.append(o)
-                    else:
-                        others.append(self._dead_letter(p, o, ref))
-                next_offset[src] = offset + 1
-                n += 1
-                if n % EMIT_EVERY == 0:
-                    emit(out_buf.take(self.metrics, self.times))
-                    out_buf.mark(p)
-                    actions, joined, others = out_buf.actions, out_buf.joined, out_buf.others
-            self.metrics["records_in"] += n
-            released += n
             out_buf.others += self._maybe_tick(p, part, now)
-        emit(out_buf.take(self.metrics, self.times))
+        emit(out_buf.take())
         return released
+
+    def _handle(self, part: PartitionState, run: "_Run", j: int) -> list:
+        """Record j of ``run``, one the engine's compiled pass left: the common case to the
+        engine's rules, anything else to ``_other``."""
+        ev, ref = run[j]
+        cls, key, eng = type(ev), ref.key, part.engine
+        first = ReplicaDecision if self.config.learn_only else Context
+        if cls is first and ref.source == CONTEXTS and key == ev.model_key.encode():
+            return eng.on_decision(ev, ref) if self.config.learn_only else eng.on_context(ev, ref)
+        if cls is Reward and ref.source == REWARDS and key == ev.model_key.encode():
+            return eng.on_reward(ev, ref)
+        return self._other(part, ev, ref)
 
     def _other(
         self, part: PartitionState, ev: Any, ref: InputRef
@@ -441,3 +524,82 @@ class BatchProcessor:
                 encode(Tick(part.engine.watermark_ms + idle, self.config.group_id)),
             )
         ]
+
+
+class _Fetched:
+    """A poll batch: its messages, their values decoded into columns, and per record what the
+    engine's pass reads beside them (``meta``: the kind it should see the record as, its input,
+    offset and record timestamp) and its partition."""
+
+    __slots__ = ("messages", "values", "keys", "cols", "meta", "partition", "_events")
+
+    def __init__(self, messages: list[Any], source_of: dict[str, int], learn_only: bool) -> None:
+        self.messages = messages
+        self.values = values = [m.value() for m in messages]
+        self.keys = keys = [m.key() for m in messages]
+        self.cols = cols = DecodedColumns(values, keys)
+        n = len(messages)
+        sources = [source_of[m.topic()] for m in messages]
+        meta = np.zeros((n, META_FIELDS), dtype=np.int64)
+        meta[:, 1] = sources
+        meta[:, 2] = [m.offset() for m in messages]
+        meta[:, 3] = [m.timestamp()[1] for m in messages]
+        src = meta[:, 1]
+        # The pass's case: a context on contexts (a learn-only worker takes replicas' decisions,
+        # none of them here) or a reward on rewards, keyed by its model key.
+        ctx = (cols.fast == 1) & (src == CONTEXTS) & cols.key_ok & (not learn_only)
+        rew = (cols.fast == 2) & (src == REWARDS) & cols.key_ok
+        meta[:, 0] = np.where(ctx, CONTEXT, np.where(rew, REWARD_RECORD, OTHER))
+        self.meta = meta
+        self.partition = [m.partition() for m in messages]
+        self._events: dict[int, Any] = {}
+
+    def event(self, i: int) -> Any:
+        """Record i, decoded (made once)."""
+        ev = self._events.get(i)
+        if ev is None:
+            ev = self._events[i] = self.cols.record(i)
+        return ev
+
+    def ref(self, i: int) -> InputRef:
+        _, src, offset, record_ms = self.meta[i].tolist()
+        return InputRef(src, self.partition[i], offset, self.keys[i], self.values[i], record_ms)
+
+
+class _Run:
+    """Records the merge released, ``(timestamp, source, offset, (fetched batch, index))`` each,
+    as the engine takes a run: its columns, and each record with its InputRef when asked for."""
+
+    __slots__ = ("items", "p")
+
+    def __init__(self, items: list[tuple], p: int) -> None:
+        self.items, self.p = items, p
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, j: int) -> tuple[Any, InputRef]:
+        fetched, i = self.items[j][3]
+        return fetched.event(i), fetched.ref(i)
+
+    def columns(self) -> RecordColumns:
+        parts = []
+        for fetched, pairs in itertools.groupby(map(_ITEM, self.items), _BATCH):
+            rows = np.fromiter(map(_ROW, pairs), dtype=np.int64)
+            parts.append((fetched.cols, rows, fetched.meta[rows]))
+        return RecordColumns.gather(parts)
+
+    def advance(self, next_offset: dict[int, int]) -> None:
+        """The next offset of each input past the run's records (offsets rise within one)."""
+        left = {CONTEXTS, REWARDS}
+        for item in reversed(self.items):
+            src = item[1]
+            if src in left:
+                next_offset[src] = item[2] + 1
+                left.discard(src)
+                if not left:
+                    break
+
+
+# A released item's (fetched batch, index), and the parts of that pair.
+_ITEM, _BATCH, _ROW = operator.itemgetter(3), operator.itemgetter(0), operator.itemgetter(1)

@@ -16,9 +16,10 @@ from typing import Any, Callable
 
 from streambandit import reasons
 from streambandit.config.worker import WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.chains import ChainPosition
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
-from streambandit.engine.partition import PartitionEngine, RecoveryError
+from streambandit.engine.partition import RecoveryError
 from streambandit.stream.batch import PartitionState
 from streambandit.stream.errors import WorkerError
 from streambandit.stream.logs import LogReader, committed_view
@@ -108,10 +109,10 @@ def _recover_from(
     c, t = config, config.topics
     limits = c.engine_limits()
     if snap is None:
-        engine = PartitionEngine(c.models, **limits)
+        engine = ArrayPartitionEngine(c.models, **limits)
         start = {"contexts": 0, "rewards": 0, t.actions: 0, t.joined: 0, t.dead_letter: 0}
     else:
-        engine = PartitionEngine.restore(c.models, snap.engine, **limits)
+        engine = ArrayPartitionEngine.restore(c.models, snap.engine, **limits)
         h = snap.header
         start = {
             "contexts": h.contexts_offset,

@@ -27,7 +27,7 @@ from streambandit.wire.codec import DecodeError
 from streambandit.wire.records import Context, Reward
 from streambandit.wire.schemas import READERS, WRITERS
 
-__all__ = ["decode_batch"]
+__all__ = ["DecodedColumns", "decode_batch"]
 
 # Per-record outcome of the compiled pass.
 _SLOW = 0  # not handled here: codec.decode decides (another schema, or anything malformed)
@@ -90,17 +90,17 @@ def _copy_nul_ended(buf, a, b, out, at):
 
 
 @njit(cache=CACHE, nogil=True)
-def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, value):
+def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, id_at, value):
     """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
     ``arms``.
 
     Columns per record: ``spans[i]`` = event id (0, 1), model key (2, 3), arm ids in ``arms``
     (4, 5) and features in ``feats`` (6, 7) as start/stop; ``shape[i]`` = (K, d); ``value[i]`` a
     reward's value. The event ids and model keys of the records handled here are copied into
-    ``ids`` (event id, model key, event id, ...) and their arm ids into ``arms``, each followed by
-    a NUL byte, so that Python decodes and splits each buffer once for the whole batch instead of
-    once per string; a record whose event id, model key or arm ids contain a NUL goes the slow
-    way."""
+    ``ids`` (event id, model key, event id, ...; ``id_at[i]`` where record i's event id starts)
+    and their arm ids into ``arms``, each followed by a NUL byte, so that Python decodes and
+    splits each buffer once for the whole batch instead of once per string; a record whose event
+    id, model key or arm ids contain a NUL goes the slow way."""
     f_at = 0
     a_at = 0
     i_at = 0
@@ -146,6 +146,7 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
                 i_at = i0
                 continue
             value[i] = v
+            id_at[i] = i0
             status[i] = _REWARD
             continue
         # arm_ids: Avro array blocks (count, [byte size if count < 0], items), ended by count 0.
@@ -197,8 +198,45 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
         spans[i, 6], spans[i, 7] = f_at, f_at + m
         shape[i, 0], shape[i, 1] = k, m // k
         f_at += m
+        id_at[i] = i0
         status[i] = _CONTEXT
     return i_at, a_at
+
+
+class _Parsed:
+    """``_parse``'s columns of a batch's values, and the buffers they point into."""
+
+    __slots__ = (
+        "raw", "status", "ts", "spans", "shape", "value", "feats", "arms", "ids", "id_at",
+        "n_ids", "n_arms",
+    )  # fmt: skip
+
+    def __init__(self, values: list) -> None:
+        n = len(values)
+        fast_layouts = WRITERS.get((1, 2)) is READERS[1] and WRITERS.get((2, 1)) is READERS[2]
+        clean = [v if isinstance(v, bytes) else b"" for v in values]
+        self.raw = raw = b"".join(clean)
+        buf = np.frombuffer(raw, dtype=np.uint8)
+        sizes = np.fromiter(map(len, clean), dtype=np.int64, count=n)
+        ends = np.cumsum(sizes)
+        starts = ends - sizes
+        self.status = np.zeros(n, np.int8)
+        self.ts = np.zeros(n, np.int64)
+        self.spans = np.zeros((n, 8), np.int64)
+        self.shape = np.zeros((n, 2), np.int64)
+        self.value = np.zeros(n, np.float64)
+        self.feats = np.empty(len(raw) // 8 + 1, np.float64)
+        # Every arm id and a NUL after each (an arm id is >= 1 byte in raw); the event id and
+        # model key, a NUL after each.
+        self.arms = np.empty(len(raw) + n + 1, np.uint8)
+        self.ids = np.empty(len(raw) + 2 * n + 1, np.uint8)
+        self.id_at = np.zeros(n, np.int64)
+        self.n_ids = self.n_arms = 0
+        if fast_layouts:
+            self.n_ids, self.n_arms = _parse(
+                buf, starts, ends, MAGIC, self.status, self.ts, self.spans, self.shape,
+                self.feats, self.arms, self.ids, self.id_at, self.value,
+            )  # fmt: skip
 
 
 def decode_batch(values: list) -> list:
@@ -207,28 +245,10 @@ def decode_batch(values: list) -> list:
     n = len(values)
     if n == 0:
         return []
-    fast_layouts = WRITERS.get((1, 2)) is READERS[1] and WRITERS.get((2, 1)) is READERS[2]
-    clean = [v if isinstance(v, bytes) else b"" for v in values]
-    raw = b"".join(clean)
-    buf = np.frombuffer(raw, dtype=np.uint8)
-    sizes = np.fromiter(map(len, clean), dtype=np.int64, count=n)
-    ends = np.cumsum(sizes)
-    starts = ends - sizes
-    status = np.zeros(n, np.int8)
-    ts = np.zeros(n, np.int64)
-    spans = np.zeros((n, 8), np.int64)
-    shape = np.zeros((n, 2), np.int64)
-    value = np.zeros(n, np.float64)
-    feats = np.empty(len(raw) // 8 + 1, np.float64)
-    arms = np.empty(
-        len(raw) + n + 1, np.uint8
-    )  # every arm id and a NUL after each (an arm id is >= 1 byte in raw)
-    ids = np.empty(len(raw) + 2 * n + 1, np.uint8)  # event id and model key, a NUL after each
-    n_ids = n_arms = 0
-    if fast_layouts:
-        n_ids, n_arms = _parse(
-            buf, starts, ends, MAGIC, status, ts, spans, shape, feats, arms, ids, value
-        )
+    parsed = _Parsed(values)
+    raw, status, ts, spans, shape = parsed.raw, parsed.status, parsed.ts, parsed.spans, parsed.shape
+    value, feats, arms, ids = parsed.value, parsed.feats, parsed.arms, parsed.ids
+    n_ids, n_arms = parsed.n_ids, parsed.n_arms
     # Every event id and every arm id of the batch in one decode and one split (a NUL ends each;
     # none holds one). Bytes that are not UTF-8 anywhere: each record is decoded on its own below,
     # so the bad one gets the per-record decoder's error and the others their strings.
@@ -358,3 +378,205 @@ def _decode_or_error(value: bytes) -> object:
         return codec.decode(value)
     except DecodeError as exc:
         return exc
+
+
+# -- the batch as columns, for the engine's compiled pass (engine/record_columns.py) -----------
+
+
+@njit(cache=CACHE, nogil=True)
+def _utf8_ok(buf, a, b):
+    """Whether ``buf[a:b]`` is UTF-8 as Python's strict decoder takes it: no overlong form, no
+    surrogate, nothing above U+10FFFF, no sequence cut short."""
+    j = a
+    while j < b:
+        c = buf[j]
+        if c < 0x80:
+            j += 1
+            continue
+        if 0xC2 <= c <= 0xDF:
+            n, lo, hi = 1, 0x80, 0xBF
+        elif c == 0xE0:
+            n, lo, hi = 2, 0xA0, 0xBF
+        elif c == 0xED:
+            n, lo, hi = 2, 0x80, 0x9F  # U+D800..DFFF (surrogates) refused
+        elif 0xE1 <= c <= 0xEF:
+            n, lo, hi = 2, 0x80, 0xBF
+        elif c == 0xF0:
+            n, lo, hi = 3, 0x90, 0xBF
+        elif 0xF1 <= c <= 0xF3:
+            n, lo, hi = 3, 0x80, 0xBF
+        elif c == 0xF4:
+            n, lo, hi = 3, 0x80, 0x8F
+        else:
+            return False
+        if j + n >= b:
+            return False
+        if not lo <= buf[j + 1] <= hi:
+            return False
+        for t in range(2, n + 1):
+            if not 0x80 <= buf[j + t] <= 0xBF:
+                return False
+        j += n + 1
+    return True
+
+
+@njit(cache=CACHE, nogil=True)
+def _columns(status, spans, ids, id_at, arms, keys, key_start, key_len, arm_first, arm_start, arm_len,
+             key_id, key_first, key_ok):  # fmt: skip
+    """What the engine's pass reads beyond ``_parse``'s columns, per record parsed there: its
+    strings checked as UTF-8 (a record with one that is not goes back to ``codec.decode``, for
+    its error), its arm ids split (``arm_first[i]``: its first arm's index in ``arm_start`` and
+    ``arm_len``, positions in ``arms``), its model key numbered among the batch's distinct keys
+    (``key_id[i]``; ``key_first[j]``: the first record of key j), and whether the message key
+    (``key_len[i]`` bytes of ``keys`` from ``key_start[i]``; none when the length is < 0) is
+    the model key. Returns
+    how many distinct keys."""
+    n = status.shape[0]
+    size = 16
+    while size < 2 * n:
+        size *= 2
+    slots = np.full(size, -1, np.int64)  # key id per hash slot
+    hashes = np.zeros(n, np.uint64)
+    n_keys = 0
+    n_arms = 0
+    for i in range(n):
+        key_id[i] = -1
+        key_ok[i] = False
+        if status[i] == _SLOW:
+            continue
+        e0 = id_at[i]
+        e1 = e0 + spans[i, 1] - spans[i, 0]
+        k0 = e1 + 1
+        k1 = k0 + spans[i, 3] - spans[i, 2]
+        ok = _utf8_ok(ids, e0, e1) and _utf8_ok(ids, k0, k1)
+        if ok and status[i] == _CONTEXT:
+            ok = _utf8_ok(arms, spans[i, 4], spans[i, 5])
+        if not ok:
+            status[i] = _SLOW
+            continue
+        if status[i] == _CONTEXT:
+            arm_first[i] = n_arms
+            at = spans[i, 4]
+            for j in range(spans[i, 4], spans[i, 5] + 1):
+                if j == spans[i, 5] or arms[j] == 0:
+                    arm_start[n_arms], arm_len[n_arms] = at, j - at
+                    n_arms += 1
+                    at = j + 1
+        # The model key among the batch's keys (FNV-1a, open addressing).
+        h = np.uint64(14695981039346656037)
+        for j in range(k0, k1):
+            h = (h ^ np.uint64(ids[j])) * np.uint64(1099511628211)
+        s = np.int64(h & np.uint64(size - 1))
+        while True:
+            kid = slots[s]
+            if kid < 0:
+                slots[s] = n_keys
+                hashes[n_keys] = h
+                key_first[n_keys] = i
+                key_id[i] = n_keys
+                n_keys += 1
+                break
+            if hashes[kid] == h:
+                f = key_first[kid]
+                f0 = id_at[f] + spans[f, 1] - spans[f, 0] + 1
+                if spans[f, 3] - spans[f, 2] == k1 - k0:
+                    same = True
+                    for j in range(k1 - k0):
+                        if ids[f0 + j] != ids[k0 + j]:
+                            same = False
+                            break
+                    if same:
+                        key_id[i] = kid
+                        break
+            s = np.int64((s + 1) % size)
+        m0 = key_start[i]
+        if key_len[i] == k1 - k0:
+            same = True
+            for j in range(k1 - k0):
+                if keys[m0 + j] != ids[k0 + j]:
+                    same = False
+                    break
+            key_ok[i] = same
+    return n_keys
+
+
+class DecodedColumns:
+    """A poll batch's values as columns, for the engine's compiled pass, and on demand the record
+    :func:`decode_batch` makes of any one of them (the records the pass does not take).
+
+    Per record: ``fast`` (1 a context, 2 a reward, both well formed under the fast layouts'
+    every rule and their strings UTF-8; 0 anything else, for ``codec.decode``), ``ts``,
+    ``value`` (a reward's), ``shape`` (K, d), ``feat_start`` (in ``feats``), the event id's
+    ``id_start``/``id_len`` in ``ids``, ``key_len`` (the model key's bytes), ``key_id`` (its
+    number among the batch's distinct ``key_names``), ``key_ok`` (the message key is the model
+    key), ``arm_first`` (the first arm id's index in ``arm_start``/``arm_len``, positions in
+    ``arms``) and ``arm_bytes`` (a context's arm ids' bytes)."""
+
+    __slots__ = (
+        "values", "fast", "ts", "value", "shape", "feat_start", "feats", "ids", "id_start",
+        "id_len", "key_len", "key_id", "key_names", "key_ok", "arms", "arm_first", "arm_start",
+        "arm_len", "arm_bytes", "_spans",
+    )  # fmt: skip
+
+    def __init__(self, values: list, keys: list) -> None:
+        """``values`` and message ``keys`` (bytes or None) of the batch's records."""
+        n = len(values)
+        p = _Parsed(values)
+        self.values = values
+        self.fast, self.ts, self.value, self.shape = p.status, p.ts, p.value, p.shape
+        self.feats, self.ids, self.arms, self._spans = p.feats, p.ids, p.arms, p.spans
+        key_lens = [-1 if k is None else len(k) for k in keys]
+        key_start = np.zeros(n, np.int64)
+        key_len = np.array(key_lens, np.int64).reshape(n)
+        if n > 1:
+            np.cumsum(np.maximum(key_len[:-1], 0), out=key_start[1:])
+        message_keys = np.frombuffer(b"".join(k or b"" for k in keys) or b"\0", np.uint8)
+        self.arm_first = np.zeros(n, np.int64)
+        n_arms = int(p.shape[p.status == _CONTEXT, 0].sum())  # at most: _columns may refuse some
+        self.arm_start = np.zeros(n_arms + 1, np.int64)
+        self.arm_len = np.zeros(n_arms + 1, np.int64)
+        self.key_id = np.zeros(n, np.int64)
+        key_first = np.zeros(n + 1, np.int64)
+        self.key_ok = np.zeros(n, np.bool_)
+        n_keys = _columns(
+            p.status, p.spans, p.ids, p.id_at, p.arms, message_keys, key_start, key_len,
+            self.arm_first, self.arm_start, self.arm_len, self.key_id, key_first, self.key_ok,
+        )  # fmt: skip
+        spans = p.spans
+        self.id_start = p.id_at
+        self.id_len = spans[:, 1] - spans[:, 0]
+        self.key_len = spans[:, 3] - spans[:, 2]
+        self.feat_start = spans[:, 6]
+        # Arm ids' bytes: the span less the NULs between them.
+        self.arm_bytes = np.where(
+            p.status == _CONTEXT, spans[:, 5] - spans[:, 4] - p.shape[:, 0] + 1, 0
+        )
+        ids = p.ids
+        self.key_names = [
+            ids[a : a + m].tobytes().decode()
+            for a, m in zip(
+                (p.id_at[key_first[:n_keys]] + self.id_len[key_first[:n_keys]] + 1).tolist(),
+                self.key_len[key_first[:n_keys]].tolist(),
+            )
+        ]
+
+    def __len__(self) -> int:
+        return len(self.values)
+
+    def record(self, i: int) -> object:
+        """Record ``i`` as :func:`decode_batch` returns it (a DecodeError for a bad one)."""
+        fast = self.fast[i]
+        if fast == _SLOW:
+            return _decode_or_error(self.values[i])
+        a = int(self.id_start[i])
+        event_id = self.ids[a : a + self.id_len[i]].tobytes().decode()
+        key = self.key_names[self.key_id[i]]
+        if fast == _REWARD:
+            return Reward(event_id, key, int(self.ts[i]), float(self.value[i]))
+        sp = self._spans[i]
+        k, d = self.shape[i].tolist()
+        arm_ids = tuple(self.arms[sp[4] : sp[5]].tobytes().decode().split("\x00"))
+        f = int(sp[6])
+        return Context(
+            event_id, key, int(self.ts[i]), arm_ids, self.feats[f : f + k * d].reshape(k, d)
+        )

@@ -120,6 +120,11 @@ def _encode_joined(header, strs, str_ends, ints, bits, feats, feat_ends, out, en
         ends[i] = pos
 
 
+# For engine/pass_outputs.py, which writes these columns from the compiled pass's outputs.
+encode_action_columns = _encode_actions
+encode_joined_columns = _encode_joined
+
+
 class _Unfit(Exception):
     """A batch the columns cannot hold exactly: encode it one record at a time."""
 
@@ -193,6 +198,13 @@ def _slices(out: np.ndarray, ends: np.ndarray) -> list[bytes]:
     return list(map(raw.__getitem__, map(slice, starts, ends.tolist())))
 
 
+# A record's bytes past its strings and features, at most: the header, a varint (10 bytes at
+# most) per string or feature length and per long, the doubles (and the joined record's flag).
+ACTION_BOUND = 3 + 4 * 10 + 5 * 10 + 16
+JOINED_BOUND = 3 + 3 * 10 + 1 + 5 * 10 + 16
+slices = _slices  # the records of one buffer, by their ends (engine/pass_outputs.py)
+
+
 def _bound(strs: np.ndarray, feats: np.ndarray, n: int, per_record: int) -> int:
     # Every byte of the strings and features, plus the fixed fields and varints at their longest.
     return len(strs) + len(feats) + n * per_record
@@ -230,7 +242,7 @@ def encode_actions_timed(actions: list[Action]) -> tuple[list[bytes], list[int]]
         feats, feat_ends = _features([a.features for a in actions])
     except _Unfit:
         return [encode_action(a) for a in actions], [a.decision_timestamp_ms for a in actions]
-    out = np.empty(_bound(strs, feats, n, 3 + 4 * 10 + 5 * 10 + 16), dtype=np.uint8)
+    out = np.empty(_bound(strs, feats, n, ACTION_BOUND), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
     _encode_actions(
         np.frombuffer(ACTION_HEADER, np.uint8),
@@ -278,7 +290,7 @@ def encode_joined_timed(joined: list[Joined]) -> tuple[list[bytes], list[int]]:
         return [encode_joined(j) for j in joined], [
             j.join_timestamp_ms - j.decision_timestamp_ms for j in joined if j.reward_observed
         ]
-    out = np.empty(_bound(strs, feats, n, 3 + 3 * 10 + 1 + 5 * 10 + 16), dtype=np.uint8)
+    out = np.empty(_bound(strs, feats, n, JOINED_BOUND), dtype=np.uint8)
     ends = np.empty(n, dtype=np.int64)
     _encode_joined(
         np.frombuffer(JOINED_HEADER, np.uint8),

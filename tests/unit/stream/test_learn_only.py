@@ -14,6 +14,7 @@ from confluent_kafka import Message
 from streambandit import reasons
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.merge import InputMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.stream.batch import BatchProcessor, PartitionState
@@ -232,7 +233,7 @@ def _processor(learn_only: bool) -> BatchProcessor:
         learn_only=learn_only,
     )
     b = BatchProcessor(cfg, collections.Counter())
-    b.partitions[0] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+    b.partitions[0] = PartitionState(ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
     return b
 
 

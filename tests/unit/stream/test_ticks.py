@@ -9,8 +9,8 @@ from confluent_kafka import Message
 from streambandit import reasons
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
+from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.merge import InputMerger
-from streambandit.engine.partition import PartitionEngine
 from streambandit.stream.batch import BatchProcessor, PartitionState
 from streambandit.wire import Context, Tick, decode, encode
 from streambandit.wire.codec import write
@@ -41,7 +41,7 @@ def processor(group: str) -> BatchProcessor:
         idle_tick_ms=10**9,
     )
     b = BatchProcessor(cfg, collections.Counter())
-    b.partitions[0] = PartitionState(PartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+    b.partitions[0] = PartitionState(ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
     return b
 
 
@@ -84,7 +84,7 @@ def test_only_the_groups_own_ticks_move_its_watermark():
             assert engine.watermark_ms == 5_000 and not engine.pending and not dead
             assert [r.event_id for t, r in out if t == "j"] == ["e1"]
         else:
-            assert engine.watermark_ms == 1_000 and list(engine.pending) == ["e1"]
+            assert engine.watermark_ms == 1_000 and len(engine.pending) == 1 and "e1" in engine.pending
             assert [d.reason for d in dead] == [reasons.FOREIGN_TICK] and decode(
                 dead[0].value
             ).group_id == tick_group

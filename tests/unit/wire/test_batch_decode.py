@@ -15,7 +15,7 @@ from streambandit.wire import (
     encode_context_v1,
     schemas,
 )
-from streambandit.wire.batch_decode import decode_batch
+from streambandit.wire.batch_decode import DecodedColumns, _utf8_ok, decode_batch
 
 
 def one_by_one(values):
@@ -51,6 +51,73 @@ def assert_same(values):
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):
         assert same(g, w), (i, values[i], g, w)
+    assert_columns(values, want)
+
+
+def assert_columns(values, want):
+    """DecodedColumns gives each record as codec.decode does, and its columns say what the
+    record holds: the record's own strings, numbers and features, for every record it takes."""
+    # Message keys: the model key, another key, or none, in turn.
+    keys = []
+    for i, w in enumerate(want):
+        model_key = getattr(w, "model_key", "k")
+        keys.append([model_key.encode(), b"other", None][i % 3])
+    cols = DecodedColumns(values, keys)
+    assert len(cols) == len(values)
+    for i, w in enumerate(want):
+        assert same(cols.record(i), w), (i, values[i])
+        fast = int(cols.fast[i])
+        assert fast in (0, 1, 2)
+        if fast == 0:
+            # Only a record outside the fast layouts, or one the per-record decoder refuses, or
+            # with a NUL in a string (the fast layout's own rule) is left to codec.decode.
+            continue
+        assert type(w) is (Context if fast == 1 else Reward)
+        a, m = int(cols.id_start[i]), int(cols.id_len[i])
+        assert cols.ids[a : a + m].tobytes() == w.event_id.encode()
+        assert cols.key_names[cols.key_id[i]] == w.model_key
+        assert cols.key_len[i] == len(w.model_key.encode())
+        assert cols.ts[i] == w.timestamp_ms
+        assert bool(cols.key_ok[i]) == (keys[i] == w.model_key.encode())
+        if fast == 2:
+            assert cols.value[i] == w.value
+            continue
+        k, d = w.features.shape
+        assert tuple(cols.shape[i]) == (k, d)
+        f = int(cols.feat_start[i])
+        assert cols.feats[f : f + k * d].tobytes() == w.features.tobytes()
+        first = int(cols.arm_first[i])
+        arms = [
+            cols.arms[s : s + n].tobytes().decode()
+            for s, n in zip(cols.arm_start[first : first + k], cols.arm_len[first : first + k])
+        ]
+        assert tuple(arms) == w.arm_ids
+        assert cols.arm_bytes[i] == sum(len(x.encode()) for x in w.arm_ids)
+    names = cols.key_names
+    assert len(set(names)) == len(names)
+
+
+def test_utf8_check_agrees_with_pythons_strict_decoder():
+    rng = np.random.default_rng(5)
+    # Every 1- and 2-byte string, then random 3- and 4-byte ones weighted to the lead bytes.
+    cases = [bytes([a]) for a in range(256)] + [
+        bytes([a, b]) for a in range(256) for b in range(256)
+    ]
+    leads = [0xE0, 0xED, 0xEF, 0xF0, 0xF4, 0xF5, 0xC0, 0xC2, 0x80]
+    for _ in range(60_000):
+        n = int(rng.integers(3, 5))
+        b = rng.integers(0x70, 0x100, size=n).astype(np.uint8)
+        b[0] = leads[int(rng.integers(len(leads)))] if rng.random() < 0.7 else b[0]
+        cases.append(b.tobytes())
+    cases += ["é-ü€😀".encode(), "\ud800".encode("utf-8", "surrogatepass")]
+    for c in cases:
+        try:
+            c.decode()
+            want = True
+        except UnicodeDecodeError:
+            want = False
+        buf = np.frombuffer(b"#" + c + b"#", np.uint8)
+        assert _utf8_ok(buf, 1, 1 + len(c)) == want, c
 
 
 def contexts(rng, n=30):

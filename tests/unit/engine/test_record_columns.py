@@ -1,0 +1,127 @@
+"""engine/record_columns.py: a run gathered from the decoder's columns (RecordColumns.gather) is
+the run the records give, to the engine's compiled pass: the same outputs, record for record and
+byte for byte, and the same snapshot, with runs that span several poll batches."""
+
+import numpy as np
+import pytest
+
+from streambandit.engine.array_partition import ArrayPartitionEngine
+from streambandit.engine.compiled_pass import CONTEXT, OTHER, R_ID_LEN, R_ID_START, REWARD_RECORD
+from streambandit.engine.partition import PartitionEngine
+from streambandit.engine.record_columns import META_FIELDS, RecordColumns
+from streambandit.wire import Context, DecodeError, InputRef, encode
+from streambandit.wire.batch_decode import DecodedColumns, decode_batch
+
+from .test_array_partition import as_bytes, snapshot_bytes
+from .test_compiled_pass import config, python_outputs, records
+from .test_engine_recovery import LIMITS
+
+
+def encoded_stream(seed: int) -> list[tuple[bytes, InputRef]]:
+    """test_compiled_pass's hostile stream as the bytes a worker fetches, each with its
+    InputRef (a NaN reward's bytes, which do not decode, left out: the engine takes records)."""
+    out = []
+    for ev, src in records(seed):
+        value = encode(ev)
+        if not isinstance(decode_batch([value])[0], DecodeError):
+            out.append((value, src))
+    return out
+
+
+def in_batches(stream, rng) -> list[tuple[DecodedColumns, list]]:
+    """The stream cut into poll batches at random, each decoded into columns."""
+    batches, at = [], 0
+    while at < len(stream):
+        part = stream[at : at + int(rng.integers(1, 90))]
+        cols = DecodedColumns([v for v, _ in part], [ref.key for _, ref in part])
+        batches.append((cols, [ref for _, ref in part]))
+        at += len(part)
+    return batches
+
+
+def runs(batches, rng):
+    """Runs of (batch, refs, row) in stream order, each crossing batch boundaries at random."""
+    flat = [(b, refs, i) for b, refs in batches for i in range(len(b))]
+    at = 0
+    while at < len(flat):
+        n = int(rng.integers(1, 150))
+        yield flat[at : at + n]
+        at += n
+
+
+def gathered(run) -> tuple[RecordColumns, list]:
+    """The run's columns and its (record, InputRef) pairs; a record is the pass's when it
+    decoded by the fast layouts (its kind), another's otherwise."""
+    parts, events = [], []
+    for b, refs, i in run:
+        ref = refs[i]
+        fast = int(b.fast[i])
+        kind = CONTEXT if fast == 1 else REWARD_RECORD if fast == 2 else OTHER
+        meta = [kind, ref.source, ref.offset, ref.timestamp_ms]
+        if parts and parts[-1][0] is b:
+            parts[-1][1].append(i)
+            parts[-1][2].append(meta)
+        else:
+            parts.append((b, [i], [meta]))
+        events.append((b.record(i), ref))
+    cols = RecordColumns.gather(
+        [
+            (b, np.array(rows, np.int64), np.array(meta, np.int64).reshape(-1, META_FIELDS))
+            for b, rows, meta in parts
+        ]
+    )
+    return cols, events
+
+
+@pytest.mark.parametrize("seed,max_pending", [(0, 30), (1, 5), (3, 100_000)])
+def test_runs_gathered_from_decoded_batches_give_the_python_engines_outputs(seed, max_pending):
+    cfg = config(0.0)
+    limits = {**LIMITS, "max_pending": max_pending, "max_id_bytes": 64, "max_models": 8,
+              "max_event_time_ahead_ms": 60_000}  # fmt: skip
+    python, arrays = PartitionEngine(cfg, **limits), ArrayPartitionEngine(cfg, **limits)
+    rng = np.random.default_rng(seed)
+    stream = encoded_stream(seed)
+    multi = compiled = 0
+    for run in runs(in_batches(stream, rng), rng):
+        cols, events = gathered(run)
+        multi += len({id(b) for b, _, _ in run}) > 1
+        want = [as_bytes(python_outputs(python, ev, src)) for ev, src in events]
+        per_record = [[] for _ in events]
+        arrays.process_columns(cols, events, per_record)
+        assert [as_bytes(p) for p in per_record] == want
+        assert snapshot_bytes(arrays) == snapshot_bytes(python)
+        compiled += arrays.counters["actions"]
+    assert multi > 0 and compiled > 0
+
+
+def test_a_gathered_run_holds_each_records_own_bytes():
+    rng = np.random.default_rng(7)
+    stream = encoded_stream(2)
+    for run in runs(in_batches(stream, rng), rng):
+        cols, events = gathered(run)
+        reference = RecordColumns(events)
+        n = len(events)
+        for j, (ev, _) in enumerate(events):
+            r = cols.rec_i[j]
+            if r[0] == OTHER:
+                continue
+            a, m = int(r[R_ID_START]), int(r[R_ID_LEN])
+            assert cols.id_buf[a : a + m].tobytes() == ev.event_id.encode()
+            assert cols.key_of(j) == ev.model_key
+            if isinstance(ev, Context):
+                k, d = ev.features.shape
+                f = int(r[9])
+                assert cols.feat_buf[f : f + k * d].tobytes() == ev.features.tobytes()
+                first = int(r[12])
+                got = [
+                    cols.arm_buf[s : s + ln].tobytes().decode()
+                    for s, ln in zip(
+                        cols.arm_start[first : first + k], cols.arm_len[first : first + k]
+                    )
+                ]
+                assert tuple(got) == ev.arm_ids
+        # What a caller reserves room by: as the records count it.
+        for name in ("contexts_after", "id_bytes_after", "arm_bytes_after"):
+            assert (
+                getattr(cols, name)[: n + 1].tolist() == getattr(reference, name)[: n + 1].tolist()
+            ), name
