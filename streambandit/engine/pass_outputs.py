@@ -46,7 +46,7 @@ from streambandit.engine.compiled_pass import (
     R_SRC,
     R_TS,
 )
-from streambandit.engine.record_columns import RecordColumns
+from streambandit.engine.record_columns import RecordColumns, copy_into
 from streambandit.numerics.jit import CACHE
 from streambandit.wire.batch_encode import (
     ACTION_BOUND,
@@ -92,13 +92,6 @@ class EncodedOutputs(NamedTuple):
     defaults: int  # joined records whose reward was not observed
     kinds: np.ndarray  # per output (the pass's order): O_ACTION or O_JOINED
     records: np.ndarray  # per output: the index of the record that made it
-
-
-@njit(cache=CACHE, inline="always")
-def _copy(dst, at, src, start, length):
-    for c in range(length):
-        dst[at + c] = src[start + c]
-    return at + length
 
 
 @njit(cache=CACHE)
@@ -153,26 +146,26 @@ def _columns(
             arm = r[R_ARMS_START] + index
             key_start = key_ends[m - 1] if m > 0 else 0
             # event_id, model_key, arm_id (ArrayPartitionEngine._outputs' Action).
-            a_s = _copy(a_strs, a_s, id_buf, r[R_ID_START], r[R_ID_LEN])
+            a_s = copy_into(a_strs, a_s, id_buf, r[R_ID_START], r[R_ID_LEN])
             a_str_ends[a, 0] = a_s
-            a_s = _copy(a_strs, a_s, key_buf, key_start, key_ends[m] - key_start)
+            a_s = copy_into(a_strs, a_s, key_buf, key_start, key_ends[m] - key_start)
             a_str_ends[a, 1] = a_s
-            a_s = _copy(a_strs, a_s, arm_buf, arm_start[arm], arm_len[arm])
+            a_s = copy_into(a_strs, a_s, arm_buf, arm_start[arm], arm_len[arm])
             a_str_ends[a, 2] = a_s
             a_ints[a, 0], a_ints[a, 1], a_ints[a, 2] = index, act_i[k, A_VERSION], r[R_TS]
             a_ints[a, 3], a_ints[a, 4] = r[R_SRC], r[R_OFF]
             a_bits[a, 0], a_bits[a, 1] = act_f[k], 1.0  # score, propensity
             d = r[R_D]
-            a_f = _copy(a_feats, a_f, feat_buf, r[R_FEAT_START] + index * d, d)
+            a_f = copy_into(a_feats, a_f, feat_buf, r[R_FEAT_START] + index * d, d)
             a_feat_ends[a] = a_f * 8
             a_models[a] = m
             a += 1
         else:
             m = jn_i[k, J_MODEL]
             key_start = key_ends[m - 1] if m > 0 else 0
-            j_s = _copy(j_strs, j_s, arena, jn_i[k, J_ID_START], jn_i[k, J_ID_LEN])
+            j_s = copy_into(j_strs, j_s, arena, jn_i[k, J_ID_START], jn_i[k, J_ID_LEN])
             j_str_ends[j, 0] = j_s
-            j_s = _copy(j_strs, j_s, key_buf, key_start, key_ends[m] - key_start)
+            j_s = copy_into(j_strs, j_s, key_buf, key_start, key_ends[m] - key_start)
             j_str_ends[j, 1] = j_s
             j_ints[j, 0] = 1 if jn_i[k, J_OBSERVED] else 0
             j_ints[j, 1], j_ints[j, 2] = jn_i[k, J_DECIDED], jn_i[k, J_NOW]
@@ -181,7 +174,7 @@ def _columns(
             )  # fmt: skip
             j_bits[j, 0], j_bits[j, 1] = jn_f[k, J_REWARD], jn_f[k, J_PROPENSITY]
             dim = jn_i[k, J_DIM]
-            j_f = _copy(j_feats, j_f, jn_x[k], 0, dim)
+            j_f = copy_into(j_feats, j_f, jn_x[k], 0, dim)
             j_feat_ends[j] = j_f * 8
             j_models[j] = m
             j += 1

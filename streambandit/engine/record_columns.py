@@ -205,9 +205,11 @@ META_FIELDS = 4
 
 
 @njit(cache=CACHE, inline="always")
-def _copy(dst, at, src, start, n):
+def copy_into(dst, at, src, start, n):
+    """``src[start:start + n]`` into ``dst`` from ``at`` (no slice made); the position after."""
     for c in range(n):
         dst[at + c] = src[start + c]
+    return at + n
 
 
 @njit(cache=CACHE)
@@ -230,7 +232,7 @@ def _gather(rows, meta, ts, value, shape, feat_start, feats, ids, id_start, id_l
         r[R_TS] = ts[i]
         a, m = id_start[i], id_len[i]
         r[R_ID_START], r[R_ID_LEN], r[R_KEY_LEN] = pos[0], m, key_len[i]
-        _copy(id_buf, pos[0], ids, a, m)
+        copy_into(id_buf, pos[0], ids, a, m)
         pos[0] += m
         key_col[j] = renumber[key_id[i]]
         if kind != CONTEXT:
@@ -239,14 +241,14 @@ def _gather(rows, meta, ts, value, shape, feat_start, feats, ids, id_start, id_l
         k, d = shape[i, 0], shape[i, 1]
         f = feat_start[i]
         r[R_FEAT_START], r[R_K], r[R_D] = pos[1], k, d
-        _copy(feat_buf, pos[1], feats, f, k * d)
+        copy_into(feat_buf, pos[1], feats, f, k * d)
         pos[1] += k * d
         r[R_ARMS_START] = pos[2]
         total = 0
         for t in range(k):
             s, n = arm_start[arm_first[i] + t], arm_len[arm_first[i] + t]
             run_arm_start[pos[2]], run_arm_len[pos[2]] = pos[3], n
-            _copy(arm_buf, pos[3], arms, s, n)
+            copy_into(arm_buf, pos[3], arms, s, n)
             pos[2] += 1
             pos[3] += n
             total += n

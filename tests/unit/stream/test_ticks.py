@@ -84,7 +84,9 @@ def test_only_the_groups_own_ticks_move_its_watermark():
             assert engine.watermark_ms == 5_000 and not engine.pending and not dead
             assert [r.event_id for t, r in out if t == "j"] == ["e1"]
         else:
-            assert engine.watermark_ms == 1_000 and len(engine.pending) == 1 and "e1" in engine.pending
+            assert (
+                engine.watermark_ms == 1_000 and len(engine.pending) == 1 and "e1" in engine.pending
+            )
             assert [d.reason for d in dead] == [reasons.FOREIGN_TICK] and decode(
                 dead[0].value
             ).group_id == tick_group
