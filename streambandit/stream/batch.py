@@ -292,6 +292,8 @@ class BatchProcessor:
         # decoding in bulk with decoding one record at a time); a record object is made only
         # for a record that needs one (one the fast layouts do not take, here, or one the
         # engine's compiled pass leaves, in release).
+        if not records:
+            return  # a poll that timed out: nothing fetched
         fetched = _Fetched(records, self.source_of, self.config.learn_only)
         partitions = self.partitions
         ahead = self.config.max_event_time_ahead_ms

@@ -209,3 +209,15 @@ def test_runs_of_columns_give_the_record_by_record_loops_outputs(seed):
                       and (m.topic() == "c") == (src == CONTEXTS)), default=0)
             for src in (CONTEXTS, REWARDS)
         }  # fmt: skip
+
+
+def test_an_empty_poll_is_processed_as_nothing():
+    """The worker hands over what a poll fetched, which may be nothing (a poll that timed out)."""
+    cfg = config()
+    b = BatchProcessor(cfg, collections.Counter())
+    b.partitions[0] = PartitionState(
+        ArrayPartitionEngine(cfg.models, **cfg.engine_limits()), InputMerger(0), {0: 0, 1: 0}
+    )
+    got: list = []
+    assert b.process([], 0, {0: (False, False)}, got.extend) == 0
+    assert got == [] and b.partitions[0].next_offset == {0: 0, 1: 0}
