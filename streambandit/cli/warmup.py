@@ -21,7 +21,8 @@ __all__ = ["compile_kernels"]
 
 def compile_kernels() -> None:
     """Call every compiled kernel once: each learner's decisions, update and stream loop, the
-    row-independent products, and the batch decoder and encoders of the worker's path."""
+    row-independent products, and the worker's batch path (decoder, the engine's compiled pass,
+    encoders)."""
     from streambandit import POLICIES, make_policy
     from streambandit.engine.decision import choose
     from streambandit.policies.base import features_ok
@@ -46,36 +47,36 @@ def compile_kernels() -> None:
     decode_batch(
         [encode(ctx), encode(Reward(event_id="e", model_key="m", timestamp_ms=2, value=1.0)), b"x"]
     )
-    encode_actions(
-        [
-            Action(
-                event_id="e",
-                model_key="m",
-                arm_id="a",
-                arm_index=0,
-                score=0.0,
-                propensity=1.0,
-                model_version=0,
-                decision_timestamp_ms=1,
-                features=arms[0],
-            )
-        ]
+    action = Action(
+        event_id="e",
+        model_key="m",
+        arm_id="a",
+        arm_index=0,
+        score=0.0,
+        propensity=1.0,
+        model_version=0,
+        decision_timestamp_ms=1,
+        features=arms[0],
     )
-    encode_joined_records(
-        [
-            Joined(
-                event_id="e",
-                model_key="m",
-                features=arms[0],
-                reward=1.0,
-                reward_observed=True,
-                propensity=1.0,
-                decision_timestamp_ms=1,
-                join_timestamp_ms=2,
-                model_version_before=0,
-            )
-        ]
+    # One record and several: numba types a one-row column as read-only (a view of the packed
+    # bytes) and a longer one as a copy, two signatures of the encoder.
+    encode_actions([action])
+    encode_actions([action, action])
+    joined = Joined(
+        event_id="e",
+        model_key="m",
+        features=arms[0],
+        reward=1.0,
+        reward_observed=True,
+        propensity=1.0,
+        decision_timestamp_ms=1,
+        join_timestamp_ms=2,
+        model_version_before=0,
     )
+    encode_joined_records([joined])
+    encode_joined_records([joined, joined])
+
+    _batch_path()
 
     from streambandit.replay import csv_columnar
 
@@ -92,6 +93,61 @@ def compile_kernels() -> None:
             one.copy(),
             np.empty(1, np.uint8),
         )
+
+
+def _batch_path() -> None:
+    """A worker's poll batch through ``BatchProcessor``: the decoder's columns, a run's columns,
+    the engine's compiled pass, its outputs' encoder, and the rules in Python for what the pass
+    leaves (a new model)."""
+    import collections
+
+    from confluent_kafka import Message
+
+    from streambandit.config.models import parse_models_config
+    from streambandit.config.worker import Topics, WorkerConfig
+    from streambandit.engine.array_partition import ArrayPartitionEngine
+    from streambandit.engine.merge import InputMerger
+    from streambandit.stream.batch import BatchProcessor, PartitionState
+    from streambandit.wire import Context, Reward, encode
+
+    models = parse_models_config(
+        {
+            "models": [
+                {
+                    "match": "*",
+                    "policy": "oful",
+                    "dim": 3,
+                    "reward_window_ms": 10,
+                    "default_reward": 0.0,
+                }
+            ]
+        }
+    )
+    topics = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
+    cfg = WorkerConfig(bootstrap_servers="unused", models=models, topics=topics, merge_wait_ms=0)
+    batch = BatchProcessor(cfg, collections.Counter())
+    engine = ArrayPartitionEngine(cfg.models, **cfg.engine_limits())
+    batch.partitions[0] = PartitionState(engine, InputMerger(0), {0: 0, 1: 0})
+    records, offsets = [], collections.Counter()
+    # Enough records that the id tables grow (their rehash and compaction), in two polls.
+    for i in range(2_000):
+        # Four models: their first contexts' actions (the rules in Python) encoded together.
+        key = f"m{i % 4}"
+        ctx = Context(f"e{i}", key, 100 * i, ("a", "b", "c"), np.eye(3))
+        for topic, ev in (("c", ctx), ("r", Reward(f"e{i}", key, 100 * i + 1, 1.0))):
+            records.append(
+                Message(
+                    topic=topic,
+                    partition=0,
+                    offset=offsets[topic],
+                    key=key.encode(),
+                    value=encode(ev),
+                    timestamp=(1, ev.timestamp_ms),
+                )
+            )
+            offsets[topic] += 1
+    for part in (records[:1_500], records[1_500:]):
+        batch.process(part, 0, {0: (False, False)}, lambda outputs: None)
 
 
 def main() -> int:

@@ -529,14 +529,13 @@ class BatchProcessor:
 
 
 class _Fetched:
-    """A poll batch: its messages, their values decoded into columns, and per record what the
-    engine's pass reads beside them (``meta``: the kind it should see the record as, its input,
-    offset and record timestamp) and its partition."""
+    """A poll batch: its values and keys, the values decoded into columns, and per record what
+    the engine's pass reads beside them (``meta``: the kind it should see the record as, its
+    input, offset and record timestamp) and its partition."""
 
-    __slots__ = ("messages", "values", "keys", "cols", "meta", "partition", "_events")
+    __slots__ = ("values", "keys", "cols", "meta", "partition", "_events")
 
     def __init__(self, messages: list[Any], source_of: dict[str, int], learn_only: bool) -> None:
-        self.messages = messages
         self.values = values = [m.value() for m in messages]
         self.keys = keys = [m.key() for m in messages]
         self.cols = cols = DecodedColumns(values, keys)
