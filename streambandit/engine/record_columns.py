@@ -135,21 +135,24 @@ class RecordColumns:
         return self.key_names[self.key_col[i]]
 
     @classmethod
-    def gather(cls, parts: list[tuple[Any, np.ndarray, np.ndarray]]) -> "RecordColumns":
-        """The columns of a run of records held in decoded batches: ``parts``, in run order, of
-        ``(batch, rows, meta)``: a ``DecodedColumns``, the indices of its records in the run, and
-        per record (rows of ``meta``, META_FIELDS columns) the kind the pass should see it as
-        (CONTEXT, REWARD_RECORD or OTHER: the caller knows whether it came on the right input,
-        keyed by its model key), its source, offset and record timestamp."""
+    def gather(cls, n: int, parts: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]):
+        """The columns of a run of ``n`` records held in decoded batches: ``parts``, one per
+        batch, of ``(batch, rows, at, meta)``: a ``DecodedColumns``, the indices of its records
+        in the run, their places in the run, and per record (rows of ``meta``, META_FIELDS
+        columns) the kind the pass should see it as (CONTEXT, REWARD_RECORD or OTHER: the caller
+        knows whether it came on the right input, keyed by its model key), its source, offset
+        and record timestamp.
+
+        One part per batch, not per stretch of the run: the merge interleaves the contexts'
+        and the rewards' batches record by record, and a part costs Python calls."""
         self = cls.__new__(cls)
-        n = sum(len(rows) for _, rows, _ in parts)
         rec_i = np.zeros((n, R_FIELDS), dtype=np.int64)
         rec_f = np.zeros(n, dtype=np.float64)
         key_col = np.empty(n, dtype=np.int64)
         # The run's own buffers, holding only its records' ids, features and arm ids: a batch's
         # buffers hold all of its records, and a run may span several batches.
         sizes = np.zeros(4, dtype=np.int64)  # id bytes, feature numbers, arm ids, arm id bytes
-        for batch, rows, meta in parts:
+        for batch, rows, _, meta in parts:
             kind = meta[:, META_KIND]
             ctx = kind == CONTEXT
             k, d = batch.shape[rows, 0], batch.shape[rows, 1]
@@ -166,10 +169,8 @@ class RecordColumns:
         arm_buf = np.empty(max(1, sizes[3]), dtype=np.uint8)
         arm_bytes = np.zeros(n + 1, dtype=np.int64)  # per record, then summed from the end
         names: dict[str, int] = {}
-        at = 0
         pos = np.zeros(4, dtype=np.int64)  # where the next part's bytes go, as sizes
-        for batch, rows, meta in parts:
-            m = len(rows)
+        for batch, rows, at, meta in parts:
             # The batch's key numbers as the run's (-1, no key, reads the last entry): only
             # the keys of the run's rows are looked at (a batch may hold thousands).
             renumber = np.full(len(batch.key_names) + 1, -1, dtype=np.int64)
@@ -178,13 +179,11 @@ class RecordColumns:
                 if k >= 0:
                     renumber[k] = names.setdefault(key_names[k], len(names))
             _gather(
-                rows, meta, batch.ts, batch.value, batch.shape, batch.feat_start, batch.feats,
+                rows, at, meta, batch.ts, batch.value, batch.shape, batch.feat_start, batch.feats,
                 batch.ids, batch.id_start, batch.id_len, batch.key_len, batch.key_id, renumber,
                 batch.arms, batch.arm_first, batch.arm_start, batch.arm_len, pos,
-                rec_i[at : at + m], rec_f[at : at + m], key_col[at : at + m],
-                arm_bytes[at : at + m], id_buf, feat_buf, arm_buf, arm_start, arm_len,
+                rec_i, rec_f, key_col, arm_bytes, id_buf, feat_buf, arm_buf, arm_start, arm_len,
             )  # fmt: skip
-            at += m
         self.id_buf, self.feat_buf, self.arm_buf = id_buf, feat_buf, arm_buf
         self.arm_start, self.arm_len = arm_start, arm_len
         self.rec_i, self.rec_f, self.key_col, self.key_names = rec_i, rec_f, key_col, list(names)
@@ -213,19 +212,19 @@ def copy_into(dst, at, src, start, n):
 
 
 @njit(cache=CACHE)
-def _gather(rows, meta, ts, value, shape, feat_start, feats, ids, id_start, id_len, key_len,
+def _gather(rows, at, meta, ts, value, shape, feat_start, feats, ids, id_start, id_len, key_len,
             key_id, renumber, arms, arm_first, arm_start, arm_len, pos, rec_i, rec_f, key_col,
             arm_bytes, id_buf, feat_buf, arm_buf, run_arm_start, run_arm_len):  # fmt: skip
-    """The run's rows from one decoded batch: their columns, and their ids, features and arm
-    ids copied into the run's buffers from ``pos`` (id bytes, feature numbers, arm ids, arm id
-    bytes used so far; moved on past what is copied)."""
-    for j in range(rows.shape[0]):
-        i = rows[j]
+    """The run's rows from one decoded batch: their columns at their places ``at`` in the run,
+    and their ids, features and arm ids copied into the run's buffers from ``pos`` (id bytes,
+    feature numbers, arm ids, arm id bytes used so far; moved on past what is copied)."""
+    for q in range(rows.shape[0]):
+        i, j = rows[q], at[q]
         r = rec_i[j]
-        kind = meta[j, META_KIND]
+        kind = meta[q, META_KIND]
         r[R_KIND] = kind
-        r[R_SRC], r[R_OFF] = meta[j, META_SRC], meta[j, META_OFF]
-        r[R_RECORD_MS] = meta[j, META_RECORD_MS]
+        r[R_SRC], r[R_OFF] = meta[q, META_SRC], meta[q, META_OFF]
+        r[R_RECORD_MS] = meta[q, META_RECORD_MS]
         if kind == OTHER:
             key_col[j] = -1
             continue

@@ -584,11 +584,24 @@ class _Run:
         return fetched.event(i), fetched.ref(i)
 
     def columns(self) -> RecordColumns:
-        parts = []
-        for fetched, pairs in itertools.groupby(map(_ITEM, self.items), _BATCH):
-            rows = np.fromiter(map(_ROW, pairs), dtype=np.int64)
-            parts.append((fetched.cols, rows, fetched.meta[rows]))
-        return RecordColumns.gather(parts)
+        # Per fetched batch, its records' rows in it and places in the run: the merge
+        # interleaves a partition's two inputs, and so their batches, record by record.
+        pairs = list(map(_ITEM, self.items))
+        n = len(pairs)
+        rows = np.fromiter(map(_ROW, pairs), dtype=np.int64, count=n)
+        batches = list(map(_BATCH, pairs))
+        first = batches[0]
+        if batches.count(first) == n:  # identity first: a batch's == is object identity
+            parts = [(first.cols, rows, np.arange(n), first.meta[rows])]
+        else:
+            addresses = np.fromiter(map(id, batches), dtype=np.int64, count=n)
+            distinct, where, group = np.unique(addresses, return_index=True, return_inverse=True)
+            parts = []
+            for g in range(len(distinct)):
+                at = np.flatnonzero(group == g)
+                fetched, mine = batches[where[g]], rows[at]
+                parts.append((fetched.cols, mine, at, fetched.meta[mine]))
+        return RecordColumns.gather(n, parts)
 
     def advance(self, next_offset: dict[int, int]) -> None:
         """The next offset of each input past the run's records (offsets rise within one)."""

@@ -28,20 +28,28 @@ def encoded_stream(seed: int) -> list[tuple[bytes, InputRef]]:
     return out
 
 
-def in_batches(stream, rng) -> list[tuple[DecodedColumns, list]]:
-    """The stream cut into poll batches at random, each decoded into columns."""
-    batches, at = [], 0
-    while at < len(stream):
-        part = stream[at : at + int(rng.integers(1, 90))]
-        cols = DecodedColumns([v for v, _ in part], [ref.key for _, ref in part])
-        batches.append((cols, [ref for _, ref in part]))
-        at += len(part)
-    return batches
+def in_batches(stream, rng) -> list[tuple[DecodedColumns, list, int]]:
+    """The stream's records spread over two inputs at random, each input cut into poll batches
+    at random and each batch decoded into columns; per record, in stream order, its (batch,
+    refs, row): neighbours come from different batches, as the merge releases them."""
+    lanes = rng.integers(0, 2, len(stream))
+    flat: list = [None] * len(stream)
+    for lane in (0, 1):
+        idx = np.flatnonzero(lanes == lane).tolist()
+        at = 0
+        while at < len(idx):
+            take = idx[at : at + int(rng.integers(1, 90))]
+            part = [stream[t] for t in take]
+            cols = DecodedColumns([v for v, _ in part], [ref.key for _, ref in part])
+            refs = [ref for _, ref in part]
+            for row, t in enumerate(take):
+                flat[t] = (cols, refs, row)
+            at += len(take)
+    return flat
 
 
-def runs(batches, rng):
-    """Runs of (batch, refs, row) in stream order, each crossing batch boundaries at random."""
-    flat = [(b, refs, i) for b, refs in batches for i in range(len(b))]
+def runs(flat, rng):
+    """Runs of (batch, refs, row) in stream order, of random lengths."""
     at = 0
     while at < len(flat):
         n = int(rng.integers(1, 150))
@@ -52,23 +60,28 @@ def runs(batches, rng):
 def gathered(run) -> tuple[RecordColumns, list]:
     """The run's columns and its (record, InputRef) pairs; a record is the pass's when it
     decoded by the fast layouts (its kind), another's otherwise."""
-    parts, events = [], []
-    for b, refs, i in run:
+    parts: dict[int, tuple] = {}
+    events = []
+    for j, (b, refs, i) in enumerate(run):
         ref = refs[i]
         fast = int(b.fast[i])
         kind = CONTEXT if fast == 1 else REWARD_RECORD if fast == 2 else OTHER
-        meta = [kind, ref.source, ref.offset, ref.timestamp_ms]
-        if parts and parts[-1][0] is b:
-            parts[-1][1].append(i)
-            parts[-1][2].append(meta)
-        else:
-            parts.append((b, [i], [meta]))
+        rows, at, meta = parts.setdefault(id(b), (b, [], [], []))[1:]
+        rows.append(i)
+        at.append(j)
+        meta.append([kind, ref.source, ref.offset, ref.timestamp_ms])
         events.append((b.record(i), ref))
     cols = RecordColumns.gather(
+        len(run),
         [
-            (b, np.array(rows, np.int64), np.array(meta, np.int64).reshape(-1, META_FIELDS))
-            for b, rows, meta in parts
-        ]
+            (
+                b,
+                np.array(rows, np.int64),
+                np.array(at, np.int64),
+                np.array(meta, np.int64).reshape(-1, META_FIELDS),
+            )
+            for b, rows, at, meta in parts.values()
+        ],
     )
     return cols, events
 
@@ -84,7 +97,9 @@ def test_runs_gathered_from_decoded_batches_give_the_python_engines_outputs(seed
     multi = compiled = 0
     for run in runs(in_batches(stream, rng), rng):
         cols, events = gathered(run)
-        multi += len({id(b) for b, _, _ in run}) > 1
+        # Runs whose batches interleave: more changes of batch than batches less one.
+        changes = sum(a[0] is not b[0] for a, b in zip(run, run[1:]))
+        multi += changes > len({id(b) for b, _, _ in run}) - 1
         want = [as_bytes(python_outputs(python, ev, src)) for ev, src in events]
         per_record = [[] for _ in events]
         arrays.process_columns(cols, events, per_record)
