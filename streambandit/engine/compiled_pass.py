@@ -111,7 +111,7 @@ def _bump(cnt, c):
     cnt[c] += 1
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _update(model_i, mod_i, x, reward):
     """The model's update (its row kernel) with ``x`` and ``reward``: (status, the version it
     was applied to). The row is untouched unless the status is OK."""
@@ -134,7 +134,7 @@ def _update(model_i, mod_i, x, reward):
     return status, count[i] - 1
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _best(model_i, mod_i, arms, work, scores):
     """The model's decision without exploration: (index or BAD_ARMS, score, version).
     ``kernels.ucb_best_row``'s steps (the same bits) on scratch the pass allocates once:
@@ -151,7 +151,7 @@ def _best(model_i, mod_i, arms, work, scores):
     return best, s[best], count[i]
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _close_due(
     watermark, src, off, P, A, arm_refs, ints, floats, features, R, observed, run, heap, qmeta,
     mod_i, mod_f, st, cnt, out, n_out, jn_i, jn_f, jn_x, jn_n, rec, scratch, item,
@@ -186,7 +186,7 @@ def _close_due(
         queue_pop_due(run, heap, qmeta, watermark, item)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _close(
     e, now, src, off, P, A, arm_refs, ints, floats, features, R, observed,
     mod_i, mod_f, st, cnt, out, n_out, jn_i, jn_f, jn_x, jn_n, rec, scratch,
@@ -227,7 +227,7 @@ def _close(
     return n_out + 1, jn_n + 1, True
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _remember(buf, start, length, h, flag, R, observed, st):
     """RecentIds.remember: the id keeps its place if remembered (its flag the new one), else it
     is the newest; then the oldest leave past the bound."""
@@ -240,7 +240,7 @@ def _remember(buf, start, length, h, flag, R, observed, st):
         table_remove(R[0], R[2], R[3], R[4], R[5], R[6], meta, meta[OLDEST])
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _arm_ids_distinct(arm_buf, arm_start, arm_len, first, k, hashes):
     """No two of the context's ``k`` arm ids are the same bytes: compared by hash first
     (``hashes``: scratch of k or more), byte for byte only when two hashes agree."""

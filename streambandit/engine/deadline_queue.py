@@ -28,13 +28,13 @@ NONE = np.iinfo(np.int64).max  # the next deadline of an empty queue
 RUN_HEAD, RUN_LEN, HEAP_LEN = 0, 1, 2
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _before(a: np.ndarray, b: np.ndarray) -> bool:
     """Item ``a`` comes before item ``b``: (deadline, seq) order (seq is unique)."""
     return a[0] < b[0] or (a[0] == b[0] and a[1] < b[1])
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def queue_push(
     run: np.ndarray,
     heap: np.ndarray,
@@ -64,7 +64,7 @@ def queue_push(
         i = parent
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _heap_pop(heap: np.ndarray, meta: np.ndarray, out: np.ndarray) -> None:
     out[:] = heap[0]
     n = meta[HEAP_LEN] - 1
@@ -86,7 +86,7 @@ def _heap_pop(heap: np.ndarray, meta: np.ndarray, out: np.ndarray) -> None:
         i = small
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def queue_pop_due(
     run: np.ndarray, heap: np.ndarray, meta: np.ndarray, watermark: int, out: np.ndarray
 ) -> bool:
@@ -107,7 +107,7 @@ def queue_pop_due(
     return False
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def queue_next_deadline(run: np.ndarray, heap: np.ndarray, meta: np.ndarray) -> int:
     """The smallest deadline held, or :data:`NONE`."""
     nxt = NONE

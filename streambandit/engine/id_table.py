@@ -37,7 +37,7 @@ _FNV_OFFSET = np.uint64(0xCBF29CE484222325)
 _FNV_PRIME = np.uint64(0x100000001B3)
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def fnv1a(buf: np.ndarray, start: int, length: int) -> np.uint64:
     """64-bit FNV-1a of ``buf[start:start + length]`` (uint8)."""
     h = _FNV_OFFSET
@@ -46,7 +46,7 @@ def fnv1a(buf: np.ndarray, start: int, length: int) -> np.uint64:
     return h
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def _same(arena: np.ndarray, at: int, buf: np.ndarray, start: int, length: int) -> bool:
     for i in range(length):
         if arena[at + i] != buf[start + i]:
@@ -54,7 +54,7 @@ def _same(arena: np.ndarray, at: int, buf: np.ndarray, start: int, length: int) 
     return True
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def table_find(
     slots: np.ndarray,
     entry_start: np.ndarray,
@@ -82,7 +82,7 @@ def table_find(
         i = (i + 1) & mask
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def table_add(
     slots: np.ndarray,
     entry_start: np.ndarray,
@@ -122,7 +122,7 @@ def table_add(
     return e
 
 
-@njit(cache=CACHE)
+@njit(cache=CACHE, inline="always")
 def table_remove(
     slots: np.ndarray,
     entry_len: np.ndarray,
