@@ -90,8 +90,7 @@ def _copy_nul_ended(buf, a, b, out, at):
 
 
 @njit(cache=CACHE, nogil=True)
-def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, id_at, value,
-           feat_bytes, value_bytes):  # fmt: skip
+def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids, id_at, value):
     """One pass over records ``buf[starts[i]:ends[i]]``; returns the bytes used of ``ids`` and
     ``arms``.
 
@@ -101,9 +100,7 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
     ``ids`` (event id, model key, event id, ...; ``id_at[i]`` where record i's event id starts)
     and their arm ids into ``arms``, each followed by a NUL byte, so that Python decodes and
     splits each buffer once for the whole batch instead of once per string; a record whose event
-    id, model key or arm ids contain a NUL goes the slow way. ``feat_bytes`` and ``value_bytes``
-    are ``feats`` and ``value`` as bytes: a double is copied there byte for byte from ``buf``,
-    where it may not be 8-byte aligned, with no array made per record."""
+    id, model key or arm ids contain a NUL goes the slow way."""
     f_at = 0
     a_at = 0
     i_at = 0
@@ -144,12 +141,11 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
             if pos + 8 != end:  # value: one little-endian double, then nothing
                 i_at = i0
                 continue
-            for j in range(8):
-                value_bytes[8 * i + j] = buf[pos + j]
-            if not np.isfinite(value[i]):
-                value[i] = 0.0
+            v = buf[pos:end].copy().view(np.float64)[0]
+            if not np.isfinite(v):
                 i_at = i0
                 continue
+            value[i] = v
             id_at[i] = i0
             status[i] = _REWARD
             continue
@@ -187,14 +183,14 @@ def _parse(buf, starts, ends, magic, status, ts, spans, shape, feats, arms, ids,
             a_at, i_at = a0, i0
             continue
         m = n // 8
-        at = 8 * f_at
-        for j in range(n):
-            feat_bytes[at + j] = buf[a + j]
+        block = buf[a:b].copy().view(np.float64)
         finite = True
-        for j in range(f_at, f_at + m):
-            if not np.isfinite(feats[j]):
+        for j in range(m):
+            x = block[j]
+            if not np.isfinite(x):
                 finite = False
                 break
+            feats[f_at + j] = x
         if not finite:
             a_at, i_at = a0, i0
             continue
@@ -240,7 +236,6 @@ class _Parsed:
             self.n_ids, self.n_arms = _parse(
                 buf, starts, ends, MAGIC, self.status, self.ts, self.spans, self.shape,
                 self.feats, self.arms, self.ids, self.id_at, self.value,
-                self.feats.view(np.uint8), self.value.view(np.uint8),
             )  # fmt: skip
 
 
