@@ -152,9 +152,14 @@ class RecordColumns:
         # The run's own buffers, holding only its records' ids, features and arm ids: a batch's
         # buffers hold all of its records, and a run may span several batches.
         sizes = np.zeros(4, dtype=np.int64)  # id bytes, feature numbers, arm ids, arm id bytes
+        # The features are most of a run's bytes: when its contexts all come from one batch
+        # (rewards carry none), the pass reads them where that batch's decoder put them.
+        with_contexts = []
         for batch, rows, _, meta in parts:
             kind = meta[:, META_KIND]
             ctx = kind == CONTEXT
+            if ctx.any():
+                with_contexts.append(batch)
             k, d = batch.shape[rows, 0], batch.shape[rows, 1]
             sizes += (
                 int(batch.id_len[rows][kind != OTHER].sum()),
@@ -163,7 +168,11 @@ class RecordColumns:
                 int(batch.arm_bytes[rows][ctx].sum()),
             )
         id_buf = np.empty(max(1, sizes[0]), dtype=np.uint8)
-        feat_buf = np.empty(max(1, sizes[1]), dtype=np.float64)
+        copy_feats = len(with_contexts) > 1
+        if copy_feats:
+            feat_buf = np.empty(max(1, sizes[1]), dtype=np.float64)
+        else:
+            feat_buf = with_contexts[0].feats if with_contexts else np.zeros(1)
         arm_start = np.zeros(max(1, sizes[2]), dtype=np.int64)
         arm_len = np.zeros(max(1, sizes[2]), dtype=np.int64)
         arm_buf = np.empty(max(1, sizes[3]), dtype=np.uint8)
@@ -183,6 +192,7 @@ class RecordColumns:
                 batch.ids, batch.id_start, batch.id_len, batch.key_len, batch.key_id, renumber,
                 batch.arms, batch.arm_first, batch.arm_start, batch.arm_len, pos,
                 rec_i, rec_f, key_col, arm_bytes, id_buf, feat_buf, arm_buf, arm_start, arm_len,
+                copy_feats,
             )  # fmt: skip
         self.id_buf, self.feat_buf, self.arm_buf = id_buf, feat_buf, arm_buf
         self.arm_start, self.arm_len = arm_start, arm_len
@@ -214,10 +224,12 @@ def copy_into(dst, at, src, start, n):
 @njit(cache=CACHE)
 def _gather(rows, at, meta, ts, value, shape, feat_start, feats, ids, id_start, id_len, key_len,
             key_id, renumber, arms, arm_first, arm_start, arm_len, pos, rec_i, rec_f, key_col,
-            arm_bytes, id_buf, feat_buf, arm_buf, run_arm_start, run_arm_len):  # fmt: skip
+            arm_bytes, id_buf, feat_buf, arm_buf, run_arm_start, run_arm_len,
+            copy_feats):  # fmt: skip
     """The run's rows from one decoded batch: their columns at their places ``at`` in the run,
     and their ids, features and arm ids copied into the run's buffers from ``pos`` (id bytes,
-    feature numbers, arm ids, arm id bytes used so far; moved on past what is copied)."""
+    feature numbers, arm ids, arm id bytes used so far; moved on past what is copied). With
+    ``copy_feats`` False, ``feat_buf`` is the batch's ``feats`` and nothing is copied there."""
     for q in range(rows.shape[0]):
         i, j = rows[q], at[q]
         r = rec_i[j]
@@ -239,9 +251,13 @@ def _gather(rows, at, meta, ts, value, shape, feat_start, feats, ids, id_start, 
             continue
         k, d = shape[i, 0], shape[i, 1]
         f = feat_start[i]
-        r[R_FEAT_START], r[R_K], r[R_D] = pos[1], k, d
-        copy_into(feat_buf, pos[1], feats, f, k * d)
-        pos[1] += k * d
+        r[R_K], r[R_D] = k, d
+        if copy_feats:
+            r[R_FEAT_START] = pos[1]
+            copy_into(feat_buf, pos[1], feats, f, k * d)
+            pos[1] += k * d
+        else:
+            r[R_FEAT_START] = f
         r[R_ARMS_START] = pos[2]
         total = 0
         for t in range(k):

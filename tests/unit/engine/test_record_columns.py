@@ -49,10 +49,11 @@ def in_batches(stream, rng) -> list[tuple[DecodedColumns, list, int]]:
 
 
 def runs(flat, rng):
-    """Runs of (batch, refs, row) in stream order, of random lengths."""
+    """Runs of (batch, refs, row) in stream order, of random lengths (some short enough that
+    all their contexts are in one batch)."""
     at = 0
     while at < len(flat):
-        n = int(rng.integers(1, 150))
+        n = int(rng.integers(1, 150) if rng.random() < 0.7 else rng.integers(1, 6))
         yield flat[at : at + n]
         at += n
 
@@ -112,9 +113,13 @@ def test_runs_gathered_from_decoded_batches_give_the_python_engines_outputs(seed
 def test_a_gathered_run_holds_each_records_own_bytes():
     rng = np.random.default_rng(7)
     stream = encoded_stream(2)
+    shared = copied = 0  # runs whose features are read in their batch's buffer, or copied
     for run in runs(in_batches(stream, rng), rng):
         cols, events = gathered(run)
         reference = RecordColumns(events)
+        in_batch = any(cols.feat_buf is b.feats for b, _, _ in run)
+        shared += in_batch
+        copied += not in_batch and any(isinstance(ev, Context) for ev, _ in events)
         n = len(events)
         for j, (ev, _) in enumerate(events):
             r = cols.rec_i[j]
@@ -140,3 +145,4 @@ def test_a_gathered_run_holds_each_records_own_bytes():
             assert (
                 getattr(cols, name)[: n + 1].tolist() == getattr(reference, name)[: n + 1].tolist()
             ), name
+    assert shared > 0 and copied > 0
