@@ -175,8 +175,8 @@ def part_latency(drain_max: dict, seconds: float, repeats: int) -> dict:
                 )
                 out["probes"][kind].append(probe)
                 print(
-                    f"latency probe {r} {kind}: offered {probe['offered_per_s']:,.0f}/s, answered "
-                    f"{probe['answered_per_s']:,.0f}/s",
+                    f"latency probe {r} {kind}: offered {probe['offered_per_s']:,.0f}/s (sent "
+                    f"{probe['sent_per_s']:,.0f}/s), answered {probe['answered_per_s']:,.0f}/s",
                     flush=True,
                 )
         out["live_max"] = {k: max(x["answered_per_s"] for x in out["probes"][k]) for k in KINDS}
@@ -590,7 +590,8 @@ def summary_rows(res: dict) -> list[tuple[str, float, float, str, str]]:
         cmd = _only("latency")
         rows += [
             (
-                "the worker's live maximum (`serve`, the load generator beside it), contexts/s",
+                "the worker's live maximum (`serve`, the load generator beside it: the lower of "
+                "the two is the limit), contexts/s",
                 *(lat["live_max"][k] for k in KINDS),
                 ",.0f",
                 cmd,
@@ -825,9 +826,12 @@ def _render_latency(res: dict) -> list[str]:
         "the same runs, on the bare transactional pass-through as a subprocess (bench/passthrough_serve.py) in "
         f"place of the worker, what no worker can beat on that broker. {_load(lat)}",
         "",
-        "| broker | server | offered contexts/s | answered/s | p50 ms | p99 ms | p99.9 ms | broker CPU | "
-        "server CPU |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+        "*sent/s*: what the load generator produced, below the offered rate where it, not the worker, was "
+        "the limit.",
+        "",
+        "| broker | server | offered contexts/s | sent/s | answered/s | p50 ms | p99 ms | p99.9 ms | "
+        "broker CPU | server CPU |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for k in KINDS:
         rows = [("worker", " (probe)", x) for x in lat["probes"][k]]
@@ -842,7 +846,9 @@ def _render_latency(res: dict) -> list[str]:
                 else ""
             )
             lines.append(
-                f"| {NAMES[k]} | {server} | {x['offered_per_s']:,.0f}{label} | {x['answered_per_s']:,.0f}{behind} | "
+                f"| {NAMES[k]} | {server} | {x['offered_per_s']:,.0f}{label} | "
+                f"{x.get('sent_per_s', float('nan')):,.0f} | "
+                f"{x['answered_per_s']:,.0f}{behind} | "
                 f"{x['p50_ms']:.1f} | {x['p99_ms']:.1f} | {x['p999_ms']:.1f} | {x['broker_cpu']:.0%} | "
                 f"{x['server_cpu']:.0%} |"
             )
