@@ -56,14 +56,21 @@ class ModelColumns:
             floats = np.zeros((size, 3), dtype=np.float64)
             ints[: len(self.ints)], floats[: len(self.floats)] = self.ints, self.floats
             self.ints, self.floats = ints, floats
-        row = self.ints[m]
-        row[:] = 0
-        row[M_DIM], row[M_WINDOW] = spec.dim, spec.reward_window_ms
-        row[M_AGG] = _AGGREGATIONS[spec.aggregation]
         lo, hi = model.reward_range()
-        f = self.floats[m]
-        f[M_DEFAULT], f[M_LO], f[M_HI] = spec.default_reward, lo, hi
         if isinstance(model, LinearUCBPolicy):
-            row[M_TABLE], row[M_ROW], row[M_UPDATE] = model.row_call()
-            row[M_ROWS] = 1
-            row[M_FAST] = spec.epsilon <= 0.0
+            table, row, update = model.row_call()
+            fast, rows = int(spec.epsilon <= 0.0), 1
+        else:
+            table = row = update = fast = rows = 0
+        # One row assignment each (a restore sets a column row per model, 100,000 of them in
+        # bench.kafka's handoff).
+        ints = [0] * M_FIELDS
+        ints[M_TABLE], ints[M_ROW], ints[M_UPDATE], ints[M_FAST], ints[M_ROWS] = (
+            table, row, update, fast, rows,
+        )  # fmt: skip
+        ints[M_DIM], ints[M_WINDOW] = spec.dim, spec.reward_window_ms
+        ints[M_AGG] = _AGGREGATIONS[spec.aggregation]
+        self.ints[m] = ints
+        floats = [0.0] * 3
+        floats[M_DEFAULT], floats[M_LO], floats[M_HI] = spec.default_reward, lo, hi
+        self.floats[m] = floats

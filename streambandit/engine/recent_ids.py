@@ -11,8 +11,19 @@ and :meth:`RecentIds.add_items` are the snapshot's ``recent`` list.
 from __future__ import annotations
 
 import numpy as np
+from numba import njit
 
-from streambandit.engine.id_table import NEWEST, IdTable
+from streambandit.engine.id_table import (
+    COUNT,
+    NEWEST,
+    OLDEST,
+    IdTable,
+    fnv1a,
+    table_add,
+    table_find,
+    table_remove,
+)
+from streambandit.numerics.jit import CACHE
 
 __all__ = ["RecentIds"]
 
@@ -77,6 +88,36 @@ class RecentIds:
         return out
 
     def add_items(self, items: list[tuple[str, bool]]) -> None:
-        """Remember a snapshot's ``recent`` list, in its order."""
-        for event_id, observed in items:
-            self.remember(event_id, bool(observed))
+        """Remember a snapshot's ``recent`` list, in its order: :meth:`remember` of each, in one
+        compiled loop (a restore remembers up to ``max_recent`` ids: bench.kafka's handoff)."""
+        if not items:
+            return
+        keys = [event_id.encode() for event_id, _ in items]
+        n = len(keys)
+        lens = np.fromiter(map(len, keys), dtype=np.int64, count=n)
+        starts = np.zeros(n, dtype=np.int64)
+        np.cumsum(lens[:-1], out=starts[1:])
+        flags = np.fromiter((bool(v) for _, v in items), dtype=np.bool_, count=n)
+        self.reserve(n, int(lens.sum()))
+        t = self.ids
+        _remember_all(
+            np.frombuffer(b"".join(keys) or b"\0", dtype=np.uint8), starts, lens, flags,
+            t.slots, t.entry_start, t.entry_len, t.entry_hash, t.next_free, t.older, t.newer,
+            t.arena, t.meta, self.observed, self.bound,
+        )  # fmt: skip
+
+
+@njit(cache=CACHE)
+def _remember_all(buf, starts, lens, flags, slots, entry_start, entry_len, entry_hash, next_free,
+                  older, newer, arena, meta, observed, bound):  # fmt: skip
+    """:meth:`RecentIds.remember` of each key ``buf[starts[q]:starts[q] + lens[q]]`` in turn."""
+    for q in range(starts.shape[0]):
+        s, m = starts[q], lens[q]
+        h = fnv1a(buf, s, m)
+        e = table_find(slots, entry_start, entry_len, entry_hash, arena, buf, s, m, h)
+        if e < 0:
+            e = table_add(slots, entry_start, entry_len, entry_hash, next_free, older, newer,
+                          arena, meta, buf, s, m, h)  # fmt: skip
+        observed[e] = flags[q]
+        while meta[COUNT] > bound:
+            table_remove(slots, entry_len, entry_hash, next_free, older, newer, meta, meta[OLDEST])

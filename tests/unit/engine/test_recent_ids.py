@@ -33,3 +33,21 @@ def test_remembering_agrees_with_a_bounded_ordered_dict(bound):
     short = RecentIds(max(1, bound // 2))
     short.add_items(list(oracle.items()))
     assert short.items() == list(oracle.items())[-max(1, bound // 2) :]
+
+
+@pytest.mark.parametrize("bound", [1, 5, 60])
+def test_adding_a_list_in_one_go_is_remembering_each_in_turn(bound):
+    """add_items (one compiled loop) against remember item by item, on a list that repeats ids
+    and is longer than the bound, into a table that holds ids already."""
+    rng = np.random.default_rng(bound)
+    items = [(f"e-{int(rng.integers(80))}", bool(rng.random() < 0.5)) for _ in range(300)]
+    one_by_one, at_once = RecentIds(bound, capacity=2), RecentIds(bound, capacity=2)
+    for table in (one_by_one, at_once):
+        table.remember("e-3", True)
+        table.remember("held", False)
+    for eid, observed in items:
+        one_by_one.remember(eid, observed)
+    at_once.add_items(items)
+    assert at_once.items() == one_by_one.items()
+    at_once.add_items([])
+    assert at_once.items() == one_by_one.items()
