@@ -4,6 +4,7 @@ process, grouped by stage. Also the worker on a backlog that part 4 drains."""
 from __future__ import annotations
 
 import cProfile
+import inspect
 import pstats
 import tempfile
 import time
@@ -13,6 +14,7 @@ from bench import kafka_io, traffic
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import WorkerConfig
 from streambandit.dev.tansu import EmbeddedBroker
+from streambandit.stream.batch import _Fetched
 
 PARTITIONS = traffic.PARTITIONS
 
@@ -69,9 +71,10 @@ STAGES = ("poll", "decode", "merge", "engine", "learner", "encode", "produce", "
 
 def _stages(stats: pstats.Stats, total: float) -> dict:
     """Seconds per stage from a cProfile of ``Worker.step``. Learner: every call into
-    streambandit/policies (and the kernels) from outside it; engine: the partition engines'
-    entry points (decisions, joins, bookkeeping) minus the learner; other: the rest, the worker's
-    own per-record loop among it."""
+    streambandit/policies (and the kernels) from outside it, i.e. the Python rules' (the compiled
+    pass calls the kernels inside itself, out of the profiler's sight: engine); engine: a run's
+    columns and ``process_columns`` (decisions, joins, bookkeeping) minus the learner and the
+    encoding; other: the rest, the worker's own loop among it."""
     st = stats.stats  # type: ignore[attr-defined]
 
     def ct(pred) -> float:
@@ -88,19 +91,24 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         if not is_learner(caller) and "numba" not in caller[0]
     )
     name = lambda f, file, fn: f[0].endswith(file) and f[2] == fn  # noqa: E731
+    # A poll batch decoded into columns: ``_Fetched.__init__`` (stream/batch.py holds other
+    # __init__s: told apart by its first line).
+    fetched_line = inspect.getsourcelines(_Fetched.__init__)[1]
     out = {
         "poll": sum(
             ct(lambda f, fn=fn: name(f, "stream/worker.py", fn))
             for fn in ("_poll_batch", "_inputs_behind")
         ),
-        "decode": ct(lambda f: name(f, "batch_decode.py", "decode_batch")),
+        "decode": ct(lambda f: name(f, "stream/batch.py", "__init__") and f[1] == fetched_line),
         "merge": sum(
             ct(lambda f, fn=fn: name(f, "engine/merge.py", fn))
             for fn in ("extend", "push", "pop_ready")
         ),
-        # Outputs: actions and joined records in bulk (batch_encode, from batch.py's _Outputs.take),
-        # dead letters and ticks one by one (codec.encode).
-        "encode": sum(
+        # Outputs: the compiled pass's encoded from its columns (pass_outputs.encode_outputs,
+        # inside process_columns), the Python rules' in bulk (batch_encode, from batch.py's
+        # _Outputs.take), dead letters and ticks one by one (codec.encode).
+        "encode": ct(lambda f: name(f, "engine/pass_outputs.py", "encode_outputs"))
+        + sum(
             c[3]
             for f, v in st.items()
             if (
@@ -132,13 +140,15 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         ),
         "learner": learner,
     }
-    # The engine's entry points, called from BatchProcessor.release's loop (the common case) and
-    # _other (the rest); the learner's calls are inside them.
-    process = sum(
-        ct(lambda f, fn=fn: name(f, "engine/partition.py", fn))
-        for fn in ("on_context", "on_reward")
-    ) + ct(lambda f: name(f, "stream/batch.py", "_other"))
-    out["engine"] = process - out["learner"]
+    # The engine: a run's columns gathered (``_Run.columns``) and ``process_columns`` (the
+    # compiled pass, with the learners' kernels inside it, and the Python rules for what it
+    # leaves, whose calls into the learners are ``learner``), less the encoding inside it.
+    process = ct(lambda f: name(f, "stream/batch.py", "columns")) + ct(
+        lambda f: name(f, "engine/array_partition.py", "process_columns")
+    )
+    out["engine"] = (
+        process - out["learner"] - ct(lambda f: name(f, "engine/pass_outputs.py", "encode_outputs"))
+    )
     out["other"] = total - sum(out.values())
     return out
 
@@ -187,7 +197,9 @@ def render(res: dict) -> list[str]:
         "## 3. Where the worker's time goes (cProfile of `Worker.step` draining a backlog)",
         "",
         "Share of the profiled time and microseconds per event (profiler overhead included: it inflates stages "
-        "made of many small Python calls, so read the shares as an upper bound for them).",
+        "made of many small Python calls, so read the shares as an upper bound for them). The engine's "
+        "compiled pass calls the learners' kernels inside itself: their time is in *engine*; *learner* is "
+        "what the Python rules call (a model's first decisions, exploration draws).",
         "",
         "| policy | events/s (profiled) | " + " | ".join(STAGES) + " |",
         "|---|---:|" + "---:|" * len(STAGES),
