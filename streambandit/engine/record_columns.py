@@ -108,9 +108,10 @@ class RecordColumns:
                 arm_bytes[i] = sum(arm_lens[-len(encoded) :]) if encoded else 0
         self.rec_i, self.rec_f = rec_i, rec_f
         self.key_col, self.key_names = key_col, list(key_number)
-        self.id_buf = np.frombuffer(b"".join(ids) or b"\0", dtype=np.uint8)
+        # Writable, as the worker's gathered buffers are: one compiled signature of the pass.
+        self.id_buf = np.frombuffer(bytearray(b"".join(ids) or b"\0"), dtype=np.uint8)
         self.feat_buf = np.concatenate(feats) if feats else np.zeros(1)
-        self.arm_buf = np.frombuffer(b"".join(arms) or b"\0", dtype=np.uint8)
+        self.arm_buf = np.frombuffer(bytearray(b"".join(arms) or b"\0"), dtype=np.uint8)
         lens = np.array(arm_lens, dtype=np.int64)
         self.arm_len = lens if len(lens) else np.zeros(1, dtype=np.int64)
         starts = np.zeros(max(1, len(lens)), dtype=np.int64)
