@@ -136,7 +136,9 @@ class RecordColumns:
         return self.key_names[self.key_col[i]]
 
     @classmethod
-    def gather(cls, n: int, parts: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]):
+    def gather(
+        cls, n: int, parts: list[tuple[Any, np.ndarray, np.ndarray, np.ndarray]]
+    ) -> "RecordColumns":
         """The columns of a run of ``n`` records held in decoded batches: ``parts``, one per
         batch, of ``(batch, rows, at, meta)``: a ``DecodedColumns``, the indices of its records
         in the run, their places in the run, and per record (rows of ``meta``, META_FIELDS
