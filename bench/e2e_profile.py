@@ -101,8 +101,8 @@ def _stages(stats: pstats.Stats, total: float) -> dict:
         ),
         "decode": ct(lambda f: name(f, "stream/batch.py", "__init__") and f[1] == fetched_line),
         "merge": sum(
-            ct(lambda f, fn=fn: name(f, "engine/merge.py", fn))
-            for fn in ("extend", "push", "pop_ready")
+            ct(lambda f, fn=fn: name(f, "engine/column_merge.py", fn))
+            for fn in ("extend", "push_untimed", "pop_ready")
         ),
         # Outputs: the compiled pass's encoded from its columns (pass_outputs.encode_outputs,
         # inside process_columns), the Python rules' in bulk (batch_encode, from batch.py's

@@ -18,7 +18,8 @@ per level (the machine is shared: the best run is the one least disturbed). cPro
 (e2e part 3) inflate stages made of many small calls; these do not.
 
 1. decode: the batch's values decoded into columns (``stream.batch._Fetched``);
-2. buffer: 1 + each record pushed into its merger (``BatchProcessor.buffer``);
+2. buffer: 1 + the batch's records handed to their partitions' mergers, a stretch of columns per
+   partition and input (``BatchProcessor.buffer``);
 3. engine: 2 + merge release and the partition engines, a run of columns per hand-over
    (decisions, joins, the learners);
 4. encode: 3 + the worker's per-record dispatch and the outputs encoded
@@ -40,7 +41,7 @@ from bench import harness, traffic
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
-from streambandit.engine.merge import InputMerger
+from streambandit.engine.column_merge import ColumnMerger
 from streambandit.stream.batch import EMIT_EVERY, BatchProcessor, PartitionState, _Fetched, _Run
 from streambandit.stream.transaction import Transaction
 from streambandit.stream.worker import freeze_long_lived
@@ -49,7 +50,8 @@ from streambandit.wire import encode
 STAGE_TEXT = {
     "decode": "the batch's values decoded into columns, with each record's input, offset and timestamp "
     "(`stream.batch._Fetched`: one compiled pass, no record object)",
-    "buffer": "each record pushed into its partition's merger (`BatchProcessor.buffer`)",
+    "buffer": "the batch's records handed to their partitions' mergers as columns, one stretch per partition "
+    "and input (`BatchProcessor.buffer`, `ColumnMerger.extend`)",
     "engine": "the merge's release and the partition engines, one run of columns per hand-over "
     "(`ArrayPartitionEngine.process_columns`): decisions, joins, the learners' calls (the outputs left as columns)",
     "encode": "the outputs encoded from the pass's columns (objects only for what the Python rules made), "
@@ -95,7 +97,7 @@ def processor(policy: str) -> BatchProcessor:
     b = BatchProcessor(cfg, collections.Counter())
     for p in range(traffic.PARTITIONS):
         b.partitions[p] = PartitionState(
-            ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0}
+            ArrayPartitionEngine(cfg.models), ColumnMerger(0), {0: 0, 1: 0}
         )
     return b
 
@@ -123,7 +125,7 @@ def _engine_only(b: BatchProcessor, now: int) -> None:
     for p, part in b.partitions.items():
         items = part.merger.pop_ready(now, (False, False))
         for at in range(0, len(items), EMIT_EVERY):
-            run = _Run(items[at : at + EMIT_EVERY], p)
+            run = _Run(items, at, at + EMIT_EVERY, p)
             part.engine.process_columns(
                 run.columns(), run, None, lambda j, run=run, part=part: b._handle(part, run, j)
             )

@@ -106,7 +106,7 @@ def _batch_path() -> None:
     from streambandit.config.models import parse_models_config
     from streambandit.config.worker import Topics, WorkerConfig
     from streambandit.engine.array_partition import ArrayPartitionEngine
-    from streambandit.engine.merge import InputMerger
+    from streambandit.engine.column_merge import ColumnMerger
     from streambandit.stream.batch import BatchProcessor, PartitionState
     from streambandit.wire import Context, Reward, encode
 
@@ -127,7 +127,7 @@ def _batch_path() -> None:
     cfg = WorkerConfig(bootstrap_servers="unused", models=models, topics=topics, merge_wait_ms=0)
     batch = BatchProcessor(cfg, collections.Counter())
     engine = ArrayPartitionEngine(cfg.models, **cfg.engine_limits())
-    batch.partitions[0] = PartitionState(engine, InputMerger(0), {0: 0, 1: 0})
+    batch.partitions[0] = PartitionState(engine, ColumnMerger(0), {0: 0, 1: 0})
     records, offsets = [], collections.Counter()
     # Enough records that the id tables grow (their rehash and compaction), in two polls.
     for i in range(2_000):

@@ -14,9 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import hashlib
-import itertools
 import logging
-import operator
 import time
 from typing import Any, Callable
 
@@ -26,8 +24,9 @@ from streambandit import reasons
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.chains import ChainPosition
+from streambandit.engine.column_merge import ColumnMerger, Released
 from streambandit.engine.compiled_pass import CONTEXT, OTHER, REWARD_RECORD
-from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.engine.partition import Rejected
 from streambandit.engine.pass_outputs import EncodedOutputs
 from streambandit.engine.record_columns import (
@@ -82,7 +81,7 @@ def now_ms() -> int:
 @dataclasses.dataclass
 class PartitionState:
     engine: ArrayPartitionEngine
-    merger: InputMerger
+    merger: ColumnMerger
     next_offset: dict[
         int, int
     ]  # per input source: the next offset to process (what a commit records)
@@ -319,26 +318,17 @@ class BatchProcessor:
             part = partitions.get(key >> 1)
             if part is None:
                 continue  # records fetched just before their partition was revoked
-            src = key & 1
-            items = list(
-                zip(
-                    ts[rows].tolist(),
-                    itertools.repeat(src),
-                    meta[rows, META_OFF].tolist(),
-                    zip(itertools.repeat(fetched), rows.tolist()),
-                )
-            )
-            bad = np.flatnonzero(~merged[rows]).tolist()
+            src, merger = key & 1, part.merger
+            offsets, times = meta[rows, META_OFF], ts[rows]
             at = 0
-            for b in bad:
+            for b in np.flatnonzero(~merged[rows]).tolist():
                 # A DecodeError, or an event time the engine will refuse as too far ahead
                 # (merged by that time, it would hold back every later record of its input):
                 # placed with no time, after what came before it.
-                part.merger.extend(src, items[at:b], now)
-                _, _, offset, item = items[b]
-                part.merger.push(src, offset, None, item, now)
+                merger.extend(src, times[at:b], offsets[at:b], rows[at:b], fetched, now)
+                merger.push_untimed(src, int(offsets[b]), int(rows[b]), fetched, now)
                 at = b + 1
-            part.merger.extend(src, items[at:], now)
+            merger.extend(src, times[at:], offsets[at:], rows[at:], fetched, now)
             part.last_input_wall_ms = now
 
     def release(self, now: int, behind: dict[int, tuple[bool, bool]], emit: Emit) -> int:
@@ -358,7 +348,7 @@ class BatchProcessor:
         for p, part in self.partitions.items():
             items = part.merger.pop_ready(now, behind[p])
             for at in range(0, len(items), EMIT_EVERY):
-                run = _Run(items[at : at + EMIT_EVERY], p)
+                run = _Run(items, at, at + EMIT_EVERY, p)
                 out_buf.mark(p)
                 part.engine.process_columns(
                     run.columns(),
@@ -568,52 +558,43 @@ class _Fetched:
 
 
 class _Run:
-    """Records the merge released, ``(timestamp, source, offset, (fetched batch, index))`` each,
-    as the engine takes a run: its columns, and each record with its InputRef when asked for."""
+    """Records ``lo`` to ``hi`` of a release of the merge, as the engine takes a run: its
+    columns, and each record with its InputRef when asked for."""
 
-    __slots__ = ("items", "p")
+    __slots__ = ("batch", "row", "src", "off", "batches", "p")
 
-    def __init__(self, items: list[tuple], p: int) -> None:
-        self.items, self.p = items, p
+    def __init__(self, released: Released, lo: int, hi: int, p: int) -> None:
+        self.batch, self.row = released.batch[lo:hi], released.row[lo:hi]
+        self.src, self.off = released.src[lo:hi], released.off[lo:hi]
+        self.batches, self.p = released.batches, p
 
     def __len__(self) -> int:
-        return len(self.items)
+        return len(self.row)
 
     def __getitem__(self, j: int) -> tuple[Any, InputRef]:
-        fetched, i = self.items[j][3]
+        fetched, i = self.batches[int(self.batch[j])], int(self.row[j])
         return fetched.event(i), fetched.ref(i)
 
     def columns(self) -> RecordColumns:
         # Per fetched batch, its records' rows in it and places in the run: the merge
         # interleaves a partition's two inputs, and so their batches, record by record.
-        pairs = list(map(_ITEM, self.items))
-        n = len(pairs)
-        rows = np.fromiter(map(_ROW, pairs), dtype=np.int64, count=n)
-        batches = list(map(_BATCH, pairs))
-        first = batches[0]
-        if batches.count(first) == n:  # identity first: a batch's == is object identity
-            parts = [(first.cols, rows, np.arange(n), first.meta[rows])]
+        rows, n = self.row, len(self.row)
+        lo, hi = self.batch.min(), self.batch.max()
+        if lo == hi:
+            fetched = self.batches[int(lo)]
+            parts = [(fetched.cols, rows, np.arange(n), fetched.meta[rows])]
         else:
-            addresses = np.fromiter(map(id, batches), dtype=np.int64, count=n)
-            distinct, where, group = np.unique(addresses, return_index=True, return_inverse=True)
+            distinct, group = np.unique(self.batch, return_inverse=True)
             parts = []
-            for g in range(len(distinct)):
+            for g, number in enumerate(distinct.tolist()):
                 at = np.flatnonzero(group == g)
-                fetched, mine = batches[where[g]], rows[at]
+                fetched, mine = self.batches[number], rows[at]
                 parts.append((fetched.cols, mine, at, fetched.meta[mine]))
         return RecordColumns.gather(n, parts)
 
     def advance(self, next_offset: dict[int, int]) -> None:
         """The next offset of each input past the run's records (offsets rise within one)."""
-        left = {CONTEXTS, REWARDS}
-        for item in reversed(self.items):
-            src = item[1]
-            if src in left:
-                next_offset[src] = item[2] + 1
-                left.discard(src)
-                if not left:
-                    break
-
-
-# A released item's (fetched batch, index), and the parts of that pair.
-_ITEM, _BATCH, _ROW = operator.itemgetter(3), operator.itemgetter(0), operator.itemgetter(1)
+        for src in (CONTEXTS, REWARDS):
+            at = np.flatnonzero(self.src == src)
+            if len(at):
+                next_offset[src] = int(self.off[at[-1]]) + 1

@@ -18,7 +18,8 @@ from streambandit import reasons
 from streambandit.config.worker import WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
 from streambandit.engine.chains import ChainPosition
-from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
+from streambandit.engine.column_merge import ColumnMerger
+from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.engine.partition import RecoveryError
 from streambandit.stream.batch import PartitionState
 from streambandit.stream.errors import WorkerError
@@ -188,7 +189,7 @@ def _recover_from(
     metrics["recovered_joined"] += len(joined)
     return PartitionState(
         engine=engine,
-        merger=InputMerger(c.merge_wait_ms),
+        merger=ColumnMerger(c.merge_wait_ms),
         next_offset=dict(committed),
         committed_offset=dict(committed),
         chain=ChainPosition(snap.header.chain, snap.header.seq)

@@ -17,6 +17,7 @@ from streambandit import reasons
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
+from streambandit.engine.column_merge import ColumnMerger
 from streambandit.engine.merge import CONTEXTS, REWARDS, InputMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.stream.batch import BatchProcessor, PartitionState
@@ -186,7 +187,7 @@ def test_runs_of_columns_give_the_record_by_record_loops_outputs(seed):
     b = BatchProcessor(cfg, collections.Counter())
     for p in (0, 1):
         b.partitions[p] = PartitionState(
-            ArrayPartitionEngine(cfg.models, **cfg.engine_limits()), InputMerger(0), {0: 0, 1: 0}
+            ArrayPartitionEngine(cfg.models, **cfg.engine_limits()), ColumnMerger(0), {0: 0, 1: 0}
         )
     got: list = []
     for batch in batches:
@@ -216,7 +217,7 @@ def test_an_empty_poll_is_processed_as_nothing():
     cfg = config()
     b = BatchProcessor(cfg, collections.Counter())
     b.partitions[0] = PartitionState(
-        ArrayPartitionEngine(cfg.models, **cfg.engine_limits()), InputMerger(0), {0: 0, 1: 0}
+        ArrayPartitionEngine(cfg.models, **cfg.engine_limits()), ColumnMerger(0), {0: 0, 1: 0}
     )
     got: list = []
     assert b.process([], 0, {0: (False, False)}, got.extend) == 0

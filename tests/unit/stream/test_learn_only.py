@@ -15,7 +15,7 @@ from streambandit import reasons
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
-from streambandit.engine.merge import InputMerger
+from streambandit.engine.column_merge import ColumnMerger
 from streambandit.engine.partition import PartitionEngine, Rejected
 from streambandit.stream.batch import BatchProcessor, PartitionState
 from streambandit.wire import (
@@ -233,7 +233,9 @@ def _processor(learn_only: bool) -> BatchProcessor:
         learn_only=learn_only,
     )
     b = BatchProcessor(cfg, collections.Counter())
-    b.partitions[0] = PartitionState(ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+    b.partitions[0] = PartitionState(
+        ArrayPartitionEngine(cfg.models), ColumnMerger(0), {0: 0, 1: 0}
+    )
     return b
 
 

@@ -10,7 +10,7 @@ from streambandit import reasons
 from streambandit.config.models import parse_models_config
 from streambandit.config.worker import Topics, WorkerConfig
 from streambandit.engine.array_partition import ArrayPartitionEngine
-from streambandit.engine.merge import InputMerger
+from streambandit.engine.column_merge import ColumnMerger
 from streambandit.stream.batch import BatchProcessor, PartitionState
 from streambandit.wire import Context, Tick, decode, encode
 from streambandit.wire.codec import write
@@ -41,7 +41,9 @@ def processor(group: str) -> BatchProcessor:
         idle_tick_ms=10**9,
     )
     b = BatchProcessor(cfg, collections.Counter())
-    b.partitions[0] = PartitionState(ArrayPartitionEngine(cfg.models), InputMerger(0), {0: 0, 1: 0})
+    b.partitions[0] = PartitionState(
+        ArrayPartitionEngine(cfg.models), ColumnMerger(0), {0: 0, 1: 0}
+    )
     return b
 
 
