@@ -396,7 +396,7 @@ class ArrayPartitionEngine(PartitionEngine):
         self.updates += int(cnt[cp.C_UPDATES])
         self._recent_added += int(cnt[cp.C_RECENT])
         keys = self.model_keys
-        self.changed.update(keys[m] for m in np.unique(jn_i[: counts[2], cp.J_MODEL]).tolist())
+        self.changed.update(keys[m] for m in set(jn_i[: counts[2], cp.J_MODEL].tolist()))
         # The last pass's output columns (engine/pass_outputs.py encodes them). The joined ids'
         # bytes are in pending.ids.arena until the ids' next reserve (the next pass, or a
         # decision of the Python rules), whose compaction may move the arena to a new array.

@@ -157,19 +157,11 @@ class RecordColumns:
         sizes = np.zeros(4, dtype=np.int64)  # id bytes, feature numbers, arm ids, arm id bytes
         # The features are most of a run's bytes: when its contexts all come from one batch
         # (rewards carry none), the pass reads them where that batch's decoder put them.
-        with_contexts = []
-        for batch, rows, _, meta in parts:
-            kind = meta[:, META_KIND]
-            ctx = kind == CONTEXT
-            if ctx.any():
-                with_contexts.append(batch)
-            k, d = batch.shape[rows, 0], batch.shape[rows, 1]
-            sizes += (
-                int(batch.id_len[rows][kind != OTHER].sum()),
-                int((k * d)[ctx].sum()),
-                int(k[ctx].sum()),
-                int(batch.arm_bytes[rows][ctx].sum()),
-            )
+        with_contexts = [
+            batch
+            for batch, rows, _, meta in parts
+            if _add_sizes(rows, meta, batch.shape, batch.id_len, batch.arm_bytes, sizes)
+        ]
         id_buf = np.empty(max(1, sizes[0]), dtype=np.uint8)
         copy_feats = len(with_contexts) > 1
         if copy_feats:
@@ -200,20 +192,48 @@ class RecordColumns:
         self.id_buf, self.feat_buf, self.arm_buf = id_buf, feat_buf, arm_buf
         self.arm_start, self.arm_len = arm_start, arm_len
         self.rec_i, self.rec_f, self.key_col, self.key_names = rec_i, rec_f, key_col, list(names)
-        is_ctx = rec_i[:, R_KIND] == CONTEXT
-        contexts = np.zeros(n + 1, dtype=np.int64)
-        contexts[:n] = is_ctx
-        id_bytes = np.zeros(n + 1, dtype=np.int64)
-        id_bytes[:n] = np.where(is_ctx, rec_i[:, R_ID_LEN], 0)
-        self.contexts_after = np.cumsum(contexts[::-1])[::-1]
-        self.id_bytes_after = np.cumsum(id_bytes[::-1])[::-1]
-        self.arm_bytes_after = np.cumsum(arm_bytes[::-1])[::-1]
+        self.contexts_after = np.empty(n + 1, dtype=np.int64)
+        self.id_bytes_after = np.empty(n + 1, dtype=np.int64)
+        self.arm_bytes_after = arm_bytes
+        _sums_after(rec_i, self.contexts_after, self.id_bytes_after, arm_bytes)
         return self
 
 
 # ``gather``'s meta columns (the caller's, per record of the run).
 META_KIND, META_SRC, META_OFF, META_RECORD_MS = range(4)
 META_FIELDS = 4
+
+
+@njit(cache=CACHE)
+def _add_sizes(rows, meta, shape, id_len, arm_bytes, sizes):
+    """Add to ``sizes`` (id bytes, feature numbers, arm ids, arm id bytes) what one batch's
+    ``rows`` of a run hold; whether any is a context."""
+    any_context = False
+    for q in range(rows.shape[0]):
+        kind = meta[q, META_KIND]
+        if kind == OTHER:
+            continue
+        i = rows[q]
+        sizes[0] += id_len[i]
+        if kind == CONTEXT:
+            any_context = True
+            sizes[1] += shape[i, 0] * shape[i, 1]
+            sizes[2] += shape[i, 0]
+            sizes[3] += arm_bytes[i]
+    return any_context
+
+
+@njit(cache=CACHE)
+def _sums_after(rec_i, contexts, id_bytes, arm_bytes):
+    """From each record of the run on (and 0 past its end): the contexts, their ids' bytes and
+    their arm ids' bytes (``arm_bytes`` holds each record's own on the way in)."""
+    n = rec_i.shape[0]
+    contexts[n] = id_bytes[n] = arm_bytes[n] = 0
+    for i in range(n - 1, -1, -1):
+        is_ctx = rec_i[i, R_KIND] == CONTEXT
+        contexts[i] = contexts[i + 1] + (1 if is_ctx else 0)
+        id_bytes[i] = id_bytes[i + 1] + (rec_i[i, R_ID_LEN] if is_ctx else 0)
+        arm_bytes[i] += arm_bytes[i + 1]
 
 
 @njit(cache=CACHE, inline="always")
