@@ -1,7 +1,8 @@
 """Part 6 of ``python -m bench.e2e`` (``--only snapshot``): a snapshot of one partition at a given
 load, the engine's copy and the packing timed apart.
 
-It uses only ``PartitionEngine`` and ``pack_snapshot``, so it also measures an older checkout.
+Both engines are timed: ``ArrayPartitionEngine``, the worker's, and ``PartitionEngine``, the
+rules in Python (the Decider's, and what an older checkout, which has only that one, measures).
 """
 
 from __future__ import annotations
@@ -19,12 +20,15 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
     from streambandit.engine.partition import PartitionEngine
     from streambandit.wire import InputRef, pack_snapshot
 
+    try:
+        from streambandit.engine.array_partition import ArrayPartitionEngine
+    except ImportError:  # an older checkout
+        classes = [PartitionEngine]
+    else:
+        classes = [ArrayPartitionEngine, PartitionEngine]
     per_partition = contexts_per_s / traffic.PARTITIONS
     n = int(per_partition * 10)  # ten seconds of one partition's contexts
-    eng = PartitionEngine(parse_models_config(traffic.models("oful", window_ms)))
-    for i, (ctx, _) in enumerate(traffic.backlog(n)):
-        ctx.timestamp_ms = traffic.T0_MS + int(i * 1000 / per_partition)
-        eng.on_context(ctx, InputRef(0, 0, i))
+    models = parse_models_config(traffic.models("oful", window_ms))
     head = {
         "partition": 0,
         "created_ms": 0,
@@ -34,24 +38,39 @@ def snapshot_pause(contexts_per_s: float, window_ms: int = 2000, repeats: int = 
         "joined_offset": 0,
         "dead_letter_offset": 0,
     }
-    snap_ms, pack_ms, size = [], [], 0
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        state = eng.snapshot()
-        t1 = time.perf_counter()
-        size = len(pack_snapshot(head | {"engine": state}))
-        t2 = time.perf_counter()
-        snap_ms.append((t1 - t0) * 1000)
-        pack_ms.append((t2 - t1) * 1000)
+    engines, packed = {}, set()
+    for cls in classes:
+        eng = cls(models)
+        for i, (ctx, _) in enumerate(traffic.backlog(n)):
+            ctx.timestamp_ms = traffic.T0_MS + int(i * 1000 / per_partition)
+            eng.on_context(ctx, InputRef(0, 0, i))
+        snap_ms, pack_ms = [], []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            state = eng.snapshot()
+            t1 = time.perf_counter()
+            blob = pack_snapshot(head | {"engine": state})
+            t2 = time.perf_counter()
+            snap_ms.append((t1 - t0) * 1000)
+            pack_ms.append((t2 - t1) * 1000)
+        packed.add(blob)
+        engines[cls.__name__] = {
+            "snapshot_ms": harness.median(snap_ms),
+            "pack_ms": harness.median(pack_ms),
+        }
+    if len(packed) != 1:
+        raise RuntimeError("the two engines' snapshots of the same contexts differ")
     out = {
         "contexts_per_s": contexts_per_s,
         "window_ms": window_ms,
         "partitions": traffic.PARTITIONS,
         "pending": len(eng.pending),
         "recent": len(eng.recent),
-        "snapshot_ms": harness.median(snap_ms),
-        "pack_ms": harness.median(pack_ms),
-        "bytes": size,
+        "engines": engines,
+        # The worker's engine, first in classes (the rows before engines were timed apart).
+        "snapshot_ms": engines[classes[0].__name__]["snapshot_ms"],
+        "pack_ms": engines[classes[0].__name__]["pack_ms"],
+        "bytes": len(blob),
         "repeats": repeats,
     }
     print(f"snapshot: {out}", flush=True)
@@ -73,11 +92,19 @@ def render(res: dict) -> list[str]:
         f"One partition's engine fed half the live maximum ({sp['contexts_per_s']:,.0f} contexts/s over "
         f"{partitions} partitions, reward window {sp['window_ms']:,} ms, 4 models): {sp['pending']:,} open decisions "
         f"and {sp['recent']:,} recently joined ids. `engine.snapshot()` and `pack_snapshot` of it timed apart, "
-        f"median of {sp['repeats']} runs; where each runs in the worker: docs/architecture.md.",
+        f"median of {sp['repeats']} runs, for the worker's engine (`ArrayPartitionEngine`) and the rules in "
+        "Python (`PartitionEngine`, the Decider's), fed the same contexts (their snapshots are the same bytes); "
+        "where each runs in the worker: docs/architecture.md.",
         "",
-        "| engine.snapshot ms | pack_snapshot ms | bytes |",
-        "|---:|---:|---:|",
-        f"| {sp['snapshot_ms']:.1f} | {sp['pack_ms']:.1f} | {sp['bytes']:,} |",
+        "| engine | engine.snapshot ms | pack_snapshot ms | bytes |",
+        "|---|---:|---:|---:|",
+    ]
+    engines = sp.get("engines") or {"PartitionEngine": sp}
+    lines += [
+        f"| {name} | {e['snapshot_ms']:.1f} | {e['pack_ms']:.1f} | {sp['bytes']:,} |"
+        for name, e in engines.items()
+    ]
+    lines += [
         "",
         f"At that rate the default triggers (`snapshot_every_updates` {res['snapshot_every_updates']:,}, "
         f"`snapshot_interval_s` {res['snapshot_interval_s']:g}) snapshot each partition every "

@@ -328,11 +328,19 @@ class IdTable:
 
     def in_order(self) -> list[int]:
         """The entries held, oldest first."""
-        out, e, newer = [], int(self.meta[OLDEST]), self.newer
-        while e >= 0:
-            out.append(e)
-            e = int(newer[e])
-        return out
+        return self.order().tolist()
+
+    def order(self) -> np.ndarray:
+        """:meth:`in_order` as an array."""
+        return _in_order(self.meta, self.newer)
+
+    def keys_of(self, entries: np.ndarray) -> list[str]:
+        """The keys of held ``entries``, decoded (a snapshot's ids: one slice per key of the
+        arena's bytes, no numpy call per key)."""
+        raw = self.arena.tobytes()
+        starts = self.entry_start[entries].tolist()
+        ends = (self.entry_start[entries] + self.entry_len[entries]).tolist()
+        return [raw[s:t].decode() for s, t in zip(starts, ends)]
 
     def key(self, entry: int) -> bytes:
         """The key of ``entry`` (a held entry)."""
@@ -341,6 +349,17 @@ class IdTable:
             raise KeyError(f"entry {entry} is not held")
         s = int(self.entry_start[entry])
         return self.arena[s : s + n].tobytes()
+
+
+@njit(cache=CACHE)
+def _in_order(meta, newer):
+    out = np.empty(meta[COUNT], dtype=np.int64)
+    e, i = meta[OLDEST], 0
+    while e >= 0:
+        out[i] = e
+        e = newer[e]
+        i += 1
+    return out[:i]
 
 
 def _slots_for(entries: int) -> int:

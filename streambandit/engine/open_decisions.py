@@ -172,8 +172,35 @@ class OpenDecisions:
         }
 
     def rows(self) -> list[dict[str, Any]]:
-        """Every open decision, in the order they were opened."""
-        return [self.row(e) for e in self.ids.in_order()]
+        """Every open decision, in the order they were opened: :meth:`row` of each, with each
+        column read once for all (a snapshot lists up to ``max_pending``: bench.e2e part 6)."""
+        order = self.ids.order()
+        ints, floats = self.ints[order], self.floats[order]
+        event_ids = self.ids.keys_of(order)
+        arm_ids = self.arm_ids.keys_of(ints[:, ARM])
+        features = self.features[order]
+        keys = self.model_keys
+        out = []
+        for k, (i, f) in enumerate(zip(ints.tolist(), floats.tolist())):
+            n_rewards = i[N_REWARDS]
+            out.append(
+                {
+                    "event_id": event_ids[k],
+                    "model_key": keys[i[MODEL]],
+                    "arm_id": arm_ids[k],
+                    "arm_index": i[ARM_INDEX],
+                    "score": f[SCORE],
+                    "propensity": f[PROPENSITY],
+                    "model_version": i[VERSION],
+                    "decision_timestamp_ms": i[DECIDED_MS],
+                    "features": features[k, : i[DIM]],
+                    "trigger_source": i[TRIGGER_SOURCE],
+                    "trigger_offset": i[TRIGGER_OFFSET],
+                    "reward": f[REWARD] if n_rewards else None,
+                    "n_rewards": n_rewards,
+                }
+            )
+        return out
 
     def add_rows(
         self,

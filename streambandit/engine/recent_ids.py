@@ -75,8 +75,8 @@ class RecentIds:
 
     def items(self) -> list[tuple[str, bool]]:
         """Every id remembered with its flag, oldest first."""
-        key, observed = self.ids.key, self.observed
-        return [(key(e).decode(), bool(observed[e])) for e in self.ids.in_order()]
+        order = self.ids.order()
+        return list(zip(self.ids.keys_of(order), self.observed[order].tolist()))
 
     def tail(self, n: int) -> list[tuple[str, bool]]:
         """The ``n`` newest, oldest of them first (what an increment snapshot carries)."""
