@@ -60,6 +60,7 @@ STAGE_TEXT = {
 }
 STAGES = tuple(STAGE_TEXT)
 REPEATS = 7
+EXPLORING = 0.1  # the exploring row's epsilon
 BATCH = WorkerConfig.batch_max_records  # as the worker polls under a backlog
 TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
 
@@ -86,11 +87,15 @@ def messages(n: int) -> list[list[Message]]:
     return [out[i : i + BATCH] for i in range(0, len(out), BATCH)]
 
 
-def processor(policy: str) -> BatchProcessor:
-    """The worker's batch processor with both partitions assigned and fresh (no broker)."""
+def processor(policy: str, epsilon: float = 0.0) -> BatchProcessor:
+    """The worker's batch processor with both partitions assigned and fresh (no broker); its
+    models explore at rate ``epsilon``."""
+    models = traffic.models(policy, 100)
+    for entry in models["models"]:
+        entry["epsilon"] = epsilon
     cfg = WorkerConfig(
         bootstrap_servers="unused",
-        models=parse_models_config(traffic.models(policy, 100)),
+        models=parse_models_config(models),
         topics=TOPICS,
         merge_wait_ms=0,
     )
@@ -144,9 +149,9 @@ def _produce(producer: Producer) -> Callable[[list], None]:
     return tx.emit
 
 
-def run(policy: str, batches: list[list[Message]], level: int) -> float:
+def run(policy: str, batches: list[list[Message]], level: int, epsilon: float = 0.0) -> float:
     """CPU microseconds per input record of one fresh processor through ``level`` stages."""
-    b, now, n = processor(policy), 10**13, 0
+    b, now, n = processor(policy, epsilon), 10**13, 0
     producer = _producer() if level == 5 else None
     freeze_long_lived()
     start = time.thread_time()
@@ -169,11 +174,11 @@ def run(policy: str, batches: list[list[Message]], level: int) -> float:
     return cpu / n * 1e6
 
 
-def stages_of(policy: str, n: int, repeats: int) -> dict:
+def stages_of(policy: str, n: int, repeats: int, epsilon: float = 0.0) -> dict:
     batches = messages(n)
-    run(policy, batches, 5)  # compile and warm
+    run(policy, batches, 5, epsilon)  # compile and warm
     best = {
-        lvl: min(run(policy, batches, lvl) for _ in range(repeats))
+        lvl: min(run(policy, batches, lvl, epsilon) for _ in range(repeats))
         for lvl in range(1, len(STAGES) + 1)
     }
     stages, prev = {}, 0.0
@@ -183,6 +188,7 @@ def stages_of(policy: str, n: int, repeats: int) -> dict:
     n_events = sum(map(len, batches))
     return {
         "policy": policy,
+        "epsilon": epsilon,
         "events": n_events,
         "contexts": n,
         "us_per_event": stages,
@@ -198,7 +204,12 @@ def measure(args: argparse.Namespace) -> dict:
         "repeats": repeats,
         "batch_max_records": BATCH,
         "stages": STAGE_TEXT,
-        "runs": [stages_of(p, n, repeats) for p in ("oful", "glb_omd")],
+        # The models of the first two decide greedily; the third's explore (epsilon-greedy),
+        # as a team logging propensities for off-policy evaluation runs them.
+        "runs": [
+            stages_of(p, n, repeats, eps)
+            for p, eps in (("oful", 0.0), ("glb_omd", 0.0), ("oful", EXPLORING))
+        ],
     }
 
 
@@ -221,8 +232,9 @@ def render(res: dict) -> str:
         "|---|" + "---:|" * (len(stages) + 2),
     ]
     for r in res["runs"]:
+        eps = r.get("epsilon", 0.0)
         lines.append(
-            f"| {r['policy']} | "
+            f"| {r['policy']}{f', epsilon {eps:g}' if eps else ''} | "
             + " | ".join(f"{r['us_per_event'][s]:.2f}" for s in stages)
             + f" | {r['total_us_per_event']:.2f} | {r['events_per_cpu_s']:,.0f} |"
         )

@@ -59,6 +59,7 @@ from streambandit.engine.pass_outputs import (
 )
 from streambandit.engine.recent_ids import RecentIds
 from streambandit.engine.record_columns import RecordColumns
+from streambandit.numerics.event_draw import event_seed_of_bytes
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
@@ -103,6 +104,8 @@ def _arrays(t: IdTable) -> tuple:
         t.meta,
     )
 
+
+_NO_DIGESTS = np.zeros((1, 16), dtype=np.uint8)  # a run where no model explores
 
 # The kinds of the deadline queue's items: an open decision's window (the item's entry is the
 # decision's), an early reward's (the entry is a token the early ids are held under).
@@ -155,6 +158,7 @@ class ArrayPartitionEngine(PartitionEngine):
         self._recent_tail = 0
         self._columns = ModelColumns()
         self._key_bytes = model_key_bytes([])
+        self._digests_of: tuple[RecordColumns, np.ndarray] | None = None
 
     # -- entry points --------------------------------------------------------------------------
 
@@ -323,6 +327,35 @@ class ArrayPartitionEngine(PartitionEngine):
             deliver(nxt, one(nxt))
             i = nxt + 1
 
+    def _digests(self, cols: RecordColumns) -> np.ndarray:
+        """Per record of ``cols``, a context's exploration seed (``event_draw.event_seed``) when
+        its model explores, zeros otherwise; one row of zeros when none explores. Made once per
+        run of columns (the pass is called again after each record it leaves)."""
+        if self._digests_of is not None and self._digests_of[0] is cols:
+            return self._digests_of[1]
+        seeds = []
+        for key in cols.key_names:
+            spec = self.spec_of(key)
+            seeds.append(spec.seed if spec is not None and spec.epsilon > 0.0 else None)
+        digests = _NO_DIGESTS
+        if any(seed is not None for seed in seeds):
+            rec, key_col = cols.rec_i, cols.key_col.tolist()
+            raw, keys = cols.id_buf.tobytes(), [k.encode() for k in cols.key_names]
+            rows, seeded = [], []
+            contexts = np.flatnonzero(rec[:, cp.R_KIND] == cp.CONTEXT)
+            starts = rec[contexts, cp.R_ID_START].tolist()
+            ends = (rec[contexts, cp.R_ID_START] + rec[contexts, cp.R_ID_LEN]).tolist()
+            for i, start, end in zip(contexts.tolist(), starts, ends):
+                seed = seeds[key_col[i]]
+                if seed is not None:
+                    rows.append(i)
+                    seeded.append(event_seed_of_bytes(keys[key_col[i]], raw[start:end], seed))
+            digests = np.zeros((len(rec), 16), dtype=np.uint8)
+            if rows:
+                digests[rows] = np.frombuffer(b"".join(seeded), dtype=np.uint8).reshape(-1, 16)
+        self._digests_of = (cols, digests)
+        return digests
+
     def _keys(self) -> ModelKeyBytes:
         """The model keys' bytes (engine/pass_outputs.py), made again when a model is added."""
         if len(self._key_bytes.each) != len(self.model_keys):
@@ -361,7 +394,7 @@ class ArrayPartitionEngine(PartitionEngine):
         # those are read; the pages of what it does not make are never touched.
         out = np.empty((n_contexts + closes + 1, 3), dtype=np.int64)
         act_i = np.empty((n_contexts + 1, 3), dtype=np.int64)
-        act_f = np.empty(n_contexts + 1)
+        act_f = np.empty((n_contexts + 1, 2))  # score, propensity
         jn_i = np.empty((closes + 1, cp.J_FIELDS), dtype=np.int64)
         jn_f = np.empty((closes + 1, 2))
         jn_x = np.empty((closes + 1, width))
@@ -381,7 +414,7 @@ class ArrayPartitionEngine(PartitionEngine):
         t, a, r, ea = pending.ids, pending.arm_ids, recent.ids, self.early_ids
         nxt = cp.run_records(
             start, cols.rec_i, cols.rec_f, cols.id_buf, cols.feat_buf, cols.arm_buf,
-            cols.arm_start, cols.arm_len,
+            cols.arm_start, cols.arm_len, self._digests(cols),
             _arrays(t), _arrays(a), pending.arm_refs, pending.ints, pending.floats,
             pending.features, _arrays(r), recent.observed, _arrays(ea), q.run, q.heap, q.meta,
             self._columns.ints, self._columns.floats, st, cnt, out, act_i, act_f, jn_i, jn_f,
@@ -425,8 +458,8 @@ class ArrayPartitionEngine(PartitionEngine):
                         cols.key_of(rec),
                         cols.arm_buf[s0 : s0 + cols.arm_len[arm_at]].tobytes().decode(),
                         index,
-                        float(act_f[k]),
-                        1.0,
+                        float(act_f[k, 0]),
+                        float(act_f[k, 1]),
                         int(act_i[k, cp.A_VERSION]),
                         int(r[cp.R_TS]),
                         cols.feat_buf[at : at + d].copy(),

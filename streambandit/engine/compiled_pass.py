@@ -3,15 +3,15 @@
 :class:`~streambandit.engine.array_partition.ArrayPartitionEngine` states the engine's rules in
 Python on state held in arrays. :func:`run_records` applies the same rules to a run of records
 (columns: no Python object per record) for what nearly every record is: a context for a model
-that exists and decides without exploration, with row-learner state (OFUL, GLB-OMD, Hvt-UCB:
-policies/rows.py), and a reward for one of its open decisions; with the windows the watermark
-closes on the way and the eviction of the oldest decision at ``max_pending``. At the first
-record it does not handle (a refusal, which has a detail to write; a new model; an early, late
-or duplicate reward; an exploration draw; a failed update; a tick) it returns that record's
-index, having changed nothing the Python rules would not change first for that record (moving
-the watermark, closing the windows it passes); the caller hands that record to the Python rules,
-which go on from there, and calls this again from the next. The outputs are columns, in the
-order the Python rules emit them.
+that exists, with row-learner state (OFUL, GLB-OMD, Hvt-UCB: policies/rows.py), decided with
+its exploration draw when it explores (the event's seed digest computed by the caller), and a
+reward for one of its open decisions; with the windows the watermark closes on the way and the
+eviction of the oldest decision at ``max_pending``. At the first record it does not handle (a
+refusal, which has a detail to write; a new model; an early, late or duplicate reward; a failed
+update; a tick) it returns that record's index, having changed nothing the Python rules would
+not change first for that record (moving the watermark, closing the windows it passes); the
+caller hands that record to the Python rules, which go on from there, and calls this again from
+the next. The outputs are columns, in the order the Python rules emit them.
 
 Every branch here is a line of engine/partition.py's rules; tests/unit/engine/test_compiled_pass.py
 holds the outputs and the snapshot, byte for byte, to the Python rules' on streams that take
@@ -24,6 +24,7 @@ import numpy as np
 from numba import njit
 
 from streambandit.engine.deadline_queue import queue_next_deadline, queue_pop_due, queue_push
+from streambandit.engine.decision import explore_kernel
 from streambandit.engine.id_table import (
     COUNT,
     OLDEST,
@@ -74,10 +75,11 @@ CONTEXT, REWARD_RECORD, OTHER = 0, 1, 2  # R_KIND: anything else is the Python r
 
 # A model's int and float columns (by the engine's model index).
 # M_ROWS: a row learner's (table and row set: its decisions close here); M_FAST: also decided
-# here (no exploration draw).
+# here (a row learner, with or without exploration: M_EPS).
 M_TABLE, M_ROW, M_UPDATE, M_DIM, M_WINDOW, M_AGG, M_FAST, M_ROWS = range(8)
 M_FIELDS = 8
-M_DEFAULT, M_LO, M_HI = range(3)
+M_DEFAULT, M_LO, M_HI, M_EPS = range(4)
+M_FLOATS = 4
 AGG_FIRST, AGG_SUM, AGG_LAST = 0, 1, 2
 
 # The engine's scalars and counters.
@@ -265,7 +267,7 @@ def _arm_ids_distinct(arm_buf, arm_start, arm_len, first, k, hashes):
 
 @njit(cache=CACHE)
 def run_records(
-    start, rec_i, rec_f, id_buf, feat_buf, arm_buf, arm_start, arm_len,
+    start, rec_i, rec_f, id_buf, feat_buf, arm_buf, arm_start, arm_len, digests,
     P, A, arm_refs, ints, floats, features, R, observed, E, run, heap, qmeta,
     mod_i, mod_f, st, cnt, out, act_i, act_f, jn_i, jn_f, jn_x, counts,
 ):  # fmt: skip
@@ -273,7 +275,8 @@ def run_records(
     the index of the first not handled (``len(rec_i)``: none). ``counts`` holds the outputs,
     actions and joined records written so far, and is kept up to date; ``counts[3]`` is 1 when
     the record before the one returned was decided but what it left to close is the Python
-    rules' (the windows it passes hold an early reward's deadline or an update that fails)."""
+    rules' (the windows it passes hold an early reward's deadline or an update that fails).
+    ``digests[i]``: context i's ``event_draw.event_seed`` when its model explores."""
     n_out, act_n, jn_n = counts[0], counts[1], counts[2]
     n = rec_i.shape[0]
     scratch = np.empty(features.shape[1])
@@ -329,6 +332,10 @@ def run_records(
             fs = r[R_FEAT_START]
             arms = feat_buf[fs : fs + k * d].reshape((k, d))
             index, score, version = _best(model, mod_i, arms, work, scores)
+            propensity, eps = 1.0, mod_f[model, M_EPS]
+            if index >= 0 and eps > 0.0:
+                # decision.choose's draw from all K scores, the event's digest its seed.
+                index, score, propensity, _ = explore_kernel(scores[:k], eps, digests[i])
             if index < 0 or arm_len[first + index] > max_id:
                 break
             slot = n_out  # the action's place: before the joined record of an eviction
@@ -349,7 +356,7 @@ def run_records(
                 n_out = slot + 1
             a = act_n
             act_i[a, A_REC], act_i[a, A_ARM_INDEX], act_i[a, A_VERSION] = i, index, version
-            act_f[a] = score
+            act_f[a, 0], act_f[a, 1] = score, propensity
             out[slot, 0], out[slot, 1], out[slot, 2] = O_ACTION, a, i
             act_n += 1
             # Open it.
@@ -372,7 +379,7 @@ def run_records(
                 ts, deadline, seq, 0,
             )  # fmt: skip
             ints[e, TRIGGER_SOURCE], ints[e, TRIGGER_OFFSET], ints[e, DIM] = r[R_SRC], r[R_OFF], d
-            floats[e, SCORE], floats[e, PROPENSITY], floats[e, REWARD] = score, 1.0, 0.0
+            floats[e, SCORE], floats[e, PROPENSITY], floats[e, REWARD] = score, propensity, 0.0
             features[e, :d] = arms[index]
             queue_push(run, heap, qmeta, deadline, seq, DECISION, e)
             # A context after its own window closed is joined at once.

@@ -84,7 +84,7 @@ _F64 = np.dtype(np.float64)
 def _explore_kernel(scores, epsilon, digest):
     """``_choose`` at the top slot with ``epsilon > 0`` (the greedy arm by ``np.argmax``, as
     ``_greedy``): ``(index, score, propensity, explored)``, the same operations in order, in one
-    compiled call (a decision's per-call path)."""
+    compiled call (a decision's per-call path, and engine/compiled_pass.py's draw)."""
     k = scores.shape[0]
     greedy = np.argmax(scores)
     explored, drawn = explore_draw(digest, epsilon, k)
@@ -112,6 +112,9 @@ def choose_with_probabilities(
 
 
 NO_DRAW = bytes(16)  # the digest when epsilon <= 0 (no draw is made)
+
+
+explore_kernel = _explore_kernel  # for compiled callers
 
 
 def choice_with_probabilities(

@@ -19,8 +19,10 @@ from streambandit.engine.compiled_pass import (
     M_AGG,
     M_DEFAULT,
     M_DIM,
+    M_EPS,
     M_FAST,
     M_FIELDS,
+    M_FLOATS,
     M_HI,
     M_LO,
     M_ROW,
@@ -38,28 +40,27 @@ _AGGREGATIONS = {"first": AGG_FIRST, "sum": AGG_SUM, "last": AGG_LAST}
 
 class ModelColumns:
     """``ints[m]``: table, row, update, dimension, window, aggregation, whether the compiled pass
-    decides for the model (a row learner that decides without exploration) and whether it joins
-    its decisions (a row learner); ``floats[m]``: the default reward and the range of rewards its
-    learner accepts."""
+    decides for the model and whether it joins its decisions (both: a row learner); ``floats[m]``:
+    the default reward, the range of rewards its learner accepts and its exploration rate."""
 
     __slots__ = ("ints", "floats")
 
     def __init__(self) -> None:
         self.ints = np.zeros((8, M_FIELDS), dtype=np.int64)
-        self.floats = np.zeros((8, 3), dtype=np.float64)
+        self.floats = np.zeros((8, M_FLOATS), dtype=np.float64)
 
     def set(self, m: int, spec: Any, model: Any) -> None:
         """The columns of model index ``m``: its configuration ``spec`` and its learner."""
         if m >= len(self.ints):
             size = max(m + 1, 2 * len(self.ints))
             ints = np.zeros((size, M_FIELDS), dtype=np.int64)
-            floats = np.zeros((size, 3), dtype=np.float64)
+            floats = np.zeros((size, M_FLOATS), dtype=np.float64)
             ints[: len(self.ints)], floats[: len(self.floats)] = self.ints, self.floats
             self.ints, self.floats = ints, floats
         lo, hi = model.reward_range()
         if isinstance(model, LinearUCBPolicy):
             table, row, update = model.row_call()
-            fast, rows = int(spec.epsilon <= 0.0), 1
+            fast = rows = 1
         else:
             table = row = update = fast = rows = 0
         # One row assignment each (a restore sets a column row per model, 100,000 of them in
@@ -71,6 +72,7 @@ class ModelColumns:
         ints[M_DIM], ints[M_WINDOW] = spec.dim, spec.reward_window_ms
         ints[M_AGG] = _AGGREGATIONS[spec.aggregation]
         self.ints[m] = ints
-        floats = [0.0] * 3
+        floats = [0.0] * M_FLOATS
         floats[M_DEFAULT], floats[M_LO], floats[M_HI] = spec.default_reward, lo, hi
+        floats[M_EPS] = spec.epsilon
         self.floats[m] = floats

@@ -154,7 +154,7 @@ def _columns(
             a_str_ends[a, 2] = a_s
             a_ints[a, 0], a_ints[a, 1], a_ints[a, 2] = index, act_i[k, A_VERSION], r[R_TS]
             a_ints[a, 3], a_ints[a, 4] = r[R_SRC], r[R_OFF]
-            a_bits[a, 0], a_bits[a, 1] = act_f[k], 1.0  # score, propensity
+            a_bits[a, 0], a_bits[a, 1] = act_f[k, 0], act_f[k, 1]  # score, propensity
             d = r[R_D]
             a_f = copy_into(a_feats, a_f, feat_buf, r[R_FEAT_START] + index * d, d)
             a_feat_ends[a] = a_f * 8

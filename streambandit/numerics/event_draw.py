@@ -36,7 +36,7 @@ from numba import njit
 
 from streambandit.numerics.jit import CACHE
 
-__all__ = ["event_seed", "explore_draw", "seed_state"]
+__all__ = ["event_seed", "event_seed_of_bytes", "explore_draw", "seed_state"]
 
 _M32 = np.uint64(0xFFFFFFFF)
 _INIT_A = np.uint64(0x43B0D7E5)
@@ -59,6 +59,14 @@ def event_seed(model_key: str, event_id: str, seed: int) -> bytes:
     # keyword parameters on every call, which costs more than the copy (once per decision).
     h = _EMPTY_DIGEST16.copy()
     h.update(f"{model_key}\x00{event_id}\x00{int(seed)}".encode())
+    return h.digest()
+
+
+def event_seed_of_bytes(model_key: bytes, event_id: bytes, seed: int) -> bytes:
+    """:func:`event_seed` of the key's and the id's UTF-8 bytes (the same digest: a string's
+    encoding is its parts' encodings joined), for a caller that holds them as bytes."""
+    h = _EMPTY_DIGEST16.copy()
+    h.update(b"%s\x00%s\x00%d" % (model_key, event_id, int(seed)))
     return h.digest()
 
 

@@ -99,7 +99,12 @@ def clean_records(n: int = 2000) -> list:
     return [(ev, InputRef(src, 0, i, b"k", b"v", 0)) for i, (_, src, ev) in enumerate(events)]
 
 
-def test_on_a_clean_stream_the_rules_in_python_see_only_each_models_first_record(monkeypatch):
+@pytest.mark.parametrize("explore", [0.0, 0.3])
+def test_on_a_clean_stream_the_rules_in_python_see_only_each_models_first_record(
+    monkeypatch, explore
+):
+    """The pass decides every context of a model it has, with the exploration draw when the
+    model explores (the last-* models at ``explore``)."""
     seen = []
     real = ArrayPartitionEngine._one
 
@@ -108,10 +113,15 @@ def test_on_a_clean_stream_the_rules_in_python_see_only_each_models_first_record
         return real(self, ev, source)
 
     monkeypatch.setattr(ArrayPartitionEngine, "_one", counted)
-    engine, python = ArrayPartitionEngine(config(0.0)), PartitionEngine(config(0.0))
+    engine, python = ArrayPartitionEngine(config(explore)), PartitionEngine(config(explore))
     stream = clean_records()
     got, _ = engine.process(stream)
     want = [o for ev, src in stream for o in python_outputs(python, ev, src)]
     assert as_bytes(got) == as_bytes(want)
     assert [ev.event_id for ev in seen] == [f"e{i}" for i in range(5)]  # each makes its model
     assert engine.counters["joined_observed"] > 1000
+    propensities = {a.propensity for a in got if type(a).__name__ == "Action"}
+    if explore:  # greedy (1 - 0.3 + 0.3 / 4) and explored off the greedy arm (0.3 / 4)
+        assert {0.3 / 4, 1 - 0.3 + 0.3 / 4} < propensities
+    else:
+        assert propensities == {1.0}

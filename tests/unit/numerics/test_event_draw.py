@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 
 from streambandit.engine.decision import choose, event_rng
-from streambandit.numerics.event_draw import event_seed, explore_draw, seed_state
+from streambandit.numerics.event_draw import (
+    event_seed,
+    event_seed_of_bytes,
+    explore_draw,
+    seed_state,
+)
 
 MASK = (1 << 64) - 1
 
@@ -57,3 +62,14 @@ def test_the_event_seed_depends_on_each_part():
     assert len(seeds) == 8 and all(len(s) == 16 for s in seeds)
     # The separator keeps ("a", "bc") and ("ab", "c") apart.
     assert event_seed("a", "bc", 0) != event_seed("ab", "c", 0)
+
+
+@pytest.mark.parametrize(
+    "key,event_id,seed", [("ads-1", "req-9", 0), ("ключ", "é\u00e9🙂", 2**40), ("", "x", 7)]
+)
+def test_the_seed_of_the_utf8_bytes_is_the_seed_of_the_strings(key, event_id, seed):
+    """What the engine's compiled pass is given (its ids are bytes) is what the rules in Python
+    draw from."""
+    assert event_seed_of_bytes(key.encode(), event_id.encode(), seed) == event_seed(
+        key, event_id, seed
+    )
