@@ -1,6 +1,6 @@
 """Where the worker's CPU goes per event, without a profiler and without a broker.
 
-    python -m bench.worker_path            # ~1 min, writes bench/results/worker_path.{md,json}
+    python -m bench.worker_path            # ~2 min, writes bench/results/worker_path.{md,json}
     python -m bench.worker_path --quick    # a smoke run (printed, not written)
 
 The worker's own per-batch code (``BatchProcessor.buffer`` and ``release``, ``Transaction.emit``) runs
@@ -14,7 +14,9 @@ are bench.e2e's.
 Stages are measured by ablation, each level doing everything the one before does plus one
 stage, so the difference is that stage's cost in place (with the caches and allocator the
 whole path sees), in CPU time of this thread (``time.thread_time``), best of REPEATS fresh runs
-per level (the machine is shared: the best run is the one least disturbed). cProfile's shares
+per level (the machine is shared: the best run is the one least disturbed), the levels taken in
+turn within each round, so that a slower stretch of the machine falls on every level alike
+rather than on the levels measured during it. cProfile's shares
 (e2e part 3) inflate stages made of many small calls; these do not.
 
 1. decode: the batch's values decoded into columns (``stream.batch._Fetched``);
@@ -177,10 +179,9 @@ def run(policy: str, batches: list[list[Message]], level: int, epsilon: float = 
 def stages_of(policy: str, n: int, repeats: int, epsilon: float = 0.0) -> dict:
     batches = messages(n)
     run(policy, batches, 5, epsilon)  # compile and warm
-    best = {
-        lvl: min(run(policy, batches, lvl, epsilon) for _ in range(repeats))
-        for lvl in range(1, len(STAGES) + 1)
-    }
+    levels = range(1, len(STAGES) + 1)
+    rounds = [[run(policy, batches, lvl, epsilon) for lvl in levels] for _ in range(repeats)]
+    best = {lvl: min(r[lvl - 1] for r in rounds) for lvl in levels}
     stages, prev = {}, 0.0
     for lvl, name in enumerate(STAGES, start=1):
         stages[name] = best[lvl] - prev
@@ -203,6 +204,7 @@ def measure(args: argparse.Namespace) -> dict:
         "contexts": n,
         "repeats": repeats,
         "batch_max_records": BATCH,
+        "interleaved": True,  # levels in turn within each round (stages_of)
         "stages": STAGE_TEXT,
         # The models of the first two decide greedily; the third's explore (epsilon-greedy),
         # as a team logging propensities for off-policy evaluation runs them.
@@ -224,8 +226,9 @@ def render(res: dict) -> str:
             f"`confluent_kafka.Message` objects ({res['contexts']:,} contexts of the ad-traffic backlog "
             f"(bench/traffic.py) and their rewards, batches of {res['batch_max_records']:,}), a producer "
             "with no broker; each level adds one stage, CPU time of the thread, best of "
-            f"{res['repeats']} fresh runs per level. Kafka's network and transactions are not in these "
-            "figures (e2e part 4 has them).",
+            f"{res['repeats']} fresh runs per level"
+            + (", the levels in turn within each round" if res.get("interleaved") else "")
+            + ". Kafka's network and transactions are not in these figures (e2e part 4 has them).",
         ),
         "",
         "| policy | " + " | ".join(stages) + " | total us / event | events per CPU s |",
