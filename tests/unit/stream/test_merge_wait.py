@@ -4,52 +4,18 @@ and has not delivered yet: only that input releases it, so the poll waits for in
 timeout of 0 at such a deadline spun the worker's loop at a full core for as long as the broker
 took to deliver.)"""
 
-import collections
-
 import numpy as np
 from confluent_kafka import Message
 
-from streambandit.config.models import parse_models_config
-from streambandit.config.worker import Topics, WorkerConfig
-from streambandit.engine.array_partition import ArrayPartitionEngine
-from streambandit.engine.column_merge import ColumnMerger
-from streambandit.stream.batch import BatchProcessor, PartitionState
 from streambandit.wire import Context, encode
 
-TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
+from .test_ticks import processor
+
 WAIT_MS = 50
 
 
-def processor() -> BatchProcessor:
-    models = parse_models_config(
-        {
-            "models": [
-                {
-                    "match": "m*",
-                    "policy": "oful",
-                    "dim": 2,
-                    "reward_window_ms": 100,
-                    "default_reward": 0.0,
-                }
-            ]
-        }
-    )
-    cfg = WorkerConfig(
-        bootstrap_servers="unused",
-        models=models,
-        topics=TOPICS,
-        merge_wait_ms=WAIT_MS,
-        idle_tick_ms=10**9,
-    )
-    b = BatchProcessor(cfg, collections.Counter())
-    b.partitions[0] = PartitionState(
-        ArrayPartitionEngine(cfg.models), ColumnMerger(WAIT_MS), {0: 0, 1: 0}
-    )
-    return b
-
-
 def test_a_record_held_for_input_the_broker_has_not_delivered_sets_no_wake_up():
-    b = processor()
+    b = processor("g", WAIT_MS)
     ctx = Message(
         topic="c",
         partition=0,
