@@ -241,7 +241,6 @@ class BatchProcessor:
         # Merge counters of partitions no longer held (the metrics stay cumulative).
         self._merge_base = [0, 0]
         self._dead_letter_lines = RepeatFilter(DEAD_LETTER_LOG_EVERY_S)
-        self._released_ms = -(2**63)  # the time of the last release
 
     def topic_of(self, source: int) -> str:
         return self.config.first_input if source == CONTEXTS else self.config.topics.rewards
@@ -263,15 +262,11 @@ class BatchProcessor:
         ]
 
     def wait_deadline_ms(self) -> int | None:
-        """When the first held record's merge wait runs out (it is released then), if any is
-        held whose wait runs out after the last release. A record still held at a release past
-        its wait is held for an input the broker holds and has not delivered (the merge waits for
-        that, not for a clock): only input releases it, and a poll woken for its deadline would
-        return at once, again and again, a full core spent until the input comes."""
+        """When the first held record's merge wait runs out (it is released then), if any is held."""
         deadlines = [
             d
             for part in self.partitions.values()
-            if (d := part.merger.wait_deadline_ms()) is not None and d > self._released_ms
+            if (d := part.merger.wait_deadline_ms()) is not None
         ]
         return min(deadlines, default=None)
 
@@ -349,7 +344,7 @@ class BatchProcessor:
         topic's records keep their order, which is all the logs' order depends on
         (bench.worker_path measures this loop by stage)."""
         out_buf = _Outputs(self.config.topics, self.metrics, self.times)
-        released, self._released_ms = 0, now
+        released = 0
         for p, part in self.partitions.items():
             items = part.merger.pop_ready(now, behind[p])
             for at in range(0, len(items), EMIT_EVERY):
