@@ -125,6 +125,15 @@ class AdServer:
         self._send_due_clicks()
         self._producer.poll(0)
 
+    def drain(self, timeout_s: float) -> None:
+        """Read actions and send clicks, offering no new request, until every request sent is
+        answered or ``timeout_s`` has passed: a run's last requests are answered, not cut off."""
+        deadline = time.monotonic() + timeout_s
+        while self._open and time.monotonic() < deadline:
+            self._read_actions()
+            self._send_due_clicks()
+            self._producer.poll(0)
+
     def take_latencies(self) -> list[float]:
         """The latencies read since the last call (for per-interval percentiles)."""
         out, self.stats.latencies_ms = self.stats.latencies_ms, []

@@ -41,6 +41,9 @@ from streambandit.stream.worker import Worker
 __all__ = ["DemoConfig", "run_demo"]
 
 _SMOOTH_S = 5  # the CTR columns average the answers of the last few seconds
+# At the end of a run: how long the requests still in flight may take to be answered before the
+# summary counts them as unanswered (a backlog of a second or two on a loaded machine).
+_DRAIN_S = 10.0
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -260,6 +263,7 @@ def _run(
             }
             rows.append(row)
             out(_row_text(row, cfg.edge))
+        server.drain(_DRAIN_S)
     except KeyboardInterrupt:
         out("stopping (Ctrl-C) ...")
     finally:

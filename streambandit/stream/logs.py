@@ -64,6 +64,17 @@ _COORDINATOR_MOVING = frozenset(
     }
 )
 
+# committed() did not complete: no broker answered in time, or the coordinator is still not
+# ready. A worker waits these out as an outage (Worker._group_committed); a one-shot command
+# reports them.
+COMMITTED_NOT_ANSWERED = _COORDINATOR_MOVING | {
+    KafkaError._TIMED_OUT,
+    KafkaError._TRANSPORT,
+    KafkaError._ALL_BROKERS_DOWN,
+    KafkaError._WAIT_COORD,
+    KafkaError.REQUEST_TIMED_OUT,
+}
+
 
 def group_committed(
     consumer: Consumer, partitions: list[TopicPartition], timeout_s: float = 30.0

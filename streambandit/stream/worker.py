@@ -51,6 +51,7 @@ from streambandit.stream.kafka_checks import (
     wait_for_brokers,
 )
 from streambandit.stream.logs import (
+    COMMITTED_NOT_ANSWERED,
     LogEndUnreadable,
     LogReader,
     TransactionOpen,
@@ -389,7 +390,13 @@ class Worker:
             freeze_long_lived()
             deadline = None if max_seconds is None else time.monotonic() + max_seconds
             while not self._stopping and (deadline is None or time.monotonic() < deadline):
-                self.step()
+                try:
+                    self.step()
+                except StopWhileWaiting:
+                    # A stop while a recovery or a rebuild waited for the broker (a step's own
+                    # batch is abandoned in step): what is not recovered is read again at the
+                    # next start, from what committed.
+                    break
                 self._check_stalls()
                 self._report()
         finally:
@@ -1054,11 +1061,31 @@ class Worker:
     def _committed(self, p: int) -> dict[int, int]:
         """The group's committed offset of partition ``p`` per input source (0 when none)."""
         t = self.config.topics
-        got = group_committed(
-            self.consumer,
-            [TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)],
+        got = self._group_committed(
+            [TopicPartition(self.config.first_input, p), TopicPartition(t.rewards, p)]
         )
         return {CONTEXTS: max(got[0].offset, 0), REWARDS: max(got[1].offset, 0)}
+
+    def _group_committed(self, tps: list[TopicPartition]) -> list[TopicPartition]:
+        """The group's committed offsets of ``tps``, waited for as for a broker that is away when
+        the coordinator does not answer within a step: after a node's restart, Apache Kafka's
+        coordinator loads the offsets topic before it answers, and a worker rebuilding then must
+        not exit (a refusal still stops it)."""
+        while True:
+            try:
+                got = group_committed(self.consumer, tps, timeout_s=STEP_S)
+            except KafkaException as exc:
+                err = exc.args[0] if exc.args else exc
+                self._raise_if_refused(err, group=True)
+                if (
+                    getattr(err, "fatal", lambda: True)()
+                    or err.code() not in COMMITTED_NOT_ANSWERED
+                ):
+                    raise
+                self._broker_waiting("the group's committed offsets", err)
+                continue
+            self._broker_answered()
+            return got
 
     def _recover(self, p: int) -> PartitionState:
         self.writer.wait(p)  # the stored chain includes what this worker handed over for p
@@ -1176,7 +1203,7 @@ class Worker:
         finally:
             self.recovering = False
         held = list(self.partitions)
-        committed = group_committed(self.consumer, [tp for p in held for tp in self._inputs_of(p)])
+        committed = self._group_committed([tp for p in held for tp in self._inputs_of(p)])
         for tp in committed:
             self.consumer.seek(TopicPartition(tp.topic, tp.partition, max(tp.offset, 0)))
 

@@ -15,12 +15,19 @@ the figures in docs/operations.md can be quoted with the command that reproduces
 import json
 import re
 import signal
+import threading
 import time
 import urllib.error
 import urllib.request
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+
+from streambandit.config.models import parse_models_config
+from streambandit.config.worker import WorkerConfig
+from streambandit.engine.merge import CONTEXTS, REWARDS
+from streambandit.stream.snapshots import DirectoryStore
+from streambandit.stream.worker import Worker
 
 from .faults import Flow, Group
 from .helpers import caught_up, is_tansu, outputs, producer, wait_for
@@ -231,3 +238,56 @@ def test_a_stop_while_the_broker_is_away_exits_within_seconds_and_the_restart_lo
         f"outage seen after {detected:.1f} s, SIGTERM to exit 0 in {took:.1f} s; the restart "
         f"decided each of {flow.contexts} contexts once"
     )
+
+
+def test_a_recovery_waits_for_the_group_s_committed_offsets_while_the_broker_is_away(
+    broker, topics, tmp_path
+):
+    """The committed offsets a recovery starts from (and a rebuild after a fenced producer seeks
+    to), asked for while the broker is away: the worker reports the outage and waits, and has
+    them once the broker is back, where it used to exit on the coordinator's time-out."""
+    cfg = WorkerConfig(
+        bootstrap_servers=broker.bootstrap_servers,
+        models=parse_models_config(
+            {
+                "models": [
+                    {
+                        "match": "m-*",
+                        "policy": "oful",
+                        "dim": 3,
+                        "reward_window_ms": 500,
+                        "default_reward": 0.0,
+                    }
+                ]
+            }
+        ),
+        group_id="committed-wait",
+        topics=topics,
+    )
+    w = Worker(cfg, DirectoryStore(tmp_path / "snapshots"))
+    w.start()  # joined; its loop is not run: this thread is the only caller of its consumer
+    got: dict = {}
+    raised: list[BaseException] = []
+
+    def recover_offsets() -> None:
+        try:
+            got.update(w._committed(0))
+        except BaseException as exc:  # noqa: BLE001 (asserted below)
+            raised.append(exc)
+
+    asking = threading.Thread(target=recover_offsets, daemon=True)
+    try:
+        _away(broker)
+        asking.start()
+        assert wait_for(lambda: w.outage.active or raised, timeout_s=60), "no outage reported"
+        time.sleep(5)  # more than two of the wait's steps
+        assert not raised and asking.is_alive(), raised
+        assert "waiting for the group's committed offsets" in w.ready()[1], w.ready()
+        _back(broker)
+        asking.join(120)
+        assert not raised, raised
+        assert got == {CONTEXTS: 0, REWARDS: 0}  # nothing committed by this group yet
+        assert not w.outage.active
+    finally:
+        _back(broker)
+        w.close()
