@@ -28,9 +28,18 @@ from streambandit.config.worker import WorkerConfig
 from streambandit.engine.merge import CONTEXTS, REWARDS
 from streambandit.stream.snapshots import DirectoryStore
 from streambandit.stream.worker import Worker
+from streambandit.wire import DecodeError, decode
 
 from .faults import Flow, Group
-from .helpers import caught_up, is_tansu, outputs, producer, wait_for
+from .helpers import (
+    caught_up,
+    committed_offsets,
+    is_tansu,
+    outputs,
+    producer,
+    read_all,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -117,11 +126,40 @@ def _assert_each_context_decided_once(broker, g: Group, flow: Flow) -> dict:
     got = outputs(broker, g.topics, g.group, PARTS)
     ids = [a.event_id for a in got["actions"]]
     assert len(ids) == len(set(ids)), "a context decided twice"
-    assert set(ids) == {f"e{n}" for n in range(flow.contexts)}, "a context not decided"
+    missing = {f"e{n}" for n in range(flow.contexts)} - set(ids)
+    assert not missing, _where_they_went(broker, g, sorted(missing, key=lambda e: int(e[1:])), got)
     joined = [j.event_id for j in got["joined"]]
     assert len(joined) == len(set(joined)) and set(joined) <= set(ids)
     assert len(got["dead_letter"]) >= flow.malformed
     return got
+
+
+def _where_they_went(broker, g: Group, missing: list[str], got: dict) -> str:
+    """What the logs say of contexts with no committed action: where each is in the contexts
+    topic, whether a dead letter or an action of an uncommitted batch names it, and the group's
+    committed offsets."""
+    where = {}
+    for m in read_all(broker, g.topics.contexts, PARTS):
+        try:
+            ev = decode(m.value())
+        except DecodeError:
+            continue
+        if ev.event_id in missing:
+            where[ev.event_id] = (m.partition(), m.offset())
+    raw = {decode(m.value()).event_id for m in read_all(broker, g.topics.actions, PARTS)}
+    dead = [
+        (d.reason, d.source_partition, d.source_offset, d.trigger)
+        for d in got["dead_letter"]
+        if (d.source_partition, d.source_offset) in set(where.values())
+    ]
+    return (
+        f"{len(missing)} contexts with no committed action: {missing[:20]}; in the contexts "
+        f"topic at (partition, offset): {[where.get(e) for e in missing[:20]]}; an action in the "
+        f"raw log (uncommitted batches included): {sorted(set(missing) & raw)[:20]}; their dead "
+        f"letters: {dead[:20]}; committed offsets: "
+        f"{committed_offsets(broker, g.group, g.topics.contexts, PARTS)}; raw counts "
+        f"{got['raw_counts']}; worker's exits: {g.exits}"
+    )
 
 
 def test_a_broker_away_under_traffic_is_reported_waited_out_and_the_worker_goes_on_by_itself(
