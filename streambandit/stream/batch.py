@@ -73,6 +73,13 @@ _INT64_MAX = 2**63 - 1
 # sending only bad records must not turn the worker's log into a copy of the dead-letter topic.
 DEAD_LETTER_LOG_EVERY_S = 10.0
 
+# An empty poll's shortest wait once a held record's merge deadline has passed. A record still
+# held then is held for input the broker has and has not delivered (InputMerger): a record's
+# arrival wakes the poll, but transaction markers alone deliver no message, so the poll looks
+# again soon. A wait of zero spun the worker's loop at a full core until the input came, on
+# machines where the broker that is to deliver it shares the cores.
+HELD_RECHECK_MS = 2
+
 
 def now_ms() -> int:
     return int(time.time() * 1000)
@@ -269,6 +276,15 @@ class BatchProcessor:
             if (d := part.merger.wait_deadline_ms()) is not None
         ]
         return min(deadlines, default=None)
+
+    def poll_wait_ms(self, poll_timeout_ms: int, now: int) -> int:
+        """How long an empty poll may wait for a record: ``poll_timeout_ms``, cut to the first
+        held record's merge deadline (released then, not at the timeout), and never below
+        HELD_RECHECK_MS."""
+        deadline = self.wait_deadline_ms()
+        if deadline is None:
+            return poll_timeout_ms
+        return min(poll_timeout_ms, max(deadline - now, HELD_RECHECK_MS))
 
     def process(
         self, records: list[Any], now: int, behind: dict[int, tuple[bool, bool]], emit: Emit

@@ -994,12 +994,7 @@ class Worker:
         self._freeze.reset()  # a batch's commit checks that the process ran since this poll
         msgs = self.consumer.consume(n, 0)
         if not msgs:
-            # Wait no longer than a held record's merge wait: it is released when that runs out,
-            # not when the poll timeout does.
-            timeout_ms = self.config.poll_timeout_ms
-            deadline = self.batch.wait_deadline_ms()
-            if deadline is not None:
-                timeout_ms = min(timeout_ms, max(deadline - now_ms(), 0))
+            timeout_ms = self.batch.poll_wait_ms(self.config.poll_timeout_ms, now_ms())
             msgs = self.consumer.consume(1, timeout_ms / 1000)
             if msgs:
                 msgs += self.consumer.consume(n - 1, 0)

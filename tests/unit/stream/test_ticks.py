@@ -18,7 +18,7 @@ from streambandit.wire.codec import write
 TOPICS = Topics(contexts="c", rewards="r", actions="a", joined="j", dead_letter="d")
 
 
-def processor(group: str) -> BatchProcessor:
+def processor(group: str, merge_wait_ms: int = 0) -> BatchProcessor:
     models = parse_models_config(
         {
             "models": [
@@ -37,12 +37,12 @@ def processor(group: str) -> BatchProcessor:
         models=models,
         topics=TOPICS,
         group_id=group,
-        merge_wait_ms=0,
+        merge_wait_ms=merge_wait_ms,
         idle_tick_ms=10**9,
     )
     b = BatchProcessor(cfg, collections.Counter())
     b.partitions[0] = PartitionState(
-        ArrayPartitionEngine(cfg.models), ColumnMerger(0), {0: 0, 1: 0}
+        ArrayPartitionEngine(cfg.models), ColumnMerger(merge_wait_ms), {0: 0, 1: 0}
     )
     return b
 
