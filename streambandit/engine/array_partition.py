@@ -59,7 +59,7 @@ from streambandit.engine.pass_outputs import (
 )
 from streambandit.engine.recent_ids import RecentIds
 from streambandit.engine.record_columns import RecordColumns
-from streambandit.numerics.event_draw import event_seed_of_bytes
+from streambandit.numerics.event_draw import event_seeds_into
 from streambandit.policies.base import Policy
 from streambandit.policies.state_blocks import layers_of, model_states
 from streambandit.reasons import (
@@ -339,20 +339,26 @@ class ArrayPartitionEngine(PartitionEngine):
             seeds.append(spec.seed if spec is not None and spec.epsilon > 0.0 else None)
         digests = _NO_DIGESTS
         if any(seed is not None for seed in seeds):
-            rec, key_col = cols.rec_i, cols.key_col.tolist()
-            raw, keys = cols.id_buf.tobytes(), [k.encode() for k in cols.key_names]
-            rows, seeded = [], []
-            contexts = np.flatnonzero(rec[:, cp.R_KIND] == cp.CONTEXT)
-            starts = rec[contexts, cp.R_ID_START].tolist()
-            ends = (rec[contexts, cp.R_ID_START] + rec[contexts, cp.R_ID_LEN]).tolist()
-            for i, start, end in zip(contexts.tolist(), starts, ends):
-                seed = seeds[key_col[i]]
-                if seed is not None:
-                    rows.append(i)
-                    seeded.append(event_seed_of_bytes(keys[key_col[i]], raw[start:end], seed))
+            rec, key_col = cols.rec_i, cols.key_col
+            explores = np.array([seed is not None for seed in seeds])
+            rows = np.flatnonzero(
+                (rec[:, cp.R_KIND] == cp.CONTEXT) & (key_col >= 0) & explores[key_col]
+            )
+            keys = model_key_bytes(cols.key_names)
+            digits = model_key_bytes([str(int(seed or 0)) for seed in seeds])
             digests = np.zeros((len(rec), 16), dtype=np.uint8)
-            if rows:
-                digests[rows] = np.frombuffer(b"".join(seeded), dtype=np.uint8).reshape(-1, 16)
+            event_seeds_into(
+                digests,
+                rows,
+                key_col,
+                cols.id_buf,
+                rec[:, cp.R_ID_START],
+                rec[:, cp.R_ID_LEN],
+                keys.buf,
+                keys.ends,
+                digits.buf,
+                digits.ends,
+            )
         self._digests_of = (cols, digests)
         return digests
 

@@ -34,9 +34,10 @@ import hashlib
 import numpy as np
 from numba import njit
 
+from streambandit.numerics.blake2b import blake2b_16
 from streambandit.numerics.jit import CACHE
 
-__all__ = ["event_seed", "event_seed_of_bytes", "explore_draw", "seed_state"]
+__all__ = ["event_seed", "event_seed_of_bytes", "event_seeds_into", "explore_draw", "seed_state"]
 
 _M32 = np.uint64(0xFFFFFFFF)
 _INIT_A = np.uint64(0x43B0D7E5)
@@ -71,6 +72,47 @@ def event_seed_of_bytes(model_key: bytes, event_id: bytes, seed: int) -> bytes:
 
 
 _EMPTY_DIGEST16 = hashlib.blake2b(digest_size=16)  # copied, never updated itself
+
+
+@njit(cache=CACHE, nogil=True, inline="always")
+def _span(ends, k):
+    """Where item ``k`` of a buffer of items laid end to end lies (``ends``: each one's end)."""
+    return (ends[k - 1] if k > 0 else 0), ends[k]
+
+
+@njit(cache=CACHE, nogil=True)
+def event_seeds_into(
+    out, rows, keys, id_buf, id_start, id_len, key_buf, key_ends, seed_buf, seed_ends
+):
+    """:func:`event_seed_of_bytes` of many events in one call. For each ``i`` in ``rows``:
+    ``out[i]`` is the seed of the event whose id is ``id_buf[id_start[i]:][:id_len[i]]``, of the
+    model key numbered ``k = keys[i]``; the keys' bytes lie end to end in ``key_buf`` (``key_ends``
+    their ends, as ``pass_outputs.model_key_bytes`` lays them) and their seeds' decimal digits
+    likewise in ``seed_buf``."""
+    longest = 0
+    for i in rows:
+        k0, k1 = _span(key_ends, keys[i])
+        s0, s1 = _span(seed_ends, keys[i])
+        longest = max(longest, k1 - k0 + id_len[i] + s1 - s0 + 2)
+    msg = np.empty(longest, dtype=np.uint8)
+    for i in rows:  # key, a zero byte, id, a zero byte, seed: event_seed's message
+        k0, k1 = _span(key_ends, keys[i])
+        s0, s1 = _span(seed_ends, keys[i])
+        n = 0
+        for j in range(k0, k1):
+            msg[n] = key_buf[j]
+            n += 1
+        msg[n] = 0
+        n += 1
+        for j in range(id_start[i], id_start[i] + id_len[i]):
+            msg[n] = id_buf[j]
+            n += 1
+        msg[n] = 0
+        n += 1
+        for j in range(s0, s1):
+            msg[n] = seed_buf[j]
+            n += 1
+        blake2b_16(msg, n, out[i])
 
 
 @njit(cache=CACHE, nogil=True, inline="always")

@@ -4,9 +4,11 @@ import numpy as np
 import pytest
 
 from streambandit.engine.decision import choose, event_rng
+from streambandit.engine.pass_outputs import model_key_bytes
 from streambandit.numerics.event_draw import (
     event_seed,
     event_seed_of_bytes,
+    event_seeds_into,
     explore_draw,
     seed_state,
 )
@@ -73,3 +75,37 @@ def test_the_seed_of_the_utf8_bytes_is_the_seed_of_the_strings(key, event_id, se
     assert event_seed_of_bytes(key.encode(), event_id.encode(), seed) == event_seed(
         key, event_id, seed
     )
+
+
+def test_the_seeds_of_many_events_in_one_call_are_event_seed_s():
+    """The compiled hash of a run's events (ArrayPartitionEngine._digests): each seeded row is
+    event_seed of its key, id and the key's seed; ids long enough to cross BLAKE2b's 128-byte
+    blocks; the rows not asked for are left as they were."""
+    rng = np.random.default_rng(5)
+    keys, seeds = ["ads-1", "ключ", "", "k" * 150], [0, 2**40, 7, 123456789]
+    ids = [
+        "é🙂" * int(rng.integers(0, 60)) + str(i) if i % 3 else "x" * int(rng.integers(100, 300))
+        for i in range(300)
+    ]
+    key_of = rng.integers(0, len(keys), len(ids))
+    raw = [e.encode() for e in ids]
+    starts = np.cumsum([0] + [len(b) for b in raw[:-1]])
+    rows = np.flatnonzero(rng.random(len(ids)) < 0.8)
+    out = np.full((len(ids), 16), 9, dtype=np.uint8)
+    kb, sb = model_key_bytes(keys), model_key_bytes([str(s) for s in seeds])
+    event_seeds_into(
+        out,
+        rows,
+        key_of,
+        np.frombuffer(b"".join(raw), dtype=np.uint8),
+        starts,
+        np.array([len(b) for b in raw]),
+        kb.buf,
+        kb.ends,
+        sb.buf,
+        sb.ends,
+    )
+    for i in range(len(ids)):
+        k = int(key_of[i])
+        want = event_seed(keys[k], ids[i], seeds[k]) if i in set(rows.tolist()) else bytes([9] * 16)
+        assert out[i].tobytes() == want, i
