@@ -90,6 +90,25 @@ def _wait_line(path: Path, pattern: str, timeout_s: float, after: int = 0) -> tu
     raise TimeoutError(f"no {pattern!r} in {path} within {timeout_s} s:\n" + "\n".join(lines[-15:]))
 
 
+def _holder_after_join(logs: dict[str, Path], a_before: int) -> str:
+    """Which of A and B holds the partition once B has joined: the range assignor gives it to the
+    member whose id sorts first, so B may have taken it at its join. B may then still be
+    recovering it, or A still giving it up (its revoke snapshots the partition): the partition
+    has moved when A revoked it after B started and did not get it back, and B holds it once
+    recovered."""
+    a_lines = logs["A"].read_text().splitlines()[a_before:]
+    a_gave_up = False
+    for line in a_lines:
+        if re.search(r"rebalance: (revoked|lost) partitions=\[0\]", line):
+            a_gave_up = True
+        elif re.search(r"rebalance: assigned partitions=\[0\]", line):
+            a_gave_up = False
+    if not a_gave_up and "rebalance: assigned partitions=[0]" not in logs["B"].read_text():
+        return "A"
+    _wait_line(logs["B"], r"partition assigned partition=0", 300)
+    return "B"
+
+
 def one_case(
     broker: kafka_io.Broker,
     workdir: Path,
@@ -144,12 +163,11 @@ def one_case(
             rate=PROBE_RATE,
             group="handoff-probe",
         )
+        a_before = len(logs["A"].read_text().splitlines())
         procs["B"] = serve("B")
         _wait_line(logs["B"], r"worker started", 120)
         time.sleep(8.0)  # B joins the group while the probes flow
-        # The range assignor gives the one partition to the member whose id sorts first: B may
-        # have taken it at its join. The worker holding it now is the one that goes.
-        holder = "B" if "partition assigned partition=0" in logs["B"].read_text() else "A"
+        holder = _holder_after_join(logs, a_before)
         taker = "A" if holder == "B" else "B"
         after = len(logs[taker].read_text().splitlines())
         if how == "kill":

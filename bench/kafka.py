@@ -382,6 +382,7 @@ def part_handoff(n: int, repeats: int, tansu_topic: bool = False) -> dict:
                     row["read_back"] = read_back(bs[kind], workdir, store)
                 except TimeoutError as exc:  # a group that never hands the partition on
                     row = {"how": "leave", "error": str(exc).splitlines()[0]}
+                    print(f"handoff run {r} {kind}/{store} failed; the log's end:\n{exc}")
                 case["runs"].append(row)
                 print(
                     f"handoff run {r} {kind}/{store}: "
