@@ -113,13 +113,21 @@ def _batch_path() -> None:
     models = parse_models_config(
         {
             "models": [
+                {  # a model that explores: the pass's exploration seeds (event_seeds_into)
+                    "match": "x*",
+                    "policy": "oful",
+                    "dim": 3,
+                    "reward_window_ms": 10,
+                    "default_reward": 0.0,
+                    "epsilon": 0.1,
+                },
                 {
                     "match": "*",
                     "policy": "oful",
                     "dim": 3,
                     "reward_window_ms": 10,
                     "default_reward": 0.0,
-                }
+                },
             ]
         }
     )
@@ -131,8 +139,9 @@ def _batch_path() -> None:
     records, offsets = [], collections.Counter()
     # Enough records that the id tables grow (their rehash and compaction), in two polls.
     for i in range(2_000):
-        # Four models: their first contexts' actions (the rules in Python) encoded together.
-        key = f"m{i % 4}"
+        # Four models, one exploring: their first contexts' actions (the rules in Python) encoded
+        # together.
+        key = ("m0", "m1", "m2", "x3")[i % 4]
         ctx = Context(f"e{i}", key, 100 * i, ("a", "b", "c"), np.eye(3))
         for topic, ev in (("c", ctx), ("r", Reward(f"e{i}", key, 100 * i + 1, 1.0))):
             records.append(

@@ -40,6 +40,7 @@ from .helpers import (
     read_all,
     wait_for,
 )
+from .test_worker import MODELS
 
 pytestmark = pytest.mark.integration
 
@@ -286,19 +287,7 @@ def test_a_recovery_waits_for_the_group_s_committed_offsets_while_the_broker_is_
     them once the broker is back, where it used to exit on the coordinator's time-out."""
     cfg = WorkerConfig(
         bootstrap_servers=broker.bootstrap_servers,
-        models=parse_models_config(
-            {
-                "models": [
-                    {
-                        "match": "m-*",
-                        "policy": "oful",
-                        "dim": 3,
-                        "reward_window_ms": 500,
-                        "default_reward": 0.0,
-                    }
-                ]
-            }
-        ),
+        models=parse_models_config(MODELS),
         group_id="committed-wait",
         topics=topics,
     )
