@@ -73,6 +73,9 @@ def configure_logging(level: int, fmt: str = "text") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level)
+    # numba logs each compile's internals at DEBUG, thousands of lines a kernel: not what -v is
+    # for (a kernel the install's warmup missed is compiled on a worker's first batch).
+    logging.getLogger("numba").setLevel(max(level, logging.INFO))
     logging.captureWarnings(True)
     if fmt == "json":
         sys.excepthook = _log_uncaught

@@ -80,3 +80,27 @@ def test_credentials_are_masked_in_every_line_of_either_format():
         # each line still says what it said, the credential masked
         assert out.stderr.count("********") >= 4, out.stderr
         assert "KeyError" in out.stderr and "RuntimeError" in out.stderr
+
+
+def test_verbose_logs_leave_out_numba_s_compile_internals():
+    """-v (DEBUG) is the worker's detail, not the compiler's: numba logs each compile's passes at
+    DEBUG, thousands of lines a kernel."""
+    import logging
+    import threading
+
+    from streambandit.log_format import configure_logging
+
+    root = logging.getLogger()
+    saved = root.handlers[:], root.level, logging.getLogger("numba").level
+    hooks = sys.excepthook, threading.excepthook
+    try:
+        configure_logging(logging.DEBUG)
+        assert logging.getLogger("streambandit").isEnabledFor(logging.DEBUG)
+        assert not logging.getLogger("numba.core.ssa").isEnabledFor(logging.DEBUG)
+        assert logging.getLogger("numba.core.ssa").isEnabledFor(logging.INFO)
+    finally:
+        root.handlers[:], _, _ = saved
+        root.setLevel(saved[1])
+        logging.getLogger("numba").setLevel(saved[2])
+        logging.captureWarnings(False)
+        sys.excepthook, threading.excepthook = hooks
