@@ -37,7 +37,7 @@ from numba import njit
 from streambandit.numerics.blake2b import blake2b_16
 from streambandit.numerics.jit import CACHE
 
-__all__ = ["event_seed", "event_seed_of_bytes", "event_seeds_into", "explore_draw", "seed_state"]
+__all__ = ["event_seed", "event_seeds_into", "explore_draw", "seed_state"]
 
 _M32 = np.uint64(0xFFFFFFFF)
 _INIT_A = np.uint64(0x43B0D7E5)
@@ -63,14 +63,6 @@ def event_seed(model_key: str, event_id: str, seed: int) -> bytes:
     return h.digest()
 
 
-def event_seed_of_bytes(model_key: bytes, event_id: bytes, seed: int) -> bytes:
-    """:func:`event_seed` of the key's and the id's UTF-8 bytes (the same digest: a string's
-    encoding is its parts' encodings joined), for a caller that holds them as bytes."""
-    h = _EMPTY_DIGEST16.copy()
-    h.update(b"%s\x00%s\x00%d" % (model_key, event_id, int(seed)))
-    return h.digest()
-
-
 _EMPTY_DIGEST16 = hashlib.blake2b(digest_size=16)  # copied, never updated itself
 
 
@@ -84,7 +76,8 @@ def _span(ends, k):
 def event_seeds_into(
     out, rows, keys, id_buf, id_start, id_len, key_buf, key_ends, seed_buf, seed_ends
 ):
-    """:func:`event_seed_of_bytes` of many events in one call. For each ``i`` in ``rows``:
+    """:func:`event_seed` of many events in one call, from their UTF-8 bytes (a string's encoding
+    is its parts' encodings joined, so the digest is the same). For each ``i`` in ``rows``:
     ``out[i]`` is the seed of the event whose id is ``id_buf[id_start[i]:][:id_len[i]]``, of the
     model key numbered ``k = keys[i]``; the keys' bytes lie end to end in ``key_buf`` (``key_ends``
     their ends, as ``pass_outputs.model_key_bytes`` lays them) and their seeds' decimal digits

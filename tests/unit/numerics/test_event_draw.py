@@ -7,7 +7,6 @@ from streambandit.engine.decision import choose, event_rng
 from streambandit.engine.pass_outputs import model_key_bytes
 from streambandit.numerics.event_draw import (
     event_seed,
-    event_seed_of_bytes,
     event_seeds_into,
     explore_draw,
     seed_state,
@@ -64,17 +63,6 @@ def test_the_event_seed_depends_on_each_part():
     assert len(seeds) == 8 and all(len(s) == 16 for s in seeds)
     # The separator keeps ("a", "bc") and ("ab", "c") apart.
     assert event_seed("a", "bc", 0) != event_seed("ab", "c", 0)
-
-
-@pytest.mark.parametrize(
-    "key,event_id,seed", [("ads-1", "req-9", 0), ("ключ", "é\u00e9🙂", 2**40), ("", "x", 7)]
-)
-def test_the_seed_of_the_utf8_bytes_is_the_seed_of_the_strings(key, event_id, seed):
-    """What the engine's compiled pass is given (its ids are bytes) is what the rules in Python
-    draw from."""
-    assert event_seed_of_bytes(key.encode(), event_id.encode(), seed) == event_seed(
-        key, event_id, seed
-    )
 
 
 def test_the_seeds_of_many_events_in_one_call_are_event_seed_s():
